@@ -1,0 +1,111 @@
+"""The lego-rl error model.
+
+Errors are split by the boundary they cross, so that each edge maps them once:
+
+* ``ConfigError``: the operator's configuration or input files are wrong. The CLI prints one line
+  (where, what was expected, what to change) and exits with code 2. Never a traceback.
+* ``ProviderError``: a serving engine answered badly or not at all. Carries an HTTP-like
+  ``status_code`` so the adapter can translate it into the client's protocol error shape.
+* ``ProtocolError``: a client request to the adapter is malformed or unsupported (400-class).
+* ``SandboxError``: creating, using or destroying a sandbox failed (infrastructure).
+* ``HarnessError``: installing or launching a coding CLI failed (infrastructure).
+* ``GraderError``: the grader could not reach a verdict (infrastructure, not a reward of 0).
+* ``TaskDataError``: a task row or dataset file is malformed; names the row and the reason.
+
+Everything raises internally; the CLI, the adapter's HTTP edge and the rollout's termination
+taxonomy each translate these once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LegoError(Exception):
+    """Base of every error lego-rl raises on purpose."""
+
+
+class ConfigError(LegoError):
+    """A configuration value or file is invalid.
+
+    ``where`` names the source (``lego.toml:12``, ``$SWE_EVAL_TIMEOUT_SEC``, ``--set ...``),
+    ``parameter`` the config key, ``value`` the offending value.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | None = None,
+        parameter: str | None = None,
+        value: Any = None,
+    ) -> None:
+        self.where = where
+        self.parameter = parameter
+        self.value = value
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        return f"{self.where}: {msg}" if self.where else msg
+
+
+class TaskDataError(LegoError):
+    """A task row or dataset file cannot be used; ``row`` is 1-based when known."""
+
+    def __init__(self, message: str, *, source: str | None = None, row: int | None = None) -> None:
+        self.source = source
+        self.row = row
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        loc = self.source or ""
+        if self.row is not None:
+            loc = f"{loc} row {self.row}" if loc else f"row {self.row}"
+        return f"{loc}: {msg}" if loc else msg
+
+
+class ProviderError(LegoError):
+    """The serving engine failed or returned something we refuse to train on."""
+
+    def __init__(self, message: str, *, status_code: int = 502) -> None:
+        self.status_code = status_code
+        super().__init__(message)
+
+
+class ProtocolError(LegoError):
+    """A client request is malformed or asks for something unsupported.
+
+    ``status`` is the HTTP status to answer with, ``param`` the offending field when known,
+    ``kind`` a short machine-readable error type (``invalid_request_error``, ...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        self.status = status
+        self.param = param
+        self.kind = kind
+        super().__init__(message)
+
+
+class SandboxError(LegoError):
+    """A sandbox could not be created, used or destroyed."""
+
+
+class SandboxTimeout(SandboxError):
+    """A command inside a sandbox exceeded its timeout."""
+
+
+class HarnessError(LegoError):
+    """A coding CLI could not be installed or started."""
+
+
+class GraderError(LegoError):
+    """The grader could not produce a verdict (infrastructure failure, not reward 0)."""

@@ -1,0 +1,99 @@
+"""The sandbox contract every provider implements.
+
+A sandbox is a fresh, isolated copy of a task image. Everything is async::
+
+    async with create_sandbox(image, provider="bwrap") as sb:
+        res = await sb.exec("git status", user="agent", timeout=30)
+        await sb.write_file("/testbed/PROBLEM.md", "...", user="agent")
+        data = await sb.read_file("/testbed/setup.py")
+
+Providers register by name through the entry point group ``lego_rl.sandbox_providers`` so a third
+party can add one with ``pip install``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one command inside a sandbox."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What a provider needs to boot a task image: a root filesystem, working dir and environment."""
+
+    name: str
+    rootfs: str | None = None
+    workdir: str = "/"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Sandbox(abc.ABC):
+    """One running sandbox. Use through ``create_sandbox``; ``close()`` must leave nothing running."""
+
+    id: str
+    image: ImageSpec
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        user: str | None = None,
+        check: bool = False,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` (a shell string, or an argv list) and wait for it.
+
+        ``check=True`` raises ``SandboxError`` on a non-zero exit; a timeout returns
+        ``timed_out=True`` (or raises ``SandboxTimeout`` when ``check``).
+        """
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, content: str | bytes | Path, *, user: str | None = None) -> None:
+        """Write ``content`` (text, bytes, or a host ``Path`` to copy) to ``path`` inside the sandbox."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
+        """Read ``path`` inside the sandbox."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Destroy the sandbox. Idempotent; never leaks a process, also after a timeout or OOM."""
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+class SandboxProvider(abc.ABC):
+    """Creates sandboxes of one kind. Instantiated once per process from the resolved config."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def create(self, image: ImageSpec, **options: Any) -> Sandbox:
+        """Boot a fresh sandbox of ``image``."""
+
+    async def aclose(self) -> None:
+        """Release provider-wide resources."""

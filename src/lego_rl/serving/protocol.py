@@ -1,0 +1,88 @@
+"""Wire and result models of the token-in/token-out serving contract.
+
+The wire shape is vLLM's ``POST /inference/v1/generate`` (enabled with ``--enable-scale-out``):
+request ``{"token_ids": [...], "sampling_params": {...}}``, reply
+``{"choices": [{"token_ids": [...], "logprobs": {"content": [{"token_id", "logprob", ...}]},
+"finish_reason": ...}], "weight_versions": [{"version", "start", "end"}], ...}``.
+Both real vLLM and lego's embedded engine answer it, and one client speaks it.
+
+Logprob convention (shared by the embedded engine, the documented vLLM flags and the trainer's
+recomputation): the log-probability of the sampled token under the distribution it was sampled from
+*after temperature scaling and before top-k/top-p truncation*, i.e. ``log_softmax(logits / T)``.
+This is what vLLM returns with ``--logprobs-mode processed_logprobs`` when no top-k/top-p is active and
+what a trainer can recompute from a teacher-forced forward pass without knowing the truncation.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters sent with every generate request (a subset of vLLM's)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_tokens: int = Field(default=256, gt=0)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    logprobs: int | None = 1
+    skip_special_tokens: bool = False
+    include_stop_str_in_output: bool = True
+
+
+class GenerateRequest(BaseModel):
+    """Body of ``POST /inference/v1/generate``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    token_ids: list[int]
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    request_id: str | None = None
+    model: str | None = None
+
+
+class WeightVersionSpan(BaseModel):
+    """Output positions ``[start, end)`` produced by weight ``version``."""
+
+    version: int
+    start: int
+    end: int
+
+
+class NucleusEntry(BaseModel):
+    """The top-p nucleus a token was sampled from: ids and their sampler probabilities."""
+
+    ids: list[int]
+    probs: list[float]
+
+
+class GenerateResult(BaseModel):
+    """A validated generate reply, one choice.
+
+    ``logprobs[i]`` belongs to ``output_ids[i]``. ``weight_versions`` covers every output position.
+    ``nucleus`` and ``routed_experts`` are present only when requested and supported.
+    """
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    weight_versions: list[WeightVersionSpan] = Field(default_factory=list)
+    nucleus: list[NucleusEntry] | None = None
+    routed_experts: list[list[list[int]]] | None = None
+    prompt_routed_experts: list[list[list[int]]] | None = None
+    replica: str | None = None
+
+    def version_of(self, position: int) -> int | None:
+        """Weight version that produced output position ``position`` (None if unknown)."""
+        for span in self.weight_versions:
+            if span.start <= position < span.end:
+                return span.version
+        return None
