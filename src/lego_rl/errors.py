@@ -11,6 +11,8 @@ Errors are split by the boundary they cross, so that each edge maps them once:
 * ``HarnessError``: installing or launching a coding CLI failed (infrastructure).
 * ``GraderError``: the grader could not reach a verdict (infrastructure, not a reward of 0).
 * ``TaskDataError``: a task row or dataset file is malformed; names the row and the reason.
+* ``TrajectoryError``: saved turn records cannot become training samples (inconsistent ids/logprobs,
+  missing requested metadata). The rollout maps it to an infrastructure failure (``adapter_error``).
 
 Everything raises internally; the CLI, the adapter's HTTP edge and the rollout's termination
 taxonomy each translate these once.
@@ -109,3 +111,21 @@ class HarnessError(LegoError):
 
 class GraderError(LegoError):
     """The grader could not produce a verdict (infrastructure failure, not reward 0)."""
+
+
+class TrajectoryError(LegoError):
+    """Turn records cannot be turned into training samples; names the session, turn and field."""
+
+    def __init__(self, message: str, *, session_id: str | None = None, turn: int | None = None) -> None:
+        self.session_id = session_id
+        self.turn = turn
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        where = []
+        if self.session_id is not None:
+            where.append(f"session {self.session_id}")
+        if self.turn is not None:
+            where.append(f"turn {self.turn}")
+        return f"{', '.join(where)}: {msg}" if where else msg
