@@ -1,0 +1,284 @@
+"""Anthropic Messages: ``POST /v1/messages`` (also ``?beta=true``) and ``/v1/messages/count_tokens``.
+
+Quirks of the real client this must accept (Claude Code, measured in FIELD-NOTES):
+
+* ``system`` is a list of text blocks with ``cache_control``; its first block is a billing header
+  (``x-anthropic-billing-header: ...``) that Anthropic's servers consume as metadata, so it is not
+  shown to the model.
+* ``role: "system"`` messages appear *inside* ``messages`` after the first user turn, sometimes as a
+  block list and on later turns as a plain string: both render to the same system message.
+* ``thinking``, ``context_management`` and ``output_config`` are sent on every call; ``output_config.
+  effort`` becomes the request's reasoning effort, the rest is kept as metadata only.
+* A ``DeferredToolPlaceholder`` tool with ``defer_loading: true``: deferred tools are not loaded into
+  the model's context, so they are not offered. Tools of unknown ``type`` (Anthropic's versioned
+  server/client tools) are passed through to the model as plain function tools.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, Message, ToolCall, ToolSpec
+from lego_rl.adapter.dialect import (
+    Dialect,
+    Route,
+    SSEEvent,
+    WireError,
+    body_object,
+    check_tool_results,
+    expect,
+    get_field,
+    positive_int,
+)
+from lego_rl.errors import ProtocolError
+
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
+STOP_REASONS = {
+    "end_turn": "end_turn",
+    "tool_use": "tool_use",
+    "max_tokens": "max_tokens",
+    "stop_sequence": "stop_sequence",
+    # The Messages API's own stop for a full context window; clients end the turn on it.
+    "context_limit": "model_context_window_exceeded",
+}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+               503: "overloaded_error"}
+
+
+def _text_of_blocks(blocks: list[Any], where: str, *, allow: tuple[str, ...] = ("text",)) -> str:
+    parts: list[str] = []
+    for i, block in enumerate(blocks):
+        bw = f"{where}[{i}]"
+        expect(block, dict, bw)
+        btype = get_field(block, "type", str, bw, required=True)
+        if btype not in allow:
+            raise ProtocolError(f"{bw}.type: content block type {btype!r} is not supported here "
+                                f"(expected {' or '.join(allow)})", param=f"{bw}.type")
+        parts.append(get_field(block, "text", str, bw, required=True))
+    return "\n".join(parts)
+
+
+def parse_system(system: Any) -> str | None:
+    if system is None:
+        return None
+    if isinstance(system, str):
+        return system
+    expect(system, list, "system")
+    kept = []
+    for i, block in enumerate(system):
+        text = _text_of_blocks([block], f"system[{i}]").removeprefix("")
+        if text.startswith(BILLING_HEADER_PREFIX):
+            continue
+        kept.append(text)
+    return "\n".join(kept)
+
+
+def _user_blocks(blocks: list[Any], where: str) -> list[Message]:
+    """A user turn's blocks: tool results become tool messages, text runs become user messages."""
+    out: list[Message] = []
+    texts: list[str] = []
+    for i, block in enumerate(blocks):
+        bw = f"{where}[{i}]"
+        expect(block, dict, bw)
+        btype = get_field(block, "type", str, bw, required=True)
+        if btype == "text":
+            texts.append(get_field(block, "text", str, bw, required=True))
+        elif btype == "tool_result":
+            if texts:
+                out.append(Message(role="user", content="\n".join(texts)))
+                texts = []
+            content = block.get("content", "")
+            if isinstance(content, list):
+                content = _text_of_blocks(content, f"{bw}.content")
+            else:
+                expect(content, str, f"{bw}.content")
+            is_error = get_field(block, "is_error", bool, bw) or False
+            out.append(Message(role="tool", tool_call_id=get_field(block, "tool_use_id", str, bw, required=True),
+                               content=content, is_error=is_error))
+        elif btype in ("image", "document"):
+            raise ProtocolError(f"{bw}.type: {btype} content is not supported (the served model reads text)",
+                                param=f"{bw}.type")
+        else:
+            raise ProtocolError(f"{bw}.type: unknown content block type {btype!r} in a user message",
+                                param=f"{bw}.type")
+    if texts or not out:
+        out.append(Message(role="user", content="\n".join(texts)))
+    return out
+
+
+def _assistant_blocks(blocks: list[Any], where: str) -> Message:
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[ToolCall] = []
+    for i, block in enumerate(blocks):
+        bw = f"{where}[{i}]"
+        expect(block, dict, bw)
+        btype = get_field(block, "type", str, bw, required=True)
+        if btype == "text":
+            texts.append(get_field(block, "text", str, bw, required=True))
+        elif btype == "thinking":
+            thinking.append(get_field(block, "thinking", str, bw, required=True))
+        elif btype == "redacted_thinking":
+            continue  # opaque to us; the exact sampled reasoning is restored by prefix reuse
+        elif btype == "tool_use":
+            calls.append(ToolCall(id=get_field(block, "id", str, bw, required=True),
+                                  name=get_field(block, "name", str, bw, required=True),
+                                  arguments=get_field(block, "input", dict, bw) or {}))
+        else:
+            raise ProtocolError(f"{bw}.type: unknown content block type {btype!r} in an assistant message",
+                                param=f"{bw}.type")
+    return Message(role="assistant", content="".join(texts),
+                   reasoning="".join(thinking) if thinking else None, tool_calls=calls)
+
+
+def parse_messages(raw: Any) -> list[Message]:
+    expect(raw, list, "messages")
+    if not raw:
+        raise ProtocolError("messages: at least one message is required", param="messages")
+    out: list[Message] = []
+    for i, msg in enumerate(raw):
+        where = f"messages[{i}]"
+        expect(msg, dict, where)
+        role = get_field(msg, "role", str, where, required=True)
+        content = msg.get("content")
+        if content is None:
+            raise ProtocolError(f"{where}.content: required field is missing", param=f"{where}.content")
+        expect(content, (str, list), f"{where}.content")
+        if role == "user":
+            out.extend([Message(role="user", content=content)] if isinstance(content, str)
+                       else _user_blocks(content, f"{where}.content"))
+        elif role == "assistant":
+            out.append(Message(role="assistant", content=content) if isinstance(content, str)
+                       else _assistant_blocks(content, f"{where}.content"))
+        elif role == "system":
+            text = content if isinstance(content, str) else _text_of_blocks(content, f"{where}.content")
+            out.append(Message(role="system", content=text))
+        else:
+            raise ProtocolError(f"{where}.role: expected 'user', 'assistant' or 'system', got {role!r}",
+                                param=f"{where}.role")
+    check_tool_results(out, "messages")
+    return out
+
+
+def parse_tools(raw: Any) -> list[ToolSpec]:
+    if raw is None:
+        return []
+    expect(raw, list, "tools")
+    tools: list[ToolSpec] = []
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        expect(tool, dict, where)
+        name = get_field(tool, "name", str, where, required=True)
+        if tool.get("defer_loading") is True:
+            continue
+        schema = get_field(tool, "input_schema", dict, where) or {}
+        tools.append(ToolSpec(name=name, description=get_field(tool, "description", str, where) or "",
+                              parameters=schema))
+    return tools
+
+
+def _blocks(resp: CanonicalResponse) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if resp.reasoning:
+        blocks.append({"type": "thinking", "thinking": resp.reasoning, "signature": ""})
+    if resp.text:
+        blocks.append({"type": "text", "text": resp.text})
+    for call in resp.tool_calls:
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})
+    return blocks
+
+
+class AnthropicDialect(Dialect):
+    name = "anthropic"
+    routes = (
+        Route("POST", "/v1/messages"),
+        Route("POST", "/v1/messages/count_tokens", "count_tokens"),
+    )
+
+    def parse_request(
+        self, body: Any, *, path: str, query: Mapping[str, str], headers: Mapping[str, str]
+    ) -> CanonicalRequest:
+        body = body_object(body)
+        counting = path.endswith("/count_tokens")
+        system = parse_system(body.get("system"))
+        messages = parse_messages(body.get("messages") if "messages" in body else _missing("messages"))
+        if system:
+            messages.insert(0, Message(role="system", content=system))
+        stops = get_field(body, "stop_sequences", list, "") or []
+        for i, stop in enumerate(stops):
+            expect(stop, str, f"stop_sequences[{i}]")
+        output_config = get_field(body, "output_config", dict, "") or {}
+        thinking = get_field(body, "thinking", dict, "")
+        return CanonicalRequest(
+            protocol="anthropic",
+            model=get_field(body, "model", str, "", required=not counting) or "",
+            messages=messages,
+            tools=parse_tools(body.get("tools")),
+            max_tokens=positive_int(body, "max_tokens", required=not counting),
+            temperature=get_field(body, "temperature", (int, float), ""),
+            top_p=get_field(body, "top_p", (int, float), ""),
+            top_k=get_field(body, "top_k", int, ""),
+            stop=stops,
+            stream=bool(get_field(body, "stream", bool, "")),
+            reasoning_effort=get_field(output_config, "effort", str, "output_config"),
+            side_label="count_tokens" if counting else None,
+            raw_metadata={k: v for k, v in (("thinking", thinking), ("tool_choice", body.get("tool_choice")))
+                          if v is not None},
+        )
+
+    def render_response(self, resp: CanonicalResponse, req: CanonicalRequest) -> dict[str, Any]:
+        return {
+            "id": resp.id, "type": "message", "role": "assistant", "model": resp.model or req.model,
+            "content": _blocks(resp), "stop_reason": STOP_REASONS[resp.stop], "stop_sequence": None,
+            "usage": {"input_tokens": resp.prompt_tokens, "output_tokens": resp.completion_tokens,
+                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+        }
+
+    def stream_events(self, resp: CanonicalResponse, req: CanonicalRequest) -> list[SSEEvent]:
+        message = self.render_response(resp, req)
+        start = dict(message, content=[], stop_reason=None,
+                     usage=dict(message["usage"], output_tokens=0))
+        events = [SSEEvent("message_start", {"type": "message_start", "message": start}),
+                  SSEEvent("ping", {"type": "ping"})]
+        for index, block in enumerate(message["content"]):
+            btype = block["type"]
+            empty = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                     "text": {"type": "text", "text": ""},
+                     "tool_use": dict(block, input={})}[btype]
+            events.append(SSEEvent("content_block_start",
+                                   {"type": "content_block_start", "index": index, "content_block": empty}))
+            if btype == "thinking":
+                deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
+                          {"type": "signature_delta", "signature": block["signature"]}]
+            elif btype == "text":
+                deltas = [{"type": "text_delta", "text": block["text"]}]
+            else:
+                deltas = [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+            events.extend(SSEEvent("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                           "delta": d}) for d in deltas)
+            events.append(SSEEvent("content_block_stop", {"type": "content_block_stop", "index": index}))
+        events.append(SSEEvent("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": resp.completion_tokens}}))
+        events.append(SSEEvent("message_stop", {"type": "message_stop"}))
+        return events
+
+    def error_body(self, err: WireError) -> dict[str, Any]:
+        kind = err.kind if err.kind != "invalid_request_error" else ERROR_TYPES.get(err.status, err.kind)
+        if err.status >= 500 and err.status != 503:
+            kind = "api_error"
+        return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+    def stream_error_events(self, err: WireError, model: str) -> list[SSEEvent]:
+        return [SSEEvent("error", self.error_body(err))]
+
+    def count_tokens_body(self, input_tokens: int) -> dict[str, Any]:
+        return {"input_tokens": input_tokens}
+
+
+def _missing(field: str) -> Any:
+    raise ProtocolError(f"{field}: required field is missing", param=field)

@@ -1,0 +1,209 @@
+"""Adapter sessions: one per rollout, named by the bearer token the CLI sends.
+
+Rollout code opens a session before it starts a CLI and closes it afterwards, through this Python API
+(no HTTP involved). A session carries the per-sample chat-template kwargs and its limits, owns the turn
+records of its model calls and the bridging chains used for prefix reuse, and is isolated: the registry
+only ever hands out the session a token names. Requests for an unknown or closed session are rejected
+with a ``ProtocolError`` (401) that the HTTP edge maps into the client's protocol.
+
+An engine reply we refuse to train on (missing or inconsistent logprobs...) marks the session as an
+infrastructure failure: the rollout is then excluded from training, and later requests are refused so
+the CLI stops instead of producing more unusable turns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from lego_rl.chat.prefix import ChainState
+from lego_rl.errors import LegoError, ProtocolError, ProviderError
+from lego_rl.trajectory.records import TurnRecord
+
+SessionState = Literal["open", "closed"]
+Termination = Literal["context_limit", "request_limit", "infra_failure"]
+
+
+@dataclass
+class Session:
+    """One rollout's adapter state. Created by ``SessionRegistry.open``; never build one by hand.
+
+    ``template_kwargs`` are merged over the core's ``CHAT_TEMPLATE_KWARGS`` on every turn of this session
+    (per-sample options such as ``reasoning_effort``). ``max_requests`` caps the model calls (main and side);
+    ``max_context`` caps prompt + output tokens per call below the core's context window;
+    ``max_response_tokens`` caps one call's output below the core's limit.
+    """
+
+    id: str
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_requests: int | None = None
+    max_context: int | None = None
+    max_response_tokens: int | None = None
+    opened_at: float = field(default_factory=time.time)
+    state: SessionState = "open"
+    records: list[TurnRecord] = field(default_factory=list)
+    requests: int = 0
+    """Model calls admitted so far (main and side, including context-limit stops)."""
+    infra_failure: str | None = None
+    """Why the session failed for infrastructure reasons (first failure wins); None when healthy."""
+    termination: Termination | None = None
+    """Last limit the session ran into, for the rollout's termination taxonomy."""
+    chains: dict[str, ChainState] = field(default_factory=dict)
+    """Bridging state per chain: ``"main"`` and one per side label, so side calls never touch main."""
+
+    def chain(self, label: str | None) -> ChainState:
+        """The bridging chain for ``label`` (None = main chain), created on first use."""
+        key = "main" if label is None else f"side:{label}"
+        if key not in self.chains:
+            self.chains[key] = ChainState()
+        return self.chains[key]
+
+    def admit_request(self) -> None:
+        """Count one model call; refuse it when the session is failed or over its request cap."""
+        if self.state != "open":
+            raise ProtocolError(f"session {self.id!r} is closed", status=401, kind="authentication_error")
+        if self.infra_failure is not None:
+            raise ProviderError(
+                f"session {self.id!r} already failed ({self.infra_failure}); no further requests are served",
+                status_code=503,
+            )
+        if self.max_requests is not None and self.requests >= self.max_requests:
+            self.termination = "request_limit"
+            raise ProtocolError(
+                f"session {self.id!r} reached its limit of {self.max_requests} model requests; "
+                "raise the session's max_requests to allow more",
+                param="max_requests",
+            )
+        self.requests += 1
+
+    def mark_infra_failure(self, reason: str) -> None:
+        """Record an infrastructure failure; the first reason is kept."""
+        if self.infra_failure is None:
+            self.infra_failure = reason
+            self.termination = "infra_failure"
+
+    def main_records(self) -> list[TurnRecord]:
+        """Turn records of the main chain, in call order."""
+        return [r for r in self.records if r.kind == "main"]
+
+
+class SessionRegistry:
+    """Open, look up and close sessions. All access by token goes through ``get``."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+        self._closed: set[str] = set()
+
+    def open(
+        self,
+        session_id: str,
+        *,
+        template_kwargs: dict[str, Any] | None = None,
+        max_requests: int | None = None,
+        max_context: int | None = None,
+        max_response_tokens: int | None = None,
+    ) -> Session:
+        """Open a new session named ``session_id`` (the bearer token the CLI will send)."""
+        if not session_id or any(c.isspace() for c in session_id) or "/" in session_id:
+            raise ValueError(f"session id {session_id!r} must be non-empty, without whitespace or '/'")
+        if session_id in self._sessions or session_id in self._closed:
+            raise ValueError(f"session {session_id!r} already exists (ids are single use)")
+        for name, value in (
+            ("max_requests", max_requests),
+            ("max_context", max_context),
+            ("max_response_tokens", max_response_tokens),
+        ):
+            if value is not None and value <= 0:
+                raise ValueError(f"session {session_id!r}: {name} must be positive, got {value}")
+        session = Session(
+            id=session_id,
+            template_kwargs=dict(template_kwargs or {}),
+            max_requests=max_requests,
+            max_context=max_context,
+            max_response_tokens=max_response_tokens,
+        )
+        self._sessions[session_id] = session
+        return session
+
+    def get(self, session_id: str | None) -> Session:
+        """The open session named by a request's token; 401 for a missing, unknown or closed one."""
+        if not session_id:
+            raise ProtocolError(
+                "no session: send the rollout's session id as the bearer token / x-api-key "
+                "or use a /s/{session}/ path prefix",
+                status=401,
+                kind="authentication_error",
+            )
+        session = self._sessions.get(session_id)
+        if session is None:
+            state = "closed" if session_id in self._closed else "unknown"
+            raise ProtocolError(f"{state} session {session_id!r}", status=401, kind="authentication_error")
+        return session
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
+    def open_ids(self) -> list[str]:
+        """Ids of the sessions currently open."""
+        return list(self._sessions)
+
+    def close(self, session_id: str, *, out_dir: Path | None = None) -> Session:
+        """Close a session and return it; with ``out_dir``, save its turn records there first.
+
+        The records go to ``out_dir/<session_id>.turns.jsonl`` (one TurnRecord per line), written
+        atomically; an existing file is never overwritten.
+        """
+        session = self.get(session_id)
+        if out_dir is not None:
+            save_turn_records(session, out_dir)
+        session.state = "closed"
+        del self._sessions[session_id]
+        self._closed.add(session_id)
+        return session
+
+    def close_all(self, *, out_dir: Path | None = None) -> list[Session]:
+        """Close every open session (server shutdown), saving records when ``out_dir`` is given."""
+        return [self.close(sid, out_dir=out_dir) for sid in list(self._sessions)]
+
+
+def turn_records_path(out_dir: Path, session_id: str) -> Path:
+    """Where ``save_turn_records`` writes a session's records."""
+    return Path(out_dir) / f"{session_id}.turns.jsonl"
+
+
+def save_turn_records(session: Session, out_dir: Path) -> Path:
+    """Write the session's turn records as JSONL, atomically, refusing to overwrite an existing file."""
+    path = turn_records_path(out_dir, session.id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        raise LegoError(f"turn records {path} already exist; refusing to overwrite them")
+    fd, tmp = tempfile.mkstemp(prefix=f".{session.id}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for record in session.records:
+                fh.write(record.model_dump_json() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        # link() fails if the target appeared meanwhile, unlike replace(): no silent overwrite.
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+    return path
+
+
+def load_turn_records(path: Path) -> list[TurnRecord]:
+    """Read a JSONL file written by ``save_turn_records``."""
+    records = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    records.append(TurnRecord.model_validate(json.loads(line)))
+                except (ValueError, TypeError) as exc:
+                    raise LegoError(f"{path}:{n}: not a turn record: {exc}") from exc
+    return records

@@ -1,0 +1,149 @@
+"""`lego validate` and `lego config show`: resolve the configuration and check it before a launch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from lego_rl.cli.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, out
+from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
+from lego_rl.config.checks import Finding, run_checks
+from lego_rl.config.resolve import ResolvedConfig, iter_values
+from lego_rl.config.schema import SECTIONS
+from lego_rl.errors import ConfigError
+
+config_app = typer.Typer(help="Inspect the resolved configuration.", no_args_is_help=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "get_secret_value"):
+        return "**********"
+    return value
+
+
+def config_json(r: ResolvedConfig) -> dict[str, Any]:
+    data: dict[str, dict[str, Any]] = {}
+    for section, key, value in iter_values(r.config):
+        data.setdefault(section, {})[key] = {"value": _jsonable(value), "source": str(r.source(f"{section}.{key}"))}
+    return data
+
+
+def _findings_table(findings: list[Finding]) -> Table:
+    table = Table(title="Checks", title_justify="left", show_lines=False, expand=True)
+    table.add_column("", width=4)
+    table.add_column("check", style="bold", no_wrap=True)
+    table.add_column("problem", ratio=3)
+    table.add_column("what to do", ratio=2, style="cyan")
+    for f in findings:
+        mark = "[red]FAIL[/]" if f.severity == "error" else "[yellow]WARN[/]"
+        table.add_row(mark, f.code, f.message, f.fix)
+    return table
+
+
+def _section_table(r: ResolvedConfig, section: str, *, docs: bool) -> Table:
+    table = Table(title=escape(f"[{section}]"), title_justify="left", expand=True)
+    table.add_column("key", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold", ratio=2)
+    table.add_column("source", style="dim", ratio=1)
+    if docs:
+        table.add_column("meaning", style="italic", ratio=3)
+    model = getattr(r.config, section)
+    for name, info in type(model).model_fields.items():
+        source = r.source(f"{section}.{name}")
+        value = _jsonable(getattr(model, name))
+        shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        style = "" if source.kind == "default" else "green"
+        row = [name, f"[{style}]{shown}[/]" if style else shown, str(source)]
+        if docs:
+            row.append(" ".join((info.description or "").split()))
+        table.add_row(*row)
+    return table
+
+
+def _resolve_or_exit(config: Any, overrides: list[str] | None, as_json: bool) -> ResolvedConfig:
+    try:
+        return load(config, overrides)
+    except ConfigError as exc:
+        if as_json:
+            out.print_json(json.dumps({"ok": False, "error": str(exc), "parameter": exc.parameter}))
+        else:
+            err.print(f"[bold red]config error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def validate(
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    as_json: JsonOpt = False,
+    remote: Annotated[bool, typer.Option("--remote", help="Also check SSH to sandbox nodes, the adapter "
+                                         "address and serving health (network; each bounded by --timeout).")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds per network check with --remote.")] = 5.0,
+    docs: Annotated[bool, typer.Option("--docs", help="Show what each key means.")] = False,
+) -> None:
+    """Resolve lego.toml + environment + --set and run every cross-parameter check.
+
+    Prints failed checks first, then every resolved value with its source (default, file:line, env var,
+    --set, derived). Exit 0: nothing failed (warnings allowed). Exit 1: a check failed. Exit 2: the
+    configuration could not be read.
+    """
+    r = _resolve_or_exit(config, overrides, as_json)
+    findings = run_checks(r)
+    if remote:
+        from lego_rl.config.remote import remote_findings
+
+        findings += asyncio.run(remote_findings(r, timeout=timeout))
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = len(findings) - errors
+    if as_json:
+        out.print_json(json.dumps({
+            "ok": errors == 0, "errors": errors, "warnings": warnings,
+            "config_file": str(r.config_path) if r.config_path else None,
+            "findings": [f.to_json() for f in findings], "config": config_json(r),
+        }))
+    else:
+        if findings:
+            out.print(_findings_table(findings))
+        for section in SECTIONS:
+            out.print(_section_table(r, section, docs=docs))
+        verdict = "[bold green]OK[/]" if errors == 0 else f"[bold red]{errors} check(s) failed[/]"
+        out.print(f"{verdict}, {warnings} warning(s); config: {r.config_path or 'built-in defaults'}")
+    raise typer.Exit(EXIT_OK if errors == 0 else EXIT_FAILED)
+
+
+@config_app.command("show")
+def show(config: ConfigOpt = None, overrides: SetOpt = None, as_json: JsonOpt = False,
+         docs: Annotated[bool, typer.Option("--docs", help="Show what each key means.")] = False) -> None:
+    """Print the resolved configuration (no checks). `--json` dumps it with each value's source."""
+    r = _resolve_or_exit(config, overrides, as_json)
+    if as_json:
+        out.print_json(json.dumps(config_json(r)))
+        return
+    for section in SECTIONS:
+        out.print(_section_table(r, section, docs=docs))
+
+
+@config_app.command("env")
+def env_table(as_json: JsonOpt = False) -> None:
+    """List every environment variable lego reads, the key it sets and that key's default."""
+    from lego_rl.config.envmap import ENV_VARS
+
+    rows = [(v.name, ", ".join(v.aliases), v.key, v.meaning) for v in ENV_VARS]
+    if as_json:
+        out.print_json(json.dumps([dict(zip(("name", "aliases", "key", "meaning"), row, strict=True)) for row in rows]))
+        return
+    table = Table(title="Environment variables (also: LEGO_<SECTION>_<KEY> for every key)", expand=True)
+    for col in ("variable", "alias", "key", "meaning"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)
+    app.add_typer(config_app, name="config")

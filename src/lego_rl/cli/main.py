@@ -1,0 +1,63 @@
+"""The `lego` command: one typer app; each noun lives in its own module and is registered here."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from lego_rl import __version__
+from lego_rl.cli.console import EXIT_USAGE, err
+from lego_rl.errors import ConfigError, TaskDataError
+
+app = typer.Typer(
+    name="lego",
+    help=(
+        "Train coding agents with RL through their real CLIs.\n\n"
+        "Typical flow: write lego.toml, `lego validate -c lego.toml`, `lego rollout-check` on a few "
+        "tasks, then `lego train`, and watch it with `lego monitor`."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode="rich",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"lego-rl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """lego-rl command line."""
+
+
+def _register() -> None:
+    # Imported here, not at module top, so each noun's heavy imports stay inside its commands.
+    from lego_rl.cli import config_cmd
+
+    config_cmd.register(app)
+    for name in ("serving_cmd", "adapter_cmd", "tasks_cmd", "sandbox_cmd", "harness_cmd", "rollout_cmd"):
+        try:
+            module = __import__(f"lego_rl.cli.{name}", fromlist=["register"])
+        except ModuleNotFoundError as exc:
+            if exc.name == f"lego_rl.cli.{name}":
+                continue  # that noun has not landed in this checkout
+            raise
+        module.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point: maps lego's own errors to one line and exit code 2."""
+    try:
+        app()
+    except (ConfigError, TaskDataError) as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(EXIT_USAGE)

@@ -1,0 +1,316 @@
+"""Cross-parameter checks run by ``lego validate``.
+
+Each check is a named pure-ish function of the resolved config returning ``Finding``s; all checks run and
+all findings are collected, so the operator sees every problem at once. A message quotes the values
+involved; ``fix`` names the key (or variable) to change. Checks that touch the network live in
+``remote.py`` and run only with ``--remote``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from lego_rl.config.resolve import ResolvedConfig, trainer_devices
+from lego_rl.config.schema import REASONING_PARSERS, TOOL_CALL_PARSERS
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: Severity
+    message: str
+    fix: str
+    keys: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "keys": list(self.keys)}
+
+
+Check = Callable[[ResolvedConfig], Iterator[Finding]]
+CHECKS: list[Check] = []
+
+
+def check(fn: Check) -> Check:
+    CHECKS.append(fn)
+    return fn
+
+
+def error(code: str, message: str, fix: str, *keys: str) -> Finding:
+    return Finding(code, "error", message, fix, keys)
+
+
+def warning(code: str, message: str, fix: str, *keys: str) -> Finding:
+    return Finding(code, "warning", message, fix, keys)
+
+
+@check
+def global_batch(r: ResolvedConfig) -> Iterator[Finding]:
+    ro, tr = r.config.rollout, r.config.train
+    produced = ro.batch_size * ro.samples_per_prompt
+    gbs = tr.global_batch_size or produced
+    if produced % gbs:
+        yield error(
+            "global_batch",
+            f"train.global_batch_size={gbs} does not divide the {produced} samples of a rollout step "
+            f"(rollout.batch_size={ro.batch_size} × rollout.samples_per_prompt={ro.samples_per_prompt})",
+            f"set train.global_batch_size (GLOBAL_BATCH_SIZE) to a divisor of {produced}, or unset it",
+            "train.global_batch_size", "rollout.batch_size", "rollout.samples_per_prompt",
+        )
+
+
+@check
+def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
+    tr, cl = r.config.train, r.config.cluster
+    devices = trainer_devices(r.config)
+    dp = tr.data_parallel or 1
+    total = tr.tensor_parallel * tr.pipeline_parallel * dp
+    if total != devices:
+        yield error(
+            "parallelism",
+            f"TP×PP×DP = {tr.tensor_parallel}×{tr.pipeline_parallel}×{dp} = {total} but the trainer has "
+            f"{devices} device(s) (cluster.trainer_nodes={cl.trainer_nodes} × cluster.gpus_per_node={cl.gpus_per_node})",
+            "change train.tensor_parallel / train.pipeline_parallel / train.data_parallel or the cluster size",
+            "train.tensor_parallel", "train.pipeline_parallel", "train.data_parallel", "cluster.gpus_per_node",
+        )
+    if tr.backend == "torch" and (tr.tensor_parallel > 1 or tr.pipeline_parallel > 1):
+        yield error(
+            "parallelism_backend",
+            f"the torch backend has no model parallelism (TP={tr.tensor_parallel}, PP={tr.pipeline_parallel})",
+            "set train.backend = \"megatron\" or TP = PP = 1", "train.backend",
+        )
+
+
+@check
+def response_fits_context(r: ResolvedConfig) -> Iterator[Finding]:
+    m = r.config.model
+    if m.max_response_len > m.max_context_len:
+        yield error(
+            "response_len",
+            f"model.max_response_len={m.max_response_len} exceeds model.max_context_len={m.max_context_len}",
+            "lower MAX_RESPONSE_LEN or raise MAX_CONTEXT_LEN", "model.max_response_len", "model.max_context_len",
+        )
+
+
+@check
+def compaction(r: ResolvedConfig) -> Iterator[Finding]:
+    pct = r.config.agent.autocompact_pct
+    if not 0 < pct < 100:
+        yield error(
+            "compaction_pct", f"agent.autocompact_pct={pct} is outside (0, 100)",
+            "set agent.autocompact_pct to a percentage such as 70", "agent.autocompact_pct",
+        )
+
+
+@check
+def timeouts(r: ResolvedConfig) -> Iterator[Finding]:
+    c = r.config
+    need = c.agent.time_budget_s + c.grader.timeout_s + c.rollout.guard_slack_s
+    guard = c.rollout.guard_s or need
+    if guard < need:
+        yield error(
+            "timeouts_guard",
+            f"rollout.guard_s={guard:g} is shorter than agent.time_budget_s={c.agent.time_budget_s:g} + "
+            f"grader.timeout_s={c.grader.timeout_s:g} + rollout.guard_slack_s={c.rollout.guard_slack_s:g} = {need:g}",
+            f"raise SWE_ROLLOUT_GUARD_SEC to at least {need:g} or unset it", "rollout.guard_s",
+        )
+    lifetime = c.sandbox.lifetime_s
+    if lifetime is not None and lifetime <= guard:
+        yield error(
+            "timeouts_lifetime",
+            f"sandbox.lifetime_s={lifetime:g} does not outlive rollout.guard_s={guard:g}: sandboxes would die "
+            "before the rollout's own deadline",
+            f"set sandbox.lifetime_s above {guard:g} or unset it", "sandbox.lifetime_s", "rollout.guard_s",
+        )
+
+
+@check
+def sampling(r: ResolvedConfig) -> Iterator[Finding]:
+    ro = r.config.rollout
+    if ro.temperature < 0 or ro.temperature > 10:
+        yield error("temperature", f"rollout.temperature={ro.temperature} is outside [0, 10]",
+                    "set rollout.temperature to e.g. 1.0", "rollout.temperature")
+    elif ro.temperature == 0:
+        yield warning("temperature_greedy", "rollout.temperature=0 samples greedily: every group is uniform and "
+                      "GRPO advantages are zero", "use temperature 1.0 for training", "rollout.temperature")
+    if not 0 < ro.top_p <= 1:
+        yield error("top_p", f"rollout.top_p={ro.top_p} is outside (0, 1]", "set rollout.top_p to e.g. 0.95",
+                    "rollout.top_p")
+    if ro.top_k != -1 and ro.top_k < 1:
+        yield error("top_k", f"rollout.top_k={ro.top_k}: use -1 to disable or a positive k",
+                    "set rollout.top_k = -1", "rollout.top_k")
+
+
+@check
+def score_centering(r: ResolvedConfig) -> Iterator[Finding]:
+    if r.config.train.use_score_centering and not r.config.rollout.capture_nucleus:
+        yield error(
+            "score_centering",
+            "train.use_score_centering needs each token's nucleus probabilities, but rollout.capture_nucleus is off",
+            "set rollout.capture_nucleus = true", "train.use_score_centering", "rollout.capture_nucleus",
+        )
+
+
+def _checkpoint_config(r: ResolvedConfig) -> dict[str, object] | None:
+    ckpt = r.config.model.checkpoint
+    if ckpt.startswith("lego:"):
+        return None
+    try:
+        return json.loads((Path(ckpt) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_moe(r: ResolvedConfig) -> bool:
+    if r.config.model.moe is not None:
+        return r.config.model.moe
+    cfg = _checkpoint_config(r) or {}
+    return any(int(cfg.get(k) or 0) > 1 for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
+@check
+def routing_replay(r: ResolvedConfig) -> Iterator[Finding]:
+    if r.config.rollout.use_rollout_routing_replay and not is_moe(r):
+        yield error(
+            "r3_dense",
+            f"rollout.use_rollout_routing_replay (R3) is on but the model ({r.config.model.checkpoint}) is not "
+            "a mixture-of-experts model: there are no routes to replay",
+            "turn R3 off, or set model.moe = true if detection is wrong", "rollout.use_rollout_routing_replay",
+        )
+
+
+@check
+def parsers(r: ResolvedConfig) -> Iterator[Finding]:
+    s = r.config.serving
+    if s.tool_call_parser not in TOOL_CALL_PARSERS:
+        yield error("tool_parser", f"serving.tool_call_parser={s.tool_call_parser!r} is not one we have",
+                    f"use one of: {', '.join(TOOL_CALL_PARSERS)}", "serving.tool_call_parser")
+    if s.reasoning_parser not in REASONING_PARSERS:
+        yield error("reasoning_parser", f"serving.reasoning_parser={s.reasoning_parser!r} is not one we have",
+                    f"use one of: {', '.join(REASONING_PARSERS)}", "serving.reasoning_parser")
+
+
+@check
+def serving_urls(r: ResolvedConfig) -> Iterator[Finding]:
+    s = r.config.serving
+    if s.backend == "vllm" and not s.urls:
+        yield error("vllm_urls", "serving.backend = \"vllm\" but serving.urls is empty",
+                    "list the vLLM servers in serving.urls (LEGO_SERVING_URLS=http://host:port,...)", "serving.urls")
+
+
+@check
+def sunabako_memory(r: ResolvedConfig) -> Iterator[Finding]:
+    c = r.config
+    uses = {c.sandbox.provider, c.grader.provider}
+    if "sunabako" in uses and c.sandbox.allow_test_memory is None:
+        yield error(
+            "sunabako_memory",
+            "sandbox provider is sunabako but SUNABAKO_ALLOW_TEST_MEMORY (sandbox.allow_test_memory) was not set",
+            "set SUNABAKO_ALLOW_TEST_MEMORY=0 for cgroup enforcement (production) or 1 for RSS functional tests",
+            "sandbox.allow_test_memory",
+        )
+    elif c.sandbox.allow_test_memory:
+        yield warning("sunabako_test_memory", "SUNABAKO_ALLOW_TEST_MEMORY=1: RSS supervision cannot enforce a hard "
+                      "aggregate memory limit", "use 0 with delegated cgroups in production", "sandbox.allow_test_memory")
+
+
+def _read_json(path: Path, key: str) -> tuple[object | None, Finding | None]:
+    try:
+        return json.loads(path.read_text()), None
+    except FileNotFoundError:
+        return None, error("missing_file", f"{key} names {path}, which does not exist",
+                           f"create it or point {key} at an existing file", key)
+    except (OSError, ValueError) as exc:
+        return None, error("bad_file", f"{key}: {path} is not valid JSON ({exc})", f"fix or regenerate {path}", key)
+
+
+def dataset_images(r: ResolvedConfig) -> tuple[set[str], list[Finding]]:
+    """Images used by the dataset rows, and findings about the dataset file itself."""
+    from lego_rl.config.dataset_scan import scan_dataset
+
+    return scan_dataset(r)
+
+
+@check
+def files(r: ResolvedConfig) -> Iterator[Finding]:
+    c = r.config
+    ckpt = c.model.checkpoint
+    if ckpt.startswith("lego:"):
+        if ckpt != "lego:tiny":
+            yield error("checkpoint", f"model.checkpoint={ckpt!r}: the only built-in model is lego:tiny",
+                        "use lego:tiny or an HF checkpoint directory", "model.checkpoint")
+    elif not (Path(ckpt) / "config.json").is_file():
+        yield error("checkpoint", f"model.checkpoint={ckpt} is not an HF checkpoint directory (no config.json)",
+                    "set HF_CHECKPOINT to the directory holding config.json, weights and tokenizer", "model.checkpoint")
+    else:
+        _, bad = _read_json(Path(ckpt) / "config.json", "model.checkpoint")
+        if bad:
+            yield bad
+    if c.sandbox.cluster:
+        data, bad = _read_json(Path(c.sandbox.cluster), "sandbox.cluster")
+        if bad:
+            yield bad
+        elif not (isinstance(data, dict) and isinstance(data.get("nodes"), list) and data["nodes"]):
+            yield error("cluster_json", f"{c.sandbox.cluster} must be an object with a non-empty `nodes` list",
+                        "see docs/configuration.md for the cluster.json shape", "sandbox.cluster")
+        else:
+            for i, node in enumerate(data["nodes"]):
+                missing = [k for k in ("name", "host") if not isinstance(node, dict) or k not in node]
+                if missing:
+                    yield error("cluster_json", f"{c.sandbox.cluster}: node {i} lacks {', '.join(missing)}",
+                                "give every node a name and a host", "sandbox.cluster")
+    for key in ("node_tarball", "cc_tarball", "cc_native_tarball", "codex_tarball", "codex_native_tarball",
+                "opencode_tarball"):
+        value = getattr(c.agent, key)
+        if value and not Path(value).is_file():
+            yield error("missing_file", f"agent.{key} names {value}, which does not exist",
+                        "run `lego toolchain fetch` or point the variable at the tarball", f"agent.{key}")
+    images_used, dataset_findings = dataset_images(r)
+    yield from dataset_findings
+    images_path = Path(c.sandbox.images) if c.sandbox.images else None
+    needs_mapping = c.sandbox.provider in ("sunabako", "bwrap") and images_used
+    if images_path is None or not needs_mapping:
+        return
+    if not images_path.exists() and c.sandbox.provider == "bwrap" and c.sandbox.rootfs is None \
+            and not r.is_explicit("sandbox.images"):
+        yield warning("images_host_root", "no images.json: bwrap sandboxes will use the host root filesystem",
+                      "run `lego images` to import task images", "sandbox.images")
+        return
+    mapping, bad = _read_json(images_path, "sandbox.images")
+    if bad:
+        yield bad
+        return
+    if not isinstance(mapping, dict):
+        yield error("images_json", f"{images_path} must map image names to {{rootfs, workdir, env}}",
+                    "regenerate it with `lego images`", "sandbox.images")
+        return
+    missing = sorted(images_used - set(mapping))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        yield error("images_missing", f"{len(missing)} image(s) used by the dataset have no entry in "
+                    f"{images_path}: {shown}", "run `lego images` for this dataset", "sandbox.images")
+
+
+@check
+def run_root(r: ResolvedConfig) -> Iterator[Finding]:
+    root = Path(r.config.paths.run_root or "")
+    holds_run = root.is_dir() and any((root / name).exists() for name in ("events.jsonl", "config.json"))
+    if holds_run and not r.config.train.resume:
+        yield error(
+            "run_root_exists", f"paths.run_root={root} already holds a run; its logs are never overwritten",
+            "use a new RUN_ROOT per experiment, or set train.resume = true to continue it", "paths.run_root",
+        )
+    elif r.config.train.resume and not holds_run:
+        yield error("resume_nothing", f"train.resume is set but {root} holds no run to resume",
+                    "point RUN_ROOT at the run to continue, or unset train.resume", "train.resume")
+
+
+def run_checks(r: ResolvedConfig, extra: list[Check] | None = None) -> list[Finding]:
+    """Run every check; errors first, then warnings, each in check order."""
+    findings = [f for fn in [*CHECKS, *(extra or [])] for f in fn(r)]
+    return sorted(findings, key=lambda f: f.severity != "error")

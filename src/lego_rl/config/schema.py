@@ -1,0 +1,285 @@
+"""One pydantic model per section of ``lego.toml``.
+
+Every field's docstring is what ``lego validate`` and ``lego config show`` print, so it states units,
+the default and what it interacts with. Defaults follow the reference coding-agent example's launcher.
+Values left ``None`` where noted are filled by ``resolve.derive()`` from other keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+TOOL_CALL_PARSERS = ("qwen3_coder", "hermes")
+REASONING_PARSERS = ("qwen3", "none")
+DEFAULT_PROMPT = (
+    "Read the problem statement in {problem_file}. Edit the source code in {workdir} to fix it, run the "
+    "relevant tests to check your change, and finish with a short summary of what you changed."
+)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelConfig(Section):
+    checkpoint: str = "lego:tiny"
+    """HF checkpoint directory of the policy (weights, tokenizer, chat template). `lego:tiny` builds the
+    offline tiny Qwen3-architecture test model on first use and caches it."""
+    max_context_len: int = Field(default=65536, gt=0)
+    """Context window in tokens for a whole multi-turn trajectory; passed to the CLIs and the adapter."""
+    max_response_len: int = Field(default=8192, gt=0)
+    """Maximum output tokens per model turn; the adapter clamps it to what remains of the context."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for the chat template on every turn (JSON object)."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = "medium"
+    """Template `reasoning_effort` unless `chat_template_kwargs` sets one; some templates default to xhigh."""
+    moe: bool | None = None
+    """Whether the policy is a mixture-of-experts model; read from the checkpoint's config.json when unset."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weight dtype for serving and training; auto = float32 on CPU, bfloat16 on GPU."""
+    served_name: str = "lego-policy"
+    """Model name the adapter reports to the coding CLIs."""
+
+
+class ServingConfig(Section):
+    backend: Literal["embedded", "vllm"] = "embedded"
+    """`embedded`: lego's transformers engine in-process (CPU or one GPU). `vllm`: external vLLM servers
+    started with `--enable-scale-out` at `urls`."""
+    urls: list[str] = Field(default_factory=list)
+    """Base URLs of the vLLM replicas (backend=vllm). Sessions stick to one replica."""
+    host: str = "127.0.0.1"
+    """Listening address of the embedded engine."""
+    port: int = Field(default=18100, ge=0, le=65535)
+    """Listening port of the embedded engine (0 = pick a free port)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device of the embedded engine."""
+    max_batch_size: int = Field(default=8, ge=1)
+    """Requests the embedded engine decodes together."""
+    tool_call_parser: str = "qwen3_coder"
+    """Parser for tool calls in the sampled text; must match the served model (qwen3_coder, hermes)."""
+    reasoning_parser: str = "qwen3"
+    """Parser for reasoning in the sampled text (qwen3 = <think> blocks, none)."""
+    request_timeout_s: float = Field(default=900.0, gt=0)
+    """Deadline of one generate call including retries."""
+    disable_cuda_graph: bool = False
+    """Disable vLLM decode CUDA graphs (VLLM_DISABLE_CUDA_GRAPH) when diagnosing graph compatibility."""
+    cuda_graph_max_batch: int = Field(default=4, ge=1)
+    """Largest decode batch captured in a CUDA graph."""
+
+
+class AdapterConfig(Section):
+    bind_host: str = "0.0.0.0"
+    """Address the adapter listens on."""
+    port: int = Field(default=18091, ge=0, le=65535)
+    """Port the adapter listens on."""
+    public_host: str = "auto"
+    """Address advertised to sandboxes; `auto` = this node's routable IP (set it when that is not reachable)."""
+    max_requests_per_session: int = Field(default=500, ge=1)
+    """Requests one session may make before it is refused (stops CLIs that loop)."""
+    max_body_mb: float = Field(default=32.0, gt=0)
+    """Largest accepted request body."""
+
+
+class AgentConfig(Section):
+    default_harness: str = "claude_code"
+    """Harness used when a row's `metadata.agent` is unset (claude_code, codex, opencode, openhands)."""
+    time_budget_s: float = Field(default=1200.0, gt=0)
+    """Wall-clock budget of the coding CLI per rollout."""
+    max_turns: int = Field(default=40, ge=1)
+    """Turn limit passed to the CLI."""
+    autocompact_pct: float = 70.0
+    """Context fill percentage at which the CLI compacts its history; must be in (0, 100)."""
+    max_thinking_tokens: int = Field(default=4096, ge=0)
+    """Thinking budget passed to CLIs that take one."""
+    prompt: str = DEFAULT_PROMPT
+    """Agent instruction; `{problem_file}` and `{workdir}` are filled in. Official tests stay hidden."""
+    node_tarball: str | None = None
+    """Host-side Node 22 tarball uploaded into each sandbox (default: from the toolchain folder)."""
+    cc_tarball: str | None = None
+    """Claude Code npm tarball (default: from the toolchain folder)."""
+    cc_native_tarball: str | None = None
+    """Claude Code platform archive; takes precedence over Node + npm."""
+    cc_extra_args: str = "--max-turns 40 --tools Bash,Read,Edit,Write,Glob,Grep --disable-slash-commands"
+    """Claude CLI flags."""
+    cc_extra_envs: dict[str, str] = Field(default_factory=dict)
+    """JSON overrides merged over the Claude CLI environment (context/output/thinking limits are derived)."""
+    codex_tarball: str | None = None
+    """Codex npm tarball (with Node)."""
+    codex_native_tarball: str | None = None
+    """Codex platform archive @openai/codex@0.162.1-linux-x64; Node is not needed then."""
+    codex_extra_args: str = ""
+    """Extra `codex exec` flags."""
+    codex_extra_envs: dict[str, str] = Field(default_factory=dict)
+    """JSON overrides merged over the Codex environment."""
+    opencode_tarball: str | None = None
+    """OpenCode npm tarball."""
+    opencode_extra_args: str = ""
+    """Extra `opencode run` flags."""
+    opencode_extra_envs: dict[str, str] = Field(default_factory=dict)
+    """JSON overrides merged over the OpenCode environment."""
+    openhands_extra_envs: dict[str, str] = Field(default_factory=dict)
+    """JSON overrides merged over the OpenHands runner environment."""
+    sandbox_image_metadata_key: str = "image"
+    """Row metadata key naming the sandbox image (used by providers such as e2b)."""
+
+
+class SandboxConfig(Section):
+    provider: str = "sunabako"
+    """Provider for agent and grader sandboxes: sunabako (clusters), bwrap (one machine), e2b."""
+    cluster: str | None = None
+    """sunabako cluster.json (default $DATA_ROOT/cluster.json; unset with no file = the local node)."""
+    images: str | None = None
+    """images.json mapping task images to imported root filesystems (default $DATA_ROOT/images.json)."""
+    memory_mb: int = Field(default=2048, gt=0)
+    """Memory per sandbox in MB."""
+    allow_test_memory: bool | None = None
+    """sunabako only, must be set explicitly: false = cgroup enforcement (production); true = RSS
+    supervision for functional tests on machines without delegated cgroups."""
+    boot_concurrency: int = Field(default=2, ge=1)
+    """Sandboxes booting at the same time."""
+    lifetime_s: float | None = None
+    """Hard lifetime of a sandbox; must outlive the rollout guard (default: guard + 300 s)."""
+    network: Literal["host", "none"] = "host"
+    """`host` shares the outer network so the CLI reaches the adapter; `none` = loopback only."""
+    rootfs: str | None = None
+    """bwrap only: default root filesystem for images without an images.json entry (unset = host root)."""
+    e2b_api_key: SecretStr | None = None
+    """E2B API key (provider e2b)."""
+
+
+class GraderConfig(Section):
+    timeout_s: float = Field(default=180.0, gt=0)
+    """Official grader timeout per rollout."""
+    provider: str | None = None
+    """Sandbox provider for grading (default: the agent's provider)."""
+    max_output_kb: int = Field(default=1024, ge=1)
+    """Grader output kept per rollout (the tail beyond this is cut, and says so)."""
+
+
+class RolloutConfig(Section):
+    prompt_data: str | None = None
+    """Task rows (JSONL), default $DATA_ROOT/train.jsonl."""
+    input_key: str = "prompt"
+    """Row key of the prompt messages."""
+    label_key: str = "label"
+    """Row key of the label."""
+    metadata_key: str = "metadata"
+    """Row key of the task metadata (image, workdir, eval_cmd, ...)."""
+    batch_size: int = Field(default=2, ge=1)
+    """Prompts per rollout step."""
+    samples_per_prompt: int = Field(default=2, ge=1)
+    """Agent runs per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Sampling temperature (>= 0; 0 = greedy)."""
+    top_p: float = 0.95
+    """Nucleus probability in (0, 1]."""
+    top_k: int = -1
+    """Top-k truncation; -1 disables it."""
+    guard_s: float | None = None
+    """Whole-rollout deadline including sandbox setup and grading (default agent + grader + slack)."""
+    guard_slack_s: float = Field(default=300.0, ge=0)
+    """Slack added to agent budget + grader timeout to form the default guard."""
+    fork_merge_max_response_tokens: int = Field(default=0, ge=0)
+    """Short-turn rewrite merging threshold; 0 keeps every captured generated turn."""
+    capture_nucleus: bool = False
+    """Keep each sampled token's top-p nucleus ids and sampler probabilities (needed by score centering)."""
+    use_rollout_routing_replay: bool = False
+    """R3: record MoE expert routes at rollout and replay them in training (MoE models only)."""
+    max_staleness: int = Field(default=1, ge=0)
+    """Weight versions a rollout may lag behind the trainer when it is admitted."""
+
+
+class TrainConfig(Section):
+    backend: Literal["torch", "megatron"] = "torch"
+    """Trainer: torch in-process (one machine) or Megatron-core workers placed by Ray."""
+    algorithm: Literal["grpo", "gspo"] = "grpo"
+    """Policy loss: token-level GRPO or sequence-level GSPO."""
+    num_rollout: int = Field(default=1, ge=1)
+    """Rollout steps (each followed by one policy update)."""
+    global_batch_size: int | None = None
+    """Samples per optimizer step (default rollout batch × samples per prompt)."""
+    micro_batch_tokens: int = Field(default=16384, ge=1)
+    """Token budget of one micro-batch."""
+    tensor_parallel: int = Field(default=1, ge=1)
+    """Megatron tensor-parallel size."""
+    pipeline_parallel: int = Field(default=1, ge=1)
+    """Megatron pipeline-parallel size."""
+    data_parallel: int | None = None
+    """Data-parallel size (default trainer GPUs / (TP × PP))."""
+    lr: float = Field(default=1e-6, gt=0)
+    """Learning rate."""
+    clip_low: float = Field(default=0.2, ge=0)
+    """Lower ratio clip ε."""
+    clip_high: float = Field(default=0.28, ge=0)
+    """Upper ratio clip ε."""
+    use_score_centering: bool = False
+    """Score-centering REINFORCE objective; needs rollout.capture_nucleus."""
+    infra_failure_policy: Literal["exclude", "zero_reward"] = "exclude"
+    """What infrastructure-failed rollouts do: excluded from statistics and loss, or kept with reward 0."""
+    resume: bool = False
+    """Continue the run already in paths.run_root instead of refusing to touch it."""
+
+
+class ClusterConfig(Section):
+    trainer_nodes: int = Field(default=1, ge=1)
+    """Nodes running the trainer."""
+    gpus_per_node: int = Field(default=0, ge=0)
+    """GPUs per trainer node (0 = CPU)."""
+    train_head: str | None = None
+    """Address of the first training node (TRAIN_HEAD)."""
+    train_workers: list[str] = Field(default_factory=list)
+    """Addresses of the other training nodes (TRAIN_WORKER)."""
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    """SSH port of cluster and sandbox nodes."""
+    gloo_socket_ifname: str | None = None
+    """Network interface for Gloo/NCCL bootstrap."""
+    start_ray: bool = True
+    """Start a Ray cluster (false = reuse the experiment's running one)."""
+    ray_address: str | None = None
+    """Ray address to join when not starting one."""
+
+
+class MonitorConfig(Section):
+    refresh_s: float = Field(default=2.0, gt=0)
+    """Refresh period of `lego monitor`."""
+    kl_warn: float = Field(default=1e-3, gt=0)
+    """Rollout-vs-trainer KL above which the consistency view warns."""
+
+
+class PathsConfig(Section):
+    data_root: str = ".lego/data"
+    """Shared data directory (datasets, cluster.json, images.json, toolchain)."""
+    run_root: str | None = None
+    """This run's directory; default runs/run-<timestamp>. Use a new one per experiment."""
+    artifacts: str | None = None
+    """Saved CLI trajectories, sandbox commands and grader output (default $RUN_ROOT/sandboxes)."""
+    run_log: str | None = None
+    """Append-only event log (default $RUN_ROOT/events.jsonl); never overwritten."""
+    toolchain_dir: str | None = None
+    """Pinned CLI tarballs from `lego toolchain fetch` (default $DATA_ROOT/toolchain)."""
+
+
+class LegoConfig(BaseModel):
+    """The whole resolved configuration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+    adapter: AdapterConfig = Field(default_factory=AdapterConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    grader: GraderConfig = Field(default_factory=GraderConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+
+
+SECTIONS: dict[str, type[Section]] = {
+    name: info.annotation  # type: ignore[misc]
+    for name, info in LegoConfig.model_fields.items()
+}

@@ -1,0 +1,135 @@
+"""Every cross-parameter check: a config that trips it, and the base config that does not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lego_rl.config.checks import run_checks
+from lego_rl.config.resolve import resolve
+
+
+def codes(path: Path | None, *overrides: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    r = resolve(path, environ=environ or {}, overrides=list(overrides))
+    return {f.code: f.severity for f in run_checks(r)}
+
+
+def test_base_config_is_clean(base_toml: Path) -> None:
+    assert codes(base_toml) == {}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code"),
+    [
+        (["train.global_batch_size=3"], "global_batch"),
+        (["train.tensor_parallel=2"], "parallelism"),
+        (["train.backend=\"megatron\"", "train.tensor_parallel=2", "train.pipeline_parallel=8",
+          "train.data_parallel=1", "cluster.gpus_per_node=8"], "parallelism"),
+        (["train.tensor_parallel=2", "cluster.gpus_per_node=2"], "parallelism_backend"),
+        (["model.max_response_len=70000"], "response_len"),
+        (["agent.autocompact_pct=100"], "compaction_pct"),
+        (["agent.autocompact_pct=0"], "compaction_pct"),
+        (["rollout.guard_s=1000"], "timeouts_guard"),
+        (["sandbox.lifetime_s=1500"], "timeouts_lifetime"),
+        (["rollout.temperature=-1"], "temperature"),
+        (["rollout.top_p=0"], "top_p"),
+        (["rollout.top_p=1.5"], "top_p"),
+        (["rollout.top_k=0"], "top_k"),
+        (["train.use_score_centering=true"], "score_centering"),
+        (["rollout.use_rollout_routing_replay=true"], "r3_dense"),
+        (["serving.tool_call_parser=\"mistral\""], "tool_parser"),
+        (["serving.reasoning_parser=\"deepseek_r1\""], "reasoning_parser"),
+        (["serving.backend=\"vllm\""], "vllm_urls"),
+        (["sandbox.provider=\"sunabako\""], "sunabako_memory"),
+        (["model.checkpoint=\"/nonexistent/ckpt\""], "checkpoint"),
+        (["model.checkpoint=\"lego:huge\""], "checkpoint"),
+        (["agent.cc_tarball=\"/nonexistent/cc.tgz\""], "missing_file"),
+        (["rollout.prompt_data=\"/nonexistent/train.jsonl\""], "missing_file"),
+        (["train.resume=true"], "resume_nothing"),
+    ],
+)
+def test_check_fails(base_toml: Path, overrides: list[str], code: str) -> None:
+    found = codes(base_toml, *overrides)
+    assert found.get(code) == "error", found
+
+
+def test_global_batch_explicit_divisor_ok(base_toml: Path) -> None:
+    assert "global_batch" not in codes(base_toml, "rollout.batch_size=4", "train.global_batch_size=2")
+
+
+def test_megatron_layout_that_matches(base_toml: Path) -> None:
+    found = codes(base_toml, "train.backend=\"megatron\"", "train.tensor_parallel=2", "train.pipeline_parallel=8",
+                  "cluster.trainer_nodes=2", "cluster.gpus_per_node=8")
+    assert "parallelism" not in found
+    r = resolve(base_toml, environ={}, overrides=["train.backend=\"megatron\"", "train.tensor_parallel=2",
+                                                   "train.pipeline_parallel=8", "cluster.trainer_nodes=2",
+                                                   "cluster.gpus_per_node=8"])
+    assert r.config.train.data_parallel == 1
+
+
+def test_score_centering_with_nucleus_ok(base_toml: Path) -> None:
+    assert "score_centering" not in codes(base_toml, "train.use_score_centering=true", "rollout.capture_nucleus=true")
+
+
+def test_r3_on_moe_checkpoint_ok(base_toml: Path, workdir: Path) -> None:
+    ckpt = workdir / "moe"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 128}))
+    found = codes(base_toml, f"model.checkpoint=\"{ckpt}\"", "rollout.use_rollout_routing_replay=true")
+    assert "r3_dense" not in found and "checkpoint" not in found
+
+
+def test_sunabako_memory_given_explicitly(base_toml: Path) -> None:
+    found = codes(base_toml, environ={"SWE_SANDBOX_PROVIDER": "sunabako", "SUNABAKO_ALLOW_TEST_MEMORY": "0"})
+    assert "sunabako_memory" not in found
+    found = codes(base_toml, environ={"SWE_SANDBOX_PROVIDER": "sunabako", "SUNABAKO_ALLOW_TEST_MEMORY": "1"})
+    assert found.get("sunabako_test_memory") == "warning"
+
+
+def test_greedy_is_a_warning(base_toml: Path) -> None:
+    assert codes(base_toml, "rollout.temperature=0") == {"temperature_greedy": "warning"}
+
+
+def test_cluster_json(base_toml: Path, workdir: Path) -> None:
+    bad = workdir / "cluster.json"
+    bad.write_text("{nodes: ")
+    assert codes(base_toml, f"sandbox.cluster=\"{bad}\"").get("bad_file") == "error"
+    bad.write_text(json.dumps({"nodes": []}))
+    assert codes(base_toml, f"sandbox.cluster=\"{bad}\"").get("cluster_json") == "error"
+    bad.write_text(json.dumps({"nodes": [{"name": "s0"}]}))
+    assert codes(base_toml, f"sandbox.cluster=\"{bad}\"").get("cluster_json") == "error"
+    bad.write_text(json.dumps({"nodes": [{"name": "s0", "host": "10.0.0.1", "port": 22}]}))
+    assert "cluster_json" not in codes(base_toml, f"sandbox.cluster=\"{bad}\"")
+
+
+def test_images_json_missing_entry_and_unparsable(base_toml: Path, workdir: Path) -> None:
+    (workdir / "images.json").write_text(json.dumps({"other:1": {"rootfs": "/"}}))
+    assert codes(base_toml).get("images_missing") == "error"
+    (workdir / "images.json").write_text("not json")
+    assert codes(base_toml).get("bad_file") == "error"
+
+
+def test_dataset_rows_reported_with_row_numbers(base_toml: Path, workdir: Path) -> None:
+    good = (workdir / "tasks.jsonl").read_text()
+    (workdir / "tasks.jsonl").write_text(good + "{broken\n" + json.dumps({"prompt": "x", "metadata": {}}) + "\n")
+    r = resolve(base_toml, environ={})
+    messages = [f.message for f in run_checks(r) if f.code == "dataset_row"]
+    assert any("row 2: not valid JSON" in m for m in messages)
+    assert any("row 3: `metadata.image` is missing" in m for m in messages)
+
+
+def test_run_root_holding_a_run(base_toml: Path, workdir: Path) -> None:
+    run = workdir / "run-001"
+    run.mkdir()
+    (run / "events.jsonl").write_text("")
+    assert codes(base_toml, f"paths.run_root=\"{run}\"").get("run_root_exists") == "error"
+    assert "run_root_exists" not in codes(base_toml, f"paths.run_root=\"{run}\"", "train.resume=true")
+
+
+def test_errors_sorted_before_warnings(base_toml: Path) -> None:
+    r = resolve(base_toml, environ={}, overrides=["rollout.temperature=0", "rollout.top_k=0"])
+    severities = [f.severity for f in run_checks(r)]
+    assert severities == sorted(severities, key=lambda s: s != "error")
+    assert severities[0] == "error"

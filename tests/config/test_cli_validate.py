@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from lego_rl.cli.main import app
+
+runner = CliRunner()
+
+
+def test_validate_ok_json(base_toml: Path) -> None:
+    result = runner.invoke(app, ["validate", "-c", str(base_toml), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ok"] is True and data["errors"] == 0
+    assert data["config"]["sandbox"]["provider"] == {"value": "bwrap", "source": "lego.toml:3"}
+    assert data["config"]["rollout"]["guard_s"]["source"].startswith("agent.time_budget_s")
+
+
+def test_validate_failed_check_exit_1_and_failed_first(base_toml: Path) -> None:
+    result = runner.invoke(app, ["validate", "-c", str(base_toml), "--set", "rollout.top_p=2"])
+    assert result.exit_code == 1
+    assert result.stdout.index("top_p") < result.stdout.index("[model]")
+    assert "FAIL" in result.stdout
+    data = json.loads(runner.invoke(app, ["validate", "-c", str(base_toml), "--set", "rollout.top_p=2",
+                                          "--json"]).stdout)
+    assert data["ok"] is False and data["findings"][0]["code"] == "top_p"
+    assert "rollout.top_p" in data["findings"][0]["fix"]
+
+
+def test_validate_config_error_exit_2_one_line(base_toml: Path) -> None:
+    base_toml.write_text("[rollout]\nbatch_size = 'x'\n")
+    result = runner.invoke(app, ["validate", "-c", str(base_toml)])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert "lego.toml:2" in result.output and "rollout.batch_size" in result.output
+    result = runner.invoke(app, ["validate", "-c", str(base_toml), "--json"])
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["parameter"] == "rollout.batch_size"
+
+
+def test_validate_secrets_are_masked(base_toml: Path, monkeypatch) -> None:
+    monkeypatch.setenv("E2B_API_KEY", "sk-very-secret")
+    result = runner.invoke(app, ["validate", "-c", str(base_toml), "--json"])
+    assert "sk-very-secret" not in result.stdout
+
+
+def test_config_show_and_env(base_toml: Path) -> None:
+    result = runner.invoke(app, ["config", "show", "-c", str(base_toml), "--docs"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0 and "Prompts per rollout step" in result.stdout
+    result = runner.invoke(app, ["config", "env", "--json"])
+    names = {row["name"] for row in json.loads(result.stdout)}
+    assert {"SWE_EVAL_TIMEOUT_SEC", "SUNABAKO_ALLOW_TEST_MEMORY", "CHAT_TEMPLATE_KWARGS"} <= names
+
+
+def test_help_reads_well() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0 and "validate" in result.stdout
+    result = runner.invoke(app, ["validate", "--help"])
+    assert "Exit 0" in result.stdout and "--remote" in result.stdout

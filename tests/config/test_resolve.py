@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lego_rl.config.envmap import ENV_VARS
+from lego_rl.config.resolve import resolve
+from lego_rl.errors import ConfigError
+
+
+def test_reference_defaults(workdir: Path) -> None:
+    c = resolve(environ={}).config
+    assert c.agent.time_budget_s == 1200
+    assert c.grader.timeout_s == 180
+    assert c.rollout.guard_s == 1200 + 180 + 300
+    assert c.sandbox.boot_concurrency == 2
+    assert c.sandbox.memory_mb == 2048
+    assert (c.adapter.bind_host, c.adapter.port) == ("0.0.0.0", 18091)
+    assert (c.model.max_context_len, c.model.max_response_len) == (65536, 8192)
+    assert c.agent.autocompact_pct == 70
+    assert (c.rollout.temperature, c.rollout.top_p, c.rollout.top_k) == (1.0, 0.95, -1)
+    assert c.model.chat_template_kwargs == {"reasoning_effort": "medium"}
+    assert c.train.global_batch_size == c.rollout.batch_size * c.rollout.samples_per_prompt
+    assert c.sandbox.provider == "sunabako"
+
+
+def test_precedence_default_file_env_cli(base_toml: Path) -> None:
+    base_toml.write_text(base_toml.read_text() + "\n[grader]\ntimeout_s = 100\n")
+    r = resolve(base_toml, environ={})
+    assert r.config.grader.timeout_s == 100
+    assert r.source("grader.timeout_s").detail == "lego.toml:10"  # BASE_TOML opens with a blank line
+    r = resolve(base_toml, environ={"SWE_EVAL_TIMEOUT_SEC": "150"})
+    assert r.config.grader.timeout_s == 150
+    assert r.source("grader.timeout_s").detail == "$SWE_EVAL_TIMEOUT_SEC"
+    r = resolve(base_toml, environ={"SWE_EVAL_TIMEOUT_SEC": "150"}, overrides=["grader.timeout_s=170"])
+    assert r.config.grader.timeout_s == 170
+    assert r.source("grader.timeout_s").kind == "cli"
+    assert r.source("agent.time_budget_s").kind == "default"
+
+
+def test_derived_guard_follows_its_inputs(workdir: Path) -> None:
+    r = resolve(environ={"SWE_AGENT_TIME_BUDGET_SEC": "600", "SWE_EVAL_TIMEOUT_SEC": "60"})
+    assert r.config.rollout.guard_s == 960
+    assert r.source("rollout.guard_s").kind == "derived"
+    r = resolve(environ={"SWE_ROLLOUT_GUARD_SEC": "5000"})
+    assert r.config.rollout.guard_s == 5000
+
+
+def test_vime_alias_and_lego_name(workdir: Path) -> None:
+    r = resolve(environ={"VIME_AGENT_CC_TARBALL": "/x/cc.tgz"})
+    assert r.config.agent.cc_tarball == "/x/cc.tgz"
+    assert r.source("agent.cc_tarball").detail == "$VIME_AGENT_CC_TARBALL"
+    r = resolve(environ={"VIME_AGENT_CC_TARBALL": "/x/old.tgz", "LEGO_AGENT_CC_TARBALL": "/x/new.tgz"})
+    assert r.config.agent.cc_tarball == "/x/new.tgz"
+
+
+def test_every_reference_variable_maps_to_one_key(workdir: Path) -> None:
+    keys = [v.key for v in ENV_VARS]
+    assert len(keys) == len(set(keys)), "two variables set the same key"
+    for var in ENV_VARS:
+        value = '{"A": "1"}' if var.json else {"int": "3", "float": "3", "bool": "1"}.get(
+            _kind(var.key), "/tmp/x" if "tarball" in var.key else "3")
+        if var.key == "sandbox.provider":
+            value = "bwrap"
+        if var.key in {"agent.default_harness", "agent.prompt", "adapter.public_host", "adapter.bind_host",
+                       "cluster.train_head", "cluster.gloo_socket_ifname", "agent.cc_extra_args",
+                       "agent.codex_extra_args", "agent.opencode_extra_args", "agent.sandbox_image_metadata_key"}:
+            value = "x"
+        r = resolve(environ={var.name: value})
+        assert str(r.source(var.key)).endswith(f"${var.name}"), var.name
+
+
+def _kind(key: str) -> str:
+    from lego_rl.config.schema import SECTIONS
+
+    section, field = key.split(".")
+    text = str(SECTIONS[section].model_fields[field].annotation)
+    return "bool" if "bool" in text else "int" if "int" in text else "float" if "float" in text else "str"
+
+
+def test_json_env_parsed_and_malformed_names_variable(workdir: Path) -> None:
+    r = resolve(environ={"CHAT_TEMPLATE_KWARGS": '{"reasoning_effort": "high", "enable_thinking": true}'})
+    assert r.config.model.chat_template_kwargs == {"reasoning_effort": "high", "enable_thinking": True}
+    with pytest.raises(ConfigError, match=r"\$VIME_AGENT_CC_EXTRA_ENVS is not valid JSON"):
+        resolve(environ={"VIME_AGENT_CC_EXTRA_ENVS": "{MAX: 1"})
+    with pytest.raises(ConfigError, match=r"\$CHAT_TEMPLATE_KWARGS must be a JSON object"):
+        resolve(environ={"CHAT_TEMPLATE_KWARGS": "[1, 2]"})
+
+
+def test_generic_lego_variable(workdir: Path) -> None:
+    r = resolve(environ={"LEGO_TRAIN_LR": "2e-6", "LEGO_SERVING_URLS": "http://a:1, http://b:2"})
+    assert r.config.train.lr == 2e-6
+    assert r.config.serving.urls == ["http://a:1", "http://b:2"]
+
+
+def test_train_worker_list(workdir: Path) -> None:
+    assert resolve(environ={"TRAIN_WORKER": "10.0.0.2,10.0.0.3"}).config.cluster.train_workers == [
+        "10.0.0.2", "10.0.0.3"]
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("[rollout]\nbatch_sise = 2\n", r"lego.toml:2: unknown key `rollout.batch_sise`"),
+        ("[rolout]\nbatch_size = 2\n", r"lego.toml:1: unknown section \[rolout\]"),
+        ("[rollout]\nbatch_size = \"two\"\n", r"lego.toml:2: rollout.batch_size: .*integer.*'two'"),
+        ("[rollout\nbatch_size = 2\n", r"not valid TOML"),
+        ("rollout = 3\n", r"`rollout` must be a table"),
+    ],
+)
+def test_bad_toml_is_one_clear_error(workdir: Path, text: str, pattern: str) -> None:
+    path = workdir / "lego.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=pattern):
+        resolve(path, environ={})
+
+
+def test_bad_env_type_names_variable(workdir: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\$SWE_BOOT_CONCURRENCY: sandbox.boot_concurrency"):
+        resolve(environ={"SWE_BOOT_CONCURRENCY": "many"})
+
+
+def test_missing_config_file(workdir: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        resolve(workdir / "nope.toml", environ={})
+
+
+@pytest.mark.parametrize("assignment", ["rollout.batch_size", "nosection.x=1", "rollout.nokey=1"])
+def test_bad_set(workdir: Path, assignment: str) -> None:
+    with pytest.raises(ConfigError):
+        resolve(environ={}, overrides=[assignment])
+
+
+def test_set_reads_toml_values_and_plain_text(workdir: Path) -> None:
+    r = resolve(environ={}, overrides=["serving.urls=[\"http://a:1\"]", "agent.default_harness=codex"])
+    assert r.config.serving.urls == ["http://a:1"]
+    assert r.config.agent.default_harness == "codex"
+
+
+def test_relative_paths_in_file_resolve_against_the_file(workdir: Path) -> None:
+    sub = workdir / "conf"
+    sub.mkdir()
+    (sub / "lego.toml").write_text('[rollout]\nprompt_data = "../tasks.jsonl"\n')
+    r = resolve(sub / "lego.toml", environ={})
+    assert r.config.rollout.prompt_data == str(workdir / "tasks.jsonl")
