@@ -1,0 +1,47 @@
+# Two entry points for a fresh machine (see README): `make run` and `make test`.
+# Everything else here is a step they call; each step is idempotent and cheap when already done.
+
+PY        ?= python3.11
+VENV      ?= .venv
+LEGO      := $(VENV)/bin/lego
+PYTEST    := $(VENV)/bin/pytest
+STAMP     := $(VENV)/.lego-setup-stamp
+PYTEST_ARGS ?=
+
+.PHONY: run test setup system-deps test-deps clean-runs
+
+run: setup ## set up, then run the main job on the embedded defaults (lego.toml)
+	$(LEGO) validate -c lego.toml
+
+test: setup test-deps ## set up everything the suite needs, then run all tests (what CI runs)
+	$(PYTEST) -q $(PYTEST_ARGS)
+
+setup: system-deps $(STAMP)
+
+# System packages: bubblewrap (local sandboxes), debootstrap/skopeo/umoci (root filesystems and image import),
+# iproute2 (loopback-only network namespaces for CLI and Ray tests).
+system-deps:
+	@missing=""; for bin in bwrap debootstrap skopeo umoci ip; do command -v $$bin >/dev/null || missing="$$missing $$bin"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages for:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap debootstrap skopeo umoci iproute2 >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	# torch 2.13.0 first: pip takes the CPU build from this machine's wheel cache instead of a CUDA download.
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -e '.[serve,sunabako,dev]'
+	if [ -x scripts/install_plugins.sh ]; then VENV=$(VENV) scripts/install_plugins.sh; fi
+	touch $(STAMP)
+
+# Real components the suite runs against: vLLM (CPU build, own venv), the coding CLIs from npm/PyPI,
+# and a debootstrap root filesystem for sandbox tests. Each script caches its result.
+test-deps: setup
+	scripts/setup_vllm.sh
+	scripts/setup_clis.sh
+	scripts/build_rootfs.sh
+
+clean-runs:
+	rm -rf runs/
