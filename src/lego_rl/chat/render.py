@@ -9,6 +9,7 @@ needs to join a previous turn's sampled ids to a newly rendered suffix.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -88,8 +89,10 @@ class ChatRenderer:
         *,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        extra_stop_ids: Sequence[int] = (),
     ) -> None:
         self.tokenizer = tokenizer
+        self._extra_stop_ids = tuple(extra_stop_ids)
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
             raise RenderError("the tokenizer has no chat template and none was given")
@@ -105,7 +108,14 @@ class ChatRenderer:
         """Load the tokenizer (and its chat template) of the model served from ``model_dir``."""
         from transformers import AutoTokenizer  # heavy import, only when a renderer is built
 
-        return cls(AutoTokenizer.from_pretrained(str(model_dir)), template_kwargs=template_kwargs)
+        # generation_config.json may list more stop ids than the tokenizer's eos (Qwen3: <|endoftext|>).
+        stops: list[int] = []
+        gen_cfg = Path(model_dir) / "generation_config.json"
+        if gen_cfg.is_file():
+            eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+            stops = [eos] if isinstance(eos, int) else [e for e in eos or [] if isinstance(e, int)]
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        return cls(tokenizer, template_kwargs=template_kwargs, extra_stop_ids=stops)
 
     # -- rendering -----------------------------------------------------------------------------------
 
@@ -192,7 +202,7 @@ class ChatRenderer:
         return MessageBoundary(marker=marker, marker_id=ids[0], trailer=trailer)
 
     def _stop_ids(self) -> frozenset[int]:
-        ids = set()
+        ids = set(self._extra_stop_ids)
         if self.boundary is not None:
             ids.add(self.boundary.marker_id)
         eos = getattr(self.tokenizer, "eos_token_id", None)

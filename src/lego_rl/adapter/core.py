@@ -1,0 +1,306 @@
+"""The adapter core: one model turn, whatever the wire protocol.
+
+Front ends call ``AdapterCore.run_turn(session, request)`` with a ``CanonicalRequest`` and render the
+returned ``CanonicalResponse`` in their protocol (JSON or SSE). One turn is:
+
+1. admit the request on the session (closed, failed or over-limit sessions are refused);
+2. restore parallel tool results to call order (by id) and merge template kwargs
+   (operator defaults < client's ``template_kwargs``/``reasoning_effort`` < the session's per-sample kwargs);
+3. plan the prompt: bridged from the previous turn's exact ids when the history is an unchanged
+   extension, else a full render (``lego_rl.chat.prefix``);
+4. clamp max output tokens to what is left of the context window; when nothing is left, answer with
+   ``stop="context_limit"`` without calling the engine;
+5. call the engine (``generate``) with ``logprobs=1`` and validate the reply: a count mismatch, a
+   non-finite logprob or an unknown id fails the request with ``ProviderError`` and marks the session
+   as an infrastructure failure;
+6. parse reasoning and tool calls from the sampled ids, record a ``TurnRecord``, remember the turn for
+   the next bridge, and return the response.
+
+The engine call is not streamed: front ends emit their SSE events from the finished response.
+Errors are raised, never returned: ``ProtocolError`` (client's fault, 4xx) and ``ProviderError``
+(engine's fault, 5xx); the HTTP edge maps them into the protocol's error shape.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopKind
+from lego_rl.adapter.sessions import Session
+from lego_rl.chat.parsers import ToolParserStyle, new_call_id, parse_turn, restore_tool_order
+from lego_rl.chat.prefix import PrefixBridge, PromptPlan
+from lego_rl.chat.render import ChatRenderer, RenderError
+from lego_rl.errors import ProtocolError, ProviderError
+from lego_rl.serving.protocol import GenerateResult, SamplingParams
+from lego_rl.trajectory.records import TurnRecord
+
+
+class GenerateBackend(Protocol):
+    """What the core needs from the serving client (``lego_rl.serving.client.ServingClient`` fits)."""
+
+    async def generate(
+        self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None
+    ) -> GenerateResult: ...
+
+
+@dataclass
+class SamplingDefaults:
+    """Sampling for training turns. Client-sent temperature/top_p/top_k are ignored unless
+    ``honour_client`` is set, because the rollout policy, not the CLI, decides how tokens are sampled."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    honour_client: bool = False
+    nucleus: bool = False
+    """Ask the engine for the top-p nucleus of every token (kept on the turn record)."""
+    routed_experts: bool = False
+    """Ask the engine for MoE routing (R3 replay); kept on the turn record."""
+
+
+_CALL_PREFIX = {"anthropic": "toolu_", "responses": "call_", "chat": "call_"}
+
+
+class AdapterCore:
+    """Runs turns for every session of one served model.
+
+    ``context_limit`` is the model's window (prompt + output tokens); ``max_response_tokens`` caps one
+    call's output (``--rollout-max-response-len``). Sessions may lower both.
+    """
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        backend: GenerateBackend,
+        *,
+        context_limit: int,
+        max_response_tokens: int = 8192,
+        tool_parser: ToolParserStyle = "auto",
+        sampling: SamplingDefaults | None = None,
+        model_name: str = "lego",
+        verify_bridges: bool = False,
+    ) -> None:
+        if context_limit <= 0 or max_response_tokens <= 0:
+            raise ValueError(
+                f"context_limit ({context_limit}) and max_response_tokens ({max_response_tokens}) must be positive"
+            )
+        self.renderer = renderer
+        self.backend = backend
+        self.bridge = PrefixBridge(renderer, verify=verify_bridges)
+        self.context_limit = context_limit
+        self.max_response_tokens = max_response_tokens
+        self.tool_parser = tool_parser
+        self.sampling = sampling or SamplingDefaults()
+        self.model_name = model_name
+
+    def template_kwargs(self, session: Session | None, req: CanonicalRequest) -> dict[str, Any]:
+        """Kwargs for this turn: operator defaults < client's < the session's per-sample kwargs."""
+        client = dict(req.template_kwargs)
+        if req.reasoning_effort:
+            client["reasoning_effort"] = req.reasoning_effort
+        return self.renderer.merged_kwargs(client, session.template_kwargs if session else None)
+
+    def count_tokens(self, session: Session | None, req: CanonicalRequest) -> int:
+        """Prompt length of a full render of ``req`` (for ``count_tokens``; records nothing)."""
+        messages = restore_tool_order(req.messages)
+        try:
+            return len(self.renderer.render_ids(messages, req.tools, self.template_kwargs(session, req)))
+        except RenderError as exc:
+            raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
+
+    async def run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
+        """Run one model turn for ``session``; see the module docstring for the steps."""
+        started = time.time()
+        t0 = time.perf_counter()
+        session.admit_request()
+        messages = restore_tool_order(req.messages)
+        if not messages:
+            raise ProtocolError("the request has no messages", param="messages")
+        kwargs = self.template_kwargs(session, req)
+        chain = session.chain(req.side_label)
+        try:
+            plan = self.bridge.plan(chain, messages, req.tools, kwargs)
+        except RenderError as exc:
+            raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
+        render_s = time.perf_counter() - t0
+
+        window = min(self.context_limit, session.max_context or self.context_limit)
+        remaining = window - len(plan.prompt_ids)
+        cap = min(self.max_response_tokens, session.max_response_tokens or self.max_response_tokens)
+        if req.max_tokens is not None:
+            cap = min(cap, req.max_tokens)
+        if remaining <= 0 or cap <= 0:
+            if remaining <= 0:
+                session.termination = "context_limit"
+            return self._no_call(session, req, plan, started, t0, render_s, remaining)
+
+        params = self._sampling_params(req, min(cap, remaining))
+        t_engine = time.perf_counter()
+        try:
+            result = await self.backend.generate(plan.prompt_ids, params, session_id=session.id)
+            self._validate(result, params)
+            versions = _versions(result)
+        except ProviderError as exc:
+            session.mark_infra_failure(f"engine: {exc}")
+            raise
+        engine_s = time.perf_counter() - t_engine
+
+        visible = self.renderer.strip_end_of_message(result.output_ids)
+        prefix = _CALL_PREFIX.get(req.protocol, "call_")
+        parsed = parse_turn(
+            self.renderer.decode(visible), req.tools, style=self.tool_parser, new_id=lambda: new_call_id(prefix)
+        )
+        stop: StopKind
+        if parsed.tool_calls:
+            stop = "tool_use"
+        elif result.finish_reason == "length":
+            stop = "max_tokens"
+            if params.max_tokens == remaining:  # the window, not the cap, cut this output short
+                session.termination = "context_limit"
+        else:
+            stop = "end_turn"
+        self.bridge.commit(
+            chain,
+            plan,
+            result.output_ids,
+            stopped=result.finish_reason == "stop",
+            reply_text=parsed.text,
+            reply_calls=parsed.tool_calls,
+        )
+        session.records.append(
+            TurnRecord(
+                session_id=session.id,
+                turn=len(session.records),
+                kind="side" if req.side_label else "main",
+                side_label=req.side_label,
+                protocol=req.protocol,
+                prompt_ids=plan.prompt_ids,
+                output_ids=result.output_ids,
+                logprobs=result.logprobs,
+                render_mode=plan.mode,
+                bridge_prefix_len=plan.bridge_prefix_len,
+                finish_reason=result.finish_reason,
+                stop_reason=stop,
+                parse_failures=parsed.parse_failures,
+                tool_calls=len(parsed.tool_calls),
+                weight_versions=versions,
+                nucleus_ids=[e.ids for e in result.nucleus] if result.nucleus is not None else None,
+                nucleus_probs=[e.probs for e in result.nucleus] if result.nucleus is not None else None,
+                routed_experts=result.routed_experts,
+                prompt_routed_experts=result.prompt_routed_experts,
+                started_at=started,
+                render_s=render_s,
+                engine_s=engine_s,
+                total_s=time.perf_counter() - t0,
+                text=self.renderer.decode(result.output_ids),
+            )
+        )
+        return CanonicalResponse(
+            id=_response_id(req),
+            model=req.model or self.model_name,
+            text=parsed.text,
+            reasoning=parsed.reasoning,
+            tool_calls=parsed.tool_calls,
+            stop=stop,
+            prompt_tokens=len(plan.prompt_ids),
+            completion_tokens=len(result.output_ids),
+            parse_failures=parsed.parse_failures,
+        )
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _sampling_params(self, req: CanonicalRequest, max_tokens: int) -> SamplingParams:
+        s = self.sampling
+        extra: dict[str, Any] = {}
+        if s.nucleus:
+            extra["return_nucleus"] = True
+        if s.routed_experts:
+            extra["return_routed_experts"] = True
+        use_client = s.honour_client
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=req.temperature if use_client and req.temperature is not None else s.temperature,
+            top_p=req.top_p if use_client and req.top_p is not None else s.top_p,
+            top_k=req.top_k if use_client and req.top_k is not None else s.top_k,
+            stop_token_ids=sorted(self.renderer.eos_ids),
+            logprobs=1,
+            skip_special_tokens=False,
+            **extra,
+        )
+
+    def _validate(self, result: GenerateResult, params: SamplingParams) -> None:
+        """Refuse a reply we could not train on (the serving client checks too; this is the last gate)."""
+        n = len(result.output_ids)
+        if n == 0:
+            raise ProviderError("engine returned no output tokens")
+        if len(result.logprobs) != n:
+            raise ProviderError(f"engine returned {len(result.logprobs)} logprobs for {n} output tokens")
+        if n > params.max_tokens:
+            raise ProviderError(f"engine returned {n} tokens, more than max_tokens={params.max_tokens}")
+        bad = next((i for i, lp in enumerate(result.logprobs) if not math.isfinite(lp) or lp > 1e-6), None)
+        if bad is not None:
+            raise ProviderError(f"engine returned an invalid logprob {result.logprobs[bad]!r} at position {bad}")
+        vocab = self.renderer.vocab_size
+        wrong = next((t for t in result.output_ids if not 0 <= t < vocab), None)
+        if wrong is not None:
+            raise ProviderError(f"engine returned token id {wrong} outside the vocabulary (size {vocab})")
+
+    def _no_call(
+        self,
+        session: Session,
+        req: CanonicalRequest,
+        plan: PromptPlan,
+        started: float,
+        t0: float,
+        render_s: float,
+        remaining: int,
+    ) -> CanonicalResponse:
+        """Answer without calling the engine: the context window (or the output cap) is used up."""
+        stop: StopKind = "context_limit" if remaining <= 0 else "max_tokens"
+        session.records.append(
+            TurnRecord(
+                session_id=session.id,
+                turn=len(session.records),
+                kind="side" if req.side_label else "main",
+                side_label=req.side_label,
+                protocol=req.protocol,
+                prompt_ids=plan.prompt_ids,
+                output_ids=[],
+                logprobs=[],
+                render_mode=plan.mode,
+                bridge_prefix_len=plan.bridge_prefix_len,
+                finish_reason=stop,
+                stop_reason=stop,
+                started_at=started,
+                render_s=render_s,
+                total_s=time.perf_counter() - t0,
+            )
+        )
+        return CanonicalResponse(
+            id=_response_id(req),
+            model=req.model or self.model_name,
+            stop=stop,
+            prompt_tokens=len(plan.prompt_ids),
+        )
+
+
+def _versions(result: GenerateResult) -> list[int]:
+    if not result.weight_versions:
+        return []
+    out = [result.version_of(i) for i in range(len(result.output_ids))]
+    if any(v is None for v in out):
+        raise ProviderError("engine weight_versions do not cover every output token")
+    return [v for v in out if v is not None]
+
+
+def _response_id(req: CanonicalRequest) -> str:
+    prefix = {"anthropic": "msg_", "responses": "resp_", "chat": "chatcmpl-"}.get(req.protocol, "")
+    return prefix + secrets.token_hex(12)
+
+
+__all__: Sequence[str] = ("AdapterCore", "GenerateBackend", "SamplingDefaults")

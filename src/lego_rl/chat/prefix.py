@@ -1,0 +1,315 @@
+"""Prefix reuse: build turn n+1's prompt from turn n's exact prompt and sampled ids.
+
+When a client sends back an unchanged history, the prompt of the next turn is
+
+    prompt_ids(n) + output_ids(n) + encode(suffix)
+
+where ``output_ids(n)`` are the ids the engine sampled (reasoning the client dropped included) and
+``suffix`` is the template's text after the end of that assistant message: the message boundary's
+trailer (e.g. the newline after ``<|im_end|>``), the new tool results / user messages, and the
+generation prompt. The training sequence thus continues token for token.
+
+Conditions, each checked (the first that fails is the fallback reason and the turn is fully rendered):
+the previous turn's history is a prefix of the new one (assistant messages compared by visible text and
+tool-call ids, never by re-serialised arguments; reasoning ignored), the next message is an assistant
+message matching what the previous turn answered, the tool schemas and template kwargs are unchanged, no
+assistant message follows it, the previous output ended with the template's end-of-message token, and
+the suffix starts with the template's boundary trailer. Two different previous turns matching equally
+well is ambiguous and also falls back.
+
+The suffix is rendered from a short window (that assistant message plus the new messages) when a probe
+at start-up shows the template renders those messages the same way inside the full history; otherwise
+the full history's text is rendered (still no tokenisation of the history) and the suffix cut from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lego_rl.adapter.canonical import Message, ToolCall, ToolSpec
+from lego_rl.chat.render import ChatRenderer, RenderError
+from lego_rl.trajectory.records import RenderMode
+
+log = logging.getLogger(__name__)
+
+
+class BridgeMiss(Exception):
+    """Prefix reuse is not possible for this turn; the message is the recorded fallback reason."""
+
+
+def _norm_text(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _calls_key(calls: Sequence[ToolCall]) -> list[list[str]]:
+    return [[c.id, c.name, c.namespace or ""] for c in calls]
+
+
+def message_key(msg: Message) -> bytes:
+    """What must be unchanged for a message to count as the same. Assistant messages: visible text
+    (whitespace-normalised) and tool-call ids/names; their reasoning and arguments are not compared."""
+    if msg.role == "assistant":
+        key: list[Any] = ["assistant", _norm_text(msg.content), _calls_key(msg.tool_calls)]
+    else:
+        key = [msg.role, msg.content, msg.tool_call_id, msg.is_error, msg.name]
+    return json.dumps(key, ensure_ascii=False).encode()
+
+
+def prefix_hashes(messages: Sequence[Message]) -> list[bytes]:
+    """``out[i]`` identifies ``messages[:i]`` (so ``len(out) == len(messages) + 1``)."""
+    out = [b""]
+    for msg in messages:
+        out.append(hashlib.blake2b(out[-1] + message_key(msg), digest_size=16).digest())
+    return out
+
+
+def tools_key(tools: Sequence[ToolSpec]) -> str:
+    """Identity of the offered tool schemas (any change disables reuse)."""
+    return hashlib.blake2b(
+        json.dumps([t.model_dump() for t in tools], sort_keys=True).encode(), digest_size=16
+    ).hexdigest()
+
+
+def kwargs_key(kwargs: Mapping[str, Any]) -> str:
+    return json.dumps(kwargs, sort_keys=True, default=str)
+
+
+@dataclass
+class ChainNode:
+    """One answered turn that a later turn may extend."""
+
+    n_messages: int
+    history_hash: bytes
+    tools_key: str
+    kwargs_key: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    ended_cleanly: bool
+    """The output ended with the end-of-message token because the model stopped (not truncated)."""
+    reply_key: bytes
+    """``message_key`` of the assistant message the client should echo for this turn."""
+
+
+@dataclass
+class ChainState:
+    """The answered turns of one chain (a session's main chain, or one side label)."""
+
+    nodes: list[ChainNode] = field(default_factory=list)
+
+
+@dataclass
+class PromptPlan:
+    """The prompt for one turn and how it was made."""
+
+    prompt_ids: list[int]
+    mode: RenderMode
+    bridge_prefix_len: int = 0
+    fallback_reason: str | None = None
+    history_hashes: list[bytes] = field(default_factory=list)
+    tools_key: str = ""
+    kwargs_key: str = ""
+
+
+class PrefixBridge:
+    """Plans each turn's prompt (bridged or full) and remembers answered turns in a ``ChainState``.
+
+    ``verify=True`` additionally renders the whole history for every bridged turn and checks that the
+    suffix is exactly the tail of the full render (slow; for tests and diagnosis).
+    """
+
+    def __init__(self, renderer: ChatRenderer, *, verify: bool = False) -> None:
+        self.renderer = renderer
+        self.verify = verify
+        self.windowed = renderer.boundary is not None and self._probe_windowing()
+
+    # -- public API ----------------------------------------------------------------------------------
+
+    def plan(
+        self,
+        chain: ChainState,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        kwargs: Mapping[str, Any],
+    ) -> PromptPlan:
+        """The prompt for ``messages``: bridged from a matching previous turn when possible, else full."""
+        hashes = prefix_hashes(messages)
+        tkey, kkey = tools_key(tools), kwargs_key(kwargs)
+        try:
+            node = self._match(chain, messages, hashes, tkey, kkey)
+            suffix = self.suffix_text(messages, node.n_messages, tools, kwargs)
+            prefix = node.prompt_ids + node.output_ids
+            return PromptPlan(
+                prompt_ids=prefix + self.renderer.encode(suffix),
+                mode="bridged",
+                bridge_prefix_len=len(prefix),
+                history_hashes=hashes,
+                tools_key=tkey,
+                kwargs_key=kkey,
+            )
+        except BridgeMiss as miss:
+            reason = str(miss)
+        log.debug("full render: %s", reason)
+        return PromptPlan(
+            prompt_ids=self.renderer.render_ids(messages, tools, kwargs),
+            mode="full",
+            fallback_reason=reason,
+            history_hashes=hashes,
+            tools_key=tkey,
+            kwargs_key=kkey,
+        )
+
+    def commit(
+        self,
+        chain: ChainState,
+        plan: PromptPlan,
+        output_ids: Sequence[int],
+        *,
+        stopped: bool,
+        reply_text: str,
+        reply_calls: Sequence[ToolCall],
+    ) -> None:
+        """Remember an answered turn. ``stopped``: the engine finished because the model stopped."""
+        boundary = self.renderer.boundary
+        clean = stopped and boundary is not None and bool(output_ids) and output_ids[-1] == boundary.marker_id
+        chain.nodes.append(
+            ChainNode(
+                n_messages=len(plan.history_hashes) - 1,
+                history_hash=plan.history_hashes[-1],
+                tools_key=plan.tools_key,
+                kwargs_key=plan.kwargs_key,
+                prompt_ids=plan.prompt_ids,
+                output_ids=list(output_ids),
+                ended_cleanly=clean,
+                reply_key=message_key(
+                    Message(role="assistant", content=reply_text, tool_calls=list(reply_calls))
+                ),
+            )
+        )
+
+    # -- matching ------------------------------------------------------------------------------------
+
+    def _match(
+        self,
+        chain: ChainState,
+        messages: Sequence[Message],
+        hashes: list[bytes],
+        tkey: str,
+        kkey: str,
+    ) -> ChainNode:
+        if self.renderer.boundary is None:
+            raise BridgeMiss("the chat template has no verifiable end-of-message boundary")
+        if not chain.nodes:
+            raise BridgeMiss("no previous turn in this chain")
+        best: list[ChainNode] = []
+        near: str | None = None
+        for node in chain.nodes:
+            k = node.n_messages
+            if k >= len(messages) or hashes[k] != node.history_hash:
+                continue
+            if message_key(messages[k]) != node.reply_key:
+                near = near or f"messages[{k}] is not the assistant reply of the turn it follows"
+                continue
+            if best and best[0].n_messages > k:
+                continue
+            if best and best[0].n_messages < k:
+                best = []
+            best.append(node)
+        if not best:
+            raise BridgeMiss(near or "the history does not extend any previous turn (changed or compacted)")
+        distinct = {(tuple(n.prompt_ids), tuple(n.output_ids)) for n in best} if len(best) > 1 else {0}
+        if len(distinct) > 1:
+            raise BridgeMiss(f"ambiguous: {len(best)} previous turns match this history")
+        node = best[-1]
+        if node.tools_key != tkey:
+            raise BridgeMiss("the tool schemas changed")
+        if node.kwargs_key != kkey:
+            raise BridgeMiss("the chat template kwargs changed")
+        if not node.ended_cleanly:
+            raise BridgeMiss("the previous output did not end with the end-of-message token")
+        tail = messages[node.n_messages + 1 :]
+        if not tail:
+            raise BridgeMiss("no new message after the previous reply")
+        if any(m.role == "assistant" for m in tail):
+            raise BridgeMiss("an assistant message follows the previous reply")
+        return node
+
+    # -- suffix rendering ----------------------------------------------------------------------------
+
+    def suffix_text(
+        self, messages: Sequence[Message], k: int, tools: Sequence[ToolSpec], kwargs: Mapping[str, Any]
+    ) -> str:
+        """Template text after the end of assistant message ``messages[k]`` (generation prompt included)."""
+        start = k if self.windowed else 0
+        window = [*messages[start:k], messages[k].model_copy(update={"reasoning": None}), *messages[k + 1 :]]
+        suffix = self._cut_after(window, k - start, tools, kwargs)
+        if self.verify and self.windowed:
+            full = self._cut_after([*messages[:k], window[0], *messages[k + 1 :]], k, tools, kwargs)
+            if full != suffix:
+                raise BridgeMiss("windowed suffix differs from the full render's suffix")
+        return suffix
+
+    def _cut_after(
+        self, messages: Sequence[Message], k: int, tools: Sequence[ToolSpec], kwargs: Mapping[str, Any]
+    ) -> str:
+        boundary = self.renderer.boundary
+        assert boundary is not None
+        marker = boundary.marker
+        for msg in messages:
+            if marker in msg.content or any(marker in json.dumps(c.arguments) for c in msg.tool_calls):
+                raise BridgeMiss("a message contains the end-of-message marker text")
+        try:
+            head = self.renderer.render_text(messages[: k + 1], tools, kwargs, add_generation_prompt=False)
+            full = self.renderer.render_text(messages, tools, kwargs, add_generation_prompt=True)
+        except RenderError as exc:
+            raise BridgeMiss(str(exc)) from exc
+        count = head.count(marker)
+        if count == 0 or not head.endswith(marker + boundary.trailer):
+            raise BridgeMiss("the assistant message does not end at the template's message boundary")
+        pos = -1
+        for _ in range(count):
+            pos = full.find(marker, pos + 1)
+            if pos < 0:
+                raise BridgeMiss("the full render has fewer message boundaries than its prefix")
+        suffix = full[pos + len(marker) :]
+        if not suffix.startswith(boundary.trailer):
+            raise BridgeMiss(f"the boundary after the reply is not {marker + boundary.trailer!r}")
+        return suffix
+
+    def _probe_windowing(self) -> bool:
+        """True when rendering a short window yields the same suffix as the full history, on probes."""
+        tool = ToolSpec(name="probe_tool", parameters={"type": "object", "properties": {"x": {"type": "string"}}})
+        calls = [ToolCall(id="p1", name="probe_tool", arguments={"x": "a"}),
+                 ToolCall(id="p2", name="probe_tool", arguments={"x": "b"})]  # fmt: skip
+        probes: list[tuple[list[Message], int, list[ToolSpec]]] = [
+            (
+                [Message(role="system", content="sys"), Message(role="user", content="u1"),
+                 Message(role="assistant", content="t", tool_calls=calls),
+                 Message(role="tool", tool_call_id="p1", content="r1"),
+                 Message(role="tool", tool_call_id="p2", content="r2")],
+                2, [tool],
+            ),
+            (
+                [Message(role="user", content="u1"), Message(role="assistant", content="a1", reasoning="r"),
+                 Message(role="user", content="u2"), Message(role="assistant", content="a2", reasoning="r"),
+                 Message(role="system", content="s2"), Message(role="user", content="u3")],
+                3, [],
+            ),
+        ]  # fmt: skip
+        kwargs = self.renderer.template_kwargs
+        for messages, k, tools in probes:
+            stripped = [*messages[:k], messages[k].model_copy(update={"reasoning": None}), *messages[k + 1 :]]
+            try:
+                full = self._cut_after(stripped, k, tools, kwargs)
+                short = self._cut_after(stripped[k:], 0, tools, kwargs)
+            except BridgeMiss as miss:
+                log.warning("suffix windowing disabled: probe failed (%s)", miss)
+                return False
+            if full != short:
+                log.warning("suffix windowing disabled: the template renders messages context-dependently")
+                return False
+        return True
