@@ -69,7 +69,7 @@ def parse_system(system: Any) -> str | None:
     expect(system, list, "system")
     kept = []
     for i, block in enumerate(system):
-        text = _text_of_blocks([block], f"system[{i}]").removeprefix("")
+        text = _text_of_blocks([block], f"system[{i}]")
         if text.startswith(BILLING_HEADER_PREFIX):
             continue
         kept.append(text)

@@ -1,0 +1,195 @@
+"""The adapter's HTTP edge: one aiohttp app serving every dialect in ``DIALECTS`` over one core.
+
+Per request: resolve the session, read the body under a size limit, let the dialect parse it into a
+``CanonicalRequest``, run the turn on the core, and render the reply in the dialect's protocol. Every
+exception is mapped once, here, into a ``WireError`` that the dialect shapes.
+
+Sessions: the ``/s/{session}/`` path prefix names the session when present (headers are then ignored,
+so a harness may keep a dummy API key); otherwise the bearer token or ``x-api-key`` does. A request
+never touches any session but the one it names.
+
+Streams: a request with ``stream: true`` is answered with ``text/event-stream`` as soon as it is
+parsed and admitted; SSE comments keep the connection alive while the engine works, then the dialect's
+complete event sequence follows, or its error events if the turn failed. A client that asked for a
+stream never gets a JSON body with status 200. Requests refused before the stream starts (malformed
+body, unknown session, unsupported feature) get the protocol's JSON error with a 4xx status, which
+every client SDK reads as a final, non-retryable error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from lego_rl.adapter.anthropic import AnthropicDialect
+from lego_rl.adapter.canonical import CanonicalRequest
+from lego_rl.adapter.chat_completions import ChatCompletionsDialect
+from lego_rl.adapter.core import AdapterCore
+from lego_rl.adapter.dialect import Dialect, Route, WireError
+from lego_rl.adapter.responses import ResponsesDialect
+from lego_rl.adapter.sessions import Session, SessionRegistry
+from lego_rl.errors import ProtocolError, ProviderError
+
+log = logging.getLogger(__name__)
+
+DIALECTS: tuple[Dialect, ...] = (AnthropicDialect(), ResponsesDialect(), ChatCompletionsDialect())
+"""Every protocol the adapter speaks; the route table is built from this tuple."""
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_KEEPALIVE_S = 5.0
+SESSION_PREFIX = "/s/{session}"
+
+CORE_KEY = web.AppKey("core", AdapterCore)
+SESSIONS_KEY = web.AppKey("sessions", SessionRegistry)
+
+
+def to_wire_error(exc: BaseException) -> WireError:
+    """Map any exception to (status, type, message, param): the one place errors are translated."""
+    if isinstance(exc, ProtocolError):
+        return WireError(exc.status, exc.kind, str(exc), exc.param)
+    if isinstance(exc, ProviderError):
+        status = exc.status_code if exc.status_code >= 500 else 502
+        return WireError(status, "api_error", f"model engine error: {exc}")
+    log.exception("adapter: unexpected error", exc_info=exc)
+    return WireError(500, "api_error", f"internal adapter error: {type(exc).__name__}: {exc}")
+
+
+class AdapterServer:
+    """Builds the aiohttp application; ``auto_open`` opens unknown sessions on first use (standalone)."""
+
+    def __init__(
+        self,
+        core: AdapterCore,
+        sessions: SessionRegistry,
+        *,
+        dialects: Sequence[Dialect] = DIALECTS,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        auto_open: Callable[[str], Session] | None = None,
+        records_dir: Path | None = None,
+    ) -> None:
+        if max_body_bytes <= 0 or keepalive_s <= 0:
+            raise ValueError(f"max_body_bytes ({max_body_bytes}) and keepalive_s ({keepalive_s}) must be positive")
+        self.core = core
+        self.sessions = sessions
+        self.dialects = tuple(dialects)
+        self.max_body_bytes = max_body_bytes
+        self.keepalive_s = keepalive_s
+        self.auto_open = auto_open
+        self.records_dir = records_dir
+
+    def app(self) -> web.Application:
+        # aiohttp's own limit sits above ours so that our check answers first, in the protocol's shape.
+        app = web.Application(client_max_size=self.max_body_bytes + 1024)
+        app[CORE_KEY] = self.core
+        app[SESSIONS_KEY] = self.sessions
+        for dialect in self.dialects:
+            for route in dialect.routes:
+                handler = self._handler(dialect, route)
+                app.router.add_route(route.method, route.path, handler)
+                app.router.add_route(route.method, SESSION_PREFIX + route.path, handler)
+        app.router.add_get("/health", self._health)
+        if self.records_dir is not None:
+            app.on_shutdown.append(self._save_all)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "open_sessions": len(self.sessions.open_ids())})
+
+    async def _save_all(self, app: web.Application) -> None:
+        for session in self.sessions.close_all(out_dir=self.records_dir):
+            log.info("adapter: session %s closed, %d turn records saved", session.id, len(session.records))
+
+    def _handler(self, dialect: Dialect, route: Route) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self.handle(request, dialect, route)
+
+        return handle
+
+    # -- one request ---------------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request, dialect: Dialect, route: Route) -> web.StreamResponse:
+        try:
+            if route.operation == "unsupported":
+                raise ProtocolError(f"{route.feature} is not supported by this adapter", status=400)
+            session = self.session_for(request)
+            body = await self.read_json(request)
+            req = dialect.parse_request(body, path=request.path, query=request.query, headers=request.headers)
+            if route.operation == "count_tokens":
+                return web.json_response(dialect.count_tokens_body(self.core.count_tokens(session, req)))
+            if req.stream:
+                return await self.stream(request, dialect, session, req)
+            resp = await self.core.run_turn(session, req)
+            return web.json_response(dialect.render_response(resp, req))
+        except Exception as exc:  # noqa: BLE001 - the edge maps every error once
+            err = to_wire_error(exc)
+            return web.json_response(dialect.error_body(err), status=err.status)
+
+    def session_for(self, request: web.Request) -> Session:
+        token = request.match_info.get("session") or _header_token(request)
+        try:
+            return self.sessions.get(token)
+        except ProtocolError:
+            if self.auto_open is None or not token:
+                raise
+            try:
+                return self.auto_open(token)
+            except ValueError:  # closed (ids are single use) or malformed: keep the 401
+                pass
+            raise
+
+    async def read_json(self, request: web.Request) -> Any:
+        limit = self.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise _too_large(request.content_length, limit)
+        raw = await request.content.read(limit + 1)
+        if len(raw) > limit:
+            raise _too_large(None, limit)
+        if not raw:
+            raise ProtocolError("request body is empty: expected a JSON object")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
+
+    async def stream(
+        self, request: web.Request, dialect: Dialect, session: Session, req: CanonicalRequest
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                       "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        turn = asyncio.ensure_future(self.core.run_turn(session, req))
+        try:
+            while not turn.done():
+                await asyncio.wait({turn}, timeout=self.keepalive_s)
+                if not turn.done():
+                    await resp.write(b": keepalive\n\n")
+        except BaseException:
+            turn.cancel()
+            raise
+        try:
+            events = dialect.stream_events(turn.result(), req)
+        except Exception as exc:  # noqa: BLE001 - becomes the protocol's in-stream error
+            events = dialect.stream_error_events(to_wire_error(exc), req.model)
+        await resp.write(b"".join(event.encode() for event in events))
+        await resp.write_eof()
+        return resp
+
+
+def _header_token(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return request.headers.get("x-api-key") or None
+
+
+def _too_large(size: int | None, limit: int) -> ProtocolError:
+    got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+    return ProtocolError(f"request body of {got} exceeds the adapter's limit of {limit} bytes "
+                         "(raise the adapter's max_body_bytes)", status=413, kind="request_too_large")
