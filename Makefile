@@ -11,6 +11,7 @@ PYTEST_ARGS ?=
 .PHONY: run test setup system-deps test-deps clean-runs
 
 run: setup ## set up, then run the main job on the embedded defaults (lego.toml)
+	scripts/build_rootfs.sh
 	$(LEGO) validate -c lego.toml
 
 test: setup test-deps ## set up everything the suite needs, then run all tests (what CI runs)

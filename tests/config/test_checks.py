@@ -111,6 +111,13 @@ def test_images_json_missing_entry_and_unparsable(base_toml: Path, workdir: Path
     assert codes(base_toml).get("bad_file") == "error"
 
 
+def test_rootfs_of_used_image_must_exist(base_toml: Path, workdir: Path) -> None:
+    (workdir / "images.json").write_text(json.dumps({"img:1": {"rootfs": str(workdir / "gone")}}))
+    assert codes(base_toml).get("rootfs_missing") == "error"
+    (workdir / "gone").mkdir()
+    assert "rootfs_missing" not in codes(base_toml)
+
+
 def test_dataset_rows_reported_with_row_numbers(base_toml: Path, workdir: Path) -> None:
     good = (workdir / "tasks.jsonl").read_text()
     (workdir / "tasks.jsonl").write_text(good + "{broken\n" + json.dumps({"prompt": "x", "metadata": {}}) + "\n")

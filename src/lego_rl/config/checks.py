@@ -294,6 +294,18 @@ def files(r: ResolvedConfig) -> Iterator[Finding]:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         yield error("images_missing", f"{len(missing)} image(s) used by the dataset have no entry in "
                     f"{images_path}: {shown}", "run `lego images` for this dataset", "sandbox.images")
+    # Root filesystems live on the sandbox nodes; only a local provider can look at them from here.
+    local = c.sandbox.provider == "bwrap" or (c.sandbox.provider == "sunabako" and not c.sandbox.cluster)
+    if local:
+        absent = sorted(
+            f"{name} -> {entry['rootfs']}" for name, entry in mapping.items()
+            if name in images_used and isinstance(entry, dict) and entry.get("rootfs")
+            and not Path(entry["rootfs"]).is_dir()
+        )
+        if absent:
+            yield error("rootfs_missing", f"root filesystem(s) named in {images_path} do not exist: "
+                        + ", ".join(absent[:3]), "import the images with `lego images` (for the example tasks: "
+                        "scripts/build_rootfs.sh)", "sandbox.images")
 
 
 @check
