@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lego_rl.errors import ConfigError
+from lego_rl.rollout.rundir import RunDir, read_events, safe_name, write_new
+
+
+def test_open_records_config_and_refuses_second_run(tmp_path: Path) -> None:
+    run = RunDir.open(tmp_path / "run", config={"a": 1})
+    run.events.emit("stage", rollout_id="r1", stage="agent")
+    run.close()
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == {"a": 1}
+    with pytest.raises(ConfigError, match="never overwritten"):
+        RunDir.open(tmp_path / "run", config={"a": 2})
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == {"a": 1}
+
+
+def test_resume_appends_and_keeps_old_config(tmp_path: Path) -> None:
+    RunDir.open(tmp_path / "run", config={"a": 1}).close()
+    run = RunDir.open(tmp_path / "run", config={"a": 2}, resume=True)
+    run.events.emit("stage", stage="x")
+    run.close()
+    kinds = [e["kind"] for e in read_events(tmp_path / "run" / "events.jsonl")]
+    assert kinds == ["run_started", "run_resumed", "stage"]
+    assert json.loads((tmp_path / "run" / "config.resume-1.json").read_text()) == {"a": 2}
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        RunDir.open(tmp_path / "other", config={}, resume=True)
+
+
+def test_new_run_log_beside_retained_run(tmp_path: Path) -> None:
+    RunDir.open(tmp_path / "run", config={}, run_log=tmp_path / "log1.jsonl").close()
+    with pytest.raises(ConfigError):
+        RunDir.open(tmp_path / "run2", config={}, run_log=tmp_path / "log1.jsonl")
+
+
+def test_artifacts_never_overwritten(tmp_path: Path) -> None:
+    run = RunDir.open(tmp_path / "run", config={})
+    d = run.rollout_dir("task/1#0")
+    assert d.name == "task_1_0"
+    write_new(d / "patch.diff", "x")
+    with pytest.raises(FileExistsError):
+        write_new(d / "patch.diff", "y")
+    assert (d / "patch.diff").read_text() == "x"
+    assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
+    with pytest.raises(FileExistsError):
+        run.rollout_dir("task/1#0")
+
+
+def test_torn_last_line_skipped(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    log.write_text('{"kind": "a"}\n{"kind": "b"')
+    assert [e["kind"] for e in read_events(log)] == ["a"]
+
+
+def test_safe_name() -> None:
+    assert safe_name("../../etc") == "_.._etc"
+    assert safe_name("") == "_"
