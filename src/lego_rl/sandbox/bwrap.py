@@ -1,0 +1,240 @@
+"""The ``bwrap`` provider: single-machine sandboxes on bubblewrap, no daemon.
+
+A sandbox is a state dir holding an overlay (image rootfs, or the host's ``/``, read-only below; a
+per-sandbox writable layer above; see ``bwrap_state``). Each ``exec`` is one bwrap process that binds
+the merged tree as ``/`` in fresh PID/IPC/UTS namespaces (and a loopback-only network namespace unless
+``network="host"``). Nothing outlives an exec: when its command exits, bwrap's PID 1 goes and the
+kernel kills the rest of the namespace. Background daemons therefore do not persist between execs
+(unlike sunabako); files do.
+
+Users: ``root`` runs as real root with a Docker-like capability set and read-only ``/proc/sys``;
+any other user (``agent`` is created at create time when the image lacks it) runs as its real uid,
+dropped on the host by ``setpriv`` before an unprivileged bwrap starts, so files it writes carry
+that uid for the grader and the patch capture. ``setpriv --pdeathsig KILL`` ties every exec to the
+Python process: if it dies, its sandboxes' processes die too and ``lego sandbox gc`` sweeps the state.
+
+Memory: ``memory_mb`` becomes an RLIMIT_DATA (``prlimit``) on every process, which counts heap and
+anonymous mmaps but not the large PROT_NONE reservations of V8/Bun, so Node CLIs still start.
+It is a per-process limit, not an aggregate one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+from lego_rl.errors import SandboxError, SandboxTimeout
+from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider
+from lego_rl.sandbox.bwrap_state import (
+    DEFAULT_STATE_ROOT,
+    GuestUser,
+    SandboxMeta,
+    _inside,
+    destroy_state,
+    mount_overlay,
+    prepare_upper,
+    write_meta,
+)
+from lego_rl.sandbox.process import ProcessGroup, ProcessResult
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ROOT_CAPS = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+    "CAP_SETPCAP", "CAP_SETFCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
+)
+_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+NETWORKS = ("none", "host")
+_MAX_ERR = 2000
+
+
+def cut(text: str, limit: int = _MAX_ERR) -> str:
+    """Keep an error message readable: head and tail of an oversized text."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} ...[{len(text) - limit} chars cut]... {text[-half:]}"
+
+
+class BwrapSandbox(Sandbox):
+    def __init__(self, meta: SandboxMeta, directory: Path, *, network: str, memory_mb: int | None,
+                 image: ImageSpec, bwrap: str) -> None:
+        self.id = meta.id
+        self.image = image
+        self.meta = meta
+        self.directory = directory
+        self.network = network
+        self.memory_mb = memory_mb
+        self._root = directory / "root"
+        self._bwrap = bwrap
+        self._procs = ProcessGroup()
+        self._closed = False
+
+    # -- identity and argv -------------------------------------------------------------------
+    def _user(self, name: str | None) -> GuestUser:
+        name = name or "root"
+        if name == "root":
+            return GuestUser("root", 0, 0, "/root")
+        if name == self.meta.agent.name:
+            return self.meta.agent
+        if not _USER_RE.fullmatch(name):
+            raise SandboxError(f"invalid user name {name!r} for sandbox {self.id}")
+        passwd = _inside(str(self._root), "etc/passwd")
+        for line in (passwd.read_text(errors="replace").splitlines() if passwd and passwd.is_file() else []):
+            row = line.split(":")
+            if len(row) >= 6 and row[0] == name and row[2].isdigit() and row[3].isdigit():
+                return GuestUser(name, int(row[2]), int(row[3]), row[5] or "/")
+        raise SandboxError(f"user {name!r} does not exist in sandbox {self.id} (no /etc/passwd entry)")
+
+    def _argv(self, cmd: list[str], user: GuestUser, env: dict[str, str], cwd: str) -> list[str]:
+        argv = ["setpriv", "--pdeathsig", "KILL"]
+        if user.uid != 0:
+            argv += [f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
+        argv.append("--")
+        if self.memory_mb is not None:
+            limit = self.memory_mb << 20
+            argv += ["prlimit", f"--data={limit}:{limit}", "--"]
+        argv += [self._bwrap, "--bind", str(self._root), "/", "--proc", "/proc", "--dev", "/dev",
+                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", self.id,
+                 "--die-with-parent", "--new-session"]
+        if self.network == "none":
+            argv.append("--unshare-net")
+        if user.uid == 0:
+            argv += ["--ro-bind", "/proc/sys", "/proc/sys", "--cap-drop", "ALL"]
+            for cap in ROOT_CAPS:
+                argv += ["--cap-add", cap]
+        argv.append("--clearenv")
+        for key, value in env.items():
+            argv += ["--setenv", key, value]
+        return [*argv, "--chdir", cwd, "--", *cmd]
+
+    def _env(self, user: GuestUser, extra: dict[str, str] | None) -> dict[str, str]:
+        env = {"PATH": DEFAULT_PATH, **self.image.env}
+        env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+        env.update(extra or {})
+        return env
+
+    async def _run(self, cmd: list[str], *, user: str | None, env: dict[str, str] | None, cwd: str | None,
+                   timeout: float | None, stdin: bytes | IO[bytes] | None = None) -> ProcessResult:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        guest = self._user(user)
+        cwd = cwd or self.image.workdir or "/"
+        if not cwd.startswith("/"):
+            cwd = os.path.join(self.image.workdir or "/", cwd)
+        res = await self._procs.run(self._argv(cmd, guest, self._env(guest, env), cwd), stdin=stdin,
+                                    timeout=timeout, env={"PATH": os.environ.get("PATH", DEFAULT_PATH)})
+        if res.timed_out:
+            return res
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id} was closed while running {cut(str(cmd), 200)}")
+        if res.returncode < 0:
+            raise SandboxError(f"sandbox {self.id} died: bwrap was killed by signal {-res.returncode}")
+        if res.returncode == 1 and res.stderr.startswith(b"bwrap: "):
+            raise SandboxError(f"bwrap could not start the command in {self.id}: {cut(res.stderr.decode())}")
+        return res
+
+    # -- contract ----------------------------------------------------------------------------
+    async def exec(self, cmd: str | list[str], *, user: str | None = None, check: bool = False,
+                   timeout: float | None = None, env: dict[str, str] | None = None,
+                   cwd: str | None = None) -> ExecResult:
+        argv = ["/bin/sh", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
+        res = await self._run(argv, user=user, env=env, cwd=cwd, timeout=timeout)
+        result = ExecResult(
+            exit_code=-9 if res.timed_out else res.returncode,
+            stdout=res.stdout.decode(errors="replace"),
+            stderr=res.stderr.decode(errors="replace"),
+            duration_s=res.duration_s,
+            timed_out=res.timed_out,
+        )
+        if check and result.timed_out:
+            raise SandboxTimeout(f"{cut(str(cmd), 300)} timed out after {timeout} s in sandbox {self.id}")
+        if check and result.exit_code != 0:
+            raise SandboxError(
+                f"{cut(str(cmd), 300)} exited {result.exit_code} in sandbox {self.id}: {cut(result.stderr)}"
+            )
+        return result
+
+    async def write_file(self, path: str, content: str | bytes | Path, *, user: str | None = None) -> None:
+        script = 'd=$(dirname -- "$1") && mkdir -p -- "$d" && cat > "$1"'
+        argv = ["/bin/sh", "-c", script, "sh", path]
+        if isinstance(content, Path):
+            with content.open("rb") as fh:
+                res = await self._run(argv, user=user, env=None, cwd="/", timeout=None, stdin=fh)
+        else:
+            data = content.encode() if isinstance(content, str) else bytes(content)
+            res = await self._run(argv, user=user, env=None, cwd="/", timeout=None, stdin=data)
+        if res.returncode != 0:
+            raise SandboxError(f"writing {path} as {user or 'root'} in {self.id} failed: {cut(res.stderr.decode())}")
+
+    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
+        res = await self._run(["cat", "--", path], user=user, env=None, cwd="/", timeout=None)
+        if res.returncode != 0:
+            raise SandboxError(f"reading {path} as {user or 'root'} in {self.id} failed: {cut(res.stderr.decode())}")
+        return res.stdout
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._procs.kill_all()
+        try:
+            await self._procs.wait_all()
+        finally:
+            destroy_state(self.directory)
+
+
+class BwrapProvider(SandboxProvider):
+    """Creates ``BwrapSandbox``es under ``state_dir`` (default /var/lib/lego-rl/bwrap)."""
+
+    name = "bwrap"
+
+    def __init__(self, *, state_dir: str | os.PathLike[str] | None = None, bwrap: str = "bwrap") -> None:
+        self.state_root = Path(state_dir or DEFAULT_STATE_ROOT)
+        found = shutil.which(bwrap)
+        if found is None:
+            raise SandboxError(f"bubblewrap binary {bwrap!r} not found on PATH (apt-get install bubblewrap)")
+        self.bwrap = found
+
+    async def create(self, image: ImageSpec, *, network: str = "none", memory_mb: int | None = None,
+                     sandbox_id: str | None = None, **unknown: Any) -> BwrapSandbox:
+        if unknown:
+            raise SandboxError(f"bwrap provider: unknown option(s) {sorted(unknown)}; "
+                               "known: network, memory_mb, sandbox_id")
+        if network not in NETWORKS:
+            raise SandboxError(f"bwrap provider: network must be one of {NETWORKS}, got {network!r}")
+        if memory_mb is not None and (not isinstance(memory_mb, int) or memory_mb < 16):
+            raise SandboxError(f"bwrap provider: memory_mb must be an integer >= 16, got {memory_mb!r}")
+        if os.geteuid() != 0:
+            raise SandboxError(f"bwrap provider needs root to mount its overlay (running as uid {os.geteuid()})")
+        lower = os.path.realpath(image.rootfs or "/")
+        if not os.path.isdir(lower):
+            raise SandboxError(f"image {image.name!r}: rootfs {image.rootfs!r} is not a directory")
+        if not image.workdir.startswith("/"):
+            raise SandboxError(f"image {image.name!r}: workdir {image.workdir!r} must be absolute")
+        sid = sandbox_id or f"bw-{uuid.uuid4().hex[:12]}"
+        self.state_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_root, 0o755)  # the agent's unprivileged bwrap must traverse it
+        directory = self.state_root / sid
+        try:
+            directory.mkdir(mode=0o755)
+        except FileExistsError:
+            raise SandboxError(f"sandbox id {sid!r} is already in use under {self.state_root}") from None
+        try:
+            os.chmod(directory, 0o755)
+            for name, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755)):
+                (directory / name).mkdir()
+                os.chmod(directory / name, mode)
+            agent = prepare_upper(lower, directory / "upper", image.workdir)
+            meta = SandboxMeta(sid, image.name, lower, image.workdir, os.getpid(), time.time(), agent)
+            write_meta(directory, meta)
+            mount_overlay(lower, directory / "upper", directory / "work", directory / "root")
+        except BaseException:
+            destroy_state(directory)
+            raise
+        return BwrapSandbox(meta, directory, network=network, memory_mb=memory_mb, image=image, bwrap=self.bwrap)
