@@ -1,0 +1,121 @@
+"""Fixtures for the real-CLI tests: installed CLIs, the tiny model, and an adapter on a unix socket.
+
+The CLIs come from ``scripts/setup_clis.sh`` (``$LEGO_CLI_DIR``, default ``<repo>/.lego/clis``). When
+they are missing the tests fail and say how to install them, unless ``LEGO_CLI_TESTS_OPTIONAL=1``,
+which turns that into a skip. Each CLI runs in a loopback-only network namespace (``support.netcage``)
+whose ``127.0.0.1:ADAPTER_PORT`` is forwarded to the adapter's unix socket outside.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `support` helpers
+
+from support.scripted_engine import ScriptedPolicyEngine  # noqa: E402
+
+from lego_rl.adapter.core import AdapterCore, GenerateBackend  # noqa: E402
+from lego_rl.adapter.server import AdapterServer  # noqa: E402
+from lego_rl.adapter.sessions import SessionRegistry  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+ADAPTER_PORT = 18091
+"""The adapter's address inside every cage (each cage has its own network namespace)."""
+
+CLI_BINARIES = {
+    "claude": "claude/node_modules/.bin/claude",
+    "codex": "codex/node_modules/.bin/codex",
+    "opencode": "opencode/node_modules/.bin/opencode",
+    "openhands": "openhands/bin/python",
+}
+
+
+@pytest.fixture(scope="session")
+def clis_dir() -> Path:
+    return Path(os.environ.get("LEGO_CLI_DIR") or REPO / ".lego" / "clis")
+
+
+@pytest.fixture(scope="session")
+def cli_path(clis_dir: Path) -> Callable[[str], Path]:
+    def find(name: str) -> Path:
+        part = CLI_BINARIES[name].split("/")[0]
+        path = clis_dir / CLI_BINARIES[name]
+        if not (clis_dir / part / ".lego-cli-stamp").is_file() or not path.exists():
+            msg = f"{name} is not installed under {clis_dir}: run scripts/setup_clis.sh"
+            if os.environ.get("LEGO_CLI_TESTS_OPTIONAL") == "1":
+                pytest.skip(msg)
+            pytest.fail(msg)
+        return path
+
+    return find
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from lego_rl.serving.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def renderer(tiny_model_dir: Path) -> Any:
+    from lego_rl.chat.render import ChatRenderer
+
+    return ChatRenderer.from_pretrained(tiny_model_dir)
+
+
+@dataclass
+class RunningAdapter:
+    socket: Path
+    sessions: SessionRegistry
+    core: AdapterCore
+    engine: Any
+    url: str = f"http://127.0.0.1:{ADAPTER_PORT}"
+
+    @property
+    def forwards(self) -> dict[int, str]:
+        return {ADAPTER_PORT: str(self.socket)}
+
+
+@pytest.fixture
+async def start_adapter(
+    tmp_path: Path, tiny_model_dir: Path, renderer: Any
+) -> AsyncIterator[Callable[..., Any]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(script: Sequence[str] | Callable[[str, int], str] | None = None, *,
+                    backend: GenerateBackend | None = None, sessions: Sequence[str] = ("sess-1",),
+                    context_limit: int = 60000, max_response_tokens: int = 512,
+                    **session_kw: Any) -> RunningAdapter:
+        engine = backend or ScriptedPolicyEngine(tiny_model_dir, script or ("Done.",))
+        registry = SessionRegistry()
+        for sid in sessions:
+            registry.open(sid, **session_kw)
+        core = AdapterCore(renderer, engine, context_limit=context_limit, max_response_tokens=max_response_tokens)
+        runner = web.AppRunner(AdapterServer(core, registry).app())
+        await runner.setup()
+        runners.append(runner)
+        sock = tmp_path / f"adapter-{len(runners)}.sock"
+        await web.UnixSite(runner, str(sock)).start()
+        return RunningAdapter(sock, registry, core, engine)
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+def assert_records_match_engine(records: list[Any], engine: ScriptedPolicyEngine) -> None:
+    """Each recorded main turn holds exactly the prompt, output ids and logprobs the engine produced."""
+    assert len(records) == len(engine.calls), (len(records), [r.text for r in records])
+    for record, call in zip(records, engine.calls):
+        assert record.prompt_ids == call.prompt_ids
+        assert record.output_ids == call.output_ids
+        assert record.logprobs == call.logprobs

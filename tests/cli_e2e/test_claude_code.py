@@ -1,0 +1,67 @@
+"""Claude Code (real CLI from npm) through the adapter's Anthropic Messages front end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import assert_records_match_engine
+from support.netcage import run_caged
+from support.scripted_engine import tool_call_text
+
+pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
+
+PROMPT = "Create a file hello.txt containing hello-from-lego, then tell me you are done."
+
+
+def claude_env(home: Path, url: str, key: str) -> dict[str, str]:
+    return {
+        "PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "IS_SANDBOX": "1", "DISABLE_AUTOUPDATER": "1",
+    }
+
+
+def claude_cmd(binary: Path, prompt: str = PROMPT, max_turns: int = 4) -> list[str]:
+    return [str(binary), "-p", prompt, "--output-format", "stream-json", "--verbose", "--max-turns",
+            str(max_turns), "--tools", "Bash,Read,Edit,Write,Glob,Grep", "--dangerously-skip-permissions"]
+
+
+def result_event(stdout: str) -> dict[str, Any]:
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    results = [e for e in events if e.get("type") == "result"]
+    assert results, stdout[-2000:]
+    return results[-1]
+
+
+def policy(prompt: str, index: int) -> str:
+    """Call Bash to write the file until a tool result is in the prompt, then answer."""
+    if "<tool_response>" in prompt:
+        return "Done: hello.txt now contains hello-from-lego."
+    return tool_call_text("Bash", {"command": "echo hello-from-lego > hello.txt && cat hello.txt",
+                                   "description": "Write hello.txt"})
+
+
+async def test_claude_code_tool_loop_through_adapter(start_adapter, cli_path, tmp_path: Path) -> None:
+    adapter = await start_adapter(policy)
+    work, home = tmp_path / "repo", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    res = await run_caged(claude_cmd(cli_path("claude")), forwards=adapter.forwards,
+                          env=claude_env(home, adapter.url, "sess-1"), cwd=work, timeout=240)
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    assert (work / "hello.txt").read_text() == "hello-from-lego\n"
+    final = result_event(res.stdout)
+    assert final.get("is_error") is False and "hello-from-lego" in final.get("result", "")
+
+    session = adapter.sessions.get("sess-1")
+    main = session.main_records()
+    assert [r.stop_reason for r in main] == ["tool_use", "end_turn"]
+    assert_records_match_engine(session.records, adapter.engine)
+    assert main[0].render_mode == "full"
+    assert main[1].render_mode == "bridged"
+    assert main[1].prompt_ids[: len(main[0].prompt_ids) + len(main[0].output_ids)] == (
+        main[0].prompt_ids + main[0].output_ids)
+    assert session.infra_failure is None
