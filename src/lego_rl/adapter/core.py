@@ -4,7 +4,8 @@ Front ends call ``AdapterCore.run_turn(session, request)`` with a ``CanonicalReq
 returned ``CanonicalResponse`` in their protocol (JSON or SSE). One turn is:
 
 1. admit the request on the session (closed, failed or over-limit sessions are refused);
-2. restore parallel tool results to call order (by id) and merge template kwargs
+2. fold split assistant items into one message, restore parallel tool results to call order (by id),
+   and merge template kwargs
    (operator defaults < client's ``template_kwargs``/``reasoning_effort`` < the session's per-sample kwargs);
 3. plan the prompt: bridged from the previous turn's exact ids when the history is an unchanged
    extension, else a full render (``lego_rl.chat.prefix``);
@@ -16,6 +17,8 @@ returned ``CanonicalResponse`` in their protocol (JSON or SSE). One turn is:
 6. parse reasoning and tool calls from the sampled ids, record a ``TurnRecord``, remember the turn for
    the next bridge, and return the response.
 
+For prefix reuse to match, the echoed assistant turn must carry the tool-call ids this core issued
+(``CanonicalResponse.tool_calls[i].id``) and its visible text; arguments and reasoning may differ.
 The engine call is not streamed: front ends emit their SSE events from the finished response.
 Errors are raised, never returned: ``ProtocolError`` (client's fault, 4xx) and ``ProviderError``
 (engine's fault, 5xx); the HTTP edge maps them into the protocol's error shape.
@@ -32,7 +35,13 @@ from typing import Any, Protocol
 
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopKind
 from lego_rl.adapter.sessions import Session
-from lego_rl.chat.parsers import ToolParserStyle, new_call_id, parse_turn, restore_tool_order
+from lego_rl.chat.parsers import (
+    ToolParserStyle,
+    merge_assistant_runs,
+    new_call_id,
+    parse_turn,
+    restore_tool_order,
+)
 from lego_rl.chat.prefix import PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer, RenderError
 from lego_rl.errors import ProtocolError, ProviderError
@@ -107,7 +116,7 @@ class AdapterCore:
 
     def count_tokens(self, session: Session | None, req: CanonicalRequest) -> int:
         """Prompt length of a full render of ``req`` (for ``count_tokens``; records nothing)."""
-        messages = restore_tool_order(req.messages)
+        messages = restore_tool_order(merge_assistant_runs(req.messages))
         try:
             return len(self.renderer.render_ids(messages, req.tools, self.template_kwargs(session, req)))
         except RenderError as exc:
@@ -118,7 +127,7 @@ class AdapterCore:
         started = time.time()
         t0 = time.perf_counter()
         session.admit_request()
-        messages = restore_tool_order(req.messages)
+        messages = restore_tool_order(merge_assistant_runs(req.messages))
         if not messages:
             raise ProtocolError("the request has no messages", param="messages")
         kwargs = self.template_kwargs(session, req)

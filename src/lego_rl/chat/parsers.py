@@ -171,6 +171,30 @@ def parse_turn(
     return out
 
 
+def merge_assistant_runs(messages: Sequence[Message]) -> list[Message]:
+    """Fold consecutive assistant messages into one (text joined, calls concatenated, reasoning kept).
+
+    Some wire formats split one assistant turn into items (Responses: reasoning, message, function_call
+    items); the template and prefix reuse both need it as the single message it was when sampled.
+    """
+    out: list[Message] = []
+    for msg in messages:
+        prev = out[-1] if out else None
+        if msg.role == "assistant" and prev is not None and prev.role == "assistant":
+            texts = [t for t in (prev.content, msg.content) if t]
+            reasonings = [r for r in (prev.reasoning, msg.reasoning) if r]
+            out[-1] = prev.model_copy(
+                update={
+                    "content": "\n\n".join(texts),
+                    "reasoning": "\n\n".join(reasonings) if reasonings else None,
+                    "tool_calls": [*prev.tool_calls, *msg.tool_calls],
+                }
+            )
+        else:
+            out.append(msg)
+    return out
+
+
 def restore_tool_order(messages: Sequence[Message]) -> list[Message]:
     """Put tool results back in the order of the calls they answer, matched by ``tool_call_id``.
 

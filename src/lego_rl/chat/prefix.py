@@ -221,10 +221,9 @@ class PrefixBridge:
             best.append(node)
         if not best:
             raise BridgeMiss(near or "the history does not extend any previous turn (changed or compacted)")
-        distinct = {(tuple(n.prompt_ids), tuple(n.output_ids)) for n in best} if len(best) > 1 else {0}
-        if len(distinct) > 1:
-            raise BridgeMiss(f"ambiguous: {len(best)} previous turns match this history")
         node = best[-1]
+        if any(n.output_ids != node.output_ids or n.prompt_ids != node.prompt_ids for n in best[:-1]):
+            raise BridgeMiss(f"ambiguous: {len(best)} previous turns with different ids match this history")
         if node.tools_key != tkey:
             raise BridgeMiss("the tool schemas changed")
         if node.kwargs_key != kkey:

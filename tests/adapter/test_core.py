@@ -1,0 +1,232 @@
+"""AdapterCore.run_turn: bridging across turns, limits, parsing, and refusing bad engine replies.
+
+The policy is the shared TEST DOUBLE ``ScriptedPolicyEngine`` (chosen text, real tokenizer, real tiny-model
+logprobs); ``ReplyEngine`` below is a second double that returns one fixed engine reply, to drive the
+failure paths a real engine cannot be made to produce on demand.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.scripted_engine import ScriptedPolicyEngine, tool_call_text
+
+from lego_rl.adapter.canonical import CanonicalRequest, Message, ToolSpec
+from lego_rl.adapter.core import AdapterCore, SamplingDefaults
+from lego_rl.adapter.sessions import Session, SessionRegistry
+from lego_rl.chat.render import ChatRenderer
+from lego_rl.errors import ProtocolError, ProviderError
+from lego_rl.serving.protocol import GenerateResult, SamplingParams, WeightVersionSpan
+
+BASH = ToolSpec(name="bash", parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})
+ASK = [Message(role="system", content="You are a coding agent."), Message(role="user", content="list the files")]
+
+
+class Spy:
+    """Records the sampling params the core sends, then delegates to the wrapped engine."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.params: list[SamplingParams] = []
+
+    async def generate(self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None) -> Any:
+        self.params.append(params)
+        return await self.inner.generate(token_ids, params, session_id=session_id)
+
+
+class ReplyEngine:
+    """TEST DOUBLE: answers every call with one fixed reply (to produce malformed engine replies)."""
+
+    def __init__(self, reply: GenerateResult) -> None:
+        self.reply = reply
+        self.calls = 0
+
+    async def generate(self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None) -> Any:
+        self.calls += 1
+        return self.reply
+
+
+def make_core(renderer: ChatRenderer, engine: Any, **kw: Any) -> AdapterCore:
+    kw.setdefault("context_limit", 4096)
+    return AdapterCore(renderer, engine, verify_bridges=True, **kw)
+
+
+def req(messages: list[Message], **kw: Any) -> CanonicalRequest:
+    kw.setdefault("protocol", "anthropic")
+    return CanonicalRequest(messages=messages, tools=[BASH], **kw)
+
+
+@pytest.fixture
+def session() -> Session:
+    return SessionRegistry().open("rollout-1", template_kwargs={"reasoning_effort": "medium"})
+
+
+async def test_tool_loop_records_engine_ids_and_bridges(tiny_model_dir: Path, renderer: ChatRenderer, session: Session) -> None:  # noqa: E501
+    calls = tool_call_text("bash", {"cmd": "ls"}) + "\n" + tool_call_text("bash", {"cmd": "pwd"})
+    engine = ScriptedPolicyEngine(tiny_model_dir, ["<think>\nlook first\n</think>\n\nChecking.\n" + calls, "Two files."])
+    core = make_core(renderer, engine)
+    first = await core.run_turn(session, req(ASK))
+    assert (first.stop, first.text, first.reasoning) == ("tool_use", "Checking.", "look first")
+    assert [c.arguments for c in first.tool_calls] == [{"cmd": "ls"}, {"cmd": "pwd"}]
+    assert all(c.id.startswith("toolu_") for c in first.tool_calls)
+    # Results arrive in completion order; the prompt must show them in call order.
+    echo = Message(role="assistant", content=first.text, tool_calls=first.tool_calls)
+    results = [Message(role="tool", tool_call_id=first.tool_calls[i].id, content=f"out-{i}") for i in (1, 0)]
+    second = await core.run_turn(session, req([*ASK, echo, *results]))
+    assert (second.stop, second.text) == ("end_turn", "Two files.")
+
+    r1, r2 = session.records
+    for rec, call in zip(session.records, engine.calls, strict=True):
+        assert (rec.prompt_ids, rec.output_ids, rec.logprobs) == (call.prompt_ids, call.output_ids, call.logprobs)
+        assert rec.weight_versions == [0] * len(rec.output_ids)
+        assert rec.kind == "main" and rec.protocol == "anthropic" and rec.finish_reason == "stop"
+    assert (r1.render_mode, r2.render_mode) == ("full", "bridged")
+    assert r2.prompt_ids[: r2.bridge_prefix_len] == r1.prompt_ids + r1.output_ids
+    assert (r1.tool_calls, r1.stop_reason, r2.stop_reason) == (2, "tool_use", "end_turn")
+    prompt = renderer.decode(r2.prompt_ids)
+    assert "look first" in prompt and "Reasoning effort: medium" in prompt
+    assert prompt.index("out-0") < prompt.index("out-1")
+    assert all(math.isfinite(x) and x <= 0 for x in r1.logprobs)
+    assert r1.text.endswith("<|im_end|>") and r1.engine_s > 0 and r1.total_s >= r1.render_s
+
+
+async def test_side_requests_stay_out_of_the_main_chain(tiny_model_dir: Path, renderer: ChatRenderer, session: Session) -> None:  # noqa: E501
+    engine = ScriptedPolicyEngine(tiny_model_dir, ["First.", "A title", "Second."])
+    core = make_core(renderer, engine)
+    first = await core.run_turn(session, req(ASK))
+    await core.run_turn(session, req([Message(role="user", content="title this")], side_label="title"))
+    echo = Message(role="assistant", content=first.text)
+    await core.run_turn(session, req([*ASK, echo, Message(role="user", content="go on")]))
+    kinds = [(r.kind, r.side_label, r.render_mode) for r in session.records]
+    assert kinds == [("main", None, "full"), ("side", "title", "full"), ("main", None, "bridged")]
+    assert [r.turn for r in session.main_records()] == [0, 2]
+
+
+async def test_max_tokens_clamped_to_remaining_context(tiny_model_dir: Path, renderer: ChatRenderer) -> None:
+    spy = Spy(ScriptedPolicyEngine(tiny_model_dir, ["Short."] * 4, score=False))
+    registry = SessionRegistry()
+    prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
+    core = make_core(renderer, spy, context_limit=prompt_len + 10, max_response_tokens=64)
+    await core.run_turn(registry.open("a"), req(ASK, max_tokens=500))
+    await core.run_turn(registry.open("b", max_response_tokens=7), req(ASK))
+    await core.run_turn(registry.open("c", max_context=prompt_len + 3), req(ASK))
+    await core.run_turn(registry.open("d"), req(ASK, max_tokens=5))
+    assert [p.max_tokens for p in spy.params] == [10, 7, 3, 5]
+    assert all(p.logprobs == 1 and p.stop_token_ids == sorted(renderer.eos_ids) for p in spy.params)
+
+
+async def test_no_room_left_answers_context_limit_without_calling_the_engine(renderer: ChatRenderer) -> None:
+    engine = ReplyEngine(GenerateResult(output_ids=[5], logprobs=[-1.0], finish_reason="stop"))
+    prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
+    core = make_core(renderer, engine, context_limit=prompt_len)
+    session = SessionRegistry().open("s")
+    resp = await core.run_turn(session, req(ASK))
+    assert (resp.stop, resp.text, resp.tool_calls, resp.prompt_tokens) == ("context_limit", "", [], prompt_len)
+    assert engine.calls == 0
+    (rec,) = session.records
+    assert (rec.output_ids, rec.stop_reason, rec.finish_reason) == ([], "context_limit", "context_limit")
+    assert session.termination == "context_limit" and session.infra_failure is None
+
+
+async def test_output_cut_by_the_window_marks_context_limit(renderer: ChatRenderer) -> None:
+    ids = renderer.encode("partial answer")
+    engine = ReplyEngine(GenerateResult(output_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="length"))
+    prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
+    core = make_core(renderer, engine, context_limit=prompt_len + len(ids))
+    session = SessionRegistry().open("s")
+    resp = await core.run_turn(session, req(ASK))
+    assert resp.stop == "max_tokens" and resp.text == "partial answer"
+    assert session.termination == "context_limit"
+    # A truncated output cannot be bridged: the next turn is a full render.
+    echo = Message(role="assistant", content=resp.text)
+    core.context_limit = 4096
+    await core.run_turn(session, req([*ASK, echo, Message(role="user", content="continue")]))
+    assert session.records[-1].render_mode == "full"
+
+
+def _reply(ids: list[int], lps: list[float], **kw: Any) -> GenerateResult:
+    return GenerateResult(output_ids=ids, logprobs=lps, finish_reason="stop", **kw)
+
+
+@pytest.mark.parametrize(
+    ("reply", "needle"),
+    [
+        (_reply([5, 6], [-0.1]), "1 logprobs for 2 output tokens"),
+        (_reply([5], [float("nan")]), "invalid logprob nan"),
+        (_reply([5], [float("-inf")]), "invalid logprob -inf"),
+        (_reply([5], [0.7]), "invalid logprob 0.7"),
+        (_reply([10**6], [-0.1]), "token id 1000000 outside the vocabulary"),
+        (_reply([], []), "no output tokens"),
+        (_reply([5, 6], [-0.1, -0.2], weight_versions=[WeightVersionSpan(version=3, start=0, end=1)]), "weight_versions"),
+    ],
+)
+async def test_bad_engine_reply_fails_and_marks_infra_failure(renderer: ChatRenderer, reply: GenerateResult, needle: str) -> None:  # noqa: E501
+    core = make_core(renderer, ReplyEngine(reply))
+    session = SessionRegistry().open("s")
+    with pytest.raises(ProviderError, match=needle):
+        await core.run_turn(session, req(ASK))
+    assert session.records == []
+    assert session.infra_failure is not None and needle in session.infra_failure
+    assert session.termination == "infra_failure"
+    with pytest.raises(ProviderError, match="already failed") as again:
+        await core.run_turn(session, req(ASK))
+    assert again.value.status_code == 503
+
+
+async def test_parse_failure_is_counted_and_returned_as_text(renderer: ChatRenderer) -> None:
+    text = 'I will call it: <tool_call>{"name": "bash", "arguments": {</tool_call>'
+    ids = renderer.encode(text + "<|im_end|>")
+    core = make_core(renderer, ReplyEngine(_reply(ids, [-0.3] * len(ids))))
+    session = SessionRegistry().open("s")
+    resp = await core.run_turn(session, req(ASK))
+    assert (resp.stop, resp.parse_failures, resp.tool_calls) == ("end_turn", 1, [])
+    assert resp.text == text
+    assert session.records[0].parse_failures == 1 and session.records[0].tool_calls == 0
+
+
+async def test_client_sampling_ignored_unless_honoured(tiny_model_dir: Path, renderer: ChatRenderer) -> None:
+    spy = Spy(ScriptedPolicyEngine(tiny_model_dir, ["a", "b"], score=False))
+    registry = SessionRegistry()
+    await make_core(renderer, spy).run_turn(registry.open("x"), req(ASK, temperature=0.0, top_p=0.5))
+    honour = SamplingDefaults(temperature=0.7, honour_client=True)
+    await make_core(renderer, spy, sampling=honour).run_turn(registry.open("y"), req(ASK, temperature=0.2))
+    assert [(p.temperature, p.top_p) for p in spy.params] == [(1.0, 1.0), (0.2, 1.0)]
+
+
+def test_template_kwargs_precedence(renderer: ChatRenderer) -> None:
+    core = AdapterCore(ChatRenderer(renderer.tokenizer, template_kwargs={"reasoning_effort": "high", "x": 1}),
+                       ReplyEngine(_reply([5], [-1.0])), context_limit=100)  # fmt: skip
+    session = SessionRegistry().open("s", template_kwargs={"reasoning_effort": "medium"})
+    r = req(ASK, reasoning_effort="low", template_kwargs={"y": 2})
+    assert core.template_kwargs(session, r) == {"reasoning_effort": "medium", "x": 1, "y": 2}
+    assert core.template_kwargs(None, r) == {"reasoning_effort": "low", "x": 1, "y": 2}
+    assert core.count_tokens(session, r) == len(renderer.render_ids(ASK, [BASH], {"reasoning_effort": "medium"}))
+
+
+@pytest.mark.parametrize(
+    ("messages", "needle"),
+    [
+        ([], "no messages"),
+        ([*ASK, Message(role="tool", tool_call_id="nope", content="x")], "does not follow an assistant tool call"),
+    ],
+)
+async def test_bad_requests_record_nothing(renderer: ChatRenderer, messages: list[Message], needle: str) -> None:
+    engine = ReplyEngine(_reply([5], [-1.0]))
+    session = SessionRegistry().open("s")
+    with pytest.raises(ProtocolError, match=needle):
+        await make_core(renderer, engine).run_turn(session, req(messages))
+    assert session.records == [] and engine.calls == 0 and session.infra_failure is None
+
+
+async def test_request_limit(renderer: ChatRenderer) -> None:
+    ids = renderer.encode("ok<|im_end|>")
+    core = make_core(renderer, ReplyEngine(_reply(ids, [-0.1] * len(ids))))
+    session = SessionRegistry().open("s", max_requests=2)
+    for _ in range(2):
+        await core.run_turn(session, req(ASK))
+    with pytest.raises(ProtocolError, match="limit of 2 model requests"):
+        await core.run_turn(session, req(ASK))
+    assert len(session.records) == 2 and session.termination == "request_limit"
