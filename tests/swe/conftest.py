@@ -1,0 +1,54 @@
+"""Fixtures for workspace, patch and grader tests: a real task image and real sandboxes."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import pytest
+from swe_data import build_task_image, provider_options, require_setup
+
+from lego_rl.sandbox.base import ImageSpec, Sandbox
+from lego_rl.sandbox.factory import create_sandbox
+
+PROVIDERS = ["bwrap", "sunabako"]
+
+
+@pytest.fixture(scope="session")
+def task_image() -> Iterator[tuple[ImageSpec, str]]:
+    require_setup("bwrap")
+    # Not under pytest's tmp dir: that is root-only (0700), and sandbox runtimes that chroot as
+    # another user must traverse every directory above an image.
+    base = Path(tempfile.mkdtemp(prefix="lego-swe-image-", dir="/var/tmp"))
+    base.chmod(0o755)
+    try:
+        yield build_task_image(base / "rootfs")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider(request: pytest.FixtureRequest) -> str:
+    name = str(request.param)
+    require_setup(name)
+    if name == "sunabako":
+        try:
+            import lego_rl.sandbox.sunabako_provider  # noqa: F401
+        except ImportError as exc:
+            pytest.skip(f"sunabako provider not in this checkout yet: {exc}")
+    return name
+
+
+@pytest.fixture
+def opener(provider: str, task_image: tuple[ImageSpec, str]) -> Callable[[], AbstractAsyncContextManager[Sandbox]]:
+    spec = task_image[0]
+    return lambda: create_sandbox(spec, provider=provider, provider_options=provider_options(provider))
+
+
+@pytest.fixture
+async def agent_sb(opener: Callable[[], AbstractAsyncContextManager[Sandbox]]) -> AsyncIterator[Sandbox]:
+    async with opener() as sb:
+        yield sb
