@@ -59,7 +59,8 @@ class TrajectoryStats(BaseModel):
     empty_turns: int = 0
     segments_started: int = 0
     bridged_mismatches: int = 0
-    """Turns the adapter marked ``bridged`` that did not extend a segment (an adapter bug if > 0)."""
+    """``bridged`` turns that extended no segment: the adapter bridged from an earlier turn than the
+    last one (a retry or an abandoned answer), so the turn forked."""
     merged_forks: int = 0
     discarded_tokens: int = 0
     shared_prefix_tokens: int = 0
@@ -234,9 +235,12 @@ class TrajectoryManager:
             not self.options.verify_bridged_prefix
             and rec.render_mode == "bridged"
             and rec.bridge_prefix_len == n
-            and seg is self._last
+            and seg.spans
+            and seg.spans[-1].turn == self._last_turn
+            and seg.spans[-1].out_end == n
         ):
-            # Trust the adapter's verbatim copy of earlier context; still check the last sampled turn.
+            # The previous turn ended this segment and the adapter copied its prompt+output verbatim:
+            # trust that copy for the earlier context, still compare the previous turn's sampled tokens.
             start = seg.spans[-1].prompt_len
             return p[start:n] == toks[start:]
         return p[:n] == toks
@@ -293,8 +297,13 @@ class TrajectoryManager:
             self.stats.side_turns_skipped += 1
             return
         self._check(rec)
-        self._last_turn = rec.turn
         self.stats.turns += 1
+        try:
+            self._add(rec)
+        finally:
+            self._last_turn = rec.turn
+
+    def _add(self, rec: TurnRecord) -> None:
         seg = self._find_extension(rec)
         if seg is None:
             if rec.render_mode == "bridged" and self._segments:
