@@ -129,7 +129,7 @@ async def _official_tests(sb: Sandbox, log: _Log, meta: TaskMetadata) -> None:
     await _must(sb, log, "reset official test paths to HEAD", f"set -e; {reset}", cwd=wd)
     await sb.write_file(f"{GRADER_DIR}/test.patch", meta.test_patch)
     await _must(sb, log, "apply official test patch", f"{GIT} apply --whitespace=nowarn {GRADER_DIR}/test.patch || "
-                f"patch -p1 --batch --forward -i {GRADER_DIR}/test.patch", cwd=wd)
+                f"patch -p1 --batch --forward --fuzz=0 -i {GRADER_DIR}/test.patch", cwd=wd)
 
 
 async def _verdict(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float) -> GradeResult:

@@ -1,0 +1,136 @@
+"""The fresh-sandbox grader on a real task image: right fixes score 1, everything else 0 or GraderError."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import pytest
+from swe_data import FIX_PATCH, TEST_PATCH, WORKDIR, WRONG_PATCH, task_meta
+
+from lego_rl.errors import GraderError
+from lego_rl.sandbox.base import ImageSpec, Sandbox
+from lego_rl.sandbox.factory import create_sandbox
+from lego_rl.swe import capture_patch, grade, prepare_workspace, take_snapshot
+from lego_rl.tasks.model import TaskMetadata
+
+Opener = Callable[[], AbstractAsyncContextManager[Sandbox]]
+
+OWN_TEST = """diff --git a/tests/test_calc.py b/tests/test_calc.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_calc.py
+@@ -0,0 +1 @@
++print("the agent's own test: always passes")
+"""
+
+
+async def test_correct_fix_scores_1_and_empty_or_wrong_fix_0(opener: Opener) -> None:
+    meta = task_meta()
+    good = await grade(meta, FIX_PATCH, open_sandbox=opener, timeout=60)
+    assert (good.reward, good.solved, good.reason, good.eval_exit_code) == (1.0, True, "tests passed", 0)
+    assert good.apply_method in ("git-apply-3way", "git-apply")
+    assert "===== eval as root: exit 0" in good.output and "apply official test patch: exit 0" in good.output
+    empty = await grade(meta, b"", open_sandbox=opener, timeout=60)
+    assert (empty.reward, empty.apply_method) == (0.0, "empty")
+    assert "add(2, 3) returned -1" in empty.output  # the unmodified image fails the official test
+    wrong = await grade(meta, WRONG_PATCH, open_sandbox=opener, timeout=60)
+    assert wrong.reward == 0.0 and "add(2, 3) returned 6" in wrong.output
+
+
+async def test_official_tests_win_over_the_agents_test_edits(opener: Opener) -> None:
+    meta = task_meta()
+    # wrong fix plus a "test" that always passes at the official path: the official test comes back
+    cheat = await grade(meta, WRONG_PATCH + OWN_TEST, open_sandbox=opener, timeout=60)
+    assert cheat.reward == 0.0
+    # a right fix that also wrote its own file at an official test path still applies and passes
+    honest = await grade(meta, FIX_PATCH + OWN_TEST, open_sandbox=opener, timeout=60)
+    assert honest.reward == 1.0
+
+
+async def test_unappliable_patch_and_timeout_score_0(opener: Opener) -> None:
+    garbage = FIX_PATCH.replace("return a - b", "return something_else")
+    res = await grade(task_meta(), garbage, open_sandbox=opener, timeout=60)
+    assert res.reward == 0.0 and res.reason.startswith("agent patch does not apply")
+    assert "agent patch (patch): exit" in res.output  # all three methods were tried
+    slow = await grade(task_meta(eval_cmd="sleep 30"), FIX_PATCH, open_sandbox=opener, timeout=1)
+    assert slow.reward == 0.0 and slow.timed_out and "timed out" in slow.reason
+
+
+async def test_eval_runs_as_eval_user(opener: Opener) -> None:
+    res = await grade(task_meta(eval_cmd="id -un; test $(id -u) -ne 0", eval_user="agent"), FIX_PATCH,
+                      open_sandbox=opener, timeout=60)
+    assert res.reward == 1.0 and "eval as agent: exit 0" in res.output and "\nagent\n" in res.output
+
+
+async def test_infrastructure_failures_are_grader_errors(opener: Opener, provider: str) -> None:
+    broken_official = TEST_PATCH.replace(" assert add(0, 0) == 0", " assert add(9, 9) == 0")
+    with pytest.raises(GraderError, match="apply official test patch") as info:
+        await grade(task_meta(test_patch=broken_official), FIX_PATCH, open_sandbox=opener, timeout=60)
+    assert "reset official test paths to HEAD: exit 0" in info.value.output  # type: ignore[attr-defined]
+    missing = ImageSpec(name="gone", rootfs="/nonexistent/rootfs", workdir=WORKDIR)
+    with pytest.raises(GraderError, match="grader sandbox failed for calc-1"):
+        await grade(task_meta(), FIX_PATCH, open_sandbox=lambda: create_sandbox(missing, provider=provider), timeout=60)
+
+
+async def test_f2p_script_row_with_pre_commands_round_trip(opener: Opener) -> None:
+    """Agent sandbox and grader both run pre-commands, so a patch over a pre-command file applies."""
+    f2p = "from calc import add\nfrom offset import OFFSET\nassert add(2, 3) + OFFSET == 5\nprint('f2p ok')\n"
+    meta = task_meta(eval_cmd="PYTHONPATH=. python3 /tmp/lego-grader/test_f2p.py", test_patch="", f2p_script=f2p,
+                     pre_commands=["printf 'OFFSET = 7\\n' > offset.py"])
+    assert meta.kind == "f2p_script"
+    async with opener() as agent:
+        await prepare_workspace(agent, workdir=WORKDIR, problem_statement="p", pre_commands=meta.pre_commands)
+        snap = await take_snapshot(agent, WORKDIR)
+        await agent.exec(["bash", "-c", "sed -i 's/a - b/a + b/' calc.py && printf 'OFFSET = 0\\n' > offset.py"],
+                         user="agent", cwd=WORKDIR, check=True)
+        patch = await capture_patch(agent, snap)
+    assert b"-OFFSET = 7" in patch
+    res = await grade(meta, patch, open_sandbox=opener, timeout=60)
+    assert res.reward == 1.0 and "f2p ok" in res.output
+    assert (await grade(meta, b"", open_sandbox=opener, timeout=60)).reward == 0.0
+
+
+RUN_SCRIPT = """#!/bin/bash
+# SWE-bench Pro style: run the selected test files, one verdict line each
+IFS=',' read -ra files <<< "$1"
+for f in "${files[@]}"; do
+  if PYTHONPATH=. python3 "$f"; then echo "RESULT PASSED $f"; else echo "RESULT FAILED $f"; fi
+done
+"""
+PARSER = """import sys
+# python3-minimal has no json module: the JSON is written by hand
+stdout, _stderr, out = sys.argv[1:4]
+items = []
+for line in open(stdout):
+    if line.startswith("RESULT "):
+        _, status, name = line.split()
+        items.append('{"name": "%s", "status": "%s"}' % (name, status))
+open(out, "w").write('{"tests": [%s]}' % ", ".join(items))
+"""
+
+
+def _swepro_meta(tmp: Path, *, parser: str = PARSER, before: str = "") -> TaskMetadata:
+    (tmp / "run_script.sh").write_text(RUN_SCRIPT)
+    (tmp / "parser.py").write_text(parser)
+    return task_meta(eval_cmd=None, swepro={
+        "before_repo_set_cmd": before, "selected_test_files": ["tests/test_calc.py", "tests/test_existing.py"],
+        "fail_to_pass": ["tests/test_calc.py"], "pass_to_pass": ["tests/test_existing.py"],
+        "run_script": str(tmp / "run_script.sh"), "parser": str(tmp / "parser.py")})
+
+
+async def test_swepro_verdict_from_parser_json(opener: Opener, tmp_path: Path) -> None:
+    meta = _swepro_meta(tmp_path)
+    good = await grade(meta, FIX_PATCH, open_sandbox=opener, timeout=60)
+    assert good.reward == 1.0 and good.tests == {"tests/test_calc.py": "PASSED", "tests/test_existing.py": "PASSED"}
+    bad = await grade(meta, WRONG_PATCH, open_sandbox=opener, timeout=60)
+    assert bad.reward == 0.0 and "tests/test_calc.py: FAILED" in bad.reason
+    # the official test files may come from before_repo_set_cmd's last line instead of the test patch
+    before = "git status --short\nprintf 'from calc import add\\nassert add(2, 3) == 5\\n' > tests/test_calc.py"
+    via_cmd = _swepro_meta(tmp_path, before=before).model_copy(update={"test_patch": ""})
+    assert (await grade(via_cmd, FIX_PATCH, open_sandbox=opener, timeout=60)).reward == 1.0
+    assert (await grade(via_cmd, WRONG_PATCH + OWN_TEST, open_sandbox=opener, timeout=60)).reward == 0.0
+    with pytest.raises(GraderError, match="parser"):
+        await grade(_swepro_meta(tmp_path, parser="import sys; sys.exit(3)\n"), FIX_PATCH, open_sandbox=opener,
+                    timeout=60)
