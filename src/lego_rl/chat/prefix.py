@@ -46,18 +46,26 @@ def _norm_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def _calls_key(calls: Sequence[ToolCall]) -> list[list[str]]:
-    return [[c.id, c.name, c.namespace or ""] for c in calls]
+def _field(value: str | None) -> bytes:
+    # Length-prefixed so that field boundaries can never be confused; surrogatepass because JSON
+    # bodies may carry lone surrogates that plain UTF-8 refuses.
+    if value is None:
+        return b"\xff"
+    data = value.encode("utf-8", "surrogatepass")
+    return len(data).to_bytes(8, "little") + data
 
 
 def message_key(msg: Message) -> bytes:
     """What must be unchanged for a message to count as the same. Assistant messages: visible text
     (whitespace-normalised) and tool-call ids/names; their reasoning and arguments are not compared."""
     if msg.role == "assistant":
-        key: list[Any] = ["assistant", _norm_text(msg.content), _calls_key(msg.tool_calls)]
+        parts = [_field("assistant"), _field(_norm_text(msg.content))]
+        for call in msg.tool_calls:
+            parts += [_field(call.id), _field(call.name), _field(call.namespace)]
     else:
-        key = [msg.role, msg.content, msg.tool_call_id, msg.is_error, msg.name]
-    return json.dumps(key, ensure_ascii=False).encode()
+        parts = [_field(msg.role), _field(msg.content), _field(msg.tool_call_id), _field(msg.name),
+                 b"E" if msg.is_error else b"-"]  # fmt: skip
+    return b"".join(parts)
 
 
 def prefix_hashes(messages: Sequence[Message]) -> list[bytes]:

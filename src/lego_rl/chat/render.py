@@ -92,6 +92,8 @@ class ChatRenderer:
         extra_stop_ids: Sequence[int] = (),
     ) -> None:
         self.tokenizer = tokenizer
+        # The core enforces the context window itself; silence the tokenizer's own length warning.
+        tokenizer.model_max_length = 1 << 40
         self._extra_stop_ids = tuple(extra_stop_ids)
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
