@@ -1,0 +1,48 @@
+"""`lego tasks check` on the real task image with bwrap: gradable vs not gradable tasks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from swe_data import WRONG_PATCH, task_meta
+from typer.testing import CliRunner
+
+from lego_rl.cli.main import app
+from lego_rl.sandbox.base import ImageSpec
+from lego_rl.tasks.model import Message, TaskRow
+
+runner = CliRunner()
+
+
+def _row(**over: object) -> str:
+    meta = task_meta(**over)
+    return TaskRow(prompt=[Message(role="user", content="p")], label=meta.instance_id, metadata=meta).to_json_line()
+
+
+def test_tasks_check(tmp_path: Path, task_image: tuple[ImageSpec, str]) -> None:
+    spec = task_image[0]
+    images = tmp_path / "images.json"
+    images.write_text(json.dumps({"test/calc:1": {"rootfs": spec.rootfs, "workdir": "/testbed", "env": {}}}))
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("\n".join([
+        _row(),  # gradable: HEAD fails, the reference fix passes
+        _row(instance_id="already-solved", eval_cmd="true"),
+        _row(instance_id="bad-reference", reference_patch=WRONG_PATCH),
+        _row(instance_id="no-reference", reference_patch=None),
+    ]) + "\n")
+    base = ["tasks", "check", "--data", str(data), "--images", str(images), "--provider", "bwrap", "--json"]
+    res = runner.invoke(app, base)
+    assert res.exit_code == 1, res.output
+    got = {c["instance_id"]: (c["baseline"], c["reference"], c["verdict"]) for c in json.loads(res.stdout)}
+    assert got == {
+        "calc-1": ("fails", "passes", "gradable"),
+        "already-solved": ("passes", "passes", "not gradable"),
+        "bad-reference": ("fails", "fails", "not gradable"),
+        "no-reference": ("fails", "none", "gradable"),
+    }
+    res = runner.invoke(app, [*base[:-1], "--ids", "calc-1,no-reference"])
+    assert res.exit_code == 0 and "gradable" in res.output
+    # no images mapping: the image name is not a rootfs, so every grader run is an infrastructure error
+    res = runner.invoke(app, ["tasks", "check", "--data", str(data), "--ids", "calc-1", "--json"])
+    assert res.exit_code == 3 and json.loads(res.stdout)[0]["verdict"] == "grader error"
