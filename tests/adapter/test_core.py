@@ -19,7 +19,7 @@ from lego_rl.adapter.core import AdapterCore, SamplingDefaults
 from lego_rl.adapter.sessions import Session, SessionRegistry
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.errors import ProtocolError, ProviderError
-from lego_rl.serving.protocol import GenerateResult, SamplingParams, WeightVersionSpan
+from lego_rl.serving.protocol import GenerateResult, NucleusEntry, SamplingParams, WeightVersionSpan
 
 BASH = ToolSpec(name="bash", parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})
 ASK = [Message(role="system", content="You are a coding agent."), Message(role="user", content="list the files")]
@@ -43,9 +43,13 @@ class ReplyEngine:
     def __init__(self, reply: GenerateResult) -> None:
         self.reply = reply
         self.calls = 0
+        self.extras: list[dict[str, bool]] = []
 
-    async def generate(self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None) -> Any:
+    async def generate(
+        self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None, **extras: bool
+    ) -> Any:
         self.calls += 1
+        self.extras.append(extras)
         return self.reply
 
 
@@ -230,3 +234,28 @@ async def test_request_limit(renderer: ChatRenderer) -> None:
     with pytest.raises(ProtocolError, match="limit of 2 model requests"):
         await core.run_turn(session, req(ASK))
     assert len(session.records) == 2 and session.termination == "request_limit"
+
+
+async def test_nucleus_and_routing_are_requested_kept_and_required(renderer: ChatRenderer) -> None:
+    ids = renderer.encode("ok<|im_end|>")
+    nucleus = [NucleusEntry(ids=[t, 7], probs=[0.9, 0.1]) for t in ids]
+    routes = [[[1, 2]] for _ in ids]
+    full = _reply(ids, [-0.1] * len(ids), nucleus=nucleus, routed_experts=routes)
+    engine = ReplyEngine(full)
+    core = make_core(renderer, engine, sampling=SamplingDefaults(nucleus=True, routed_experts=True))
+    session = SessionRegistry().open("s")
+    await core.run_turn(session, req(ASK))
+    assert engine.extras == [{"return_nucleus": True, "return_routed_experts": True}]
+    rec = session.records[0]
+    assert rec.nucleus_ids == [[t, 7] for t in ids] and rec.nucleus_probs == [[0.9, 0.1]] * len(ids)
+    assert rec.routed_experts == routes
+    # Without the extras asked for, nothing is requested.
+    plain = ReplyEngine(full)
+    await make_core(renderer, plain).run_turn(SessionRegistry().open("p"), req(ASK))
+    assert plain.extras == [{}]
+    # Asked for but missing: the request fails and the session is an infrastructure failure.
+    bare = make_core(renderer, ReplyEngine(_reply(ids, [-0.1] * len(ids))), sampling=SamplingDefaults(nucleus=True))
+    failed = SessionRegistry().open("f")
+    with pytest.raises(ProviderError, match="no usable nucleus"):
+        await bare.run_turn(failed, req(ASK))
+    assert failed.infra_failure and failed.records == []

@@ -54,7 +54,10 @@ class GenerateBackend(Protocol):
 
     async def generate(
         self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None
-    ) -> GenerateResult: ...
+    ) -> GenerateResult:
+        """Sample from ``token_ids``. The core also passes ``return_nucleus=True`` /
+        ``return_routed_experts=True`` when ``SamplingDefaults`` asks for them (and only then)."""
+        ...
 
 
 @dataclass
@@ -67,7 +70,8 @@ class SamplingDefaults:
     top_k: int = -1
     honour_client: bool = False
     nucleus: bool = False
-    """Ask the engine for the top-p nucleus of every token (kept on the turn record)."""
+    """Ask the engine for the top-p nucleus of every token (kept on the turn record); a reply without it
+    fails the request."""
     routed_experts: bool = False
     """Ask the engine for MoE routing (R3 replay); kept on the turn record."""
 
@@ -151,7 +155,12 @@ class AdapterCore:
         params = self._sampling_params(req, min(cap, remaining))
         t_engine = time.perf_counter()
         try:
-            result = await self.backend.generate(plan.prompt_ids, params, session_id=session.id)
+            extras: dict[str, bool] = {}
+            if self.sampling.nucleus:
+                extras["return_nucleus"] = True
+            if self.sampling.routed_experts:
+                extras["return_routed_experts"] = True
+            result = await self.backend.generate(plan.prompt_ids, params, session_id=session.id, **extras)
             self._validate(result, params)
             versions = _versions(result)
         except ProviderError as exc:
@@ -225,11 +234,6 @@ class AdapterCore:
 
     def _sampling_params(self, req: CanonicalRequest, max_tokens: int) -> SamplingParams:
         s = self.sampling
-        extra: dict[str, Any] = {}
-        if s.nucleus:
-            extra["return_nucleus"] = True
-        if s.routed_experts:
-            extra["return_routed_experts"] = True
         use_client = s.honour_client
         return SamplingParams(
             max_tokens=max_tokens,
@@ -239,7 +243,6 @@ class AdapterCore:
             stop_token_ids=sorted(self.renderer.eos_ids),
             logprobs=1,
             skip_special_tokens=False,
-            **extra,
         )
 
     def _validate(self, result: GenerateResult, params: SamplingParams) -> None:
@@ -254,6 +257,12 @@ class AdapterCore:
         bad = next((i for i, lp in enumerate(result.logprobs) if not math.isfinite(lp) or lp > 1e-6), None)
         if bad is not None:
             raise ProviderError(f"engine returned an invalid logprob {result.logprobs[bad]!r} at position {bad}")
+        if self.sampling.nucleus and (result.nucleus is None or len(result.nucleus) != n):
+            got = "none" if result.nucleus is None else f"{len(result.nucleus)} entries"
+            raise ProviderError(f"engine returned no usable nucleus ({got} for {n} output tokens)")
+        if self.sampling.routed_experts and (result.routed_experts is None or len(result.routed_experts) != n):
+            got = "none" if result.routed_experts is None else f"{len(result.routed_experts)} entries"
+            raise ProviderError(f"engine returned no usable routed_experts ({got} for {n} output tokens)")
         vocab = self.renderer.vocab_size
         wrong = next((t for t in result.output_ids if not 0 <= t < vocab), None)
         if wrong is not None:
