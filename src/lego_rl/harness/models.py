@@ -58,6 +58,8 @@ class ToolchainPin(BaseModel):
     pypi: resolve and download every wheel the requirement needs."""
     python_version: str | None = None
     """pypi: target interpreter (``3.12``) for wheel resolution."""
+    companions: tuple[str, ...] = ()
+    """pypi: further exact requirements installed into the same tree (``openhands-tools==1.58.2``)."""
 
     @property
     def key(self) -> str:
@@ -100,6 +102,10 @@ class CommandSpec(BaseModel):
     user: str
     files: dict[str, str] = Field(default_factory=dict)
     """Config files to write before launch: sandbox path -> text (owned by ``user``)."""
+    path_prepend: list[str] = Field(default_factory=list)
+    """Folders put in front of the image's own ``PATH`` (which the harness cannot know)."""
+    prelude: str = ""
+    """Shell run as ``user`` right before the CLI (e.g. copy a pre-installed tree into $HOME)."""
 
 
 TerminationKind = Literal["completed", "agent_error", "turn_limit", "timed_out", "crashed"]

@@ -1,0 +1,1 @@
+"""lego-rl harness plugin: claude_code (entry point group lego_rl.harnesses)."""

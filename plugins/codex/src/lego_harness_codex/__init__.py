@@ -1,0 +1,1 @@
+"""lego-rl harness plugin: codex (entry point group lego_rl.harnesses)."""

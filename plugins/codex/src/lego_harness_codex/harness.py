@@ -1,0 +1,180 @@
+"""Codex CLI (``@openai/codex``) as a lego harness: ``codex exec --json`` against the adapter.
+
+A custom model provider points at the adapter's Responses front end (``wire_api="responses"``; the
+CLI rejects ``"chat"``); its bearer token is the session id, passed through ``env_key``. Plugins,
+apps, sub-agents, goals, web search, WebSockets, analytics and update checks are off, so nothing tries
+to leave the sandbox, and ``unbounded_connection_retries`` is off so a dead adapter ends the run
+instead of retrying until the time budget.
+
+Install paths: ``native`` (default): the platform archive ``@openai/codex@<v>-linux-x64``
+(``LEGO_AGENT_CODEX_NATIVE_TARBALL``), no Node; ``npm``: Node 22 + ``@openai/codex`` + the same
+platform package (``LEGO_AGENT_NODE_TARBALL`` + ``LEGO_AGENT_CODEX_TARBALL``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import model_validator
+
+from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
+from lego_rl.harness.base import merge_flag_args, safe_id
+from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
+from lego_rl.harness.models import ToolchainPin
+from lego_rl.harness.node import DEFAULT_NODE_VERSION, install_node, install_npm_package, node_binary, node_pin, npm_pin
+from lego_rl.harness.toolchain import cached_integrity
+from lego_rl.sandbox.base import Sandbox
+
+CLI = "@openai/codex"
+PLATFORM_ALIAS = "@openai/codex-linux-x64"
+"""The name the launcher ``require``s; on the registry it is ``@openai/codex@<v>-linux-x64``."""
+TRIPLE = "x86_64-unknown-linux-musl"
+DEFAULT_VERSION = "0.162.1"
+KNOWN = {
+    (CLI, "0.162.1"): "sha512-NWZdi/kxyjv/8EUGFupziGU38YyleugZRM4JXgY5XFH7FUmaFA33NZS2Bmq0HPazf7S3jJQQWsZ/jAK9jsrV3Q==",
+    (CLI, "0.162.1-linux-x64"): "sha512-cjK2mdHIfEepZ1lQ1MX3aTQC+8ncIsvnacl/6vI2dIIcfP8/MrhTQ2+qRlkXFNDzJSj1d36quIszP+3/4CUJWQ==",
+}
+DISABLED_FEATURES = ["plugins", "apps", "multi_agent", "goals", "unbounded_connection_retries"]
+PROVIDER = "lego"
+KEY_VAR = "LEGO_SESSION_KEY"
+
+
+class CodexConfig(HarnessConfig):
+    """``[harness.codex]``; env: ``LEGO_AGENT_CODEX_*`` (or ``VIME_AGENT_CODEX_*``)."""
+
+    version: str = DEFAULT_VERSION
+    install_from: Literal["native", "npm"] = "native"
+    native_tarball: Path | None = None
+    """Host copy of ``@openai/codex@<v>-linux-x64`` (``LEGO_AGENT_CODEX_NATIVE_TARBALL``); selects ``native``."""
+    cli_tarball: Path | None = None
+    """Host copy of the ``@openai/codex`` npm tarball (``LEGO_AGENT_CODEX_TARBALL``)."""
+    node_tarball: Path | None = None
+    node_version: str = DEFAULT_NODE_VERSION
+    disabled_features: list[str] = list(DISABLED_FEATURES)
+    """Passed as ``--disable <feature>`` each."""
+
+    @model_validator(mode="after")
+    def _tarball_selects_path(self) -> CodexConfig:
+        if "install_from" not in self.model_fields_set:
+            if self.native_tarball is not None:
+                self.install_from = "native"
+            elif self.cli_tarball is not None or self.node_tarball is not None:
+                self.install_from = "npm"
+        return self
+
+
+class CodexHarness(HarnessPlugin):
+    name: ClassVar[str] = "codex"
+    protocol: ClassVar[Literal["responses"]] = "responses"
+    cli_package: ClassVar[str] = CLI
+    summary: ClassVar[str] = "OpenAI Codex CLI, codex exec --json over the Responses API"
+    Config: ClassVar[type[HarnessConfig]] = CodexConfig
+    env_names: ClassVar[dict[str, str]] = {
+        "native_tarball": "CODEX_NATIVE_TARBALL", "cli_tarball": "CODEX_TARBALL", "node_tarball": "NODE_TARBALL",
+        "extra_args": "CODEX_EXTRA_ARGS", "extra_envs": "CODEX_EXTRA_ENVS", "version": "CODEX_VERSION",
+    }  # fmt: skip
+    enforces_turn_limit: ClassVar[bool] = False  # codex exec has no turn limit flag: the adapter caps it
+
+    @staticmethod
+    def _home(o: CodexConfig) -> str:
+        return f"{INSTALL_ROOT}/codex/{o.version}-{o.install_from}"
+
+    def _vendor(self, o: CodexConfig) -> str:
+        base = self._home(o) if o.install_from == "native" else f"{self._home(o)}/node_modules/{PLATFORM_ALIAS}"
+        return f"{base}/vendor/{TRIPLE}"
+
+    def launcher(self, o: CodexConfig) -> list[str]:
+        if o.install_from == "native":
+            return [f"{self._vendor(o)}/bin/codex"]
+        return [node_binary(o.node_version), f"{self._home(o)}/node_modules/{CLI}/bin/codex.js"]
+
+    def _native_pin(self, o: CodexConfig) -> ToolchainPin:
+        return npm_pin("native", CLI, f"{o.version}-linux-x64", KNOWN)
+
+    def toolchain(self, options: Any) -> list[ToolchainPin]:
+        o: CodexConfig = options
+        if o.install_from == "native":
+            return [self._native_pin(o)]
+        return [node_pin(o.node_version), npm_pin("cli", CLI, o.version, KNOWN), self._native_pin(o)]
+
+    async def install(self, sandbox: Sandbox, toolchain: Toolchain, options: Any) -> str:
+        o: CodexConfig = options
+        if o.install_from == "native":
+            path = toolchain.resolve(self._native_pin(o), override=o.native_tarball)
+            await install_archive(sandbox, path, self._home(o), integrity=cached_integrity(path))
+        else:
+            await install_node(sandbox, toolchain, o.node_version, o.node_tarball)
+            await install_npm_package(sandbox, toolchain, self._home(o), npm_pin("cli", CLI, o.version, KNOWN),
+                                      tarball=o.cli_tarball)
+            await install_npm_package(sandbox, toolchain, self._home(o), self._native_pin(o), as_name=PLATFORM_ALIAS,
+                                      tarball=o.native_tarball)
+        return self.launcher(o)[-1]
+
+    async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
+        o: CodexConfig = options
+        env = {"CODEX_HOME": "/var/tmp/lego-codex-verify", "HOME": "/var/tmp/lego-codex-verify"}
+        return await version_of(sandbox, [*self.launcher(o), "--version"], user=user, expect=o.version, env=env)
+
+    def command(self, request: RunRequest, options: Any) -> CommandSpec:
+        o: CodexConfig = options
+        settings = {
+            "model_provider": PROVIDER,
+            f"model_providers.{PROVIDER}.name": PROVIDER,
+            f"model_providers.{PROVIDER}.base_url": request.base_url.rstrip("/") + "/v1",
+            f"model_providers.{PROVIDER}.wire_api": "responses",
+            f"model_providers.{PROVIDER}.env_key": KEY_VAR,
+            f"model_providers.{PROVIDER}.supports_websockets": False,
+            "web_search": "disabled",
+            "analytics.enabled": False,
+            "check_for_update_on_startup": False,
+        }
+        args = ["exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
+        for feature in o.disabled_features:
+            args += ["--disable", feature]
+        for key, value in settings.items():
+            args += ["-c", f"{key}={json.dumps(value)}"]  # JSON scalars are valid TOML values
+        args += ["-m", request.model, "-C", request.workdir]
+        # CODEX_HOME must not sit under /tmp: the CLI refuses to create its helper links there.
+        home = f"/var/tmp/lego-codex-{safe_id(request.session_id)}"
+        env = {KEY_VAR: request.session_id, "HOME": home, "CODEX_HOME": home, "NO_COLOR": "1"}
+        env.update(o.extra_envs)
+        path = [] if o.install_from == "npm" else [f"{self._vendor(o)}/codex-path"]
+        return CommandSpec(
+            argv=[*self.launcher(o), *args, *o.extra_args, "--", request.prompt],
+            env=env, cwd=request.workdir, user=request.user, path_prepend=path,
+        )  # fmt: skip
+
+    def classify(self, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome:
+        """``turn.failed`` / ``error`` events carry the reason; the adapter words its cap as a turn limit."""
+        message = _last_error(outcome.event_log)
+        if message is None:
+            return outcome
+        hit = "turn limit" in message.lower() or "max_turns" in message.lower()
+        return outcome.model_copy(update={"hit_turn_limit": hit or outcome.hit_turn_limit, "detail": message[:500]})
+
+    def adapter_options(self, options: Any) -> dict[str, Any]:
+        # A JSON reply makes it retry five times and fail: always stream; cap turns at the adapter.
+        return {"protocol": self.protocol, "force_stream": True, "enforce_turn_limit": True}
+
+
+def _last_error(log: str) -> str | None:
+    for line in reversed(log.splitlines()):
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if event.get("type") == "turn.failed":
+            err = event.get("error") or {}
+            return str(err.get("message", err)) if isinstance(err, dict) else str(err)
+        if event.get("type") == "error":
+            return str(event.get("message", ""))
+        if event.get("type") == "turn.completed":
+            return None
+    return None
+
+
+plugin = CodexHarness()

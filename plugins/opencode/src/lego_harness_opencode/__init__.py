@@ -1,0 +1,1 @@
+"""lego-rl harness plugin: opencode (entry point group lego_rl.harnesses)."""

@@ -1,0 +1,1 @@
+"""lego-rl harness plugin: openhands (entry point group lego_rl.harnesses)."""

@@ -1,0 +1,146 @@
+"""The OpenHands SDK (``openhands-sdk`` + ``openhands-tools`` from PyPI) as a lego harness.
+
+The SDK needs Python >= 3.12 *inside the sandbox*: the task image must provide that interpreter
+(``python`` option, default ``python3.12``). ``lego toolchain fetch`` builds a site-packages tree for
+that Python version on the host (``pip install --target`` with a host python3.12); install uploads it
+to ``/opt/lego/openhands/<version>`` with a small runner script, so the sandbox needs neither pip nor
+network. Binary wheels are built for one minor version: install refuses an interpreter of another.
+
+The runner drives one ``Conversation`` with an ``LLM(model="openai/<m>")`` at the adapter's
+Chat Completions front end, the session id as API key, ``max_iteration_per_run`` as the turn limit
+and ``LITELLM_LOCAL_MODEL_COST_MAP=True`` so litellm makes no DNS look-ups.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from lego_rl.errors import HarnessError
+from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
+from lego_rl.harness.base import safe_id
+from lego_rl.harness.install import INSTALL_ROOT, install_archive, python_version, sh, version_of
+from lego_rl.harness.models import ToolchainPin
+from lego_rl.harness.toolchain import cached_integrity
+from lego_rl.sandbox.base import Sandbox
+
+SDK = "openhands-sdk"
+TOOLS = "openhands-tools"
+DEFAULT_VERSION = "1.58.2"
+RUNNER = "lego_openhands_runner.py"
+
+
+class OpenHandsConfig(HarnessConfig):
+    """``[harness.openhands]``; env: ``LEGO_AGENT_OPENHANDS_*`` (or ``VIME_AGENT_OPENHANDS_*``)."""
+
+    version: str = DEFAULT_VERSION
+    python: str = "python3.12"
+    """Interpreter inside the sandbox image (>= 3.12, same minor version as ``python_version``)."""
+    python_version: str = Field(default="3.12", pattern=r"^3\.(1[2-9]|[2-9]\d)$")
+    """Minor version the site tree is built for."""
+    site_tree: Path | None = None
+    """Host copy of the packed site tree (``LEGO_AGENT_OPENHANDS_SITE_TREE``)."""
+    num_retries: int = Field(default=2, ge=0)
+    """LLM retries on an adapter error before the conversation fails."""
+
+
+class OpenHandsHarness(HarnessPlugin):
+    name: ClassVar[str] = "openhands"
+    protocol: ClassVar[Literal["chat"]] = "chat"
+    cli_package: ClassVar[str] = SDK
+    summary: ClassVar[str] = "OpenHands SDK conversation (Python >= 3.12 in the sandbox)"
+    Config: ClassVar[type[HarnessConfig]] = OpenHandsConfig
+    env_names: ClassVar[dict[str, str]] = {
+        "site_tree": "OPENHANDS_SITE_TREE", "python": "OPENHANDS_PYTHON",
+        "extra_args": "OPENHANDS_EXTRA_ARGS", "extra_envs": "OPENHANDS_EXTRA_ENVS", "version": "OPENHANDS_VERSION",
+    }  # fmt: skip
+    enforces_turn_limit: ClassVar[bool] = True  # max_iteration_per_run
+
+    @staticmethod
+    def _home(o: OpenHandsConfig) -> str:
+        return f"{INSTALL_ROOT}/openhands/{o.version}-py{o.python_version}"
+
+    def _pin(self, o: OpenHandsConfig) -> ToolchainPin:
+        return ToolchainPin(
+            role="site", kind="pypi", name=SDK, version=o.version, with_dependencies=True,
+            python_version=o.python_version, companions=(f"{TOOLS}=={o.version}",),
+        )  # fmt: skip
+
+    def toolchain(self, options: Any) -> list[ToolchainPin]:
+        return [self._pin(options)]
+
+    def _env(self, o: OpenHandsConfig, home: str) -> dict[str, str]:
+        return {
+            "PYTHONPATH": f"{self._home(o)}/site",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "HOME": home,
+        }
+
+    async def install(self, sandbox: Sandbox, toolchain: Toolchain, options: Any) -> str:
+        o: OpenHandsConfig = options
+        found = await python_version(sandbox, o.python)
+        want = tuple(int(x) for x in o.python_version.split("."))
+        if found != want:
+            raise HarnessError(
+                f"openhands needs Python {o.python_version} in the sandbox (its site tree has binary wheels for "
+                f"that version), but {o.python!r} is {found[0]}.{found[1]}; set harness.openhands.python / "
+                "python_version to match the image"
+            )
+        path = toolchain.resolve(self._pin(o), override=o.site_tree)
+        # The tree's top folder is "site/": keep it, so the install dir also holds the runner.
+        await install_archive(sandbox, path, self._home(o), integrity=cached_integrity(path), strip_components=0)
+        script = resources.files(__package__).joinpath("runner_script.py").read_text()
+        await sandbox.write_file(f"{self._home(o)}/{RUNNER}", script, user="root")
+        await sh(sandbox, f"chmod a+r {self._home(o)}/{RUNNER}", what="openhands runner permissions")
+        return f"{self._home(o)}/{RUNNER}"
+
+    async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
+        o: OpenHandsConfig = options
+        code = (
+            "import importlib.metadata as m, openhands.sdk, openhands.tools.terminal;"
+            f"print('{SDK}', m.version('{SDK}'))"
+        )
+        return await version_of(sandbox, [o.python, "-c", code], user=user, expect=o.version,
+                                env=self._env(o, "/tmp/lego-openhands-verify"))  # fmt: skip
+
+    def command(self, request: RunRequest, options: Any) -> CommandSpec:
+        o: OpenHandsConfig = options
+        home = f"/tmp/lego-openhands-{safe_id(request.session_id)}"
+        run = {
+            "model": request.model, "base_url": request.base_url.rstrip("/") + "/v1", "api_key": request.session_id,
+            "prompt": request.prompt, "workdir": request.workdir, "max_turns": request.max_turns,
+            "max_context_tokens": request.max_context_tokens, "max_output_tokens": request.max_output_tokens,
+            "num_retries": o.num_retries,
+        }  # fmt: skip
+        env = self._env(o, home)
+        env.update(o.extra_envs)
+        return CommandSpec(
+            argv=[o.python, f"{self._home(o)}/{RUNNER}", f"{home}/run.json", *o.extra_args],
+            env=env, cwd=request.workdir, user=request.user,
+            files={f"{home}/run.json": json.dumps(run, indent=2) + "\n"},
+        )  # fmt: skip
+
+    def classify(self, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome:
+        """The runner's last line is ``lego_result`` with the conversation status and error code."""
+        for line in reversed(outcome.event_log.splitlines()):
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict) and event.get("type") == "lego_result":
+                error = event.get("error") or {}
+                hit = error.get("code") == "MaxIterationsReached"
+                detail = f"status {event.get('status')}" + (f", {error.get('code')}: {error.get('detail')}" if error else "")
+                return outcome.model_copy(update={"hit_turn_limit": hit, "detail": detail[:500]})
+        return outcome
+
+    def adapter_options(self, options: Any) -> dict[str, Any]:
+        return {"protocol": self.protocol}
+
+
+plugin = OpenHandsHarness()

@@ -1,0 +1,88 @@
+"""`lego harnesses` (what is installed) and `lego toolchain fetch` (pinned CLI artifacts, verified)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import typer
+
+from lego_rl.cli.console import EXIT_INFRA, EXIT_USAGE, err, out
+
+toolchain_app = typer.Typer(help="Host-side CLI artifacts that harness installs use offline.", no_args_is_help=True)
+
+
+def _fail(exc: Exception, code: int) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    return typer.Exit(code)
+
+
+def harnesses(as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")) -> None:
+    """List installed harness plugins: name, CLI version, adapter protocol, providing package."""
+    from rich.table import Table
+
+    from lego_rl.errors import HarnessError
+    from lego_rl.harness.plugins import describe_all, get_plugin_manager
+
+    try:
+        infos = describe_all(get_plugin_manager())
+    except HarnessError as exc:
+        raise _fail(exc, EXIT_INFRA) from None
+    if as_json:
+        rows = [
+            {**i.harness.model_dump(mode="json"), "plugin": i.plugin, "package": i.package,
+             "package_version": i.package_version}
+            for i in infos
+        ]  # fmt: skip
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not infos:
+        err.print("no harness plugins installed (scripts/install_plugins.sh installs the four shipped ones)")
+        return
+    table = Table(title="Harness plugins")
+    for col in ("name", "version", "protocol", "cli package", "package"):
+        table.add_column(col)
+    for i in infos:
+        h = i.harness
+        table.add_row(h.name, h.version, h.protocol, h.cli_package, f"{i.package} {i.package_version}")
+    out.print(table)
+
+
+@toolchain_app.command("fetch")
+def toolchain_fetch(
+    harness: list[str] | None = typer.Option(None, "--harness", "-H", help="Only these harnesses (repeatable)."),
+    folder: Path | None = typer.Option(None, "--dir", help="Toolchain folder (default $LEGO_TOOLCHAIN_DIR, else ./.lego/toolchain)."),
+    force: bool = typer.Option(False, "--force", help="Download again even when the lockfile says up to date."),
+    python: str | None = typer.Option(None, "--python", help="Host interpreter that builds Python site trees."),
+    as_json: bool = typer.Option(False, "--json", help="Print the fetched lockfile entries as JSON."),
+) -> None:
+    """Download every pinned npm tarball / platform archive / site tree and check it against the registry."""
+    from lego_rl.errors import ConfigError, HarnessError
+    from lego_rl.harness.fetch import fetch_toolchain
+    from lego_rl.harness.plugins import describe_all, get_harness, get_plugin_manager
+    from lego_rl.harness.toolchain import default_toolchain_dir
+
+    target = folder or default_toolchain_dir()
+    try:
+        pm = get_plugin_manager()
+        names = harness or [i.harness.name for i in describe_all(pm)]
+        pins = [pin for name in names for pin in get_harness(name, pm=pm).toolchain_pins()]
+        results = asyncio.run(fetch_toolchain(pins, target, force=force, python=python))
+    except ConfigError as exc:
+        raise _fail(exc, EXIT_USAGE) from None
+    except HarnessError as exc:
+        raise _fail(exc, EXIT_INFRA) from None
+    if as_json:
+        typer.echo(json.dumps([e.model_dump(mode="json") | {"downloaded": d} for e, d in results], indent=2))
+        return
+    for entry, downloaded in results:
+        state = "fetched" if downloaded else "up to date"
+        out.print(f"{state:>10}  {entry.name}@{entry.version}  {entry.size / 1e6:.1f} MB  {entry.file}", highlight=False)
+    out.print(f"toolchain: {target}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `lego harnesses` and `lego toolchain ...` to the `lego` app."""
+    app.command("harnesses")(harnesses)
+    app.add_typer(toolchain_app, name="toolchain")

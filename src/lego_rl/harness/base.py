@@ -1,0 +1,209 @@
+"""``HarnessPlugin``: an optional base class that turns the name-dispatched hooks into plain methods.
+
+A plugin subclasses it, sets the ``ClassVar``s, and overrides ``install``, ``verify`` and
+``command`` (plus ``classify`` if its event log shows a turn limit). The hook implementations here
+answer only for ``self.name`` and return None for any other harness, as the specs require.
+Writing the hooks by hand instead is equally supported (see docs/plugins.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Awaitable, Mapping
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lego_rl.errors import ConfigError
+from lego_rl.harness.hookspecs import hookimpl
+from lego_rl.harness.models import AdapterProtocol, CommandSpec, Harness, HarnessOutcome, RunRequest, ToolchainPin
+from lego_rl.harness.toolchain import Toolchain
+from lego_rl.sandbox.base import Sandbox
+
+ENV_PREFIXES = ("LEGO_AGENT_", "VIME_AGENT_")
+"""Current name first; ``VIME_AGENT_*`` is the reference example's name, kept as a migration path."""
+
+
+def agent_env(environ: Mapping[str, str], suffix: str) -> tuple[str, str] | None:
+    """Look up ``LEGO_AGENT_<suffix>`` then ``VIME_AGENT_<suffix>``; return (variable, value) or None."""
+    for prefix in ENV_PREFIXES:
+        var = prefix + suffix
+        if environ.get(var, "") != "":
+            return var, environ[var]
+    return None
+
+
+def safe_id(session_id: str) -> str:
+    """A session id made safe for a path component (per-session HOME / config folders)."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in session_id)[:80] or "session"
+
+
+def parse_extra_args(var: str, value: str) -> list[str]:
+    try:
+        return shlex.split(value)
+    except ValueError as exc:
+        raise ConfigError(f"cannot split into arguments: {exc}", where=f"${var}", value=value) from exc
+
+
+def parse_extra_envs(var: str, value: str) -> dict[str, str]:
+    """A JSON object of string values (numbers are accepted and turned into strings)."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not valid JSON ({exc.msg} at column {exc.colno})", where=f"${var}", value=value) from exc
+    if not isinstance(data, dict):
+        raise ConfigError("must be a JSON object of NAME: value", where=f"${var}", value=value)
+    out: dict[str, str] = {}
+    for key, val in data.items():
+        if not isinstance(val, str | int | float) or isinstance(val, bool):
+            raise ConfigError(f"value of {key!r} must be a string or number", where=f"${var}", value=value)
+        out[str(key)] = str(val)
+    return out
+
+
+def merge_flag_args(defaults: list[str], extra: list[str]) -> list[str]:
+    """``defaults`` then ``extra``, dropping a default flag (and its value) that ``extra`` sets again.
+
+    Flags are ``--name value`` or ``--name=value``; a default followed by a non-flag token is taken to
+    own it. This is how ``*_EXTRA_ARGS='--max-turns 40'`` overrides a built-in ``--max-turns 30``.
+    """
+    given = {a.split("=", 1)[0] for a in extra if a.startswith("-")}
+    out: list[str] = []
+    i = 0
+    while i < len(defaults):
+        arg = defaults[i]
+        owns_value = "=" not in arg and i + 1 < len(defaults) and not defaults[i + 1].startswith("-")
+        if arg.startswith("-") and arg.split("=", 1)[0] in given:
+            i += 2 if owns_value else 1
+            continue
+        out.append(arg)
+        i += 1
+    return out + extra
+
+
+class HarnessConfig(BaseModel):
+    """Fields every harness config has; plugins extend it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str
+    """CLI version to install (must match a pin the toolchain holds)."""
+    extra_args: list[str] = []
+    """Appended to the command line, overriding a default flag of the same name."""
+    extra_envs: dict[str, str] = {}
+    """Merged over the CLI environment last."""
+
+
+class HarnessPlugin:
+    """Base for one harness. Register an *instance* through the entry point group ``lego_rl.harnesses``."""
+
+    name: ClassVar[str]
+    protocol: ClassVar[AdapterProtocol]
+    cli_package: ClassVar[str]
+    summary: ClassVar[str] = ""
+    Config: ClassVar[type[HarnessConfig]] = HarnessConfig
+    env_names: ClassVar[dict[str, str]] = {}
+    """Config field -> ``LEGO_AGENT_<suffix>`` suffix (JSON fields ``extra_envs`` are parsed as JSON)."""
+    enforces_turn_limit: ClassVar[bool] = True
+    """Whether the CLI stops by itself at ``max_turns``; otherwise the adapter must cap requests."""
+    needs_node: ClassVar[bool] = False
+
+    # ---- methods a subclass overrides -------------------------------------------------------------
+    def toolchain(self, options: Any) -> list[ToolchainPin]:
+        raise NotImplementedError
+
+    async def install(self, sandbox: Sandbox, toolchain: Toolchain, options: Any) -> str:
+        raise NotImplementedError
+
+    async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
+        raise NotImplementedError
+
+    def command(self, request: RunRequest, options: Any) -> CommandSpec:
+        raise NotImplementedError
+
+    def classify(self, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome:
+        return outcome
+
+    def adapter_options(self, options: Any) -> dict[str, Any]:
+        return {"protocol": self.protocol}
+
+    async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
+        return {}
+
+    def capabilities(self) -> dict[str, bool]:
+        return {"enforces_turn_limit": self.enforces_turn_limit, "needs_node": self.needs_node}
+
+    def options(self, overrides: Mapping[str, Any], environ: Mapping[str, str]) -> HarnessConfig:
+        """Environment first, then config values over it, then validation naming the bad key."""
+        raw: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for field, suffix in self.env_names.items():
+            found = agent_env(environ, suffix)
+            if found is None:
+                continue
+            var, value = found
+            sources[field] = f"${var}"
+            if field == "extra_args":
+                raw[field] = parse_extra_args(var, value)
+            elif field == "extra_envs":
+                raw[field] = parse_extra_envs(var, value)
+            else:
+                raw[field] = value
+        for key, value in overrides.items():
+            raw[key] = value
+            sources[key] = f"[harness.{self.name}]"
+        try:
+            return self.Config.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            key = str(first["loc"][0]) if first["loc"] else "?"
+            raise ConfigError(
+                f"{first['msg']}", where=sources.get(key, f"[harness.{self.name}]"),
+                parameter=f"harness.{self.name}.{key}", value=first.get("input"),
+            ) from exc  # fmt: skip
+
+    # ---- hook implementations: answer for our own name only ---------------------------------------
+    @hookimpl
+    def lego_harness_describe(self) -> Harness:
+        defaults = self.Config().model_dump(mode="json")
+        return Harness(
+            name=self.name, version=defaults["version"], protocol=self.protocol, cli_package=self.cli_package,
+            summary=self.summary, defaults=defaults, capabilities=self.capabilities(),
+        )  # fmt: skip
+
+    @hookimpl
+    def lego_harness_options(self, harness: str, overrides: Mapping[str, Any], environ: Mapping[str, str]) -> Any:
+        return self.options(overrides, environ) if harness == self.name else None
+
+    @hookimpl
+    def lego_harness_toolchain(self, harness: str, options: Any) -> list[ToolchainPin] | None:
+        return self.toolchain(options) if harness == self.name else None
+
+    @hookimpl
+    def lego_harness_adapter_options(self, harness: str, options: Any) -> dict[str, Any] | None:
+        return self.adapter_options(options) if harness == self.name else None
+
+    @hookimpl
+    def lego_harness_install(
+        self, harness: str, sandbox: Sandbox, toolchain: Toolchain, options: Any
+    ) -> Awaitable[str] | None:
+        return self.install(sandbox, toolchain, options) if harness == self.name else None
+
+    @hookimpl
+    def lego_harness_verify(self, harness: str, sandbox: Sandbox, options: Any, user: str) -> Awaitable[str] | None:
+        return self.verify(sandbox, options, user) if harness == self.name else None
+
+    @hookimpl
+    def lego_harness_command(self, harness: str, request: RunRequest, options: Any) -> CommandSpec | None:
+        return self.command(request, options) if harness == self.name else None
+
+    @hookimpl
+    def lego_harness_classify(self, harness: str, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome | None:
+        return self.classify(outcome, request) if harness == self.name else None
+
+    @hookimpl
+    def lego_harness_artifacts(
+        self, harness: str, sandbox: Sandbox, request: RunRequest
+    ) -> Awaitable[dict[str, bytes]] | None:
+        return self.artifacts(sandbox, request) if harness == self.name else None
