@@ -34,6 +34,9 @@ class TurnRecord(BaseModel):
     logprobs: list[float]
     render_mode: RenderMode
     bridge_prefix_len: int = 0
+    bridge_from_turn: int | None = None
+    """For ``bridged`` prompts: the turn whose prompt+output ids were copied (None when not recorded).
+    Lets the trajectory manager skip re-comparing that copied prefix (``verify_bridged_prefix=False``)."""
     finish_reason: str
     stop_reason: str | None = None
     """Protocol-level stop reason sent to the client (``tool_use``, ``end_turn``, ``context_limit``...)."""
