@@ -30,7 +30,7 @@ import math
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopKind
@@ -128,19 +128,17 @@ class AdapterCore:
 
     async def run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         """Run one model turn for ``session``; see the module docstring for the steps."""
-        started = time.time()
-        t0 = time.perf_counter()
+        clock = _Clock()
         session.admit_request()
         messages = restore_tool_order(merge_assistant_runs(req.messages))
         if not messages:
             raise ProtocolError("the request has no messages", param="messages")
-        kwargs = self.template_kwargs(session, req)
         chain = session.chain(req.side_label)
         try:
-            plan = self.bridge.plan(chain, messages, req.tools, kwargs)
+            plan = self.bridge.plan(chain, messages, req.tools, self.template_kwargs(session, req))
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
-        render_s = time.perf_counter() - t0
+        clock.render_s = clock.elapsed()
 
         window = min(self.context_limit, session.max_context or self.context_limit)
         remaining = window - len(plan.prompt_ids)
@@ -150,73 +148,33 @@ class AdapterCore:
         if remaining <= 0 or cap <= 0:
             if remaining <= 0:
                 session.termination = "context_limit"
-            return self._no_call(session, req, plan, started, t0, render_s, remaining)
+            return self._no_call(session, req, plan, clock, "context_limit" if remaining <= 0 else "max_tokens")
 
         params = self._sampling_params(req, min(cap, remaining))
-        t_engine = time.perf_counter()
-        try:
-            extras: dict[str, bool] = {}
-            if self.sampling.nucleus:
-                extras["return_nucleus"] = True
-            if self.sampling.routed_experts:
-                extras["return_routed_experts"] = True
-            result = await self.backend.generate(plan.prompt_ids, params, session_id=session.id, **extras)
-            self._validate(result, params)
-            versions = _versions(result)
-        except ProviderError as exc:
-            session.mark_infra_failure(f"engine: {exc}")
-            raise
-        engine_s = time.perf_counter() - t_engine
-
-        visible = self.renderer.strip_end_of_message(result.output_ids)
+        result, versions = await self._generate(session, plan, params, clock)
         prefix = _CALL_PREFIX.get(req.protocol, "call_")
-        parsed = parse_turn(
-            self.renderer.decode(visible), req.tools, style=self.tool_parser, new_id=lambda: new_call_id(prefix)
-        )
-        stop: StopKind
+        visible = self.renderer.decode(self.renderer.strip_end_of_message(result.output_ids))
+        parsed = parse_turn(visible, req.tools, style=self.tool_parser, new_id=lambda: new_call_id(prefix))
+        stop: StopKind = "end_turn"
         if parsed.tool_calls:
             stop = "tool_use"
         elif result.finish_reason == "length":
             stop = "max_tokens"
             if params.max_tokens == remaining:  # the window, not the cap, cut this output short
                 session.termination = "context_limit"
-        else:
-            stop = "end_turn"
+
+        record = self._record(session, req, plan, clock, stop, result=result, versions=versions)
+        record.parse_failures, record.tool_calls = parsed.parse_failures, len(parsed.tool_calls)
+        session.records.append(record)
+        # The chain node shares the record's id lists: long sessions keep one copy of each prompt.
+        plan.prompt_ids = record.prompt_ids
         self.bridge.commit(
             chain,
             plan,
-            result.output_ids,
+            record.output_ids,
             stopped=result.finish_reason == "stop",
             reply_text=parsed.text,
             reply_calls=parsed.tool_calls,
-        )
-        session.records.append(
-            TurnRecord(
-                session_id=session.id,
-                turn=len(session.records),
-                kind="side" if req.side_label else "main",
-                side_label=req.side_label,
-                protocol=req.protocol,
-                prompt_ids=plan.prompt_ids,
-                output_ids=result.output_ids,
-                logprobs=result.logprobs,
-                render_mode=plan.mode,
-                bridge_prefix_len=plan.bridge_prefix_len,
-                finish_reason=result.finish_reason,
-                stop_reason=stop,
-                parse_failures=parsed.parse_failures,
-                tool_calls=len(parsed.tool_calls),
-                weight_versions=versions,
-                nucleus_ids=[e.ids for e in result.nucleus] if result.nucleus is not None else None,
-                nucleus_probs=[e.probs for e in result.nucleus] if result.nucleus is not None else None,
-                routed_experts=result.routed_experts,
-                prompt_routed_experts=result.prompt_routed_experts,
-                started_at=started,
-                render_s=render_s,
-                engine_s=engine_s,
-                total_s=time.perf_counter() - t0,
-                text=self.renderer.decode(result.output_ids),
-            )
         )
         return CanonicalResponse(
             id=_response_id(req),
@@ -229,6 +187,26 @@ class AdapterCore:
             completion_tokens=len(result.output_ids),
             parse_failures=parsed.parse_failures,
         )
+
+    async def _generate(
+        self, session: Session, plan: PromptPlan, params: SamplingParams, clock: _Clock
+    ) -> tuple[GenerateResult, list[int]]:
+        """Call the engine and validate its reply; any failure marks the session (infrastructure)."""
+        extras: dict[str, bool] = {}
+        if self.sampling.nucleus:
+            extras["return_nucleus"] = True
+        if self.sampling.routed_experts:
+            extras["return_routed_experts"] = True
+        t_engine = time.perf_counter()
+        try:
+            result = await self.backend.generate(plan.prompt_ids, params, session_id=session.id, **extras)
+            self._validate(result, params)
+            versions = _versions(result)
+        except ProviderError as exc:
+            session.mark_infra_failure(f"engine: {exc}")
+            raise
+        clock.engine_s = time.perf_counter() - t_engine
+        return result, versions
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -269,42 +247,67 @@ class AdapterCore:
             raise ProviderError(f"engine returned token id {wrong} outside the vocabulary (size {vocab})")
 
     def _no_call(
-        self,
-        session: Session,
-        req: CanonicalRequest,
-        plan: PromptPlan,
-        started: float,
-        t0: float,
-        render_s: float,
-        remaining: int,
+        self, session: Session, req: CanonicalRequest, plan: PromptPlan, clock: _Clock, stop: StopKind
     ) -> CanonicalResponse:
         """Answer without calling the engine: the context window (or the output cap) is used up."""
-        stop: StopKind = "context_limit" if remaining <= 0 else "max_tokens"
-        session.records.append(
-            TurnRecord(
-                session_id=session.id,
-                turn=len(session.records),
-                kind="side" if req.side_label else "main",
-                side_label=req.side_label,
-                protocol=req.protocol,
-                prompt_ids=plan.prompt_ids,
-                output_ids=[],
-                logprobs=[],
-                render_mode=plan.mode,
-                bridge_prefix_len=plan.bridge_prefix_len,
-                finish_reason=stop,
-                stop_reason=stop,
-                started_at=started,
-                render_s=render_s,
-                total_s=time.perf_counter() - t0,
-            )
-        )
+        session.records.append(self._record(session, req, plan, clock, stop))
         return CanonicalResponse(
             id=_response_id(req),
             model=req.model or self.model_name,
             stop=stop,
             prompt_tokens=len(plan.prompt_ids),
         )
+
+    def _record(
+        self,
+        session: Session,
+        req: CanonicalRequest,
+        plan: PromptPlan,
+        clock: _Clock,
+        stop: StopKind,
+        *,
+        result: GenerateResult | None = None,
+        versions: list[int] | None = None,
+    ) -> TurnRecord:
+        """The turn record; without ``result`` the turn made no engine call (empty output)."""
+        nucleus = result.nucleus if result is not None else None
+        return TurnRecord(
+            session_id=session.id,
+            turn=len(session.records),
+            kind="side" if req.side_label else "main",
+            side_label=req.side_label,
+            protocol=req.protocol,
+            prompt_ids=plan.prompt_ids,
+            output_ids=result.output_ids if result is not None else [],
+            logprobs=result.logprobs if result is not None else [],
+            render_mode=plan.mode,
+            bridge_prefix_len=plan.bridge_prefix_len,
+            finish_reason=result.finish_reason if result is not None else stop,
+            stop_reason=stop,
+            weight_versions=versions or [],
+            nucleus_ids=[e.ids for e in nucleus] if nucleus is not None else None,
+            nucleus_probs=[e.probs for e in nucleus] if nucleus is not None else None,
+            routed_experts=result.routed_experts if result is not None else None,
+            prompt_routed_experts=result.prompt_routed_experts if result is not None else None,
+            started_at=clock.started,
+            render_s=clock.render_s,
+            engine_s=clock.engine_s,
+            total_s=clock.elapsed(),
+            text=self.renderer.decode(result.output_ids) if result is not None else "",
+        )
+
+
+@dataclass
+class _Clock:
+    """Timings of one turn (wall-clock start, then monotonic durations)."""
+
+    started: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)
+    render_s: float = 0.0
+    engine_s: float = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
 
 
 def _versions(result: GenerateResult) -> list[int]:

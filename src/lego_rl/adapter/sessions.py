@@ -7,8 +7,8 @@ only ever hands out the session a token names. Requests for an unknown or closed
 with a ``ProtocolError`` (401) that the HTTP edge maps into the client's protocol.
 
 An engine reply we refuse to train on (missing or inconsistent logprobs...) marks the session as an
-infrastructure failure: the rollout is then excluded from training, and later requests are refused so
-the CLI stops instead of producing more unusable turns.
+infrastructure failure: the rollout is then excluded from training, and later requests are refused
+(403, which client SDKs do not retry) so the CLI stops instead of producing more unusable turns.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lego_rl.chat.prefix import ChainState
-from lego_rl.errors import LegoError, ProtocolError, ProviderError
+from lego_rl.errors import LegoError, ProtocolError
 from lego_rl.trajectory.records import TurnRecord
 
 SessionState = Literal["open", "closed"]
@@ -68,9 +68,11 @@ class Session:
         if self.state != "open":
             raise ProtocolError(f"session {self.id!r} is closed", status=401, kind="authentication_error")
         if self.infra_failure is not None:
-            raise ProviderError(
+            # 403, not 5xx: SDKs retry 5xx (and 408/409/429) with backoff, but the CLI should stop now.
+            raise ProtocolError(
                 f"session {self.id!r} already failed ({self.infra_failure}); no further requests are served",
-                status_code=503,
+                status=403,
+                kind="permission_error",
             )
         if self.max_requests is not None and self.requests >= self.max_requests:
             self.termination = "request_limit"

@@ -191,7 +191,7 @@ class PrefixBridge:
                 tools_key=plan.tools_key,
                 kwargs_key=plan.kwargs_key,
                 prompt_ids=plan.prompt_ids,
-                output_ids=list(output_ids),
+                output_ids=output_ids if isinstance(output_ids, list) else list(output_ids),
                 ended_cleanly=clean,
                 reply_key=message_key(
                     Message(role="assistant", content=reply_text, tool_calls=list(reply_calls))
