@@ -1,0 +1,38 @@
+"""Drive the OpenHands SDK (its own Python 3.12 venv) against an OpenAI-compatible URL, for the e2e tests.
+
+usage: python openhands_driver.py URL SESSION WORKDIR PROMPT [--stream]
+Prints one JSON line at the end: {"finished": bool, "last_agent_text": str}. Exit 0 when the
+conversation ran to its end.
+"""
+
+import json
+import sys
+
+from openhands.sdk import LLM, Agent, Conversation, Tool
+from openhands.sdk.event import MessageEvent
+from openhands.tools.file_editor import FileEditorTool
+from openhands.tools.terminal import TerminalTool
+
+
+def main() -> int:
+    url, session, workdir, prompt = sys.argv[1:5]
+    stream = "--stream" in sys.argv[5:]
+    llm = LLM(model="openai/tiny", base_url=f"{url}/v1", api_key=session, usage_id="agent", num_retries=0,
+              stream=stream, max_output_tokens=512, max_input_tokens=60000)
+    agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)])
+    texts: list[str] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, MessageEvent) and event.source == "agent":
+            texts.extend(getattr(c, "text", "") for c in event.llm_message.content)
+
+    conversation = Conversation(agent=agent, workspace=workdir, callbacks=[on_event], visualizer=None)
+    conversation.send_message(prompt)
+    conversation.run()
+    status = str(conversation.state.execution_status)
+    print(json.dumps({"status": status, "last_agent_text": texts[-1] if texts else ""}))
+    return 0 if status.lower().endswith("finished") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
