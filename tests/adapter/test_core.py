@@ -89,6 +89,7 @@ async def test_tool_loop_records_engine_ids_and_bridges(tiny_model_dir: Path, re
         assert rec.kind == "main" and rec.protocol == "anthropic" and rec.finish_reason == "stop"
     assert (r1.render_mode, r2.render_mode) == ("full", "bridged")
     assert r2.prompt_ids[: r2.bridge_prefix_len] == r1.prompt_ids + r1.output_ids
+    assert (r1.bridge_from_turn, r2.bridge_from_turn) == (None, 0)
     assert (r1.tool_calls, r1.stop_reason, r2.stop_reason) == (2, "tool_use", "end_turn")
     prompt = renderer.decode(r2.prompt_ids)
     assert "look first" in prompt and "Reasoning effort: medium" in prompt
@@ -107,6 +108,7 @@ async def test_side_requests_stay_out_of_the_main_chain(tiny_model_dir: Path, re
     kinds = [(r.kind, r.side_label, r.render_mode) for r in session.records]
     assert kinds == [("main", None, "full"), ("side", "title", "full"), ("main", None, "bridged")]
     assert [r.turn for r in session.main_records()] == [0, 2]
+    assert session.records[2].bridge_from_turn == 0  # bridged from the main turn, not the side one
 
 
 async def test_max_tokens_clamped_to_remaining_context(tiny_model_dir: Path, renderer: ChatRenderer) -> None:

@@ -175,6 +175,7 @@ class AdapterCore:
             stopped=result.finish_reason == "stop",
             reply_text=parsed.text,
             reply_calls=parsed.tool_calls,
+            turn=record.turn,
         )
         return CanonicalResponse(
             id=_response_id(req),
@@ -282,6 +283,7 @@ class AdapterCore:
             logprobs=result.logprobs if result is not None else [],
             render_mode=plan.mode,
             bridge_prefix_len=plan.bridge_prefix_len,
+            bridge_from_turn=plan.bridge_from_turn,
             finish_reason=result.finish_reason if result is not None else stop,
             stop_reason=stop,
             weight_versions=versions or [],

@@ -101,6 +101,8 @@ class ChainNode:
     """The output ended with the end-of-message token because the model stopped (not truncated)."""
     reply_key: bytes
     """``message_key`` of the assistant message the client should echo for this turn."""
+    turn: int | None = None
+    """The session's turn number of this answer (``TurnRecord.turn``), when known."""
 
 
 @dataclass
@@ -117,6 +119,8 @@ class PromptPlan:
     prompt_ids: list[int]
     mode: RenderMode
     bridge_prefix_len: int = 0
+    bridge_from_turn: int | None = None
+    """Turn number of the answer whose prompt+output ids were copied (bridged plans)."""
     fallback_reason: str | None = None
     history_hashes: list[bytes] = field(default_factory=list)
     tools_key: str = ""
@@ -155,6 +159,7 @@ class PrefixBridge:
                 prompt_ids=prefix + self.renderer.encode(suffix),
                 mode="bridged",
                 bridge_prefix_len=len(prefix),
+                bridge_from_turn=node.turn,
                 history_hashes=hashes,
                 tools_key=tkey,
                 kwargs_key=kkey,
@@ -180,8 +185,10 @@ class PrefixBridge:
         stopped: bool,
         reply_text: str,
         reply_calls: Sequence[ToolCall],
+        turn: int | None = None,
     ) -> None:
-        """Remember an answered turn. ``stopped``: the engine finished because the model stopped."""
+        """Remember an answered turn. ``stopped``: the engine finished because the model stopped;
+        ``turn``: its turn number in the session (copied into later bridged plans)."""
         boundary = self.renderer.boundary
         clean = stopped and boundary is not None and bool(output_ids) and output_ids[-1] == boundary.marker_id
         chain.nodes.append(
@@ -196,6 +203,7 @@ class PrefixBridge:
                 reply_key=message_key(
                     Message(role="assistant", content=reply_text, tool_calls=list(reply_calls))
                 ),
+                turn=turn,
             )
         )
 
