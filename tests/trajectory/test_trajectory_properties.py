@@ -18,11 +18,12 @@ OPS = ("bridge", "bridge", "drift", "restart", "retry", "fresh", "side")
 def trajectories(draw: st.DrawFn) -> list[TurnRecord]:
     records: list[TurnRecord] = []
     stream: list[int] = []  # what the adapter would bridge from: last main prompt + output
+    source: int | None = None  # the turn that stream came from
     for turn in range(draw(st.integers(1, 9))):
         op = draw(st.sampled_from(OPS)) if records else "fresh"
-        kind, mode, bridge = "main", "full", 0
+        kind, mode, bridge, frm = "main", "full", 0, None
         if op == "bridge":
-            prompt, mode, bridge = stream + draw(st.lists(TOKENS, max_size=3)), "bridged", len(stream)
+            prompt, mode, bridge, frm = stream + draw(st.lists(TOKENS, max_size=3)), "bridged", len(stream), source
         elif op == "drift" and stream:
             i = draw(st.integers(0, len(stream) - 1))
             change = draw(st.sampled_from(("replace", "delete", "insert")))
@@ -41,10 +42,10 @@ def trajectories(draw: st.DrawFn) -> list[TurnRecord]:
             sib = draw(st.sampled_from(siblings))
             output = sib[: draw(st.integers(0, len(sib)))] + output
         logprobs = draw(st.lists(st.floats(-8.0, 0.0), min_size=len(output), max_size=len(output)))
-        records.append(rec(turn, prompt, output, mode=mode, bridge=bridge, logprobs=logprobs,
+        records.append(rec(turn, prompt, output, mode=mode, bridge=bridge, logprobs=logprobs, bridge_from_turn=frm,
                            kind=kind, side_label="side" if kind == "side" else None))
         if kind == "main":
-            stream = prompt + output
+            stream, source = prompt + output, turn
     return records
 
 

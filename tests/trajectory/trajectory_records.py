@@ -42,7 +42,7 @@ def rec(
 def bridged(turn: int, prev: TurnRecord, suffix: list[int], output: list[int], **extra: Any) -> TurnRecord:
     """The next turn of a chain: previous prompt + output verbatim, then a new context suffix."""
     base = prev.prompt_ids + prev.output_ids
-    return rec(turn, base + suffix, output, mode="bridged", bridge=len(base), **extra)
+    return rec(turn, base + suffix, output, mode="bridged", bridge=len(base), bridge_from_turn=prev.turn, **extra)
 
 
 def trained_events(samples: list[Sample]) -> dict[tuple[tuple[int, ...], int], list[tuple[int, int, float]]]:

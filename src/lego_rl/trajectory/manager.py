@@ -47,8 +47,9 @@ class TrajectoryOptions(BaseModel):
     train_side_turns: bool = True
     """Train side requests (titles, sub-agents) too; each lands in its own segment(s)."""
     verify_bridged_prefix: bool = True
-    """Compare every prompt in full. False trusts the adapter's verbatim copy for ``bridged`` turns and
-    compares only the previous turn's sampled tokens (faster on very long trajectories)."""
+    """Compare every prompt in full. False trusts the adapter's verbatim copy for ``bridged`` turns that
+    name their source (``bridge_from_turn``) when a segment ends with that turn, and compares only that
+    turn's sampled tokens: building becomes linear in the final tokens instead of in all prompt ids."""
 
 
 class TrajectoryStats(BaseModel):
@@ -95,6 +96,7 @@ class _Segment:
         self.prompt_routing: list[tuple[int, list[list[list[int]]]]] = []
         self.spans: list[_Span] = []
         self.trained = 0
+        self.has_versions = False
         self.pinned = 0
         """Positions below this hold trained tokens another segment masked as shared: never cut."""
 
@@ -122,7 +124,11 @@ class _Segment:
         self.tokens.extend(rec.output_ids)
         self.mask.extend(mask)
         self.logprobs.extend(rec.logprobs)
-        self.versions.extend(rec.weight_versions if rec.weight_versions else [-1] * n)
+        if rec.weight_versions:
+            self.versions.extend(rec.weight_versions)
+            self.has_versions = True
+        else:
+            self.versions.extend([-1] * n)
         if self.nucleus_ids is not None and self.nucleus_probs is not None:
             self.nucleus_ids.extend(rec.nucleus_ids or [[]] * n)
             self.nucleus_probs.extend(rec.nucleus_probs or [[]] * n)
@@ -169,6 +175,7 @@ class TrajectoryManager:
         self._last: _Segment | None = None
         self._session: str | None = None
         self._last_turn = -1
+        self._sealed = False
 
     # ------------------------------------------------------------------------------------ checking
     def _fail(self, rec: TurnRecord, message: str) -> TrajectoryError:
@@ -184,9 +191,11 @@ class TrajectoryManager:
         n = len(rec.output_ids)
         if len(rec.logprobs) != n:
             raise self._fail(rec, f"{len(rec.logprobs)} logprobs for {n} output ids")
-        bad = [x for x in rec.logprobs if not (math.isfinite(x) and x <= LOGPROB_TOLERANCE)]
-        if bad:
-            raise self._fail(rec, f"logprob {bad[0]!r} is not a finite value <= 0")
+        # sum() propagates nan/inf, so one C-level pass finds broken values; only then look for them.
+        if n and not (math.isfinite(sum(rec.logprobs)) and max(rec.logprobs) <= LOGPROB_TOLERANCE):
+            bad = next((x for x in rec.logprobs if not (math.isfinite(x) and x <= LOGPROB_TOLERANCE)), None)
+            raise self._fail(rec, f"logprob {bad!r} is not a finite value <= 0" if bad is not None
+                             else "logprobs are so negative that their sum overflows")
         if n and min(rec.output_ids) < 0:
             raise self._fail(rec, f"negative output token id {min(rec.output_ids)}")
         if rec.weight_versions and len(rec.weight_versions) != n:
@@ -234,13 +243,14 @@ class TrajectoryManager:
         if (
             not self.options.verify_bridged_prefix
             and rec.render_mode == "bridged"
+            and rec.bridge_from_turn is not None
             and rec.bridge_prefix_len == n
             and seg.spans
-            and seg.spans[-1].turn == self._last_turn
+            and seg.spans[-1].turn == rec.bridge_from_turn
             and seg.spans[-1].out_end == n
         ):
-            # The previous turn ended this segment and the adapter copied its prompt+output verbatim:
-            # trust that copy for the earlier context, still compare the previous turn's sampled tokens.
+            # This segment ends exactly with the turn the adapter copied (its prompt+output verbatim):
+            # trust that copy for the earlier context, still compare that turn's sampled tokens.
             start = seg.spans[-1].prompt_len
             return p[start:n] == toks[start:]
         return p[:n] == toks
@@ -293,6 +303,8 @@ class TrajectoryManager:
     # ------------------------------------------------------------------------------------ building
     def add_turn(self, rec: TurnRecord) -> None:
         """Add the next turn of the session (turn numbers must increase)."""
+        if self._sealed:
+            raise self._fail(rec, "the manager was sealed by samples(); build a new TrajectoryManager")
         if rec.kind == "side" and not self.options.train_side_turns:
             self.stats.side_turns_skipped += 1
             return
@@ -325,10 +337,9 @@ class TrajectoryManager:
             self.stats.segments_started += 1
         if not rec.output_ids:
             self.stats.empty_turns += 1
-        suffix = rec.prompt_ids[len(seg.tokens):]
-        if suffix and min(suffix) < 0:
-            raise self._fail(rec, f"negative prompt token id {min(suffix)}")
-        seg.append_context(suffix)
+        # Prompt ids are not range-checked here (a full pass over every new segment's context would cost
+        # as much as building it); a bad context id fails loudly at the trainer's embedding lookup.
+        seg.append_context(rec.prompt_ids[len(seg.tokens):])
         self._fill_missing_columns(seg, rec)
         seg.append_output(rec, mask)
         self.stats.trained_tokens += sum(mask)
@@ -352,37 +363,45 @@ class TrajectoryManager:
         termination: TerminationReason | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> list[Sample]:
-        """One ``Sample`` per segment that trains at least one token, each with the run's full reward."""
+        """One ``Sample`` per segment that trains at least one token, each with the run's full reward.
+
+        The segments' token lists are handed to the Samples without a copy (half the memory of a
+        copy, and no second validation pass), so this can be called once; the manager is sealed after.
+        """
+        if self._sealed:
+            raise TrajectoryError("samples() was already called; build a new TrajectoryManager",
+                                  session_id=self._session)
+        self._sealed = True
+        # Validate the per-rollout fields once; per-token columns were checked turn by turn.
+        head = Sample(rollout_id=rollout_id, group_index=group_index, index=index, session_id=self._session or "",
+                      tokens=[], loss_mask=[], rollout_logprobs=[], reward=reward, termination=termination,
+                      metadata=dict(metadata or {}))
         live = [s for s in self._segments if s.trained > 0]
         out: list[Sample] = []
         for number, seg in enumerate(live):
-            out.append(
-                Sample(
-                    rollout_id=rollout_id,
-                    group_index=group_index,
-                    index=index,
-                    segment=number,
-                    num_segments=len(live),
-                    session_id=self._session or "",
-                    tokens=seg.tokens,
-                    loss_mask=seg.mask,
-                    rollout_logprobs=seg.logprobs,
-                    weight_versions=seg.versions if any(v >= 0 for v in seg.versions) else [],
-                    nucleus_ids=seg.nucleus_ids,
-                    nucleus_probs=seg.nucleus_probs,
-                    routed_experts=seg.routes,
-                    prompt_routing=[
+            sample = head.model_copy(
+                update={
+                    "segment": number,
+                    "num_segments": len(live),
+                    "tokens": seg.tokens,
+                    "loss_mask": seg.mask,
+                    "rollout_logprobs": seg.logprobs,
+                    "weight_versions": seg.versions if seg.has_versions else [],
+                    "nucleus_ids": seg.nucleus_ids,
+                    "nucleus_probs": seg.nucleus_probs,
+                    "routed_experts": seg.routes,
+                    "prompt_routing": [
                         PromptRoutingSnapshot(rollout_id=rollout_id, group_index=group_index, turn=t,
                                               prompt_len=len(r), routes=r)
                         for t, r in seg.prompt_routing
                     ],
-                    turns=[s.turn for s in seg.spans if s.out_end > s.out_start],
-                    reward=reward,
-                    termination=termination,
-                    text="".join(s.text for s in seg.spans),
-                    metadata=dict(metadata or {}),
-                )
+                    "turns": [s.turn for s in seg.spans if s.out_end > s.out_start],
+                    "text": "".join(s.text for s in seg.spans),
+                    "metadata": dict(head.metadata),
+                }
             )
+            sample.check_alignment(mask_values=False)  # masks are 0/1 by construction here
+            out.append(sample)
         return out
 
 

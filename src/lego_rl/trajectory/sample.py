@@ -83,6 +83,12 @@ class Sample(BaseModel):
 
     @model_validator(mode="after")
     def _aligned(self) -> Sample:
+        self.check_alignment()
+        return self
+
+    def check_alignment(self, *, mask_values: bool = True) -> None:
+        """Raise ``ValueError`` unless every per-token column has ``len(tokens)`` entries (and, with
+        ``mask_values``, the loss mask holds only 0 and 1)."""
         n = len(self.tokens)
         per_token: dict[str, list[Any] | None] = {
             "loss_mask": self.loss_mask,
@@ -95,7 +101,7 @@ class Sample(BaseModel):
         for name, values in per_token.items():
             if values is not None and len(values) != n:
                 raise ValueError(f"{name} has {len(values)} entries but tokens has {n}")
-        if not set(self.loss_mask) <= {0, 1}:
+        if mask_values and not set(self.loss_mask) <= {0, 1}:
             raise ValueError(f"loss_mask must hold only 0 and 1, got {sorted(set(self.loss_mask))}")
         if (self.nucleus_ids is None) != (self.nucleus_probs is None):
             raise ValueError("nucleus_ids and nucleus_probs must be given together")
@@ -104,7 +110,6 @@ class Sample(BaseModel):
         for snap in self.prompt_routing:
             if snap.prompt_len > n:
                 raise ValueError(f"prompt routing of turn {snap.turn} covers {snap.prompt_len} > {n} tokens")
-        return self
 
     @property
     def num_trained_tokens(self) -> int:
