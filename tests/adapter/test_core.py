@@ -90,6 +90,7 @@ async def test_tool_loop_records_engine_ids_and_bridges(tiny_model_dir: Path, re
     assert (r1.render_mode, r2.render_mode) == ("full", "bridged")
     assert r2.prompt_ids[: r2.bridge_prefix_len] == r1.prompt_ids + r1.output_ids
     assert (r1.bridge_from_turn, r2.bridge_from_turn) == (None, 0)
+    assert (r1.fallback_reason, r2.fallback_reason) == ("no previous turn in this chain", None)
     assert (r1.tool_calls, r1.stop_reason, r2.stop_reason) == (2, "tool_use", "end_turn")
     prompt = renderer.decode(r2.prompt_ids)
     assert "look first" in prompt and "Reasoning effort: medium" in prompt

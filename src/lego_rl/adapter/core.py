@@ -284,6 +284,7 @@ class AdapterCore:
             render_mode=plan.mode,
             bridge_prefix_len=plan.bridge_prefix_len,
             bridge_from_turn=plan.bridge_from_turn,
+            fallback_reason=plan.fallback_reason,
             finish_reason=result.finish_reason if result is not None else stop,
             stop_reason=stop,
             weight_versions=versions or [],

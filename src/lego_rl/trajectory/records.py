@@ -37,6 +37,9 @@ class TurnRecord(BaseModel):
     bridge_from_turn: int | None = None
     """For ``bridged`` prompts: the turn whose prompt+output ids were copied (None when not recorded).
     Lets the trajectory manager skip re-comparing that copied prefix (``verify_bridged_prefix=False``)."""
+    fallback_reason: str | None = None
+    """For ``full`` prompts: why prefix reuse was not possible (``no previous turn in this chain``, ``the
+    tool schemas changed``...); a diagnostic for a client whose histories keep forking."""
     finish_reason: str
     stop_reason: str | None = None
     """Protocol-level stop reason sent to the client (``tool_use``, ``end_turn``, ``context_limit``...)."""
