@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lego_rl.errors import ConfigError
+from lego_rl.errors import ConfigError, HarnessError
 from lego_rl.harness.hookspecs import hookimpl
 from lego_rl.harness.models import AdapterProtocol, CommandSpec, Harness, HarnessOutcome, RunRequest, ToolchainPin
 from lego_rl.harness.toolchain import Toolchain
@@ -166,7 +166,10 @@ class HarnessPlugin:
     # ---- hook implementations: answer for our own name only ---------------------------------------
     @hookimpl
     def lego_harness_describe(self) -> Harness:
-        defaults = self.Config().model_dump(mode="json")
+        try:
+            defaults = self.Config().model_dump(mode="json")
+        except ValidationError as exc:
+            raise HarnessError(f"harness {self.name!r}: its Config must give every field a default ({exc})") from exc
         return Harness(
             name=self.name, version=defaults["version"], protocol=self.protocol, cli_package=self.cli_package,
             summary=self.summary, defaults=defaults, capabilities=self.capabilities(),

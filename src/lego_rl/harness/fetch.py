@@ -69,6 +69,7 @@ async def _download(session: aiohttp.ClientSession, url: str, dest: Path) -> str
                     digest.update(chunk)
                     fh.write(chunk)
         integrity = "sha512-" + base64.b64encode(digest.digest()).decode()
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; installs may run as another user
         os.replace(tmp, dest)
         return integrity
     except BaseException:
@@ -133,6 +134,7 @@ def _pack_tree(src: Path, dest: Path, arcname: str) -> None:
     try:
         with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
             tar.add(src, arcname=arcname, filter=norm)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

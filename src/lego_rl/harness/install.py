@@ -118,9 +118,9 @@ async def version_of(sb: Sandbox, argv: list[str], *, user: str, expect: str, en
 
 async def python_version(sb: Sandbox, python: str) -> tuple[int, int]:
     """The (major, minor) version of ``python`` inside the sandbox; ``HarnessError`` if absent."""
-    res = await sb.exec(
-        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], user="root", timeout=60
-    )
+    # Through sh, so a missing interpreter is exit 127 on every provider rather than a provider error.
+    code = "import sys; print('%d.%d' % sys.version_info[:2])"
+    res = await sb.exec(["sh", "-c", 'exec "$0" -c "$1"', python, code], user="root", timeout=60)
     if res.exit_code != 0:
         raise HarnessError(f"no usable {python!r} in sandbox {sb.id} (exit {res.exit_code}): {res.stderr.strip()[-300:]}")
     major, minor = res.stdout.strip().split(".")

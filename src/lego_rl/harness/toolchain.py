@@ -107,6 +107,7 @@ class Lockfile(BaseModel):
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".lock-", suffix=".tmp")
         with os.fdopen(fd, "w") as fh:
             fh.write(self.model_dump_json(indent=2) + "\n")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, folder / LOCKFILE)
 
 

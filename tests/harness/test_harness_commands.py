@@ -1,0 +1,150 @@
+"""Options from config and environment, and the exact command lines the four plugins build."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lego_rl.errors import ConfigError
+from lego_rl.harness import RunRequest, get_harness, get_plugin_manager
+from lego_rl.harness.base import merge_flag_args
+
+PM = None
+
+
+def harness(name: str, env: dict[str, str] | None = None, **overrides: object):  # type: ignore[no-untyped-def]
+    global PM
+    PM = PM or get_plugin_manager({})
+    return get_harness(name, overrides, environ=env or {}, pm=PM)
+
+
+def request(**kw: object) -> RunRequest:
+    base = dict(session_id="sess-42", base_url="http://127.0.0.1:18091", model="qwen-tiny", prompt="Fix the bug.",
+                workdir="/testbed", time_budget_s=60, max_turns=7, max_context_tokens=32768, max_output_tokens=1024)
+    return RunRequest(**(base | kw))  # type: ignore[arg-type]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_claude_code_command_matches_the_reference_defaults() -> None:
+    spec = harness("claude_code").command(request())
+    argv = spec.argv
+    assert argv[0] == "/opt/lego/claude_code/2.1.332-native/claude"
+    assert flag(argv, "-p") == "Fix the bug."
+    assert flag(argv, "--output-format") == "stream-json" and "--verbose" in argv
+    assert flag(argv, "--max-turns") == "7"
+    assert flag(argv, "--tools") == "Bash,Read,Edit,Write,Glob,Grep"
+    assert "--disable-slash-commands" in argv and "--dangerously-skip-permissions" in argv
+    env = spec.env
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:18091" and env["ANTHROPIC_API_KEY"] == "sess-42"
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1" and env["IS_SANDBOX"] == "1"
+    assert env["MAX_THINKING_TOKENS"] == "4096" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "1024"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768" and env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "70"
+    assert spec.user == "agent" and spec.cwd == "/testbed"
+
+
+def test_extra_args_and_envs_override_defaults_and_vime_names_are_accepted() -> None:
+    env = {
+        "VIME_AGENT_CC_EXTRA_ARGS": "--max-turns 40 --tools Bash,Read",
+        "VIME_AGENT_CC_EXTRA_ENVS": '{"MAX_THINKING_TOKENS": 8192, "FOO": "bar"}',
+    }
+    spec = harness("claude_code", env).command(request())
+    assert spec.argv.count("--max-turns") == 1 and flag(spec.argv, "--max-turns") == "40"
+    assert flag(spec.argv, "--tools") == "Bash,Read"
+    assert spec.env["MAX_THINKING_TOKENS"] == "8192" and spec.env["FOO"] == "bar"
+
+
+def test_lego_name_wins_over_vime_name_and_config_wins_over_both() -> None:
+    env = {"LEGO_AGENT_CC_EXTRA_ARGS": "--a", "VIME_AGENT_CC_EXTRA_ARGS": "--b"}
+    assert harness("claude_code", env).options.extra_args == ["--a"]
+    assert harness("claude_code", env, extra_args=["--c"]).options.extra_args == ["--c"]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("{not json", "not valid JSON"), ('["a"]', "must be a JSON object"), ('{"A": {"x": 1}}', "must be a string")],
+)
+def test_bad_extra_envs_name_the_variable(value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        harness("codex", {"LEGO_AGENT_CODEX_EXTRA_ENVS": value})
+    assert "$LEGO_AGENT_CODEX_EXTRA_ENVS" in str(info.value)
+
+
+def test_unknown_config_key_is_refused_with_its_name() -> None:
+    with pytest.raises(ConfigError, match="Extra inputs") as info:
+        harness("opencode", tiltle="typo")
+    assert info.value.parameter == "harness.opencode.tiltle"
+
+
+def test_tarball_variables_select_the_install_path(tmp_path: Path) -> None:
+    assert harness("claude_code").options.install_from == "native"
+    npm = harness("claude_code", {"LEGO_AGENT_NODE_TARBALL": "/x/node.tar.xz", "VIME_AGENT_CC_TARBALL": "/x/cc.tgz"})
+    assert npm.options.install_from == "npm"
+    assert [p.role for p in npm.toolchain_pins()] == ["node", "cli", "native"]
+    assert npm.command(request()).argv[:2] == [
+        "/opt/lego/node/22.23.5/bin/node", "/opt/lego/claude_code/2.1.332-npm/node_modules/@anthropic-ai/claude-code/cli-wrapper.cjs"]
+    both = harness("claude_code", {"LEGO_AGENT_CC_NATIVE_TARBALL": "/x/n.tgz", "LEGO_AGENT_CC_TARBALL": "/x/c.tgz"})
+    assert both.options.install_from == "native"  # the native archive takes precedence
+    codex = harness("codex", {"LEGO_AGENT_CODEX_TARBALL": "/x/c.tgz"})
+    assert codex.options.install_from == "npm"
+
+
+def test_codex_command_points_a_responses_provider_at_the_adapter() -> None:
+    spec = harness("codex").command(request())
+    argv = spec.argv
+    assert argv[1:3] == ["exec", "--json"] and "--skip-git-repo-check" in argv
+    assert "--dangerously-bypass-approvals-and-sandbox" in argv
+    disabled = {argv[i + 1] for i, a in enumerate(argv) if a == "--disable"}
+    assert {"plugins", "multi_agent", "goals", "unbounded_connection_retries"} <= disabled
+    settings = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-c")
+    assert settings["model_provider"] == '"lego"'
+    assert settings["model_providers.lego.base_url"] == '"http://127.0.0.1:18091/v1"'
+    assert settings["model_providers.lego.wire_api"] == '"responses"'
+    assert settings["model_providers.lego.env_key"] == '"LEGO_SESSION_KEY"'
+    assert settings["web_search"] == '"disabled"' and settings["analytics.enabled"] == "false"
+    assert spec.env["LEGO_SESSION_KEY"] == "sess-42"
+    assert not spec.env["CODEX_HOME"].startswith("/tmp/")
+    assert argv[-2:] == ["--", "Fix the bug."]
+    assert get_harness("codex", environ={}, pm=PM).adapter_options()["force_stream"] is True
+
+
+def test_opencode_config_and_flags() -> None:
+    h = harness("opencode")
+    spec = h.command(request())
+    assert spec.argv[1:4] == ["run", "--format", "json"] and flag(spec.argv, "--title") == "lego rollout"
+    assert spec.env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
+    (path, text), = spec.files.items()
+    assert path.endswith("/.config/opencode/opencode.json") and not path.startswith("/testbed")
+    cfg = json.loads(text)
+    provider = cfg["provider"]["lego"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"] == {"baseURL": "http://127.0.0.1:18091/v1", "apiKey": "sess-42"}
+    assert provider["models"]["qwen-tiny"]["tool_call"] is True
+    assert cfg["agent"]["build"]["steps"] == 7 and cfg["model"] == "lego/qwen-tiny"
+    assert "/opt/lego/opencode/1.18.33/plugin/." in spec.prelude  # plugin tree copied into the config dir
+    assert h.adapter_options() == {"protocol": "chat", "force_stream": True, "max_requests": 400}
+
+
+def test_openhands_runner_gets_its_settings_from_a_file() -> None:
+    spec = harness("openhands").command(request())
+    assert spec.argv[0] == "python3.12" and spec.argv[1].endswith("lego_openhands_runner.py")
+    run = json.loads(spec.files[spec.argv[2]])
+    assert run["base_url"] == "http://127.0.0.1:18091/v1" and run["api_key"] == "sess-42"
+    assert run["max_turns"] == 7 and run["model"] == "qwen-tiny"
+    assert spec.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+
+
+def test_session_id_is_made_path_safe() -> None:
+    spec = harness("claude_code").command(request(session_id="../../etc x"))
+    assert spec.env["HOME"] == "/tmp/lego-claude-______etc_x"
+    assert spec.env["ANTHROPIC_API_KEY"] == "../../etc x"
+
+
+def test_merge_flag_args() -> None:
+    assert merge_flag_args(["-p", "x", "--max-turns", "3", "--verbose"], ["--max-turns=9"]) == [
+        "-p", "x", "--verbose", "--max-turns=9"]
+    assert merge_flag_args(["--a", "--b", "1"], []) == ["--a", "--b", "1"]

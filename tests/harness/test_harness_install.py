@@ -1,0 +1,63 @@
+"""Offline install helpers in a real bwrap sandbox: upload, hash re-check, extract, idempotence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import MakeSandbox
+from harness_helpers import make_tgz
+
+from lego_rl.errors import HarnessError
+from lego_rl.harness.install import MARKER, install_archive, integrity_hex, link_executable, python_version, version_of
+from lego_rl.harness.toolchain import sha512_integrity
+
+TOOL = "#!/bin/sh\necho \"tool 1.2.3 as $(id -un)\"\n"
+
+
+def tool_tgz(tmp_path: Path, body: str = TOOL, name: str = "tool.tgz") -> Path:
+    return make_tgz(tmp_path / name, {"bin/tool": body, "README": "x"}, modes={"bin/tool": 0o755})
+
+
+async def test_install_extracts_for_the_agent_and_is_idempotent(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
+    sb = await make_sandbox()
+    archive = tool_tgz(tmp_path)
+    assert await install_archive(sb, archive, "/opt/lego/tool/1", integrity=sha512_integrity(archive)) is True
+    assert await version_of(sb, ["/opt/lego/tool/1/bin/tool"], user="agent", expect="1.2.3") == "tool 1.2.3 as agent"
+    marker = await sb.read_file(f"/opt/lego/tool/1/{MARKER}")
+    assert marker.decode().strip() == integrity_hex(sha512_integrity(archive))
+    # Same archive again: nothing to do. A different archive replaces the tree (no stale files).
+    assert await install_archive(sb, archive, "/opt/lego/tool/1", integrity=sha512_integrity(archive)) is False
+    other = make_tgz(tmp_path / "other.tgz", {"bin/tool": TOOL.replace("1.2.3", "2.0.0")}, modes={"bin/tool": 0o755})
+    assert await install_archive(sb, other, "/opt/lego/tool/1", integrity=sha512_integrity(other)) is True
+    assert (await sb.exec(["test", "-e", "/opt/lego/tool/1/README"])).exit_code == 1
+    with pytest.raises(HarnessError, match="reported 'tool 2.0.0 as agent', expected version 1.2.3"):
+        await version_of(sb, ["/opt/lego/tool/1/bin/tool"], user="agent", expect="1.2.3")
+    await link_executable(sb, "/opt/lego/tool/1/bin/tool", "/usr/local/bin/tool")
+    assert (await sb.exec(["tool"], user="agent")).stdout.startswith("tool 2.0.0")
+
+
+async def test_upload_whose_hash_differs_is_not_extracted(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
+    sb = await make_sandbox()
+    archive = tool_tgz(tmp_path)
+    wrong = sha512_integrity(tool_tgz(tmp_path, body="#!/bin/sh\necho evil\n", name="evil.tgz"))
+    with pytest.raises(HarnessError, match="uploaded tool.tgz has sha512 .*, expected"):
+        await install_archive(sb, archive, "/opt/lego/tool/1", integrity=wrong)
+    res = await sb.exec("ls /opt/lego/tool /tmp | grep -c -e lego-upload -e '^1' || true")
+    assert res.stdout.strip() == "0"  # neither the tree nor the upload is left behind
+
+
+async def test_bad_inputs_are_refused_precisely(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
+    sb = await make_sandbox()
+    archive = tool_tgz(tmp_path)
+    with pytest.raises(HarnessError, match="absolute path without '..'"):
+        await install_archive(sb, archive, "/opt/../etc", integrity=sha512_integrity(archive))
+    zipped = tmp_path / "tool.zip"
+    zipped.write_bytes(b"PK")
+    with pytest.raises(HarnessError, match=r"expected a \.tgz"):
+        await install_archive(sb, zipped, "/opt/lego/z", integrity=sha512_integrity(zipped))
+    with pytest.raises(HarnessError, match="not an executable file"):
+        await link_executable(sb, "/opt/lego/none", "/usr/local/bin/none")
+    with pytest.raises(HarnessError, match="no usable 'python3.12'"):
+        await python_version(sb, "python3.12")
+    assert await python_version(sb, "python3") >= (3, 11)

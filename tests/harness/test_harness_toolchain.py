@@ -1,0 +1,156 @@
+"""`lego toolchain fetch` and `Toolchain.resolve`: integrity is checked at download and at install.
+
+Most tests talk to a *registry double*: a real aiohttp server on 127.0.0.1 that answers the two npm
+registry routes fetch uses (version document, tarball), so corrupt and mismatching answers can be
+served on purpose. One slow test fetches a real 5 kB tarball from the npm registry.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from harness_helpers import make_tgz
+
+from lego_rl.errors import ConfigError, HarnessError
+from lego_rl.harness import Toolchain, ToolchainPin
+from lego_rl.harness.fetch import fetch_toolchain
+from lego_rl.harness.toolchain import LOCKFILE, Lockfile, sha512_integrity
+
+
+def sri(data: bytes) -> str:
+    return "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+
+
+class Registry:
+    """Serves ``/<name>/<version>`` documents and ``/t/<file>`` tarballs; ``lie`` publishes a wrong hash."""
+
+    def __init__(self) -> None:
+        self.tarballs: dict[tuple[str, str], bytes] = {}
+        self.lie: set[tuple[str, str]] = set()
+        self.downloads = 0
+        self.url = ""
+
+    async def doc(self, request: web.Request) -> web.Response:
+        key = (request.match_info["name"].replace("%2f", "/"), request.match_info["version"])
+        if key not in self.tarballs:
+            return web.json_response({"error": "not found"}, status=404)
+        data = self.tarballs[key]
+        published = sri(b"other bytes") if key in self.lie else sri(data)
+        tarball = f"{self.url}/t/{key[0].replace('/', '_')}-{key[1]}.tgz"
+        return web.json_response({"name": key[0], "version": key[1], "dist": {"integrity": published, "tarball": tarball}})
+
+    async def tarball(self, request: web.Request) -> web.Response:
+        self.downloads += 1
+        stem = request.match_info["file"].removesuffix(".tgz")
+        for (name, version), data in self.tarballs.items():
+            if f"{name.replace('/', '_')}-{version}" == stem:
+                return web.Response(body=data)
+        return web.Response(status=404)
+
+
+@pytest.fixture
+async def registry(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Registry]:
+    reg = Registry()
+    app = web.Application()
+    app.router.add_get("/t/{file}", reg.tarball)
+    app.router.add_get("/{name:[^/]+(?:/[^/]+)?}/{version}", reg.doc)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    reg.url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("npm_config_registry", reg.url)
+    yield reg
+    await runner.cleanup()
+
+
+def tarball_bytes(tmp_path: Path, text: str) -> bytes:
+    return make_tgz(tmp_path / f"src-{abs(hash(text))}.tgz", {"package.json": text}).read_bytes()
+
+
+async def test_fetch_downloads_verifies_records_and_skips_when_current(registry: Registry, tmp_path: Path) -> None:
+    data = tarball_bytes(tmp_path, '{"name":"@acme/cli"}')
+    registry.tarballs[("@acme/cli", "1.0.0")] = data
+    pin = ToolchainPin(role="cli", kind="npm", name="@acme/cli", version="1.0.0", integrity=sri(data))
+    folder = tmp_path / "tc"
+    [(entry, fetched)] = await fetch_toolchain([pin], folder)
+    assert fetched and entry.integrity == sri(data) == entry.registry_integrity
+    assert (folder / entry.file).read_bytes() == data and entry.file == "npm/acme-cli-1.0.0.tgz"
+    assert Lockfile.load(folder).entries[pin.key] == entry
+    [(_, fetched_again)] = await fetch_toolchain([pin, pin], folder)
+    assert not fetched_again and registry.downloads == 1
+    assert Toolchain(folder).resolve(pin) == (folder / entry.file).resolve()
+
+
+async def test_fetch_refuses_registry_hash_that_differs_from_the_pin(registry: Registry, tmp_path: Path) -> None:
+    data = tarball_bytes(tmp_path, "{}")
+    registry.tarballs[("cli", "2.0.0")] = data
+    pin = ToolchainPin(role="cli", kind="npm", name="cli", version="2.0.0", integrity=sri(b"what we pinned"))
+    with pytest.raises(HarnessError, match="differs from the plugin's pin"):
+        await fetch_toolchain([pin], tmp_path / "tc")
+    assert not (tmp_path / "tc" / LOCKFILE).exists() and registry.downloads == 0
+
+
+async def test_fetch_refuses_bytes_that_do_not_match_the_published_hash(registry: Registry, tmp_path: Path) -> None:
+    registry.tarballs[("cli", "3.0.0")] = tarball_bytes(tmp_path, "{}")
+    registry.lie.add(("cli", "3.0.0"))
+    pin = ToolchainPin(role="cli", kind="npm", name="cli", version="3.0.0")
+    with pytest.raises(HarnessError, match="does not match the registry's dist.integrity"):
+        await fetch_toolchain([pin], tmp_path / "tc")
+    assert list((tmp_path / "tc" / "npm").iterdir()) == []  # nothing half-written left behind
+    assert not (tmp_path / "tc" / LOCKFILE).exists()
+
+
+async def test_fetch_of_unknown_version_is_a_config_error(registry: Registry, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="npm registry has no cli@9.9.9"):
+        await fetch_toolchain([ToolchainPin(role="cli", kind="npm", name="cli", version="9.9.9")], tmp_path)
+
+
+async def test_resolve_refuses_mismatching_files(registry: Registry, tmp_path: Path) -> None:
+    data = tarball_bytes(tmp_path, '{"v":1}')
+    registry.tarballs[("cli", "1.0.0")] = data
+    folder = tmp_path / "tc"
+    unpinned = ToolchainPin(role="cli", kind="npm", name="cli", version="1.0.0")
+    [(entry, _)] = await fetch_toolchain([unpinned], folder)
+    tc = Toolchain(folder)
+    # An operator's override must match the lockfile's hash when the plugin pins none ...
+    other = make_tgz(tmp_path / "other.tgz", {"package.json": "{}"})
+    with pytest.raises(HarnessError, match="refusing .*other.tgz.*does not match the pin"):
+        tc.resolve(unpinned, override=other)
+    assert tc.resolve(unpinned, override=folder / entry.file) == folder / entry.file
+    # ... and the plugin's own pin when it has one.
+    pinned = unpinned.model_copy(update={"integrity": sri(b"x")})
+    with pytest.raises(HarnessError, match="lockfile records .* but the plugin pins"):
+        tc.resolve(pinned)
+    # A file changed after the fetch is caught too.
+    (folder / entry.file).write_bytes(data + b"tampered")
+    with pytest.raises(HarnessError, match="does not match the pin"):
+        tc.resolve(unpinned)
+    with pytest.raises(HarnessError, match="run `lego toolchain fetch`"):
+        tc.resolve(ToolchainPin(role="cli", kind="npm", name="absent", version="1"))
+    with pytest.raises(HarnessError, match="does not exist"):
+        tc.resolve(unpinned, override=tmp_path / "missing.tgz")
+
+
+def test_corrupt_lockfile_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / LOCKFILE).write_text('{"version": 1, "entries": {"x": {"kind": "npm"}}}')
+    with pytest.raises(ConfigError, match=LOCKFILE):
+        Toolchain(tmp_path).lockfile()
+
+
+@pytest.mark.slow
+async def test_real_registry_fetch_matches_the_codex_plugins_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lego_harness_codex.harness import KNOWN
+
+    monkeypatch.delenv("npm_config_registry", raising=False)
+    pin = ToolchainPin(role="cli", kind="npm", name="@openai/codex", version="0.162.1",
+                       integrity=KNOWN[("@openai/codex", "0.162.1")])
+    [(entry, fetched)] = await fetch_toolchain([pin], tmp_path)
+    assert fetched and entry.source.startswith("https://registry.npmjs.org/@openai/codex/-/")
+    assert sha512_integrity(tmp_path / entry.file) == pin.integrity
