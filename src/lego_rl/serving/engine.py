@@ -1,0 +1,350 @@
+"""lego's embedded engine: any local HF causal-LM directory, CPU or one GPU, batched decoding.
+
+``EmbeddedEngine`` runs one scheduler task. Each step, in a dedicated worker thread (torch releases the
+GIL, so the event loop stays responsive): finished rows leave the batch (their KV goes to the prefix
+cache), every running row decodes one token in a single batched forward, and newly arrived requests are
+prefilled (reusing a cached prefix when one matches) and join the batch: continuous batching.
+Sampling and the logprob convention live in ``sampler.py``; HTTP lives in ``server.py``.
+
+Weights can be replaced between steps, from a checkpoint directory (``reload_weights``) or an in-process
+state dict (``load_state_dict``); every sampled token records the version label current at its step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lego_rl.serving.kv import BatchCache, PrefixCache, kv_of, new_cache
+from lego_rl.serving.protocol import SamplingParams
+from lego_rl.serving.sampler import Draw, RowParams, sample_rows
+from lego_rl.serving.weights import load_checkpoint_into, load_model
+
+log = logging.getLogger(__name__)
+
+INITIAL_VERSION = "default"
+"""The label of the weights loaded at start (vLLM's label; the client maps it to version 0)."""
+
+
+class EngineBadRequest(ValueError):
+    """A request the engine cannot run (e.g. too long for the context); ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.param = param
+        super().__init__(message)
+
+
+@dataclass
+class EngineOutput:
+    """One finished request, in engine terms (``server.py`` shapes it as vLLM's reply)."""
+
+    request_id: str
+    prompt_len: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)
+    nucleus_ids: list[list[int]] | None = None
+    nucleus_probs: list[list[float]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+
+    def record(self, draw: Draw, version: str) -> None:
+        self.token_ids.append(draw.token)
+        self.logprobs.append(draw.logprob)
+        self.ranks.append(draw.rank)
+        self.top.append(draw.top)
+        self.versions.append(version)
+        if self.nucleus_ids is not None and self.nucleus_probs is not None:
+            self.nucleus_ids.append(draw.nucleus_ids or [])
+            self.nucleus_probs.append(draw.nucleus_probs or [])
+
+
+@dataclass
+class _Req:
+    out: EngineOutput
+    prompt: list[int]
+    max_tokens: int
+    stop_ids: set[int]
+    eos_ids: set[int]
+    row: RowParams
+    future: asyncio.Future[EngineOutput]
+    aborted: bool = False
+
+
+class EmbeddedEngine:
+    """Batched generation over a transformers causal LM (see module docstring)."""
+
+    def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: str = "float32",
+                 max_batch: int = 16, max_model_len: int | None = None, prefix_cache_entries: int = 8,
+                 prefill_chunk: int = 2048, name: str | None = None, threads: int | None = None) -> None:
+        if threads:
+            # Process-wide. On a crowded CPU one thread is often faster than two (no OpenMP spinning).
+            torch.set_num_threads(threads)
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(device)
+        self.model, self.config, eos = load_model(self.model_dir, self.device, dtype)
+        self.vocab_size = int(self.config.vocab_size)
+        self.max_model_len = int(max_model_len or getattr(self.config, "max_position_embeddings", 4096))
+        self.eos_ids = eos
+        self.name = name or self.model_dir.name
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self.version = INITIAL_VERSION
+        self.prefix_cache = PrefixCache(max_entries=prefix_cache_entries)
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters \
+            else "past_key_values"
+        self._batch = BatchCache(self.config)
+        self._rows: list[_Req] = []
+        self._waiting: list[_Req] = []
+        self._by_id: dict[str, _Req] = {}
+        self._paused = False
+        self._draining = False
+        self._wake = asyncio.Event()
+        self._step_lock = asyncio.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lego-engine")
+        self._task: asyncio.Task[None] | None = None
+        self._rng = random.Random()
+        self.steps = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="lego-engine-loop")
+
+    async def stop(self) -> None:
+        """Abort everything still running and stop the scheduler."""
+        for req in list(self._by_id.values()):
+            req.aborted = True
+        self._paused = False
+        self._wake.set()
+        if self._task is not None:
+            while self._by_id and not self._task.done():
+                await asyncio.sleep(0.01)
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._pool.shutdown(wait=True)
+
+    @property
+    def load(self) -> int:
+        """Requests admitted or waiting."""
+        return len(self._by_id)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    async def generate(self, token_ids: list[int], sampling: SamplingParams, *, request_id: str,
+                       want_nucleus: bool = False, ignore_eos: bool = False) -> EngineOutput:
+        """Queue one request and wait for it to finish (stop, length or abort)."""
+        if request_id in self._by_id:
+            raise EngineBadRequest(f"request_id {request_id!r} is already running", "request_id")
+        if len(token_ids) >= self.max_model_len:
+            raise EngineBadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your request "
+                f"has {len(token_ids)} input tokens. Please reduce the length of the input.", "token_ids")
+        max_tokens = sampling.max_tokens
+        if len(token_ids) + max_tokens > self.max_model_len:
+            raise EngineBadRequest(
+                f"'max_tokens' is too large: {max_tokens}. This model's maximum context length is "
+                f"{self.max_model_len} tokens and your request has {len(token_ids)} input tokens "
+                f"({max_tokens} > {self.max_model_len} - {len(token_ids)}).", "max_tokens")
+        seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(63)
+        gen = torch.Generator().manual_seed(seed)
+        row = RowParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                        num_logprobs=int(sampling.logprobs or 0), want_nucleus=want_nucleus, generator=gen)
+        out = EngineOutput(request_id=request_id, prompt_len=len(token_ids),
+                           nucleus_ids=[] if want_nucleus else None, nucleus_probs=[] if want_nucleus else None)
+        req = _Req(out=out, prompt=list(token_ids), max_tokens=max_tokens, stop_ids=set(sampling.stop_token_ids),
+                   eos_ids=set() if ignore_eos else set(self.eos_ids), row=row,
+                   future=asyncio.get_running_loop().create_future())
+        self._by_id[request_id] = req
+        self._waiting.append(req)
+        self._wake.set()
+        try:
+            return await asyncio.shield(req.future)
+        except asyncio.CancelledError:
+            req.aborted = True  # the HTTP client went away: stop spending compute on it
+            self._wake.set()
+            raise
+
+    def abort(self, request_ids: list[str]) -> int:
+        """Mark requests aborted; they finish at the next step boundary. Returns how many matched."""
+        n = 0
+        for rid in request_ids:
+            req = self._by_id.get(rid)
+            if req is not None:
+                req.aborted = True
+                n += 1
+        self._wake.set()
+        return n
+
+    async def pause(self, mode: str = "keep") -> None:
+        """Stop stepping. ``keep`` freezes requests, ``abort`` aborts them, ``wait`` lets them finish."""
+        if mode == "abort":
+            self.abort(list(self._by_id))
+            while self._by_id:
+                await asyncio.sleep(0.005)
+        elif mode == "wait":
+            self._draining = True
+            self._wake.set()
+            while self._rows:
+                await asyncio.sleep(0.005)
+            self._draining = False
+        self._paused = True
+        async with self._step_lock:  # returns once no step is in progress
+            pass
+
+    async def resume(self) -> None:
+        self._paused = False
+        self._wake.set()
+
+    # -- weights -----------------------------------------------------------------------------------
+
+    async def reload_weights(self, weights_path: str | Path) -> None:
+        """Load a checkpoint directory in place, between steps (the version label is set separately)."""
+        async with self._step_lock:
+            await asyncio.get_running_loop().run_in_executor(
+                self._pool, load_checkpoint_into, self.model, Path(weights_path))
+            self.prefix_cache.clear()
+
+    async def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: str | int) -> None:
+        """Replace weights from an in-process state dict and label them ``version``, between steps."""
+        def load() -> None:
+            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+            tied = {"lm_head.weight"} if getattr(self.config, "tie_word_embeddings", False) else set()
+            if unexpected or set(missing) - tied:
+                raise ValueError(f"state dict does not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
+                                 f"unexpected {sorted(unexpected)[:5]}")
+
+        async with self._step_lock:
+            await asyncio.get_running_loop().run_in_executor(self._pool, load)
+            self.prefix_cache.clear()
+            self.version = str(version)
+
+    async def set_version(self, version: str) -> None:
+        async with self._step_lock:
+            self.version = str(version)
+
+    # -- scheduler ---------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        leaving: list[int] = []
+        while True:
+            if self._paused or not (self._rows or self._waiting or leaving):
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # Requests aborted while waiting finish without running.
+            for req in [r for r in self._waiting if r.aborted]:
+                self._waiting.remove(req)
+                self._finish(req, "abort")
+            room = 0 if self._draining else self.max_batch - len(self._rows) + len(leaving)
+            admit, self._waiting = self._waiting[:max(room, 0)], self._waiting[max(room, 0):]
+            async with self._step_lock:
+                if self._paused:  # paused while we were scheduling: put the admitted ones back
+                    self._waiting = admit + self._waiting
+                    continue
+                try:
+                    await loop.run_in_executor(self._pool, self._step, leaving, admit, self.version)
+                except Exception as exc:  # a failing forward fails its requests, not the server
+                    log.exception("engine step failed")
+                    for req in self._rows + admit:
+                        if not req.future.done():
+                            req.future.set_exception(exc)
+                        self._by_id.pop(req.out.request_id, None)
+                    self._rows, self._batch, leaving = [], BatchCache(self.config), []
+                    continue
+            self.steps += 1
+            leaving = [i for i, req in enumerate(self._rows) if self._check_done(req)]
+            await asyncio.sleep(0)  # let handlers run between steps
+
+    def _check_done(self, req: _Req) -> bool:
+        out = req.out
+        if req.aborted:
+            return self._finish(req, "abort")
+        if not out.token_ids:
+            return False
+        last = out.token_ids[-1]
+        if last in req.stop_ids:
+            out.stop_reason = last
+            return self._finish(req, "stop")
+        if last in req.eos_ids:
+            return self._finish(req, "stop")
+        if len(out.token_ids) >= req.max_tokens or out.prompt_len + len(out.token_ids) >= self.max_model_len:
+            return self._finish(req, "length")
+        return False
+
+    def _finish(self, req: _Req, reason: str) -> bool:
+        req.out.finish_reason = reason
+        self._by_id.pop(req.out.request_id, None)
+        if not req.future.done():
+            req.future.set_result(req.out)
+        return True
+
+    # -- compute (worker thread) -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _step(self, leaving: list[int], admit: list[_Req], version: str) -> None:
+        for i in leaving:
+            req = self._rows[i]
+            seq = req.prompt + req.out.token_ids[:-1]
+            if self._batch.lengths[i] == len(seq) and seq:
+                self.prefix_cache.put(seq, self._batch.row_kv(i))
+        self._batch.remove(leaving)
+        self._rows = [r for i, r in enumerate(self._rows) if i not in set(leaving)]
+        if self._rows:
+            self._decode(version)
+        for req in admit:
+            self._prefill(req, version)
+            self._rows.append(req)
+
+    def _forward(self, ids: torch.Tensor, cache: Any, **kw: Any) -> torch.Tensor:
+        out = self.model(input_ids=ids.to(self.device), use_cache=True, logits_to_keep=1,
+                         **{self._cache_kw: cache}, **kw)
+        return out.logits[:, -1].float().cpu()
+
+    def _decode(self, version: str) -> None:
+        b = self._batch
+        ids = torch.tensor([[r.out.token_ids[-1]] for r in self._rows])
+        pos = torch.tensor([[n] for n in b.lengths], device=self.device)
+        logits = self._forward(ids, b.cache, attention_mask=b.attention_mask().to(self.device), position_ids=pos)
+        b.lengths = [n + 1 for n in b.lengths]
+        for req, draw in zip(self._rows, sample_rows(logits, [r.row for r in self._rows]), strict=True):
+            req.out.record(draw, version)
+
+    def _prefill(self, req: _Req, version: str) -> None:
+        reused, kv = self.prefix_cache.lookup(req.prompt)
+        cache = new_cache(self.config)
+        if kv is not None:
+            for layer, (k, v) in enumerate(kv):
+                cache.update(k, v, layer)
+        start = reused
+        logits = None
+        # Chunking bounds the attention-mask memory of a long suffix over a long cached prefix.
+        chunk = len(req.prompt) if reused == 0 else self.prefill_chunk
+        while start < len(req.prompt):
+            piece = torch.tensor([req.prompt[start:start + chunk]])
+            logits = self._forward(piece, cache)
+            start += piece.shape[1]
+        assert logits is not None
+        self._batch.add(kv_of(cache), len(req.prompt))
+        req.out.record(sample_rows(logits, [req.row])[0], version)

@@ -1,0 +1,59 @@
+"""The sampler: truncation, seeding, and the logprob convention (after temperature, before top-p/top-k)."""
+
+from __future__ import annotations
+
+import torch
+
+from lego_rl.serving.sampler import RowParams, sample_rows, truncation_mask
+
+
+def row(t: float = 1.0, p: float = 1.0, k: int = 0, seed: int = 0, nucleus: bool = True, n: int = 0) -> RowParams:
+    return RowParams(temperature=t, top_p=p, top_k=k, num_logprobs=n, want_nucleus=nucleus,
+                     generator=torch.Generator().manual_seed(seed))
+
+
+def test_truncation_mask_top_p_and_top_k() -> None:
+    probs = torch.tensor([0.05, 0.5, 0.3, 0.15])
+    assert truncation_mask(probs, 0, 0.5).tolist() == [False, True, False, False]
+    assert truncation_mask(probs, 0, 0.51).tolist() == [False, True, True, False]
+    assert truncation_mask(probs, 0, 0.95).tolist() == [False, True, True, True]
+    assert truncation_mask(probs, 2, 1.0).tolist() == [False, True, True, False]
+    assert truncation_mask(probs, 0, 1e-9).sum() == 1  # always at least one
+
+
+def test_logprob_convention_is_pre_truncation() -> None:
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(1)) * 3
+    for t, p, k in [(0.7, 1.0, 0), (1.3, 0.8, 0), (1.0, 0.9, 5)]:
+        d = sample_rows(logits, [row(t, p, k)])[0]
+        expected = torch.log_softmax(logits[0] / t, dim=-1)[d.token]
+        assert abs(d.logprob - float(expected)) < 1e-6
+        assert d.nucleus_ids is not None and d.token in d.nucleus_ids
+        assert abs(sum(d.nucleus_probs or []) - 1.0) < 1e-5
+        if k:
+            assert len(d.nucleus_ids) <= k
+
+
+def test_greedy_reports_untempered_logprob() -> None:
+    logits = torch.tensor([[0.0, 2.0, 1.0]])
+    d = sample_rows(logits, [row(t=0.0, n=2)])[0]
+    assert d.token == 1 and d.rank == 1 and d.nucleus_ids == [1]
+    assert abs(d.logprob - float(torch.log_softmax(logits[0], -1)[1])) < 1e-7
+    assert [i for i, _ in d.top] == [1, 2]
+
+
+def test_seeded_rows_reproduce_and_rows_are_independent() -> None:
+    logits = torch.randn(3, 100, generator=torch.Generator().manual_seed(2))
+    a = [d.token for d in sample_rows(logits, [row(seed=5), row(seed=6), row(seed=7)])]
+    b = [d.token for d in sample_rows(logits[1:2], [row(seed=6)])]
+    c = [d.token for d in sample_rows(logits, [row(seed=5), row(seed=6), row(seed=7)])]
+    assert a == c and a[1] == b[0]
+
+
+def test_samples_follow_the_truncated_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]]))
+    r = row(p=0.85, seed=3)
+    counts = [0, 0, 0]
+    for _ in range(600):
+        counts[sample_rows(logits, [r])[0].token] += 1
+    assert counts[2] == 0  # outside the nucleus
+    assert 0.6 < counts[0] / 600 < 0.73  # 0.6/0.9 = 0.667
