@@ -134,41 +134,49 @@ def ours(records: list[TurnRecord], verify: bool = True) -> list[Sample]:
     return samples
 
 
-def measure(fn: Callable[[], list[Sample]], repeat: int) -> tuple[float, float, list[Sample]]:
-    """Best wall time of ``repeat`` runs (s), then peak traced memory of one extra run (MiB)."""
-    best = float("inf")
-    result: list[Sample] = []
+def measure(fns: dict[str, Callable[[], list[Sample]]], repeat: int) -> dict[str, tuple[float, float, list[Sample]]]:
+    """Best wall time (s) over ``repeat`` rounds, the configurations interleaved round-robin so that a
+    burst of load from other processes hits all of them alike; then traced peak memory (MiB) of one run."""
+    best = dict.fromkeys(fns, float("inf"))
+    results: dict[str, list[Sample]] = {}
     for _ in range(repeat):
+        for name, fn in fns.items():
+            gc.collect()
+            t0 = time.perf_counter()
+            results[name] = fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    out = {}
+    for name, fn in fns.items():
         gc.collect()
-        t0 = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - t0)
-    gc.collect()
-    tracemalloc.start()
-    fn()
-    peak = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
-    return best, peak, result
+        tracemalloc.start()
+        fn()
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        out[name] = (best[name], peak, results[name])
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, nargs="+", default=[25, 50, 100])
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     for turns in args.turns:
         mem = make_records(turns)
         disk = from_disk(mem)
         final = len(mem[-1].prompt_ids) + len(mem[-1].output_ids)
         held = sum(len(r.prompt_ids) + len(r.output_ids) for r in mem)
-        t_naive, m_naive, ref = measure(lambda: naive(disk), args.repeat)
-        t_plus, m_plus, ref_plus = measure(lambda: naive(disk, _concat), 1)
+        runs = measure({
+            "naive, list extend": lambda: naive(disk),
+            "naive, list +": lambda: naive(disk, _concat),
+            "ours, records from JSONL": lambda: ours(disk),
+            "ours, records in memory": lambda: ours(mem),
+            "ours, trusted bridges": lambda: ours(disk, verify=False),
+        }, args.repeat)
+        t_naive, m_naive, ref = runs.pop("naive, list extend")
+        t_plus, m_plus, ref_plus = runs.pop("naive, list +")
         assert [s.tokens for s in ref_plus] == [s.tokens for s in ref]
-        rows = {
-            "ours, records from JSONL": measure(lambda: ours(disk), args.repeat),
-            "ours, records in memory": measure(lambda: ours(mem), args.repeat),
-            "ours, trusted bridges": measure(lambda: ours(disk, verify=False), args.repeat),
-        }
+        rows = runs
         sample_tokens = sum(len(s.tokens) for s in ref)
         print(f"\n{turns} turns: final stream {final} tokens, records hold {held} ids, {len(ref)} segments, "
               f"{sample_tokens} sample tokens")
@@ -181,6 +189,7 @@ def main() -> None:
             print(f"  {name:26s} {t * 1e3:8.1f} ms  peak {m:6.1f} MiB  x{t_naive / t:4.1f} vs extend, "
                   f"x{t_plus / t:5.1f} vs +, memory x{m_naive / m:3.1f} less  {t / held * 1e9:4.1f} ns/held id  "
                   f"{t / sample_tokens * 1e9:4.0f} ns/sample token")
+
 
 if __name__ == "__main__":
     main()
