@@ -29,6 +29,54 @@ def model_tiny(
     out.print(str(path), highlight=False)
 
 
+def serve(
+    model: Path = typer.Option(..., "--model", help="Local HF causal-LM directory (config, weights, tokenizer)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(8000, help="Port to bind (0: a free one)."),
+    device: str = typer.Option("cpu", help="cpu, or cuda / cuda:N for one GPU."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    max_batch: int = typer.Option(16, min=1, help="Most requests decoded together."),
+    max_model_len: int = typer.Option(0, min=0, help="Context limit (0: the model's max positions)."),
+    threads: int = typer.Option(0, min=0, help="torch CPU threads (0: torch's default)."),
+) -> None:
+    """Serve a model with lego's embedded engine on vLLM's token-in/token-out routes."""
+    import asyncio
+
+    from lego_rl.cli.console import EXIT_INFRA
+    from lego_rl.errors import ConfigError
+
+    try:
+        asyncio.run(_serve(model, host, port, device=device, dtype=dtype, max_batch=max_batch,
+                           max_model_len=max_model_len or None, threads=threads or None))
+    except ConfigError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    except OSError as exc:  # port in use, unreadable files
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_INFRA) from None
+    except KeyboardInterrupt:
+        pass
+
+
+async def _serve(model: Path, host: str, port: int, **engine_kw: object) -> None:
+    import asyncio
+    import signal
+
+    from lego_rl.serving.server import EmbeddedServer
+
+    server = EmbeddedServer(model, host=host, port=port, **engine_kw)
+    await server.start()
+    err.print(f"lego serve: {model} on {server.url} (POST /inference/v1/generate)", highlight=False)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the `lego` app."""
     app.add_typer(model_app, name="model")
+    app.command("serve")(serve)

@@ -1,0 +1,57 @@
+"""The trainer's teacher-forced recomputation agrees with the logprobs the engine sampled with."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from lego_rl.serving.engine import EmbeddedEngine
+from lego_rl.serving.logprobs import teacher_forced_logprobs
+from lego_rl.serving.protocol import SamplingParams
+
+
+@pytest.fixture
+async def engine(tiny_model: Path):
+    e = EmbeddedEngine(tiny_model, max_batch=8)
+    await e.start()
+    yield e
+    await e.stop()
+
+
+async def test_recomputation_matches_sampled_logprobs(engine: EmbeddedEngine) -> None:
+    prompts = [[1, 50 + i, 60, 70 + i, 80] for i in range(4)]
+    temps = [1.0, 0.7, 0.0, 1.3]
+    outs = await asyncio.gather(*(
+        engine.generate(p, SamplingParams(max_tokens=40, temperature=t, seed=i, top_p=0.95 if i == 3 else 1.0),
+                        request_id=f"r{i}", ignore_eos=True)
+        for i, (p, t) in enumerate(zip(prompts, temps, strict=True))))
+    for p, t, out in zip(prompts, temps, outs, strict=True):
+        recomputed = teacher_forced_logprobs(engine.model, p + out.token_ids, len(p), t)
+        delta = (recomputed - torch.tensor(out.logprobs)).abs().max().item()
+        assert delta < 1e-5, (t, delta)
+
+
+async def test_prefix_cache_reuse_keeps_the_numbers(engine: EmbeddedEngine) -> None:
+    first = await engine.generate([1, 2, 3, 4, 5], SamplingParams(max_tokens=30, temperature=0.0),
+                                  request_id="a", ignore_eos=True)
+    # The next turn extends prompt + output, as an agent's next prompt does.
+    turn2 = [1, 2, 3, 4, 5] + first.token_ids + [7, 8, 9]
+    hits = engine.prefix_cache.hits
+    second = await engine.generate(turn2, SamplingParams(max_tokens=20, temperature=0.8, seed=3),
+                                   request_id="b", ignore_eos=True)
+    assert engine.prefix_cache.hits == hits + 1
+    recomputed = teacher_forced_logprobs(engine.model, turn2 + second.token_ids, len(turn2), 0.8)
+    assert (recomputed - torch.tensor(second.logprobs)).abs().max().item() < 1e-5
+
+
+def test_recomputation_rejects_bad_arguments(tiny_model: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with pytest.raises(ValueError, match="prompt_len"):
+        teacher_forced_logprobs(model, [1, 2, 3], 3, 1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        teacher_forced_logprobs(model, [1, 2, 3], 1, -1.0)
