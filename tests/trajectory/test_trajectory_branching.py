@@ -156,3 +156,12 @@ def test_a_lying_bridge_is_caught_when_verifying():
     liar = rec(1, [100, 999, 102, 10, 11, 200], [12], mode="bridged", bridge=5)
     samples, stats = build([t0, liar])
     assert len(samples) == 2 and stats.bridged_mismatches == 1
+
+
+def test_a_side_turn_never_extends_the_main_chain():
+    t0 = rec(0, SYS, [10])
+    side = rec(1, SYS + [10, 5], [11], kind="side", side_label="subagent")  # happens to extend main's ids
+    t2 = bridged(2, t0, [6], [12])
+    t3 = rec(3, side.prompt_ids + side.output_ids + [7], [13], kind="side", side_label="subagent")
+    samples, _ = build([t0, side, t2, t3])
+    assert [s.turns for s in samples] == [[0, 2], [1, 3]]

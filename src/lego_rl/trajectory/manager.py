@@ -20,7 +20,6 @@ appends of the new tokens, so building is linear in the tokens the records hold.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,12 +27,10 @@ from pydantic import BaseModel, Field
 
 from lego_rl.errors import TrajectoryError
 from lego_rl.rollout.termination import TerminationReason
+from lego_rl.trajectory.checks import check_record
 from lego_rl.trajectory.records import TurnRecord
 from lego_rl.trajectory.sample import PromptRoutingSnapshot, Sample
-
-LOGPROB_TOLERANCE = 1e-4
-"""Largest positive logprob accepted (float rounding of log(1)); anything above is a broken record."""
-
+from lego_rl.trajectory.segment import Segment, common_prefix_len
 
 class TrajectoryOptions(BaseModel):
     """How turn records become segments (plain parameters; the config layer embeds this model)."""
@@ -70,109 +67,15 @@ class TrajectoryStats(BaseModel):
     trained_tokens: int = 0
 
 
-class _Span:
-    """Where one turn sits in its segment: prompt is ``[0, prompt_len)``, output ``[out_start, out_end)``."""
-
-    __slots__ = ("turn", "prompt_len", "out_start", "out_end", "text")
-
-    def __init__(self, turn: int, prompt_len: int, out_start: int, out_end: int, text: str) -> None:
-        self.turn, self.prompt_len, self.out_start, self.out_end, self.text = (
-            turn, prompt_len, out_start, out_end, text
-        )
-
-
-class _Segment:
-    """A growing token stream with aligned per-token columns (Python lists: appends are amortised O(1))."""
-
-    def __init__(self, seq: int, nucleus: bool, routes: bool) -> None:
-        self.seq = seq
-        self.tokens: list[int] = []
-        self.mask: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.nucleus_ids: list[list[int]] | None = [] if nucleus else None
-        self.nucleus_probs: list[list[float]] | None = [] if nucleus else None
-        self.routes: list[list[list[int]]] | None = [] if routes else None
-        self.prompt_routing: list[tuple[int, list[list[list[int]]]]] = []
-        self.spans: list[_Span] = []
-        self.trained = 0
-        self.has_versions = False
-        self.pinned = 0
-        """Positions below this hold trained tokens another segment masked as shared: never cut."""
-
-    def append_context(self, ids: list[int]) -> None:
-        n = len(ids)
-        if not n:
-            return
-        self.tokens.extend(ids)
-        self.mask.extend([0] * n)
-        self.logprobs.extend([0.0] * n)
-        self.versions.extend([-1] * n)
-        # Context gets empty spans; sharing one empty list is safe: nothing mutates it.
-        if self.nucleus_ids is not None and self.nucleus_probs is not None:
-            self.nucleus_ids.extend([[]] * n)
-            self.nucleus_probs.extend([[]] * n)
-        if self.routes is not None:
-            self.routes.extend([[]] * n)
-
-    def append_output(self, rec: TurnRecord, mask: list[int]) -> None:
-        n = len(rec.output_ids)
-        start = len(self.tokens)
-        self.spans.append(_Span(rec.turn, start, start, start + n, rec.text))
-        if rec.prompt_routed_experts is not None:
-            self.prompt_routing.append((rec.turn, rec.prompt_routed_experts))
-        self.tokens.extend(rec.output_ids)
-        self.mask.extend(mask)
-        self.logprobs.extend(rec.logprobs)
-        if rec.weight_versions:
-            self.versions.extend(rec.weight_versions)
-            self.has_versions = True
-        else:
-            self.versions.extend([-1] * n)
-        if self.nucleus_ids is not None and self.nucleus_probs is not None:
-            self.nucleus_ids.extend(rec.nucleus_ids or [[]] * n)
-            self.nucleus_probs.extend(rec.nucleus_probs or [[]] * n)
-        if self.routes is not None:
-            self.routes.extend(rec.routed_experts or [[]] * n)
-        self.trained += sum(mask)
-
-    def truncate(self, k: int) -> int:
-        """Cut the stream back to ``k`` tokens; returns how many trained tokens were discarded."""
-        lost = sum(self.mask[k:])
-        for col in (self.tokens, self.mask, self.logprobs, self.versions, self.nucleus_ids,
-                    self.nucleus_probs, self.routes):
-            if col is not None:
-                del col[k:]
-        kept = [s for s in self.spans if s.out_start < k]
-        for s in kept:
-            s.out_end = min(s.out_end, k)
-        self.spans = kept
-        self.prompt_routing = [(t, r) for t, r in self.prompt_routing if len(r) <= k]
-        self.trained -= lost
-        return lost
-
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix, using C-level slice comparisons on 1024-token chunks."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i : i + 1024] == b[i : i + 1024]:
-        i += 1024
-    if i >= n:
-        return n
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class TrajectoryManager:
     """Feed one session's turn records in order with ``add_turn``; then ``samples(...)``."""
 
     def __init__(self, options: TrajectoryOptions | None = None) -> None:
         self.options = options or TrajectoryOptions()
         self.stats = TrajectoryStats()
-        self._segments: list[_Segment] = []
-        self._last: _Segment | None = None
+        self._segments: list[Segment] = []
+        self._last_of: dict[tuple[str, str | None], Segment] = {}
+        """The segment each chain (main, or one per side label) extended last."""
         self._session: str | None = None
         self._last_turn = -1
         self._sealed = False
@@ -188,53 +91,11 @@ class TrajectoryManager:
             raise self._fail(rec, f"belongs to another session than {self._session!r}")
         if rec.turn <= self._last_turn:
             raise self._fail(rec, f"turns must arrive in increasing order; turn {self._last_turn} came first")
-        n = len(rec.output_ids)
-        if len(rec.logprobs) != n:
-            raise self._fail(rec, f"{len(rec.logprobs)} logprobs for {n} output ids")
-        # sum() propagates nan/inf, so one C-level pass finds broken values; only then look for them.
-        if n and not (math.isfinite(sum(rec.logprobs)) and max(rec.logprobs) <= LOGPROB_TOLERANCE):
-            bad = next((x for x in rec.logprobs if not (math.isfinite(x) and x <= LOGPROB_TOLERANCE)), None)
-            raise self._fail(rec, f"logprob {bad!r} is not a finite value <= 0" if bad is not None
-                             else "logprobs are so negative that their sum overflows")
-        if n and min(rec.output_ids) < 0:
-            raise self._fail(rec, f"negative output token id {min(rec.output_ids)}")
-        if rec.weight_versions and len(rec.weight_versions) != n:
-            raise self._fail(rec, f"{len(rec.weight_versions)} weight versions for {n} output ids")
-        self._check_nucleus(rec, n)
-        self._check_routing(rec, n)
-
-    def _check_nucleus(self, rec: TurnRecord, n: int) -> None:
-        ids, probs = rec.nucleus_ids, rec.nucleus_probs
-        if ids is None or probs is None:
-            if self.options.require_nucleus and n:
-                raise self._fail(rec, "nucleus spans were requested (require_nucleus) but are missing")
-            if (ids is None) != (probs is None):
-                raise self._fail(rec, "nucleus_ids and nucleus_probs must be recorded together")
-            return
-        if len(ids) != n or len(probs) != n:
-            raise self._fail(rec, f"nucleus spans cover {len(ids)}/{len(probs)} positions, output has {n}")
-        for i, (tok, span, p) in enumerate(zip(rec.output_ids, ids, probs, strict=True)):
-            if len(span) != len(p):
-                raise self._fail(rec, f"nucleus span {i}: {len(span)} ids but {len(p)} probabilities")
-            if tok not in span:
-                raise self._fail(rec, f"nucleus span {i} does not contain the sampled token {tok}")
-            if not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p):
-                raise self._fail(rec, f"nucleus span {i} has a probability outside [0, 1]")
-
-    def _check_routing(self, rec: TurnRecord, n: int) -> None:
-        out, prompt = rec.routed_experts, rec.prompt_routed_experts
-        if self.options.require_routing and (out is None or prompt is None):
-            which = "routed_experts" if out is None else "prompt_routed_experts"
-            raise self._fail(rec, f"routing replay was requested (require_routing) but {which} is missing")
-        if out is not None and len(out) != n:
-            raise self._fail(rec, f"routed_experts covers {len(out)} positions, output has {n}")
-        if prompt is not None and len(prompt) != len(rec.prompt_ids):
-            raise self._fail(
-                rec, f"prompt_routed_experts covers {len(prompt)} positions, prompt has {len(rec.prompt_ids)}"
-            )
+        check_record(rec, require_nucleus=self.options.require_nucleus,
+                     require_routing=self.options.require_routing)
 
     # ------------------------------------------------------------------------------------ matching
-    def _extends(self, seg: _Segment, rec: TurnRecord) -> bool:
+    def _extends(self, seg: Segment, rec: TurnRecord) -> bool:
         """True when ``seg``'s whole stream is a prefix of the prompt."""
         p, toks = rec.prompt_ids, seg.tokens
         n = len(toks)
@@ -255,22 +116,24 @@ class TrajectoryManager:
             return p[start:n] == toks[start:]
         return p[:n] == toks
 
-    def _find_extension(self, rec: TurnRecord) -> _Segment | None:
-        best: _Segment | None = None
-        # The last segment is tried first: it is the usual answer, and ties keep the chain.
-        order = [self._last] if self._last is not None else []
-        order += [s for s in reversed(self._segments) if s is not self._last]
+    def _find_extension(self, rec: TurnRecord) -> Segment | None:
+        chain = (rec.kind, rec.side_label)
+        last = self._last_of.get(chain)
+        best: Segment | None = None
+        # The chain's last segment is tried first (the usual answer; on a tie it keeps the chain).
+        order = [last] if last is not None else []
+        order += [s for s in reversed(self._segments) if s is not last and s.chain == chain]
         for seg in order:
             if (best is None or len(seg.tokens) > len(best.tokens)) and self._extends(seg, rec):
                 best = seg
         return best
 
-    def _try_merge(self, rec: TurnRecord) -> _Segment | None:
+    def _try_merge(self, rec: TurnRecord) -> Segment | None:
         """Short-turn rewrite merging: cut the latest segment back to the divergence point, if allowed."""
-        seg, limit = self._last, self.options.fork_merge_max_response_tokens
+        seg, limit = self._last_of.get((rec.kind, rec.side_label)), self.options.fork_merge_max_response_tokens
         if limit <= 0 or seg is None or not seg.spans:
             return None
-        k = _lcp(rec.prompt_ids, seg.tokens)
+        k = common_prefix_len(rec.prompt_ids, seg.tokens)
         if k < seg.pinned or k < seg.spans[0].out_start:
             return None
         cut = [s for s in seg.spans if s.out_end > k and s.out_end > s.out_start]
@@ -331,8 +194,9 @@ class TrajectoryManager:
             self.stats.duplicate_turns += 1
             return
         if seg is None:
-            seg = _Segment(len(self._segments), rec.nucleus_ids is not None or self.options.require_nucleus,
-                           rec.routed_experts is not None or self.options.require_routing)
+            seg = Segment(len(self._segments), (rec.kind, rec.side_label),
+                          rec.nucleus_ids is not None or self.options.require_nucleus,
+                          rec.routed_experts is not None or self.options.require_routing)
             self._segments.append(seg)
             self.stats.segments_started += 1
         if not rec.output_ids:
@@ -343,9 +207,9 @@ class TrajectoryManager:
         self._fill_missing_columns(seg, rec)
         seg.append_output(rec, mask)
         self.stats.trained_tokens += sum(mask)
-        self._last = seg
+        self._last_of[seg.chain] = seg
 
-    def _fill_missing_columns(self, seg: _Segment, rec: TurnRecord) -> None:
+    def _fill_missing_columns(self, seg: Segment, rec: TurnRecord) -> None:
         """A segment started without spans/routes that meets a turn with them grows empty entries."""
         if rec.nucleus_ids is not None and seg.nucleus_ids is None:
             seg.nucleus_ids = [[] for _ in seg.tokens]
