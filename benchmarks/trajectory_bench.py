@@ -167,11 +167,11 @@ def main() -> None:
         final = len(mem[-1].prompt_ids) + len(mem[-1].output_ids)
         held = sum(len(r.prompt_ids) + len(r.output_ids) for r in mem)
         runs = measure({
-            "naive, list extend": lambda: naive(disk),
-            "naive, list +": lambda: naive(disk, _concat),
-            "ours, records from JSONL": lambda: ours(disk),
-            "ours, records in memory": lambda: ours(mem),
-            "ours, trusted bridges": lambda: ours(disk, verify=False),
+            "naive, list extend": lambda d=disk: naive(d),
+            "naive, list +": lambda d=disk: naive(d, _concat),
+            "ours, records from JSONL": lambda d=disk: ours(d),
+            "ours, records in memory": lambda m=mem: ours(m),
+            "ours, trusted bridges": lambda d=disk: ours(d, verify=False),
         }, args.repeat)
         t_naive, m_naive, ref = runs.pop("naive, list extend")
         t_plus, m_plus, ref_plus = runs.pop("naive, list +")

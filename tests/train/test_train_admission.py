@@ -9,12 +9,12 @@ from lego_rl.errors import GraderError, HarnessError, ProviderError, SandboxTime
 from lego_rl.rollout.termination import (
     INFRASTRUCTURE_FAILURES,
     POLICY_OUTCOMES,
-    TerminationReason as T,
     is_infrastructure_failure,
     is_policy_outcome,
     parse_termination,
     reason_for_error,
 )
+from lego_rl.rollout.termination import TerminationReason as T
 from lego_rl.train.advantages import AdmissionPolicy, admit
 
 

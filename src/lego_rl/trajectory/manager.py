@@ -2,7 +2,8 @@
 
 Rules (the "token-in, token-out" contract):
 
-* Each turn's prompt is matched against the segments built so far. When a segment's whole token stream
+* Each turn's prompt is matched against the segments of its chain (the main chain, or one per side
+  request label: side requests never extend the main chain). When a segment's whole token stream
   is a prefix of the prompt, the new prompt suffix (tool results, user and environment context) is
   appended with loss mask 0 and the sampled output with loss mask 1 and its rollout logprobs.
 * When no segment is a prefix of the prompt (compaction, a re-rendered history whose tokens drifted,
@@ -14,8 +15,9 @@ Rules (the "token-in, token-out" contract):
   segment, the latest segment is cut back to where the prompt diverges, if every sampled turn cut away is
   at most that many tokens long. This discards training signal; the default 0 keeps every sampled turn.
 
-Everything is assembled from saved ids only. Work per turn is one C-level prefix comparison plus
-appends of the new tokens, so building is linear in the tokens the records hold.
+Everything is assembled from saved ids only; the decoded text is carried as a sidecar, never
+re-tokenised. Work per turn is one C-level prefix comparison plus appends of the new tokens: linear in
+the ids the records hold, or in the built tokens when bridges are trusted (``verify_bridged_prefix``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from lego_rl.trajectory.checks import check_record
 from lego_rl.trajectory.records import TurnRecord
 from lego_rl.trajectory.sample import PromptRoutingSnapshot, Sample
 from lego_rl.trajectory.segment import Segment, common_prefix_len
+
 
 class TrajectoryOptions(BaseModel):
     """How turn records become segments (plain parameters; the config layer embeds this model)."""

@@ -12,7 +12,7 @@ from lego_rl.trajectory.records import TurnRecord
 class Span:
     """Where one turn sits in its segment: prompt is ``[0, prompt_len)``, output ``[out_start, out_end)``."""
 
-    __slots__ = ("turn", "prompt_len", "out_start", "out_end", "text")
+    __slots__ = ("out_end", "out_start", "prompt_len", "text", "turn")
 
     def __init__(self, turn: int, prompt_len: int, out_start: int, out_end: int, text: str) -> None:
         self.turn, self.prompt_len, self.out_start, self.out_end, self.text = (
