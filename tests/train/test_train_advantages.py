@@ -90,3 +90,36 @@ def test_gspo_sequence_ratio_pools_segments_of_a_rollout():
         rollout_mean_log_ratio([torch.zeros(2)], [torch.zeros(3)], ["a"])
     with pytest.raises(TrajectoryError, match="no trained tokens"):
         rollout_mean_log_ratio([torch.zeros(2)], [torch.zeros(2)], ["a"])
+
+
+def test_a_rollout_without_trainable_segments_still_counts_in_its_group():
+    from lego_rl.train.advantages import SamplelessOutcome
+
+    samples = rollout("a", 0, 1.0) + rollout("b", 0, 1.0, 2)
+    alone = grpo_advantages(samples)
+    assert alone.stats.all_solved_groups == 1 and alone.per_rollout["a"] == 0.0
+    adv = grpo_advantages(samples, sampleless=[SamplelessOutcome(rollout_id="c", group_index=0, reward=0.0)])
+    # mean 2/3, population std sqrt(2)/3: the two solved runs get +1/sqrt(2), the silent failure -sqrt(2)
+    assert adv.per_rollout["a"] == pytest.approx(0.7071, abs=1e-3)
+    assert adv.per_rollout["c"] == pytest.approx(-1.4142, abs=1e-3)
+    assert adv.per_sample.shape == (3,) and adv.stats.rollouts == 3
+    with pytest.raises(TrajectoryError, match="both as samples and as sampleless"):
+        grpo_advantages(samples, sampleless=[SamplelessOutcome(rollout_id="a", group_index=0, reward=0.0)])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0.0, 1.0]), st.booleans()), min_size=1, max_size=12))
+def test_excluded_infrastructure_failures_do_not_move_anyone_elses_advantage(spec):
+    from lego_rl.rollout.termination import TerminationReason as T
+    from lego_rl.train.advantages import admit
+
+    samples, healthy = [], []
+    for k, (group, reward, broken) in enumerate(spec):
+        reason = T.ENGINE_ERROR if broken else T.COMPLETED
+        rows = rollout(f"r{k}", group, reward, 1 + k % 3, termination=reason)
+        samples += rows
+        healthy += [] if broken else rows
+    kept, report = admit(samples)
+    assert kept == healthy and report.excluded_rollouts.get("engine_error", 0) == sum(b for *_, b in spec)
+    if healthy:
+        assert grpo_advantages(kept).per_rollout == grpo_advantages(healthy).per_rollout

@@ -114,9 +114,19 @@ class Advantages:
     stats: GroupStats
 
 
+class SamplelessOutcome(BaseModel):
+    """An admitted rollout that produced no trainable segment (e.g. the CLI stopped before its first
+    answer): it trains nothing, but its reward still belongs in its group's mean and std."""
+
+    rollout_id: str
+    group_index: int
+    reward: float
+
+
 def grpo_advantages(
     samples: Sequence[Sample],
     *,
+    sampleless: Sequence[SamplelessOutcome] = (),
     scale_by_std: bool = True,
     eps: float = 1e-6,
     solved_reward: float = 1.0,
@@ -125,19 +135,29 @@ def grpo_advantages(
 
     ``A_r = (R_r - mean_g) / (std_g + eps)`` with the population std over the group's distinct rollouts
     (``scale_by_std=False`` gives ``R_r - mean_g``). A uniform group counts as all-solved when its
-    common reward is at least ``solved_reward``, all-failed when it is at most 0.
+    common reward is at least ``solved_reward``, all-failed when it is at most 0. ``sampleless``
+    rollouts count in their group's statistics only.
     """
     rollouts = _by_rollout(samples)
+    reward_of: dict[str, float] = {}
     groups: dict[int, list[str]] = defaultdict(list)
     for rid, idx in rollouts.items():
         head = samples[idx[0]]
         if head.reward is None or not np.isfinite(head.reward):
             raise TrajectoryError(f"rollout {rid!r} has reward {head.reward!r}; admit() rollouts first")
         groups[head.group_index].append(rid)
-    stats = GroupStats(groups=len(groups), rollouts=len(rollouts), samples=len(samples))
+        reward_of[rid] = head.reward
+    for out in sampleless:
+        if out.rollout_id in reward_of:
+            raise TrajectoryError(f"rollout {out.rollout_id!r} is given both as samples and as sampleless")
+        if not np.isfinite(out.reward):
+            raise TrajectoryError(f"rollout {out.rollout_id!r} has reward {out.reward!r}")
+        groups[out.group_index].append(out.rollout_id)
+        reward_of[out.rollout_id] = out.reward
+    stats = GroupStats(groups=len(groups), rollouts=len(reward_of), samples=len(samples))
     per_rollout: dict[str, float] = {}
     for _, rids in sorted(groups.items()):
-        rewards = np.array([samples[rollouts[r][0]].reward for r in rids], dtype=np.float64)
+        rewards = np.array([reward_of[r] for r in rids], dtype=np.float64)
         if len(rids) == 1:
             stats.singleton_groups += 1
         if np.ptp(rewards) == 0.0:
