@@ -13,7 +13,7 @@ from rich.table import Table
 from lego_rl.cli.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, out
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
 from lego_rl.config.checks import Finding, run_checks
-from lego_rl.config.resolve import ResolvedConfig, iter_values
+from lego_rl.config.resolve import ResolvedConfig, config_json
 from lego_rl.config.schema import SECTIONS
 from lego_rl.errors import ConfigError
 
@@ -21,16 +21,7 @@ config_app = typer.Typer(help="Inspect the resolved configuration.", no_args_is_
 
 
 def _jsonable(value: Any) -> Any:
-    if hasattr(value, "get_secret_value"):
-        return "**********"
-    return value
-
-
-def config_json(r: ResolvedConfig) -> dict[str, Any]:
-    data: dict[str, dict[str, Any]] = {}
-    for section, key, value in iter_values(r.config):
-        data.setdefault(section, {})[key] = {"value": _jsonable(value), "source": str(r.source(f"{section}.{key}"))}
-    return data
+    return "**********" if hasattr(value, "get_secret_value") else value
 
 
 def _findings_table(findings: list[Finding]) -> Table:

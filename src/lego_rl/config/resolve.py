@@ -261,3 +261,16 @@ def iter_values(cfg: LegoConfig) -> list[tuple[str, str, Any]]:
         for name in type(model).model_fields:
             rows.append((section, name, getattr(model, name)))
     return rows
+
+
+def config_json(r: ResolvedConfig) -> dict[str, dict[str, Any]]:
+    """``{section: {key: {"value", "source"}}}`` for ``--json`` output and the run's config.json.
+
+    Secrets are masked: this goes to terminals and to disk.
+    """
+    data: dict[str, dict[str, Any]] = {}
+    for section, key, value in iter_values(r.config):
+        if hasattr(value, "get_secret_value"):
+            value = "**********"
+        data.setdefault(section, {})[key] = {"value": value, "source": str(r.source(f"{section}.{key}"))}
+    return data

@@ -6,7 +6,7 @@ Two families, and the difference matters for training:
   ``time_budget``): the agent itself ended the episode, ran out of turns, context or wall-clock
   budget. These are consequences of the policy's behaviour, so the rollout keeps its verifier reward
   (usually 0 for an unfinished task) and enters the GRPO statistics like any other run.
-* **Infrastructure failures** (``sandbox_setup``, ``harness_install``, ``adapter_error``,
+* **Infrastructure failures** (``sandbox_setup``, ``sandbox_lost``, ``harness_install``, ``adapter_error``,
   ``engine_error``, ``grader_error``, ``guard_timeout``, ``weight_sync_interrupted``): something
   outside the policy broke. A reward of 0 here would punish the policy for our outage, so by default
   these rollouts are excluded from advantages and loss, and counted (see
@@ -45,6 +45,9 @@ class TerminationReason(StrEnum):
     """The agent's wall-clock budget ran out."""
 
     SANDBOX_SETUP = "sandbox_setup"
+    """The agent sandbox could not be created or its workspace prepared."""
+    SANDBOX_LOST = "sandbox_lost"
+    """The agent sandbox died or stopped answering after setup (mid-run, or at patch capture)."""
     HARNESS_INSTALL = "harness_install"
     ADAPTER_ERROR = "adapter_error"
     ENGINE_ERROR = "engine_error"

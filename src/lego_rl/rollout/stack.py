@@ -1,0 +1,111 @@
+"""The serving side of a run: the engine (embedded or vLLM), the client, and the adapter in front of it.
+
+``serving_stack(cfg)`` starts whatever the config asks for and yields a ``Stack``; leaving the context
+stops the adapter, then the embedded engine. Rollouts only need ``stack.sessions`` (to open sessions)
+and ``stack.adapter_url`` (to tell the CLI where to go).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from lego_rl.adapter.core import AdapterCore, SamplingDefaults
+from lego_rl.adapter.server import AdapterServer
+from lego_rl.adapter.sessions import SessionRegistry
+from lego_rl.chat.render import ChatRenderer
+from lego_rl.config.schema import LegoConfig
+from lego_rl.errors import ConfigError
+from lego_rl.serving.client import ServingClient
+
+
+def model_dir(checkpoint: str) -> Path:
+    """The checkpoint directory; ``lego:tiny`` builds (once) and returns the offline tiny model."""
+    if checkpoint == "lego:tiny":
+        from lego_rl.serving.tiny_model import ensure_tiny_model
+
+        return ensure_tiny_model()
+    if checkpoint.startswith("lego:"):
+        raise ConfigError(f"unknown built-in model {checkpoint!r} (only lego:tiny)", parameter="model.checkpoint")
+    return Path(checkpoint)
+
+
+def routable_ip() -> str:
+    """This node's address as other nodes see it (the source address of a route to a public IP).
+
+    Connecting a UDP socket sends nothing; inside a loopback-only namespace there is no route, and the
+    answer is 127.0.0.1, which is right there.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+@dataclass
+class Stack:
+    sessions: SessionRegistry
+    adapter_url: str
+    """Adapter root as advertised to sandboxes."""
+    serving_urls: list[str]
+    client: ServingClient
+    core: AdapterCore
+
+
+@contextlib.asynccontextmanager
+async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
+    directory = model_dir(cfg.model.checkpoint)
+    async with contextlib.AsyncExitStack() as stack:
+        if cfg.serving.backend == "embedded":
+            from lego_rl.serving.server import EmbeddedServer
+
+            device = cfg.serving.device
+            if device == "auto":
+                import torch
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+            engine = EmbeddedServer(directory, host=cfg.serving.host, port=cfg.serving.port, device=device,
+                                    dtype=dtype, max_batch=cfg.serving.max_batch_size,
+                                    max_model_len=cfg.model.max_context_len)
+            await stack.enter_async_context(engine)
+            urls = [engine.url]
+        else:
+            urls = list(cfg.serving.urls)
+        renderer = ChatRenderer.from_pretrained(directory, template_kwargs=cfg.model.chat_template_kwargs)
+        client = await stack.enter_async_context(
+            ServingClient(urls, vocab_size=len(renderer.tokenizer), request_timeout_s=cfg.serving.request_timeout_s,
+                          model=cfg.model.served_name)
+        )
+        ro = cfg.rollout
+        core = AdapterCore(
+            renderer, client, context_limit=cfg.model.max_context_len, max_response_tokens=cfg.model.max_response_len,
+            tool_parser=cfg.serving.tool_call_parser,  # type: ignore[arg-type]
+            sampling=SamplingDefaults(temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
+                                      nucleus=ro.capture_nucleus, routed_experts=ro.use_rollout_routing_replay),
+            model_name=cfg.model.served_name,
+        )
+        sessions = SessionRegistry()
+        server = AdapterServer(core, sessions, max_body_bytes=int(cfg.adapter.max_body_mb * 1024 * 1024))
+        runner = web.AppRunner(server.app(), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, cfg.adapter.bind_host, cfg.adapter.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"the adapter cannot listen on {cfg.adapter.bind_host}:{cfg.adapter.port}: "
+                              f"{exc.strerror}", parameter="adapter.port", value=cfg.adapter.port) from None
+        port = runner.addresses[0][1]
+        host = cfg.adapter.public_host
+        if host == "auto":
+            host = "127.0.0.1" if cfg.adapter.bind_host.startswith("127.") else routable_ip()
+        yield Stack(sessions=sessions, adapter_url=f"http://{host}:{port}", serving_urls=urls, client=client,
+                    core=core)
