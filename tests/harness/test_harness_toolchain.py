@@ -7,14 +7,11 @@ served on purpose. One slow test fetches a real 5 kB tarball from the npm regist
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
-from harness_helpers import make_tgz
+from harness_helpers import Registry, make_tgz, sri, start_registry
 
 from lego_rl.errors import ConfigError, HarnessError
 from lego_rl.harness import Toolchain, ToolchainPin
@@ -22,49 +19,9 @@ from lego_rl.harness.fetch import fetch_toolchain
 from lego_rl.harness.toolchain import LOCKFILE, Lockfile, sha512_integrity
 
 
-def sri(data: bytes) -> str:
-    return "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
-
-
-class Registry:
-    """Serves ``/<name>/<version>`` documents and ``/t/<file>`` tarballs; ``lie`` publishes a wrong hash."""
-
-    def __init__(self) -> None:
-        self.tarballs: dict[tuple[str, str], bytes] = {}
-        self.lie: set[tuple[str, str]] = set()
-        self.downloads = 0
-        self.url = ""
-
-    async def doc(self, request: web.Request) -> web.Response:
-        key = (request.match_info["name"].replace("%2f", "/"), request.match_info["version"])
-        if key not in self.tarballs:
-            return web.json_response({"error": "not found"}, status=404)
-        data = self.tarballs[key]
-        published = sri(b"other bytes") if key in self.lie else sri(data)
-        tarball = f"{self.url}/t/{key[0].replace('/', '_')}-{key[1]}.tgz"
-        return web.json_response({"name": key[0], "version": key[1], "dist": {"integrity": published, "tarball": tarball}})
-
-    async def tarball(self, request: web.Request) -> web.Response:
-        self.downloads += 1
-        stem = request.match_info["file"].removesuffix(".tgz")
-        for (name, version), data in self.tarballs.items():
-            if f"{name.replace('/', '_')}-{version}" == stem:
-                return web.Response(body=data)
-        return web.Response(status=404)
-
-
 @pytest.fixture
 async def registry(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Registry]:
-    reg = Registry()
-    app = web.Application()
-    app.router.add_get("/t/{file}", reg.tarball)
-    app.router.add_get("/{name:[^/]+(?:/[^/]+)?}/{version}", reg.doc)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    reg.url = f"http://127.0.0.1:{port}"
+    reg, runner = await start_registry()
     monkeypatch.setenv("npm_config_registry", reg.url)
     yield reg
     await runner.cleanup()

@@ -55,6 +55,9 @@ def toolchain_fetch(
     folder: Path | None = typer.Option(None, "--dir", help="Toolchain folder (default $LEGO_TOOLCHAIN_DIR, else ./.lego/toolchain)."),
     force: bool = typer.Option(False, "--force", help="Download again even when the lockfile says up to date."),
     python: str | None = typer.Option(None, "--python", help="Host interpreter that builds Python site trees."),
+    option: list[str] | None = typer.Option(
+        None, "--option", "-o", help="Harness option HARNESS.KEY=VALUE (JSON or text), e.g. codex.install_from=npm."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the fetched lockfile entries as JSON."),
 ) -> None:
     """Download every pinned npm tarball / platform archive / site tree and check it against the registry."""
@@ -67,7 +70,8 @@ def toolchain_fetch(
     try:
         pm = get_plugin_manager()
         names = harness or [i.harness.name for i in describe_all(pm)]
-        pins = [pin for name in names for pin in get_harness(name, pm=pm).toolchain_pins()]
+        overrides = _parse_options(option or [])
+        pins = [pin for name in names for pin in get_harness(name, overrides.get(name), pm=pm).toolchain_pins()]
         results = asyncio.run(fetch_toolchain(pins, target, force=force, python=python))
     except ConfigError as exc:
         raise _fail(exc, EXIT_USAGE) from None
@@ -80,6 +84,23 @@ def toolchain_fetch(
         state = "fetched" if downloaded else "up to date"
         out.print(f"{state:>10}  {entry.name}@{entry.version}  {entry.size / 1e6:.1f} MB  {entry.file}", highlight=False)
     out.print(f"toolchain: {target}", highlight=False)
+
+
+def _parse_options(items: list[str]) -> dict[str, dict[str, object]]:
+    from lego_rl.errors import ConfigError
+
+    parsed: dict[str, dict[str, object]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        harness, dot, field = key.partition(".")
+        if not sep or not dot or not harness or not field:
+            raise ConfigError(f"expected HARNESS.KEY=VALUE, got {item!r}", where="--option")
+        try:
+            value: object = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        parsed.setdefault(harness, {})[field] = value
+    return parsed
 
 
 def register(app: typer.Typer) -> None:
