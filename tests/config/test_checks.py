@@ -55,6 +55,19 @@ def test_check_fails(base_toml: Path, overrides: list[str], code: str) -> None:
     assert found.get(code) == "error", found
 
 
+def test_harness_must_be_installed(base_toml: Path, workdir: Path) -> None:
+    assert codes(base_toml, "agent.default_harness=\"no_such_cli\"").get("harness_missing") == "error"
+    row = json.loads((workdir / "tasks.jsonl").read_text())
+    row["metadata"]["agent"] = "another_missing_cli"
+    (workdir / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    r = resolve(base_toml, environ={})
+    messages = [f.message for f in run_checks(r) if f.code == "harness_missing"]
+    assert any("another_missing_cli" in m and "metadata.agent" in m for m in messages)
+    row["metadata"]["agent"] = "codex"
+    (workdir / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    assert "harness_missing" not in codes(base_toml)
+
+
 def test_global_batch_explicit_divisor_ok(base_toml: Path) -> None:
     assert "global_batch" not in codes(base_toml, "rollout.batch_size=4", "train.global_batch_size=2")
 

@@ -309,6 +309,30 @@ def files(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 @check
+def harnesses(r: ResolvedConfig) -> Iterator[Finding]:
+    """The default harness and every row's ``metadata.agent`` must be installed harness plugins."""
+    from lego_rl.config.dataset_scan import scan_dataset_full
+    from lego_rl.errors import HarnessError
+    from lego_rl.harness.plugins import describe_all, get_plugin_manager
+
+    try:
+        installed = {info.harness.name for info in describe_all(get_plugin_manager())}
+    except HarnessError as exc:
+        yield error("harness_plugins", f"harness plugins cannot be loaded: {exc}",
+                    "fix or uninstall the named package (`pip uninstall ...`)", "agent.default_harness")
+        return
+    _, used, _ = scan_dataset_full(r)
+    wanted = {r.config.agent.default_harness: "agent.default_harness"} | {n: "rollout.prompt_data" for n in used}
+    known = ", ".join(sorted(installed)) or "none"
+    for name, key in sorted(wanted.items()):
+        if name not in installed:
+            where = "the default harness" if key == "agent.default_harness" else "used by the dataset's metadata.agent"
+            yield error("harness_missing", f"harness {name!r} ({where}) is not installed; installed: {known}",
+                        "pip install its plugin (the built-in four: scripts/install_plugins.sh) or change "
+                        + ("SWE_AGENT" if key == "agent.default_harness" else "the rows' metadata.agent"), key)
+
+
+@check
 def run_root(r: ResolvedConfig) -> Iterator[Finding]:
     root = Path(r.config.paths.run_root or "")
     holds_run = root.is_dir() and any((root / name).exists() for name in ("events.jsonl", "config.json"))

@@ -13,12 +13,19 @@ MAX_ROW_ERRORS = 5
 
 
 def scan_dataset(r: ResolvedConfig) -> tuple[set[str], list[Finding]]:
+    images, _, findings = scan_dataset_full(r)
+    return images, findings
+
+
+def scan_dataset_full(r: ResolvedConfig) -> tuple[set[str], set[str], list[Finding]]:
+    """(images used, harness names used by rows' ``metadata.agent``, findings)."""
     path = Path(r.config.rollout.prompt_data or "")
     key = "rollout.prompt_data"
     if not path.is_file():
-        return set(), [error("missing_file", f"{key} names {path}, which does not exist",
+        return set(), set(), [error("missing_file", f"{key} names {path}, which does not exist",
                              "prepare it with `lego prepare` or set PROMPT_DATA", key)]
     images: set[str] = set()
+    agents: set[str] = set()
     findings: list[Finding] = []
     meta_key = r.config.rollout.metadata_key
     image_key = r.config.agent.sandbox_image_metadata_key
@@ -42,6 +49,8 @@ def scan_dataset(r: ResolvedConfig) -> tuple[set[str], list[Finding]]:
             if not isinstance(row.get(r.config.rollout.input_key), list | str):
                 findings.append(error("dataset_row", f"{path} row {number}: no prompt under "
                                       f"`{r.config.rollout.input_key}`", "set rollout.input_key or fix the row", key))
+            if isinstance(meta.get("agent"), str) and meta["agent"]:
+                agents.add(meta["agent"])
             image = meta.get(image_key)
             if isinstance(image, str) and image:
                 images.add(image)
@@ -54,4 +63,4 @@ def scan_dataset(r: ResolvedConfig) -> tuple[set[str], list[Finding]]:
                 break
     if rows == 0 and not findings:
         findings.append(error("dataset_empty", f"{path} holds no task rows", "prepare tasks with `lego prepare`", key))
-    return images, findings
+    return images, agents, findings
