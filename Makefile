@@ -12,7 +12,9 @@ PYTEST_ARGS ?=
 
 run: setup ## set up, then run the main job on the embedded defaults (lego.toml)
 	scripts/build_rootfs.sh
+	$(LEGO) toolchain fetch --harness claude_code --dir .lego/toolchain
 	$(LEGO) validate -c lego.toml
+	LEGO=$(LEGO) scripts/run_main_job.sh
 
 test: setup test-deps ## set up everything the suite needs, then run all tests (what CI runs)
 	$(PYTEST) -q $(PYTEST_ARGS)
@@ -34,7 +36,7 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	# torch 2.13.0 first: pip takes the CPU build from this machine's wheel cache instead of a CUDA download.
 	$(VENV)/bin/pip install -q torch==2.13.0
 	$(VENV)/bin/pip install -q -e '.[serve,sunabako,dev]'
-	if [ -x scripts/install_plugins.sh ]; then VENV=$(VENV) scripts/install_plugins.sh; fi
+	LEGO_PYTHON=$(VENV)/bin/python scripts/install_plugins.sh
 	touch $(STAMP)
 
 # Real components the suite runs against: vLLM (CPU build, own venv), the coding CLIs from npm/PyPI,
@@ -43,6 +45,7 @@ test-deps: setup
 	scripts/setup_vllm.sh
 	scripts/setup_clis.sh
 	scripts/build_rootfs.sh
+	$(LEGO) toolchain fetch --dir .lego/toolchain
 
 clean-runs:
 	rm -rf runs/
