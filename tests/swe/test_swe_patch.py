@@ -76,6 +76,9 @@ async def test_agent_cannot_hide_edits_by_committing_or_resetting(agent_sb: Sand
                         "&& git checkout -q --detach && git branch -q -D main && git gc -q --prune=now")
     patch = (await capture_patch(agent_sb, snap)).decode()
     assert "+    return a + b" in patch
+    # even deleting the repository's git directory cannot break the capture (objects were copied)
+    await _sh(agent_sb, "rm -rf .git")
+    assert (await capture_patch(agent_sb, snap)).decode() == patch
     # the snapshot is root's: the agent can neither read nor rewrite it
     res = await agent_sb.exec(["ls", snap.git_dir], user="agent", timeout=30)
     assert res.exit_code != 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from lego_rl.errors import SandboxError
 from lego_rl.sandbox.base import Sandbox
-from lego_rl.swe.shell import q, run_step
+from lego_rl.swe.shell import GIT, q, run_step
 
 SNAPSHOT_DIR = "/var/lib/lego-rl/snapshot.git"
 # Fixed settings so neither the image's nor the agent's git config changes what is captured.
@@ -45,14 +45,31 @@ def _git(git_dir: str, workdir: str) -> str:
     return f"{_SNAP_GIT} --git-dir={q(git_dir)} --work-tree={q(workdir)}"
 
 
-async def take_snapshot(sb: Sandbox, workdir: str, *, git_dir: str = SNAPSHOT_DIR, timeout: float = 900) -> Snapshot:
-    """Record the workspace as it is now (call after ``prepare_workspace``, before the agent runs)."""
+async def take_snapshot(
+    sb: Sandbox, workdir: str, *, git_dir: str = SNAPSHOT_DIR, copy_objects_mb: int = 512, timeout: float = 900
+) -> Snapshot:
+    """Record the workspace as it is now (call after ``prepare_workspace``, before the agent runs).
+
+    Seeding the snapshot with the repository's objects is what makes this fast: ``git add`` then
+    only hashes files and writes nothing for blobs HEAD already has (10k files: ~0.3 s instead of
+    several seconds of zlib). Up to ``copy_objects_mb`` the objects are copied, so an agent that
+    deletes ``.git`` cannot break the capture; bigger stores are borrowed through ``alternates``
+    (an agent that destroys such a repository's objects makes the capture fail, as a SandboxError).
+    """
     g = _git(git_dir, workdir)
     script = f"""
 umask 077
 rm -rf {q(git_dir)}
 mkdir -p "$(dirname {q(git_dir)})"
 git init -q --bare {q(git_dir)}
+src="$({GIT} rev-parse --absolute-git-dir 2>/dev/null || true)"
+if [ -n "$src" ] && [ -d "$src/objects" ]; then
+  if [ "$(du -sk "$src/objects" | cut -f1)" -le {int(copy_objects_mb) * 1024} ]; then
+    cp -a "$src/objects/." {q(git_dir)}/objects/
+  else
+    echo "$src/objects" >> {q(git_dir)}/objects/info/alternates
+  fi
+fi
 {g} add -A .
 {g} write-tree
 """
