@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `suppo
 
 from support.scripted_engine import ScriptedPolicyEngine  # noqa: E402
 
-from lego_rl.adapter.core import AdapterCore, GenerateBackend  # noqa: E402
+from lego_rl.adapter.core import AdapterCore  # noqa: E402
 from lego_rl.adapter.server import AdapterServer  # noqa: E402
 from lego_rl.adapter.sessions import SessionRegistry  # noqa: E402
 
@@ -78,6 +78,7 @@ class RunningAdapter:
     sessions: SessionRegistry
     core: AdapterCore
     engine: Any
+    """The ScriptedPolicyEngine behind the adapter (None when the embedded tiny-model engine serves)."""
     url: str = f"http://127.0.0.1:{ADAPTER_PORT}"
 
     @property
@@ -89,27 +90,46 @@ class RunningAdapter:
 async def start_adapter(
     tmp_path: Path, tiny_model_dir: Path, renderer: Any
 ) -> AsyncIterator[Callable[..., Any]]:
-    runners: list[web.AppRunner] = []
+    """Start an adapter on a unix socket, backed over HTTP (real ``ServingClient``) by either a
+    scripted policy (``script`` given) or the embedded engine serving the tiny model (``script=None``)."""
+    cleanups: list[Callable[[], Any]] = []
 
     async def start(script: Sequence[str] | Callable[[str, int], str] | None = None, *,
-                    backend: GenerateBackend | None = None, sessions: Sequence[str] = ("sess-1",),
-                    context_limit: int = 60000, max_response_tokens: int = 512,
-                    **session_kw: Any) -> RunningAdapter:
-        engine = backend or ScriptedPolicyEngine(tiny_model_dir, script or ("Done.",))
+                    sessions: Sequence[str] = ("sess-1",), context_limit: int = 60000,
+                    max_response_tokens: int = 256, **session_kw: Any) -> RunningAdapter:
+        from lego_rl.serving.client import ServingClient
+
+        policy = None
+        if script is None:
+            from lego_rl.serving.server import EmbeddedServer
+
+            embedded = EmbeddedServer(tiny_model_dir)
+            engine_url = await embedded.start()
+            cleanups.append(embedded.stop)
+        else:
+            policy = ScriptedPolicyEngine(tiny_model_dir, script)
+            engine_runner = web.AppRunner(policy.app(), access_log=None)
+            await engine_runner.setup()
+            cleanups.append(engine_runner.cleanup)
+            site = web.TCPSite(engine_runner, "127.0.0.1", 0)
+            await site.start()
+            engine_url = "http://127.0.0.1:%d" % site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        client = ServingClient([engine_url], vocab_size=renderer.vocab_size)
+        cleanups.append(client.close)
         registry = SessionRegistry()
         for sid in sessions:
             registry.open(sid, **session_kw)
-        core = AdapterCore(renderer, engine, context_limit=context_limit, max_response_tokens=max_response_tokens)
-        runner = web.AppRunner(AdapterServer(core, registry).app())
+        core = AdapterCore(renderer, client, context_limit=context_limit, max_response_tokens=max_response_tokens)
+        runner = web.AppRunner(AdapterServer(core, registry).app(), access_log=None)
         await runner.setup()
-        runners.append(runner)
-        sock = tmp_path / f"adapter-{len(runners)}.sock"
+        cleanups.append(runner.cleanup)
+        sock = tmp_path / f"adapter-{len(cleanups)}.sock"
         await web.UnixSite(runner, str(sock)).start()
-        return RunningAdapter(sock, registry, core, engine)
+        return RunningAdapter(sock, registry, core, policy)
 
     yield start
-    for runner in runners:
-        await runner.cleanup()
+    for cleanup in reversed(cleanups):
+        await cleanup()
 
 
 def assert_records_match_engine(records: list[Any], engine: ScriptedPolicyEngine) -> None:

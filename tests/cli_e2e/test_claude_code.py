@@ -65,3 +65,30 @@ async def test_claude_code_tool_loop_through_adapter(start_adapter, cli_path, tm
     assert main[1].prompt_ids[: len(main[0].prompt_ids) + len(main[0].output_ids)] == (
         main[0].prompt_ids + main[0].output_ids)
     assert session.infra_failure is None
+
+
+async def test_claude_code_plain_tiny_model_to_completion(start_adapter, cli_path, tmp_path: Path) -> None:
+    """The embedded engine serving the random tiny model: Claude Code runs until it stops by itself.
+
+    A random model practically never samples its end-of-message token, so its turns stop at the output
+    limit (``max_tokens``); Claude Code asks it to continue a few times, then ends with a
+    ``max_output_tokens`` error result (exit 1). A turn that did end (exit 0) is accepted too. Either
+    way every request was answered and recorded with real logprobs.
+    """
+    adapter = await start_adapter(None, max_response_tokens=8)
+    work, home = tmp_path / "repo", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    res = await run_caged(claude_cmd(cli_path("claude"), "Say hello.", max_turns=2), forwards=adapter.forwards,
+                          env=claude_env(home, adapter.url, "sess-1"), cwd=work, timeout=240)
+    assert not res.timed_out
+    final = result_event(res.stdout)
+    session = adapter.sessions.get("sess-1")
+    records = session.main_records()
+    assert records and session.infra_failure is None
+    for record in session.records:
+        assert len(record.logprobs) == len(record.output_ids) > 0
+    if records[-1].stop_reason == "max_tokens":
+        assert res.returncode == 1 and final.get("api_error") == "max_output_tokens", res.stdout[-3000:]
+    else:
+        assert res.returncode == 0 and final.get("is_error") is False, res.stdout[-3000:]

@@ -94,3 +94,26 @@ async def test_codex_custom_grammar_tool_apply_patch(start_adapter, cli_path, tm
     assert (work / "hello.txt").read_text() == "hello-from-lego\n"
     assert agent_messages(res.stdout)[-1] == "Done: patched in hello.txt."
     assert_bridged_tool_loop(adapter)
+
+
+async def test_codex_plain_tiny_model_to_completion(start_adapter, cli_path, tmp_path: Path) -> None:
+    """The embedded engine serving the random tiny model: Codex runs until it stops by itself.
+
+    A random model practically never samples its end-of-message token, so its turns end at the output
+    limit; the adapter answers those as ``incomplete`` (``max_output_tokens``), on which Codex fails the
+    turn and exits 1. An answer that did end (exit 0) is accepted too. Either way every request was
+    answered and recorded with real logprobs.
+    """
+    adapter = await start_adapter(None, max_response_tokens=8)
+    res, _ = await run_codex(adapter, cli_path, tmp_path)
+    assert not res.timed_out
+    session = adapter.sessions.get("sess-1")
+    records = session.main_records()
+    assert records and session.infra_failure is None
+    for record in session.records:
+        assert len(record.logprobs) == len(record.output_ids) > 0
+    if records[-1].stop_reason == "max_tokens":
+        assert res.returncode == 1, res.stdout[-3000:]
+        assert "Incomplete response returned, reason: max_output_tokens" in res.stdout
+    else:
+        assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])

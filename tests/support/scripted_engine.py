@@ -99,7 +99,7 @@ class ScriptedPolicyEngine:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_post("/inference/v1/generate", self._handle)
-        app.router.add_get("/health", lambda _r: web.json_response({"status": "ok"}))
+        app.router.add_get("/health", _health)
         return app
 
     async def _handle(self, request: web.Request) -> web.Response:
@@ -118,3 +118,7 @@ def tool_call_text(name: str, arguments: dict[str, Any], *, before: str = "") ->
     params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in arguments.items())
     lead = f"{before}\n" if before else ""
     return f"{lead}<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
