@@ -9,7 +9,9 @@ The turn runs through ``AdapterCore.run_turn`` twice:
 
 The engine is a TEST DOUBLE that answers instantly with fixed ids, and the figure is the turn's
 ``total_s - engine_s`` (render, clamp, parse, validation, turn record). Printed as medians and as the
-ratio full / bridged. Target: >= 10x at 64k. Run: ``nice .venv/bin/python benchmarks/adapter_render_bench.py``.
+ratio full / bridged. Target: >= 10x at 64k.
+
+Run: ``nice .venv/bin/python benchmarks/adapter_render_bench.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, Message, ToolSpec
 from lego_rl.adapter.core import AdapterCore
 from lego_rl.adapter.sessions import Session, SessionRegistry
+from lego_rl.chat.parsers import parse_turn
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.serving.protocol import GenerateResult, SamplingParams
 from lego_rl.serving.tiny_model import ensure_tiny_model
@@ -34,7 +37,10 @@ TOOLS = [
         parameters={"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
     )
 ]
-CALL = "Running it.\n<tool_call>\n<function=bash>\n<parameter=cmd>\n{cmd}\n</parameter>\n</function>\n</tool_call><|im_end|>"
+CALL = (
+    "Running it.\n<tool_call>\n<function=bash>\n<parameter=cmd>\n{cmd}\n</parameter>\n</function>\n"
+    "</tool_call><|im_end|>"
+)
 
 
 class InstantEngine:
@@ -44,7 +50,9 @@ class InstantEngine:
         self.renderer = renderer
         self.n = 0
 
-    async def generate(self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None) -> Any:
+    async def generate(
+        self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None
+    ) -> Any:
         self.n += 1
         ids = self.renderer.encode(CALL.format(cmd=f"pytest -x tests/test_{self.n}.py"))
         return GenerateResult(output_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
@@ -52,14 +60,16 @@ class InstantEngine:
 
 def build_history(renderer: ChatRenderer, corpus: str, target_tokens: int) -> list[Message]:
     """A transcript of tool calls and outputs whose full render is about ``target_tokens`` long."""
-    msgs = [Message(role="system", content="You are a coding agent."), Message(role="user", content="Fix the bug.")]
+    msgs = [
+        Message(role="system", content="You are a coding agent."),
+        Message(role="user", content="Fix the bug."),
+    ]
     chunk, pos, n = 1200, 0, 0
     while True:
         n += 1
         call = CALL.format(cmd=f"cat src/mod_{n}.py")
-        from lego_rl.chat.parsers import parse_turn
-
-        turn = parse_turn(call.removesuffix("<|im_end|>"), TOOLS, new_id=lambda: f"call_{n}")
+        call_id = f"call_{n}"
+        turn = parse_turn(call.removesuffix("<|im_end|>"), TOOLS, new_id=lambda cid=call_id: cid)
         out = corpus[pos : pos + chunk] or corpus[:chunk]
         pos = (pos + chunk) % max(1, len(corpus) - chunk)
         msgs += [Message(role="assistant", content=turn.text, tool_calls=turn.tool_calls),
@@ -91,7 +101,9 @@ async def main(sizes: list[int], repeats: int) -> None:
         full_t, bridged_t, prompt_len = [], [], 0
         for rep in range(repeats):
             session = registry.open(f"bench-{size}-{rep}")
-            first = await core.run_turn(session, CanonicalRequest(protocol="anthropic", messages=history, tools=TOOLS))
+            first = await core.run_turn(
+                session, CanonicalRequest(protocol="anthropic", messages=history, tools=TOOLS)
+            )
             messages = next_turn(history, first, corpus)
             t, mode = await overhead(core, session, messages)
             assert mode == "bridged", "the benchmark's second turn must be bridged"

@@ -22,7 +22,10 @@ from lego_rl.errors import ProtocolError, ProviderError
 from lego_rl.serving.protocol import GenerateResult, NucleusEntry, SamplingParams, WeightVersionSpan
 
 BASH = ToolSpec(name="bash", parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})
-ASK = [Message(role="system", content="You are a coding agent."), Message(role="user", content="list the files")]
+ASK = [
+    Message(role="system", content="You are a coding agent."),
+    Message(role="user", content="list the files"),
+]
 
 
 class Spy:
@@ -32,7 +35,9 @@ class Spy:
         self.inner = inner
         self.params: list[SamplingParams] = []
 
-    async def generate(self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None) -> Any:
+    async def generate(
+        self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None
+    ) -> Any:
         self.params.append(params)
         return await self.inner.generate(token_ids, params, session_id=session_id)
 
@@ -68,9 +73,13 @@ def session() -> Session:
     return SessionRegistry().open("rollout-1", template_kwargs={"reasoning_effort": "medium"})
 
 
-async def test_tool_loop_records_engine_ids_and_bridges(tiny_model_dir: Path, renderer: ChatRenderer, session: Session) -> None:  # noqa: E501
+async def test_tool_loop_records_engine_ids_and_bridges(
+    tiny_model_dir: Path, renderer: ChatRenderer, session: Session
+) -> None:  # noqa: E501
     calls = tool_call_text("bash", {"cmd": "ls"}) + "\n" + tool_call_text("bash", {"cmd": "pwd"})
-    engine = ScriptedPolicyEngine(tiny_model_dir, ["<think>\nlook first\n</think>\n\nChecking.\n" + calls, "Two files."])
+    engine = ScriptedPolicyEngine(
+        tiny_model_dir, ["<think>\nlook first\n</think>\n\nChecking.\n" + calls, "Two files."]
+    )
     core = make_core(renderer, engine)
     first = await core.run_turn(session, req(ASK))
     assert (first.stop, first.text, first.reasoning) == ("tool_use", "Checking.", "look first")
@@ -84,7 +93,11 @@ async def test_tool_loop_records_engine_ids_and_bridges(tiny_model_dir: Path, re
 
     r1, r2 = session.records
     for rec, call in zip(session.records, engine.calls, strict=True):
-        assert (rec.prompt_ids, rec.output_ids, rec.logprobs) == (call.prompt_ids, call.output_ids, call.logprobs)
+        assert (rec.prompt_ids, rec.output_ids, rec.logprobs) == (
+            call.prompt_ids,
+            call.output_ids,
+            call.logprobs,
+        )
         assert rec.weight_versions == [0] * len(rec.output_ids)
         assert rec.kind == "main" and rec.protocol == "anthropic" and rec.finish_reason == "stop"
     assert (r1.render_mode, r2.render_mode) == ("full", "bridged")
@@ -99,7 +112,9 @@ async def test_tool_loop_records_engine_ids_and_bridges(tiny_model_dir: Path, re
     assert r1.text.endswith("<|im_end|>") and r1.engine_s > 0 and r1.total_s >= r1.render_s
 
 
-async def test_side_requests_stay_out_of_the_main_chain(tiny_model_dir: Path, renderer: ChatRenderer, session: Session) -> None:  # noqa: E501
+async def test_side_requests_stay_out_of_the_main_chain(
+    tiny_model_dir: Path, renderer: ChatRenderer, session: Session
+) -> None:  # noqa: E501
     engine = ScriptedPolicyEngine(tiny_model_dir, ["First.", "A title", "Second."])
     core = make_core(renderer, engine)
     first = await core.run_turn(session, req(ASK))
@@ -131,7 +146,12 @@ async def test_no_room_left_answers_context_limit_without_calling_the_engine(ren
     core = make_core(renderer, engine, context_limit=prompt_len)
     session = SessionRegistry().open("s")
     resp = await core.run_turn(session, req(ASK))
-    assert (resp.stop, resp.text, resp.tool_calls, resp.prompt_tokens) == ("context_limit", "", [], prompt_len)
+    assert (resp.stop, resp.text, resp.tool_calls, resp.prompt_tokens) == (
+        "context_limit",
+        "",
+        [],
+        prompt_len,
+    )
     assert engine.calls == 0
     (rec,) = session.records
     assert (rec.output_ids, rec.stop_reason, rec.finish_reason) == ([], "context_limit", "context_limit")
@@ -167,10 +187,15 @@ def _reply(ids: list[int], lps: list[float], **kw: Any) -> GenerateResult:
         (_reply([5], [0.7]), "invalid logprob 0.7"),
         (_reply([10**6], [-0.1]), "token id 1000000 outside the vocabulary"),
         (_reply([], []), "no output tokens"),
-        (_reply([5, 6], [-0.1, -0.2], weight_versions=[WeightVersionSpan(version=3, start=0, end=1)]), "weight_versions"),
+        (
+            _reply([5, 6], [-0.1, -0.2], weight_versions=[WeightVersionSpan(version=3, start=0, end=1)]),
+            "weight_versions",
+        ),
     ],
 )
-async def test_bad_engine_reply_fails_and_marks_infra_failure(renderer: ChatRenderer, reply: GenerateResult, needle: str) -> None:  # noqa: E501
+async def test_bad_engine_reply_fails_and_marks_infra_failure(
+    renderer: ChatRenderer, reply: GenerateResult, needle: str
+) -> None:  # noqa: E501
     core = make_core(renderer, ReplyEngine(reply))
     session = SessionRegistry().open("s")
     with pytest.raises(ProviderError, match=needle):
@@ -210,17 +235,24 @@ def test_template_kwargs_precedence(renderer: ChatRenderer) -> None:
     r = req(ASK, reasoning_effort="low", template_kwargs={"y": 2})
     assert core.template_kwargs(session, r) == {"reasoning_effort": "medium", "x": 1, "y": 2}
     assert core.template_kwargs(None, r) == {"reasoning_effort": "low", "x": 1, "y": 2}
-    assert core.count_tokens(session, r) == len(renderer.render_ids(ASK, [BASH], {"reasoning_effort": "medium"}))
+    assert core.count_tokens(session, r) == len(
+        renderer.render_ids(ASK, [BASH], {"reasoning_effort": "medium"})
+    )
 
 
 @pytest.mark.parametrize(
     ("messages", "needle"),
     [
         ([], "no messages"),
-        ([*ASK, Message(role="tool", tool_call_id="nope", content="x")], "does not follow an assistant tool call"),
+        (
+            [*ASK, Message(role="tool", tool_call_id="nope", content="x")],
+            "does not follow an assistant tool call",
+        ),
     ],
 )
-async def test_bad_requests_record_nothing(renderer: ChatRenderer, messages: list[Message], needle: str) -> None:
+async def test_bad_requests_record_nothing(
+    renderer: ChatRenderer, messages: list[Message], needle: str
+) -> None:
     engine = ReplyEngine(_reply([5], [-1.0]))
     session = SessionRegistry().open("s")
     with pytest.raises(ProtocolError, match=needle):
@@ -257,7 +289,9 @@ async def test_nucleus_and_routing_are_requested_kept_and_required(renderer: Cha
     await make_core(renderer, plain).run_turn(SessionRegistry().open("p"), req(ASK))
     assert plain.extras == [{}]
     # Asked for but missing: the request fails and the session is an infrastructure failure.
-    bare = make_core(renderer, ReplyEngine(_reply(ids, [-0.1] * len(ids))), sampling=SamplingDefaults(nucleus=True))
+    bare = make_core(
+        renderer, ReplyEngine(_reply(ids, [-0.1] * len(ids))), sampling=SamplingDefaults(nucleus=True)
+    )
     failed = SessionRegistry().open("f")
     with pytest.raises(ProviderError, match="no usable nucleus"):
         await bare.run_turn(failed, req(ASK))

@@ -47,7 +47,9 @@ async def test_two_turns_on_the_embedded_engine(tiny_model_dir: Path, renderer: 
         assert 0 < len(rec.output_ids) <= 24 and len(rec.logprobs) == len(rec.output_ids)
         again = teacher_forced_logprobs(model, rec.prompt_ids + rec.output_ids, len(rec.prompt_ids), 1.0)
         torch.testing.assert_close(torch.tensor(rec.logprobs), again, atol=1e-4, rtol=0)
-        assert rec.nucleus_ids is not None and all(t in ids for t, ids in zip(rec.output_ids, rec.nucleus_ids, strict=True))
+        assert rec.nucleus_ids is not None and all(
+            t in ids for t, ids in zip(rec.output_ids, rec.nucleus_ids, strict=True)
+        )
         assert rec.weight_versions and len(rec.weight_versions) == len(rec.output_ids)
     clean = r1.finish_reason == "stop" and r1.output_ids[-1] == renderer.boundary.marker_id  # type: ignore[union-attr]
     if clean:

@@ -30,7 +30,9 @@ class TextEngine:
         self.renderer = renderer
         self.texts: list[str] = []
 
-    async def generate(self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None) -> Any:
+    async def generate(
+        self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None
+    ) -> Any:
         ids = self.renderer.encode(self.texts.pop(0))
         return GenerateResult(output_ids=ids, logprobs=[-0.25] * len(ids), finish_reason="stop")
 
@@ -38,20 +40,25 @@ class TextEngine:
 def reply_text(n_calls: int, rng: random.Random) -> str:
     think = f"<think>\nplan {rng.randint(0, 99)}\n</think>\n\n" if rng.random() < 0.7 else ""
     calls = "".join(
-        f"\n<tool_call>\n<function=run>\n<parameter=cmd>\necho {rng.randint(0, 999)}\n</parameter>\n</function>\n</tool_call>"
+        f"\n<tool_call>\n<function=run>\n<parameter=cmd>\necho {rng.randint(0, 999)}\n</parameter>\n"
+        "</function>\n</tool_call>"
         for _ in range(n_calls)
     )
     return f"{think}Step {rng.randint(0, 99)}.{calls}<|im_end|>"
 
 
 steps = st.lists(
-    st.tuples(st.integers(0, 3), st.sampled_from(["continue"] * 4 + ["compact", "edit"])), min_size=1, max_size=6
+    st.tuples(st.integers(0, 3), st.sampled_from(["continue"] * 4 + ["compact", "edit"])),
+    min_size=1,
+    max_size=6,
 )
 
 
 @settings(max_examples=25, deadline=None)
 @given(plan=steps, seed=st.integers(0, 2**16))
-async def test_random_sessions_bridge_exactly(renderer: ChatRenderer, plan: list[tuple[int, str]], seed: int) -> None:
+async def test_random_sessions_bridge_exactly(
+    renderer: ChatRenderer, plan: list[tuple[int, str]], seed: int
+) -> None:
     rng = random.Random(seed)
     engine = TextEngine(renderer)
     core = AdapterCore(renderer, engine, context_limit=1 << 16, verify_bridges=True)
@@ -67,7 +74,9 @@ async def test_random_sessions_bridge_exactly(renderer: ChatRenderer, plan: list
         resp = await core.run_turn(session, CanonicalRequest(protocol="chat", messages=history, tools=TOOLS))
         expected.append(pending)
         history.append(Message(role="assistant", content=resp.text, tool_calls=resp.tool_calls))
-        results = [Message(role="tool", tool_call_id=c.id, content=f"out {c.arguments}") for c in resp.tool_calls]
+        results = [
+            Message(role="tool", tool_call_id=c.id, content=f"out {c.arguments}") for c in resp.tool_calls
+        ]
         rng.shuffle(results)
         history += results or [Message(role="user", content=f"next {rng.randint(0, 9)}")]
         pending = "bridged"

@@ -47,18 +47,27 @@ async def serve() -> AsyncIterator[Callable[[web.Application], Any]]:
 
 async def test_tool_loop_over_http(serve: Any, tiny_model_dir: Path, renderer: ChatRenderer) -> None:
     engine = ScriptedPolicyEngine(
-        tiny_model_dir, [tool_call_text("write_file", {"path": "hello.txt", "text": "hi"}, before="Writing."), "Done."]
+        tiny_model_dir,
+        [tool_call_text("write_file", {"path": "hello.txt", "text": "hi"}, before="Writing."), "Done."],
     )
     url = await serve(engine.app())
     async with ServingClient([url], vocab_size=len(renderer.tokenizer)) as client:
         core = AdapterCore(renderer, client, context_limit=4096, verify_bridges=True)
         session = SessionRegistry().open("http-1")
-        first = await core.run_turn(session, CanonicalRequest(protocol="responses", messages=ASK, tools=[WRITE]))
+        first = await core.run_turn(
+            session, CanonicalRequest(protocol="responses", messages=ASK, tools=[WRITE])
+        )
         (call,) = first.tool_calls
-        assert (call.name, call.arguments, call.id[:5]) == ("write_file", {"path": "hello.txt", "text": "hi"}, "call_")
+        assert (call.name, call.arguments, call.id[:5]) == (
+            "write_file",
+            {"path": "hello.txt", "text": "hi"},
+            "call_",
+        )
         history = [*ASK, Message(role="assistant", content=first.text, tool_calls=[call]),
                    Message(role="tool", tool_call_id=call.id, content="ok")]  # fmt: skip
-        second = await core.run_turn(session, CanonicalRequest(protocol="responses", messages=history, tools=[WRITE]))
+        second = await core.run_turn(
+            session, CanonicalRequest(protocol="responses", messages=history, tools=[WRITE])
+        )
     assert second.text == "Done." and second.stop == "end_turn"
     assert [r.render_mode for r in session.records] == ["full", "bridged"]
     for rec, sent in zip(session.records, engine.calls, strict=True):

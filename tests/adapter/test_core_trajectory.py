@@ -33,7 +33,9 @@ async def test_bridged_session_is_one_exact_segment(tiny_model_dir: Path, render
     session = SessionRegistry().open("traj", template_kwargs={"reasoning_effort": "low"})
     history = [Message(role="system", content="agent"), Message(role="user", content="fix a.py")]
     for n in range(3):
-        resp = await core.run_turn(session, CanonicalRequest(protocol="anthropic", messages=history, tools=[BASH]))
+        resp = await core.run_turn(
+            session, CanonicalRequest(protocol="anthropic", messages=history, tools=[BASH])
+        )
         history.append(Message(role="assistant", content=resp.text, tool_calls=resp.tool_calls))
         history += [Message(role="tool", tool_call_id=c.id, content=f"output {n}") for c in resp.tool_calls]
         if not resp.tool_calls:

@@ -65,7 +65,9 @@ async def test_sessions_are_isolated(tiny_model_dir: Path, renderer: ChatRendere
     assert "Reasoning effort" not in renderer.decode(a.records[1].prompt_ids)
 
 
-async def test_records_saved_on_close_never_overwritten(tmp_path: Path, tiny_model_dir: Path, renderer: ChatRenderer) -> None:  # noqa: E501
+async def test_records_saved_on_close_never_overwritten(
+    tmp_path: Path, tiny_model_dir: Path, renderer: ChatRenderer
+) -> None:  # noqa: E501
     engine = ScriptedPolicyEngine(tiny_model_dir, ["one", "two"], score=False)
     core = AdapterCore(renderer, engine, context_limit=2048)
     reg = SessionRegistry()
@@ -75,7 +77,9 @@ async def test_records_saved_on_close_never_overwritten(tmp_path: Path, tiny_mod
     assert reg.close("keep", out_dir=tmp_path / "turns") is s
     saved = load_turn_records(turn_records_path(tmp_path / "turns", "keep"))
     assert saved == s.records and [r.kind for r in saved] == ["main", "side"]
-    assert sorted(p.name for p in (tmp_path / "turns").iterdir()) == ["keep.turns.jsonl"]  # no temp files left
+    assert sorted(p.name for p in (tmp_path / "turns").iterdir()) == [
+        "keep.turns.jsonl"
+    ]  # no temp files left
 
     other = reg.open("clash")
     turn_records_path(tmp_path / "turns", "clash").write_text("precious\n")

@@ -30,8 +30,12 @@ BASH = ToolSpec(
         },
     },
 )
-PATCH = ToolSpec(name="apply_patch", kind="custom", format={"type": "grammar", "syntax": "lark", "definition": "x"})
-SPAWN = ToolSpec(name="spawn", namespace="agents", parameters={"type": "object", "properties": {"n": {"type": "integer"}}})
+PATCH = ToolSpec(
+    name="apply_patch", kind="custom", format={"type": "grammar", "syntax": "lark", "definition": "x"}
+)
+SPAWN = ToolSpec(
+    name="spawn", namespace="agents", parameters={"type": "object", "properties": {"n": {"type": "integer"}}}
+)
 
 
 def _ids() -> itertools.count[int]:
@@ -66,12 +70,20 @@ def test_qwen3_coder_call_converts_values_by_schema() -> None:
     assert turn.text == "Checking."
     assert turn.parse_failures == 0
     assert turn.tool_calls == [
-        ToolCall(id="c0", name="bash", arguments={"cmd": "123", "timeout": 30, "background": True, "env": {"A": "1"}})
+        ToolCall(
+            id="c0",
+            name="bash",
+            arguments={"cmd": "123", "timeout": 30, "background": True, "env": {"A": "1"}},
+        )
     ]
 
 
 def test_several_calls_mixed_styles_in_one_turn() -> None:
-    text = _xml("bash", cmd="ls") + "\n" + '<tool_call>\n{"name": "bash", "arguments": "{\\"cmd\\": \\"pwd\\"}"}\n</tool_call>'
+    text = (
+        _xml("bash", cmd="ls")
+        + "\n"
+        + '<tool_call>\n{"name": "bash", "arguments": "{\\"cmd\\": \\"pwd\\"}"}\n</tool_call>'
+    )
     turn = parse_turn(text, [BASH])
     assert [c.arguments for c in turn.tool_calls] == [{"cmd": "ls"}, {"cmd": "pwd"}]
     assert len({c.id for c in turn.tool_calls}) == 2
@@ -79,9 +91,13 @@ def test_several_calls_mixed_styles_in_one_turn() -> None:
 
 
 def test_hermes_style_forced() -> None:
-    turn = parse_turn('<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>', [BASH], style="hermes")
+    turn = parse_turn(
+        '<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>', [BASH], style="hermes"
+    )
     assert turn.tool_calls[0].arguments == {"cmd": "ls"}
-    forced_xml = parse_turn('<tool_call>{"name": "bash", "arguments": {}}</tool_call>', [BASH], style="qwen3_coder")
+    forced_xml = parse_turn(
+        '<tool_call>{"name": "bash", "arguments": {}}</tool_call>', [BASH], style="qwen3_coder"
+    )
     assert forced_xml.tool_calls == [] and forced_xml.parse_failures == 1
 
 
@@ -91,7 +107,8 @@ def test_hermes_style_forced() -> None:
         "<tool_call>\n<function=bash>\n<parameter=cmd>\nls\n</parameter>\n",  # unterminated
         '<tool_call>{"name": "bash", "arguments": {"cmd": }</tool_call>',  # bad JSON
         '<tool_call>{"arguments": {}}</tool_call>',  # no name
-        "<tool_call>\n<function=bash>\n<parameter=timeout>\nsoon\n</parameter>\n</function>\n</tool_call>",  # not int
+        # not an int:
+        "<tool_call>\n<function=bash>\n<parameter=timeout>\nsoon\n</parameter>\n</function>\n</tool_call>",
         "<tool_call>\n<function=bash>\n<parameter=cmd>\na\n</parameter>\n<parameter=cmd>\nb\n</parameter>\n"
         "</function>\n</tool_call>",  # duplicate parameter
         "<tool_call>\n<function=bash>\nstray text\n</function>\n</tool_call>",
@@ -112,9 +129,16 @@ def test_malformed_call_next_to_a_good_one() -> None:
 
 
 def test_custom_and_namespaced_tools_map_back() -> None:
-    turn = parse_turn(_xml("apply_patch", input="*** Begin Patch\n+x\n*** End Patch") + _xml("agents.spawn", n="2"), [PATCH, SPAWN])
+    turn = parse_turn(
+        _xml("apply_patch", input="*** Begin Patch\n+x\n*** End Patch") + _xml("agents.spawn", n="2"),
+        [PATCH, SPAWN],
+    )
     patch, spawn = turn.tool_calls
-    assert (patch.name, patch.kind, patch.arguments) == ("apply_patch", "custom", {"input": "*** Begin Patch\n+x\n*** End Patch"})
+    assert (patch.name, patch.kind, patch.arguments) == (
+        "apply_patch",
+        "custom",
+        {"input": "*** Begin Patch\n+x\n*** End Patch"},
+    )
     assert (spawn.name, spawn.namespace, spawn.arguments) == ("spawn", "agents", {"n": 2})
 
 
@@ -124,12 +148,20 @@ def test_unknown_tool_is_still_a_call() -> None:
     assert turn.tool_calls[0].name == "nope" and turn.tool_calls[0].arguments == {"x": 1}
 
 
-_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="<>\r"), min_size=1, max_size=40)
+_text = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="<>\r"), min_size=1, max_size=40
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(cmd=_text, timeout=st.integers(-5, 10**6), env=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3))
-def test_template_rendered_call_parses_back(renderer: ChatRenderer, cmd: str, timeout: int, env: dict[str, str]) -> None:
+@given(
+    cmd=_text,
+    timeout=st.integers(-5, 10**6),
+    env=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+)
+def test_template_rendered_call_parses_back(
+    renderer: ChatRenderer, cmd: str, timeout: int, env: dict[str, str]
+) -> None:
     """What the template renders as an assistant tool call is what the parser reads back."""
     call = ToolCall(id="x", name="bash", arguments={"cmd": cmd, "timeout": timeout, "env": env})
     text = renderer.render_text(

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lego_rl.adapter.canonical import Message, ToolCall, ToolSpec
+from lego_rl.adapter.canonical import Message, ToolSpec
 from lego_rl.chat.parsers import parse_turn
 from lego_rl.chat.prefix import ChainState, PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer
@@ -16,7 +16,11 @@ from lego_rl.chat.render import ChatRenderer
 TOOLS = [ToolSpec(name="bash", parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})]
 KW = {"reasoning_effort": "medium"}
 START = [Message(role="system", content="You fix bugs."), Message(role="user", content="fix it")]
-REPLY = "<think>\nread first\n</think>\n\nLooking.\n<tool_call>\n<function=bash>\n<parameter=cmd>\ncat a.py\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=bash>\n<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call><|im_end|>"  # noqa: E501
+REPLY = (
+    "<think>\nread first\n</think>\n\nLooking.\n"
+    "<tool_call>\n<function=bash>\n<parameter=cmd>\ncat a.py\n</parameter>\n</function>\n</tool_call>\n"
+    "<tool_call>\n<function=bash>\n<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call><|im_end|>"
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,10 @@ def test_second_turn_is_bridged_exactly(bridge: PrefixBridge, renderer: ChatRend
     assert plan.prompt_ids[: len(prefix)] == prefix
     assert plan.bridge_prefix_len == len(prefix)
     suffix = renderer.decode(plan.prompt_ids[len(prefix) :])
-    assert suffix == "\n<|im_start|>user\n<tool_response>\nout 0\n</tool_response>\n<tool_response>\nout 1\n</tool_response><|im_end|>\n<|im_start|>assistant\n"  # noqa: E501
+    assert suffix == (
+        "\n<|im_start|>user\n<tool_response>\nout 0\n</tool_response>\n<tool_response>\nout 1\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     # The dropped reasoning survives in the ids; a full render of the echo would have lost it.
     assert "read first" in renderer.decode(plan.prompt_ids)
     assert "read first" not in renderer.render_text(history, TOOLS, KW)
@@ -76,7 +83,13 @@ def test_chain_of_turns_keeps_extending(bridge: PrefixBridge) -> None:
 def test_tool_arguments_reserialised_by_the_client_still_bridge(bridge: PrefixBridge) -> None:
     chain, _, _, history = two_turns(bridge)
     echo = history[2]
-    changed = echo.model_copy(update={"tool_calls": [c.model_copy(update={"arguments": {"cmd": c.arguments["cmd"] + " "}}) for c in echo.tool_calls]})  # noqa: E501
+    changed = echo.model_copy(
+        update={
+            "tool_calls": [
+                c.model_copy(update={"arguments": {"cmd": c.arguments["cmd"] + " "}}) for c in echo.tool_calls
+            ]
+        }
+    )  # noqa: E501
     plan = bridge.plan(chain, [*START, changed, *history[3:]], TOOLS, KW)
     assert plan.mode == "bridged"
 
@@ -84,16 +97,31 @@ def test_tool_arguments_reserialised_by_the_client_still_bridge(bridge: PrefixBr
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (lambda h: [h[0], Message(role="user", content="fix it now"), *h[2:]], "does not extend any previous turn"),
-        (lambda h: [h[1], *h[2:]], "does not extend any previous turn"),  # compacted: system dropped
-        (lambda h: [*h[:2], h[2].model_copy(update={"content": "Different."}), *h[3:]], "not the assistant reply"),
         (
-            lambda h: [*h[:2], h[2].model_copy(update={"tool_calls": [c.model_copy(update={"id": "other"}) for c in h[2].tool_calls]}), *h[3:]],  # noqa: E501
+            lambda h: [h[0], Message(role="user", content="fix it now"), *h[2:]],
+            "does not extend any previous turn",
+        ),
+        (lambda h: [h[1], *h[2:]], "does not extend any previous turn"),  # compacted: system dropped
+        (
+            lambda h: [*h[:2], h[2].model_copy(update={"content": "Different."}), *h[3:]],
+            "not the assistant reply",
+        ),
+        (
+            lambda h: [
+                *h[:2],
+                h[2].model_copy(
+                    update={"tool_calls": [c.model_copy(update={"id": "other"}) for c in h[2].tool_calls]}
+                ),
+                *h[3:],
+            ],  # noqa: E501
             "not the assistant reply",
         ),
         (lambda h: h[:3], "no new message after the previous reply"),
         (lambda h: [*h, Message(role="assistant", content="prefill")], "an assistant message follows"),
-        (lambda h: [*h[:3], h[3].model_copy(update={"content": "has <|im_end|> inside"}), h[4]], "end-of-message marker"),
+        (
+            lambda h: [*h[:3], h[3].model_copy(update={"content": "has <|im_end|> inside"}), h[4]],
+            "end-of-message marker",
+        ),
     ],
 )
 def test_changed_histories_fall_back_to_full_render(bridge: PrefixBridge, mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
@@ -133,7 +161,10 @@ def test_two_different_turns_for_one_history_are_ambiguous(bridge: PrefixBridge)
     plan2 = bridge.plan(chain2, START, TOOLS, KW)
     for _ in range(2):
         _, echo2 = answer(bridge, chain2, plan2, "Same.<|im_end|>")
-    assert bridge.plan(chain2, [*START, echo2, Message(role="user", content="and?")], TOOLS, KW).mode == "bridged"
+    assert (
+        bridge.plan(chain2, [*START, echo2, Message(role="user", content="and?")], TOOLS, KW).mode
+        == "bridged"
+    )
 
 
 def test_longest_matching_turn_wins(bridge: PrefixBridge) -> None:
@@ -168,7 +199,9 @@ def test_context_dependent_template_disables_windowing(renderer: ChatRenderer) -
     _, echo = answer(numbered, chain, plan, "ok<|im_end|>")
     plan2 = numbered.plan(chain, [*START, echo, Message(role="user", content="more")], TOOLS, KW)
     assert plan2.mode == "bridged"
-    assert numbered.renderer.decode(plan2.prompt_ids).endswith("<|im_start|>user\n3 more<|im_end|>\n<|im_start|>assistant\n")
+    assert numbered.renderer.decode(plan2.prompt_ids).endswith(
+        "<|im_start|>user\n3 more<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 _content = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r"), max_size=30)
@@ -181,7 +214,11 @@ _content = st.text(st.characters(blacklist_categories=("Cs",), blacklist_charact
     follow=st.lists(st.tuples(st.sampled_from(["user", "system"]), _content), max_size=2),
 )
 def test_bridged_suffix_equals_full_render_tail(
-    bridge: PrefixBridge, renderer: ChatRenderer, outputs: list[str], order: list[int], follow: list[tuple[str, str]]
+    bridge: PrefixBridge,
+    renderer: ChatRenderer,
+    outputs: list[str],
+    order: list[int],
+    follow: list[tuple[str, str]],
 ) -> None:
     """For any tool outputs and follow-up messages, the bridged suffix is the full render's tail."""
     chain, first, out, history = two_turns(bridge)
@@ -198,3 +235,18 @@ def test_bridged_suffix_equals_full_render_tail(
     full = renderer.render_text(msgs, TOOLS, KW)
     assert full.endswith(renderer.decode(suffix_ids))
     assert suffix_ids == renderer.encode(renderer.decode(suffix_ids))
+
+
+def test_echo_matched_by_call_id_only(bridge: PrefixBridge) -> None:
+    # A front end that drops a namespace or renames on echo still matches: ids are what we issued.
+    chain, _, _, history = two_turns(bridge)
+    echo = history[2]
+    renamed = echo.model_copy(
+        update={
+            "tool_calls": [c.model_copy(update={"name": "Bash", "namespace": "x"}) for c in echo.tool_calls]
+        }
+    )  # noqa: E501
+    assert bridge.plan(chain, [*START, renamed, *history[3:]], TOOLS, KW).mode == "bridged"
+    reordered = echo.model_copy(update={"tool_calls": echo.tool_calls[::-1]})
+    plan = bridge.plan(chain, [*START, reordered, *history[3:]], TOOLS, KW)
+    assert plan.mode == "full" and "not the assistant reply" in (plan.fallback_reason or "")

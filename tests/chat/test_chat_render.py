@@ -28,7 +28,9 @@ def test_render_ids_equal_tokenised_text(renderer: ChatRenderer) -> None:
 
 
 def test_kwargs_are_forwarded_and_layered(renderer: ChatRenderer) -> None:
-    r = ChatRenderer(renderer.tokenizer, template_kwargs={"reasoning_effort": "high", "enable_thinking": False})
+    r = ChatRenderer(
+        renderer.tokenizer, template_kwargs={"reasoning_effort": "high", "enable_thinking": False}
+    )
     kw = r.merged_kwargs({"reasoning_effort": "low"}, {"reasoning_effort": "medium"})
     assert kw == {"reasoning_effort": "medium", "enable_thinking": False}
     text = r.render_text(USER, kwargs=kw)
@@ -39,12 +41,19 @@ def test_kwargs_are_forwarded_and_layered(renderer: ChatRenderer) -> None:
 
 def test_tools_and_calls_are_rendered(renderer: ChatRenderer) -> None:
     tools = [
-        ToolSpec(name="bash", description="run", parameters={"type": "object", "properties": {"cmd": {"type": "string"}}}),
+        ToolSpec(
+            name="bash",
+            description="run",
+            parameters={"type": "object", "properties": {"cmd": {"type": "string"}}},
+        ),
         ToolSpec(name="spawn", namespace="agents"),
     ]
-    msgs = [*USER, Message(role="assistant", content="", reasoning="why",
-                           tool_calls=[ToolCall(id="c1", name="spawn", namespace="agents", arguments={"n": 2})]),
-            Message(role="tool", tool_call_id="c1", content="spawned")]  # fmt: skip
+    call = ToolCall(id="c1", name="spawn", namespace="agents", arguments={"n": 2})
+    msgs = [
+        *USER,
+        Message(role="assistant", content="", reasoning="why", tool_calls=[call]),
+        Message(role="tool", tool_call_id="c1", content="spawned"),
+    ]
     text = renderer.render_text(msgs, tools)
     assert '"name": "bash"' in text and '"name": "agents.spawn"' in text
     assert "<function=agents.spawn>\n<parameter=n>\n2\n</parameter>" in text
@@ -53,7 +62,11 @@ def test_tools_and_calls_are_rendered(renderer: ChatRenderer) -> None:
 
 
 def test_custom_tool_schema_carries_grammar() -> None:
-    spec = ToolSpec(name="apply_patch", kind="custom", format={"type": "grammar", "syntax": "lark", "definition": "start: x"})
+    spec = ToolSpec(
+        name="apply_patch",
+        kind="custom",
+        format={"type": "grammar", "syntax": "lark", "definition": "start: x"},
+    )
     fn = tool_to_template(spec)["function"]
     assert fn["parameters"]["required"] == ["input"]
     assert "lark grammar:\nstart: x" in fn["parameters"]["properties"]["input"]["description"]

@@ -100,7 +100,8 @@ class AdapterCore:
     ) -> None:
         if context_limit <= 0 or max_response_tokens <= 0:
             raise ValueError(
-                f"context_limit ({context_limit}) and max_response_tokens ({max_response_tokens}) must be positive"
+                f"context_limit ({context_limit}) and max_response_tokens ({max_response_tokens}) "
+                "must be positive"
             )
         self.renderer = renderer
         self.backend = backend
@@ -148,7 +149,9 @@ class AdapterCore:
         if remaining <= 0 or cap <= 0:
             if remaining <= 0:
                 session.termination = "context_limit"
-            return self._no_call(session, req, plan, clock, "context_limit" if remaining <= 0 else "max_tokens")
+            return self._no_call(
+                session, req, plan, clock, "context_limit" if remaining <= 0 else "max_tokens"
+            )
 
         params = self._sampling_params(req, min(cap, remaining))
         result, versions = await self._generate(session, plan, params, clock)
@@ -235,11 +238,15 @@ class AdapterCore:
             raise ProviderError(f"engine returned {n} tokens, more than max_tokens={params.max_tokens}")
         bad = next((i for i, lp in enumerate(result.logprobs) if not math.isfinite(lp) or lp > 1e-6), None)
         if bad is not None:
-            raise ProviderError(f"engine returned an invalid logprob {result.logprobs[bad]!r} at position {bad}")
+            raise ProviderError(
+                f"engine returned an invalid logprob {result.logprobs[bad]!r} at position {bad}"
+            )
         if self.sampling.nucleus and (result.nucleus is None or len(result.nucleus) != n):
             got = "none" if result.nucleus is None else f"{len(result.nucleus)} entries"
             raise ProviderError(f"engine returned no usable nucleus ({got} for {n} output tokens)")
-        if self.sampling.routed_experts and (result.routed_experts is None or len(result.routed_experts) != n):
+        if self.sampling.routed_experts and (
+            result.routed_experts is None or len(result.routed_experts) != n
+        ):
             got = "none" if result.routed_experts is None else f"{len(result.routed_experts)} entries"
             raise ProviderError(f"engine returned no usable routed_experts ({got} for {n} output tokens)")
         vocab = self.renderer.vocab_size

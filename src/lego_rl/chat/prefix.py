@@ -10,12 +10,12 @@ trailer (e.g. the newline after ``<|im_end|>``), the new tool results / user mes
 generation prompt. The training sequence thus continues token for token.
 
 Conditions, each checked (the first that fails is the fallback reason and the turn is fully rendered):
-the previous turn's history is a prefix of the new one (assistant messages compared by visible text and
-tool-call ids, never by re-serialised arguments; reasoning ignored), the next message is an assistant
-message matching what the previous turn answered, the tool schemas and template kwargs are unchanged, no
-assistant message follows it, the previous output ended with the template's end-of-message token, and
-the suffix starts with the template's boundary trailer. Two different previous turns matching equally
-well is ambiguous and also falls back.
+the previous turn's history is a prefix of the new one (assistant messages compared by visible text
+and tool-call ids, never by re-serialised arguments or tool names; reasoning ignored), the next message
+is an assistant message matching what the previous turn answered, the tool schemas and template kwargs
+are unchanged, no assistant message follows it, the previous output ended with the template's
+end-of-message token, and the suffix starts with the template's boundary trailer. Two different
+previous turns matching equally well is ambiguous and also falls back.
 
 The suffix is rendered from a short window (that assistant message plus the new messages) when a probe
 at start-up shows the template renders those messages the same way inside the full history; otherwise
@@ -57,11 +57,11 @@ def _field(value: str | None) -> bytes:
 
 def message_key(msg: Message) -> bytes:
     """What must be unchanged for a message to count as the same. Assistant messages: visible text
-    (whitespace-normalised) and tool-call ids/names; their reasoning and arguments are not compared."""
+    (whitespace-normalised) and tool-call ids, which we issued and are unique; names, namespaces,
+    arguments (clients re-serialise them) and reasoning (clients drop it) are not compared."""
     if msg.role == "assistant":
         parts = [_field("assistant"), _field(_norm_text(msg.content))]
-        for call in msg.tool_calls:
-            parts += [_field(call.id), _field(call.name), _field(call.namespace)]
+        parts += [_field(call.id) for call in msg.tool_calls]
     else:
         parts = [_field(msg.role), _field(msg.content), _field(msg.tool_call_id), _field(msg.name),
                  b"E" if msg.is_error else b"-"]  # fmt: skip
@@ -297,7 +297,9 @@ class PrefixBridge:
 
     def _probe_windowing(self) -> bool:
         """True when rendering a short window yields the same suffix as the full history, on probes."""
-        tool = ToolSpec(name="probe_tool", parameters={"type": "object", "properties": {"x": {"type": "string"}}})
+        tool = ToolSpec(
+            name="probe_tool", parameters={"type": "object", "properties": {"x": {"type": "string"}}}
+        )
         calls = [ToolCall(id="p1", name="probe_tool", arguments={"x": "a"}),
                  ToolCall(id="p2", name="probe_tool", arguments={"x": "b"})]  # fmt: skip
         probes: list[tuple[list[Message], int, list[ToolSpec]]] = [

@@ -41,7 +41,8 @@ def tool_to_template(spec: ToolSpec) -> dict[str, Any]:
         fmt = spec.format or {}
         hint = "Free-form text input."
         if fmt.get("type") == "grammar":
-            hint = f"Text input that must follow this {fmt.get('syntax', '')} grammar:\n{fmt.get('definition', '')}"
+            syntax, definition = fmt.get("syntax", ""), fmt.get("definition", "")
+            hint = f"Text input that must follow this {syntax} grammar:\n{definition}"
         params: dict[str, Any] = {
             "type": "object",
             "properties": {"input": {"type": "string", "description": hint}},
@@ -177,7 +178,7 @@ class ChatRenderer:
     # -- template probing ----------------------------------------------------------------------------
 
     def _probe_boundary(self) -> MessageBoundary | None:
-        """Find the end-of-message marker from a probe: the text the template puts after an assistant reply."""
+        """Find the end-of-message marker: the text the template puts after a probe assistant reply."""
         probe = "lego-probe-reply"
         try:
             text = self.render_text(
@@ -199,7 +200,9 @@ class ChatRenderer:
         )
         trailer = tail[len(marker) :]
         if ids[0] not in special or not tail.startswith(marker) or trailer.strip():
-            log.warning("prefix reuse disabled: assistant messages end with %r, not <special token><space>", tail)
+            log.warning(
+                "prefix reuse disabled: assistant messages end with %r, not <special token><space>", tail
+            )
             return None
         return MessageBoundary(marker=marker, marker_id=ids[0], trailer=trailer)
 
