@@ -70,7 +70,11 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
 
 
 def _convert_param(raw: str, schema: dict[str, Any] | None) -> Any:
-    """Read one qwen3_coder parameter value according to its JSON-schema type."""
+    """Read one qwen3_coder parameter value according to its JSON-schema type.
+
+    A value that does not read as its declared type stays a string: the call is well formed, and the
+    CLI's own argument validation tells the model what was wrong (a better signal than dropping the call).
+    """
     value = raw[1:] if raw.startswith("\n") else raw
     value = value[:-1] if value.endswith("\n") else value
     kind = (schema or {}).get("type")
@@ -83,9 +87,7 @@ def _convert_param(raw: str, schema: dict[str, Any] | None) -> Any:
     try:
         return json.loads(value)
     except ValueError:
-        if kind in (None, "string"):
-            return value
-        raise
+        return value
 
 
 def _parse_xml_call(body: str, tools: dict[str, ToolSpec]) -> tuple[str, dict[str, Any]]:
