@@ -52,8 +52,9 @@ async def make_harness(
 
     async def make(script: Sequence[str] | Callable[[str, int], str] = ("Hello.",), *,
                    context_limit: int = 32768, max_body_bytes: int = 8 * 1024 * 1024,
-                   sessions: Sequence[str] = ("sess-a",), score: bool = True, **server_kw: Any) -> Harness:
-        engine = ScriptedPolicyEngine(tiny_model_dir, script, score=score)
+                   sessions: Sequence[str] = ("sess-a",), score: bool = True, backend: Any = None,
+                   **server_kw: Any) -> Harness:
+        engine = backend or ScriptedPolicyEngine(tiny_model_dir, script, score=score)
         registry = SessionRegistry()
         for sid in sessions:
             registry.open(sid)
