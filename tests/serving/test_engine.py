@@ -138,3 +138,23 @@ async def test_pause_keep_splits_versions_mid_generation(tiny_model: Path, vocab
     assert r.finish_reason == "length"
     assert [s.version for s in r.weight_versions] == [0, 5]
     assert r.weight_versions[0].end == r.weight_versions[1].start > 0
+
+
+async def test_late_request_joins_running_batch(tiny_model: Path) -> None:
+    from lego_rl.serving.engine import EmbeddedEngine
+
+    engine = EmbeddedEngine(tiny_model)
+    await engine.start()
+    try:
+        sp = SamplingParams(max_tokens=60, temperature=0.0)
+        first = asyncio.create_task(engine.generate(PROMPT, sp, request_id="first", ignore_eos=True))
+        while engine.steps < 10:
+            await asyncio.sleep(0.01)
+        second = await engine.generate([1, 2, 3], sp, request_id="second", ignore_eos=True)
+        await first
+        alone = await engine.generate([1, 2, 3], sp, request_id="alone", ignore_eos=True)
+    finally:
+        await engine.stop()
+    # The second request decoded alongside the first (continuous batching), with identical results.
+    assert engine.steps < 60 + 60 + 60 - 30
+    assert second.token_ids == alone.token_ids

@@ -67,31 +67,33 @@ def sample_rows(logits: torch.Tensor, rows: list[RowParams]) -> list[Draw]:
     logits = logits.float()
     temps = torch.tensor([r.temperature if r.temperature >= GREEDY_EPS else 1.0 for r in rows])
     logp = torch.log_softmax(logits / temps.unsqueeze(1), dim=-1)  # [B, V] the reported distribution
-    draws: list[Draw] = []
-    greedy_ids = torch.argmax(logits, dim=-1)
+    tokens = torch.argmax(logits, dim=-1)  # greedy rows keep these
+    nuclei: list[tuple[list[int], list[float]] | None] = [None] * len(rows)
     for i, row in enumerate(rows):
-        lp = logp[i]
-        nucleus_ids = nucleus_probs = None
         if row.temperature < GREEDY_EPS:
-            token = int(greedy_ids[i])
             if row.want_nucleus:
-                nucleus_ids, nucleus_probs = [token], [1.0]
-        else:
-            probs = lp.exp()
-            if row.top_k > 0 or row.top_p < 1.0:
-                mask = truncation_mask(probs, row.top_k, row.top_p)
-                probs = torch.where(mask, probs, torch.zeros_like(probs))
-                probs = probs / probs.sum()
-            token = int(torch.multinomial(probs, 1, generator=row.generator))
-            if row.want_nucleus:
-                ids = torch.nonzero(probs > 0).flatten()
-                nucleus_ids = ids.tolist()
-                nucleus_probs = probs[ids].tolist()
-        value = lp[token]
-        rank = int((lp > value).sum()) + 1
+                nuclei[i] = ([int(tokens[i])], [1.0])
+            continue
+        probs = logp[i].exp()
+        if row.top_k > 0 or row.top_p < 1.0:
+            mask = truncation_mask(probs, row.top_k, row.top_p)
+            probs = torch.where(mask, probs, torch.zeros_like(probs))
+            probs = probs / probs.sum()
+        tokens[i] = torch.multinomial(probs, 1, generator=row.generator)[0]
+        if row.want_nucleus:
+            ids = torch.nonzero(probs > 0).flatten()
+            nuclei[i] = (ids.tolist(), probs[ids].tolist())
+    # Batched: the reported logprob and its rank (1 = most likely) for every row at once.
+    values = logp.gather(1, tokens.unsqueeze(1))  # [B, 1]
+    ranks = ((logp > values).sum(dim=1) + 1).tolist()
+    values_l, tokens_l = values.squeeze(1).tolist(), tokens.tolist()
+    draws: list[Draw] = []
+    for i, row in enumerate(rows):
         top: list[tuple[int, float]] = []
         if row.num_logprobs > 0:
-            vals, idx = torch.topk(lp, min(row.num_logprobs, lp.shape[0]))
+            vals, idx = torch.topk(logp[i], min(row.num_logprobs, logp.shape[1]))
             top = list(zip(idx.tolist(), vals.tolist(), strict=True))
-        draws.append(Draw(token, float(value), rank, top, nucleus_ids, nucleus_probs))
+        nucleus = nuclei[i]
+        draws.append(Draw(tokens_l[i], values_l[i], ranks[i], top,
+                          nucleus[0] if nucleus else None, nucleus[1] if nucleus else None))
     return draws
