@@ -170,6 +170,11 @@ class AdapterServer:
                 await asyncio.wait({turn}, timeout=self.keepalive_s)
                 if not turn.done():
                     await resp.write(b": keepalive\n\n")
+        except ConnectionResetError:
+            # The client went away mid-stream (a CLI killed at its time budget): normal, not an error.
+            turn.cancel()
+            log.info("adapter: session %s: client disconnected while its turn was running", session.id)
+            return resp
         except BaseException:
             turn.cancel()
             raise
@@ -177,8 +182,11 @@ class AdapterServer:
             events = dialect.stream_events(turn.result(), req)
         except Exception as exc:  # noqa: BLE001 - becomes the protocol's in-stream error
             events = dialect.stream_error_events(to_wire_error(exc), req.model)
-        await resp.write(b"".join(event.encode() for event in events))
-        await resp.write_eof()
+        try:
+            await resp.write(b"".join(event.encode() for event in events))
+            await resp.write_eof()
+        except ConnectionResetError:
+            log.info("adapter: session %s: client disconnected before its reply was written", session.id)
         return resp
 
 
