@@ -85,13 +85,15 @@ class ScriptedPolicyEngine:
             index = len(self.calls)
             prompt = self.tokenizer.decode(token_ids, skip_special_tokens=False)
             text = self._text_for(prompt, index)
-            output_ids = self.tokenizer.encode(text, add_special_tokens=False)[: params.max_tokens - 1]
-            output_ids.append(self.end_id)
+            output_ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_id]
+            finish = "stop"
+            if len(output_ids) > params.max_tokens:  # cut at the limit, as a real engine would
+                output_ids, finish = output_ids[: params.max_tokens], "length"
             logprobs = await asyncio.to_thread(self._logprobs, list(token_ids), output_ids, params.temperature)
             assert all(math.isfinite(x) for x in logprobs)
             self.calls.append(EngineCall(list(token_ids), output_ids, logprobs, text))
         return GenerateResult(
-            output_ids=output_ids, logprobs=logprobs, finish_reason="stop",
+            output_ids=output_ids, logprobs=logprobs, finish_reason=finish,
             weight_versions=[WeightVersionSpan(version=self.weight_version, start=0, end=len(output_ids))])
 
     # -- HTTP: vLLM's /inference/v1/generate ---------------------------------------------------------
