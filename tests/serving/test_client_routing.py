@@ -29,12 +29,11 @@ def test_sticky_and_least_loaded_placement() -> None:
 
 async def test_retries_past_a_dead_replica(tiny_model: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    async with EmbeddedServer(tiny_model) as live:
-        async with ServingClient([dead, live.url], retry_deadline_s=10) as c:
-            c._sticky["s"] = dead
-            r = await c.generate([1, 2, 3], SP, session_id="s")
-            assert r.replica == live.url and c._sticky["s"] == live.url
-            assert (await c.health()) == {dead: False, live.url: True}
+    async with EmbeddedServer(tiny_model) as live, ServingClient([dead, live.url], retry_deadline_s=10) as c:
+        c._sticky["s"] = dead
+        r = await c.generate([1, 2, 3], SP, session_id="s")
+        assert r.replica == live.url and c._sticky["s"] == live.url
+        assert (await c.health()) == {dead: False, live.url: True}
 
 
 async def test_deadline_bounds_retries() -> None:
@@ -63,9 +62,9 @@ async def test_server_started_late_is_reached_within_deadline(tiny_model: Path) 
 
 
 async def test_new_sessions_spread_over_replicas(tiny_model: Path) -> None:
-    async with EmbeddedServer(tiny_model) as a, EmbeddedServer(tiny_model) as b:
-        async with ServingClient([a.url, b.url]) as c:
-            rs = await asyncio.gather(*(c.generate([1, 2, 3 + i], SP, session_id=f"s{i}") for i in range(4)))
-            assert {r.replica for r in rs} == {a.url, b.url}
-            again = await c.generate([1, 2, 3, 9], SP, session_id="s0")
-            assert again.replica == rs[0].replica
+    async with EmbeddedServer(tiny_model) as a, EmbeddedServer(tiny_model) as b, \
+            ServingClient([a.url, b.url]) as c:
+        rs = await asyncio.gather(*(c.generate([1, 2, 3 + i], SP, session_id=f"s{i}") for i in range(4)))
+        assert {r.replica for r in rs} == {a.url, b.url}
+        again = await c.generate([1, 2, 3, 9], SP, session_id="s0")
+        assert again.replica == rs[0].replica

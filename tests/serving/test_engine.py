@@ -85,9 +85,9 @@ async def test_bad_requests_get_vllm_400(engine_url: str) -> None:
 async def test_client_raises_typed_error_on_400(engine_url: str) -> None:
     async with ServingClient([engine_url]) as c:
         with pytest.raises(EngineRejected) as info:
-            await c.generate([1], SamplingParams(max_tokens=70000))
-    assert info.value.status_code == 400 and info.value.param == "max_tokens"
-    assert "maximum context length" in str(info.value)
+            await c.generate([1] * 65536, SamplingParams(max_tokens=1))
+    assert info.value.status_code == 400 and info.value.param == "token_ids"
+    assert "longer than the maximum model length of 65536" in str(info.value)
 
 
 async def test_nucleus_capture(engine_url: str, vocab_size: int) -> None:

@@ -77,7 +77,7 @@ async def test_abort(vllm_url: str, vocab_size: int) -> None:
 @pytest.mark.parametrize(
     ("ids", "sp", "param"),
     [([], {}, "token_ids"), ([10**6], {}, None), ([1], {"max_tokens": 0}, "max_tokens"),
-     ("abc", {}, "token_ids")],
+     ("abc", {}, "token_ids"), ([1] * 65536, {}, None)],
 )
 async def test_bad_requests_are_400(vllm_url: str, ids: object, sp: dict, param: str | None) -> None:
     async with ServingClient([vllm_url]) as c:

@@ -18,7 +18,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 
@@ -71,7 +71,7 @@ class ServingClient:
         self._rr = 0
         self._http: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> ServingClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -176,7 +176,7 @@ class ServingClient:
                 status = resp.status
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # A whole-request timeout is not retried: the engine may still be working on it.
             raise EngineUnavailable(f"{url}{path} did not answer within {self.request_timeout_s:.0f}s",
                                     url=url) from None
@@ -219,7 +219,7 @@ class ServingClient:
                 if resp.status >= 400:
                     raise EngineRejected(f"{url}{path} answered {resp.status}: {text[:300]}", status=resp.status)
                 return _json_or_none(text)
-        except (aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise EngineUnavailable(f"{url}{path}: {type(exc).__name__}: {exc}", url=url) from None
 
     async def health(self) -> dict[str, bool]:
@@ -228,7 +228,7 @@ class ServingClient:
             try:
                 async with self._session().get(url + "/health", timeout=aiohttp.ClientTimeout(total=10)) as r:
                     return r.status == 200
-            except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError, ConnectionError):
                 return False
 
         results = await asyncio.gather(*(one(u) for u in self.base_urls))

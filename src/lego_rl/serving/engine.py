@@ -16,7 +16,6 @@ import asyncio
 import inspect
 import logging
 import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 
 from lego_rl.serving.kv import BatchCache, PrefixCache, kv_of, new_cache
 from lego_rl.serving.protocol import SamplingParams
+from lego_rl.serving.request_check import context_message
 from lego_rl.serving.sampler import Draw, RowParams, sample_rows
 from lego_rl.serving.weights import load_checkpoint_into, load_model
 
@@ -157,15 +157,10 @@ class EmbeddedEngine:
         if request_id in self._by_id:
             raise EngineBadRequest(f"request_id {request_id!r} is already running", "request_id")
         if len(token_ids) >= self.max_model_len:
-            raise EngineBadRequest(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, your request "
-                f"has {len(token_ids)} input tokens. Please reduce the length of the input.", "token_ids")
+            raise EngineBadRequest(context_message(len(token_ids), self.max_model_len), "token_ids")
+        # As in vLLM, a max_tokens beyond the context is not an error: generation stops ("length")
+        # when the sequence reaches max_model_len.
         max_tokens = sampling.max_tokens
-        if len(token_ids) + max_tokens > self.max_model_len:
-            raise EngineBadRequest(
-                f"'max_tokens' is too large: {max_tokens}. This model's maximum context length is "
-                f"{self.max_model_len} tokens and your request has {len(token_ids)} input tokens "
-                f"({max_tokens} > {self.max_model_len} - {len(token_ids)}).", "max_tokens")
         seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(63)
         gen = torch.Generator().manual_seed(seed)
         row = RowParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,

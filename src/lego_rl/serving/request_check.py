@@ -32,6 +32,13 @@ _SAMPLING_NEUTRAL: dict[str, Any] = {
 }
 
 
+def context_message(prompt_len: int, max_model_len: int) -> str:
+    """vLLM's wording for a prompt that leaves no room for one output token."""
+    return (f"The decoder prompt (length {prompt_len}) plus the number of requested output tokens (at least 1) "
+            f"is longer than the maximum model length of {max_model_len}. Make sure that `max_model_len` is "
+            "no smaller than the number of text tokens (prompt + requested output tokens).")
+
+
 class BadRequest(ValueError):
     """A 400: ``param`` names the offending field."""
 
@@ -127,9 +134,7 @@ def check_generate(body: Any, *, vocab_size: int, max_model_len: int) -> Checked
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}", "body")
     ids = _token_ids(body, vocab_size)
     if len(ids) >= max_model_len:
-        raise BadRequest(f"This model's maximum context length is {max_model_len} tokens. However, your "
-                         f"request has {len(ids)} input tokens. Please reduce the length of the input.",
-                         "token_ids")
+        raise BadRequest(context_message(len(ids), max_model_len), "token_ids")
     sampling, ignore_eos, unknown = _sampling(body.get("sampling_params"), len(ids), max_model_len)
     unknown = [k for k in body if k not in _TOP_LEVEL] + unknown
     if body.get("stream"):

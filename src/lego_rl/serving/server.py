@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -232,7 +232,8 @@ class EmbeddedServer:
         # Model loading is blocking I/O and compute: keep the event loop free meanwhile.
         self.engine = await loop.run_in_executor(None, lambda: EmbeddedEngine(self.model_dir, **self.engine_kw))
         await self.engine.start()
-        self._runner = web.AppRunner(build_app(self.engine), access_log=None)
+        # handler_cancellation: a client that hangs up aborts its request (vLLM's with_cancellation).
+        self._runner = web.AppRunner(build_app(self.engine), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         port = self.port or free_port(self.host)
         await web.TCPSite(self._runner, self.host, port).start()
@@ -246,7 +247,7 @@ class EmbeddedServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> EmbeddedServer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

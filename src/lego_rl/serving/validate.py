@@ -167,7 +167,7 @@ def _experts(choice: dict[str, Any], prompt_len: int, n: int, ctx: dict[str, Any
 
     try:
         arr = np.load(io.BytesIO(base64.b64decode(raw)), allow_pickle=False)
-    except Exception as exc:  # any decoding failure is a bad reply, whatever numpy raises
+    except (ValueError, OSError, EOFError) as exc:  # bad base64 (binascii.Error is a ValueError) or npy
         raise InvalidReply(f"routed_experts is not a base64 .npy array: {exc}", **ctx) from None
     # vLLM: one row per forwarded token (prompt + output - 1; the last sampled id was never forwarded).
     if arr.ndim != 3 or arr.shape[0] != prompt_len + n - 1:

@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Self
 
 import aiohttp
 
@@ -70,10 +71,7 @@ class VllmServer:
                               "LEGO_VLLM_PYTHON", parameter="LEGO_VLLM_PYTHON", value=self.cmd[0])
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1",
                    VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
-        with open(self.log_path, "ab") as log:
-            # Own process group: vLLM forks an engine-core and worker processes; all must go on stop.
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+        self.proc = await asyncio.to_thread(self._spawn, env)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ready_timeout_s
         async with aiohttp.ClientSession() as s:
@@ -84,11 +82,17 @@ class VllmServer:
                     async with s.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
                         if r.status == 200:
                             return self.url
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     pass
                 await asyncio.sleep(0.5)
         await self.stop()
         raise EngineUnavailable(f"vLLM not healthy after {self.ready_timeout_s:.0f}s; see {self.log_path}")
+
+    def _spawn(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as log:
+            # Own process group: vLLM forks an engine-core and worker processes; all must go on stop.
+            return subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
 
     async def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -107,7 +111,7 @@ class VllmServer:
         except ProcessLookupError:
             pass
 
-    async def __aenter__(self) -> VllmServer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
