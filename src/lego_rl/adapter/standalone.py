@@ -1,0 +1,95 @@
+"""The adapter on its own, in front of an already served model: for driving a CLI by hand.
+
+``lego adapter --serving-url URL --model DIR`` calls ``serve_standalone``. Sessions are normally opened
+by rollout code; here they come from ``--session ID`` (opened at start) or, with ``--open-sessions DIR``,
+from any new key on first use. Each session's turn records are written to
+``DIR/<session>.turns.jsonl`` when the server stops (never overwriting an existing file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from lego_rl.adapter.core import AdapterCore
+from lego_rl.adapter.server import DEFAULT_MAX_BODY_BYTES, AdapterServer
+from lego_rl.adapter.sessions import SessionRegistry
+from lego_rl.errors import ConfigError
+
+DEFAULT_CONTEXT_LIMIT = 32768
+
+
+@dataclass
+class StandaloneOptions:
+    serving_url: str
+    model_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 18091
+    open_sessions: Path | None = None
+    sessions: Sequence[str] = ()
+    context_limit: int | None = None
+    """Prompt + output tokens per call; None reads ``max_position_embeddings`` from the model config."""
+    max_response_tokens: int = 8192
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+def model_context_limit(model_dir: Path) -> int:
+    """The model's own window (``max_position_embeddings`` of config.json), else a default."""
+    cfg = Path(model_dir) / "config.json"
+    if not cfg.is_file():
+        raise ConfigError(f"{model_dir} has no config.json: is it a Hugging Face model directory?",
+                          parameter="--model", value=str(model_dir))
+    value = json.loads(cfg.read_text()).get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_CONTEXT_LIMIT
+
+
+def build_standalone(opts: StandaloneOptions) -> tuple[AdapterServer, Any]:
+    """The server and its serving client (close the client when done)."""
+    from lego_rl.chat.render import ChatRenderer
+    from lego_rl.serving.client import ServingClient
+
+    if opts.open_sessions is not None and opts.open_sessions.exists() and not opts.open_sessions.is_dir():
+        raise ConfigError(f"--open-sessions {opts.open_sessions} exists and is not a directory",
+                          parameter="--open-sessions", value=str(opts.open_sessions))
+    context = opts.context_limit or model_context_limit(opts.model_dir)
+    renderer = ChatRenderer.from_pretrained(opts.model_dir, template_kwargs=opts.template_kwargs)
+    client = ServingClient([opts.serving_url], vocab_size=renderer.vocab_size)
+    core = AdapterCore(renderer, client, context_limit=context,
+                       max_response_tokens=min(opts.max_response_tokens, context), model_name=opts.model_dir.name)
+    registry = SessionRegistry()
+    for sid in opts.sessions:
+        registry.open(sid)
+    server = AdapterServer(
+        core, registry, max_body_bytes=opts.max_body_bytes,
+        auto_open=registry.open if opts.open_sessions is not None else None,
+        records_dir=opts.open_sessions,
+    )
+    return server, client
+
+
+async def serve_standalone(opts: StandaloneOptions, *, ready: asyncio.Event | None = None,
+                           stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (or ``stop`` is set); records are saved on the way out."""
+    server, client = build_standalone(opts)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, opts.host, opts.port).start()
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+    finally:
+        await runner.cleanup()  # runs on_shutdown: closes sessions and writes their records
+        await client.close()

@@ -1,0 +1,65 @@
+"""`lego adapter`: the adapter on its own in front of a served model, for debugging a CLI by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from lego_rl.cli.console import EXIT_INFRA, EXIT_USAGE, err
+
+
+def adapter(
+    serving_url: str = typer.Option(..., "--serving-url", help="Base URL of the engine (vLLM or `lego serve`)."),
+    model: Path = typer.Option(..., "--model", help="The served model's directory (tokenizer, chat template)."),
+    open_sessions: Path = typer.Option(None, "--open-sessions", help=(
+        "Open a session for any new key on first use; write each session's turn records under this "
+        "directory when the server stops.")),
+    session: list[str] = typer.Option([], "--session", help="Open this session id at start (repeatable)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(18091, help="Port to bind."),
+    context_limit: int = typer.Option(0, min=0, help="Prompt + output tokens per call (0: the model's window)."),
+    max_response_tokens: int = typer.Option(8192, min=1, help="Most output tokens per call."),
+    template_kwargs: str = typer.Option("{}", "--template-kwargs", help="JSON object of chat-template kwargs."),
+) -> None:
+    """Serve Anthropic Messages, OpenAI Responses and Chat Completions over a served model.
+
+    Point a CLI at it with the session id as its API key, e.g.
+    `ANTHROPIC_BASE_URL=http://127.0.0.1:18091 ANTHROPIC_API_KEY=dev claude -p ...`.
+    """
+    import asyncio
+
+    from lego_rl.adapter.standalone import StandaloneOptions, serve_standalone
+    from lego_rl.errors import ConfigError
+
+    try:
+        kwargs = json.loads(template_kwargs)
+        if not isinstance(kwargs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        err.print(f"[bold red]error:[/] --template-kwargs: {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    if not open_sessions and not session:
+        err.print("[bold red]error:[/] no way to open a session: pass --open-sessions DIR or --session ID",
+                  highlight=False)
+        raise typer.Exit(EXIT_USAGE)
+    opts = StandaloneOptions(serving_url=serving_url, model_dir=model, host=host, port=port,
+                             open_sessions=open_sessions, sessions=session, context_limit=context_limit or None,
+                             max_response_tokens=max_response_tokens, template_kwargs=kwargs)
+    err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model})", highlight=False)
+    try:
+        asyncio.run(serve_standalone(opts))
+    except ConfigError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    except OSError as exc:  # port in use, unreadable model files
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_INFRA) from None
+    except KeyboardInterrupt:
+        pass
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the `lego` app."""
+    app.command("adapter")(adapter)
