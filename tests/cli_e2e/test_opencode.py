@@ -87,3 +87,16 @@ async def test_opencode_title_request_is_a_side_request(start_adapter, cli_path,
     side = [r for r in session.records if r.kind == "side"]
     assert [r.side_label for r in side] == ["title"]
     assert [r.text for r in session.main_records()] == ["Hi, nothing to do.<|im_end|>"]
+
+
+async def test_opencode_plain_tiny_model_to_completion(start_adapter, cli_path, tmp_path: Path) -> None:
+    """The embedded engine serving the random tiny model: OpenCode runs to its end on real samples."""
+    adapter = await start_adapter(None, max_response_tokens=8)
+    res, _ = await run_opencode(adapter, cli_path, tmp_path)
+    print(res.returncode, res.stdout[-3000:], res.stderr[-3000:])
+    assert not res.timed_out
+    session = adapter.sessions.get("sess-1")
+    assert session.main_records() and session.infra_failure is None
+    for record in session.records:
+        assert len(record.logprobs) == len(record.output_ids) > 0
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])

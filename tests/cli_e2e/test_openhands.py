@@ -61,3 +61,16 @@ async def test_openhands_tool_loop_through_adapter(start_adapter, cli_path, tmp_
     assert_records_match_engine(session.records, adapter.engine)
     assert [r.render_mode for r in main] == ["full", "bridged"]
     assert session.infra_failure is None
+
+
+async def test_openhands_plain_tiny_model_to_completion(start_adapter, cli_path, tmp_path: Path) -> None:
+    """The embedded engine serving the random tiny model: the OpenHands SDK runs to its end on real samples."""
+    adapter = await start_adapter(None, max_response_tokens=8)
+    res, _ = await run_openhands(adapter, cli_path, tmp_path)
+    print(res.returncode, res.stdout[-3000:], res.stderr[-3000:])
+    assert not res.timed_out
+    session = adapter.sessions.get("sess-1")
+    assert session.main_records() and session.infra_failure is None
+    for record in session.records:
+        assert len(record.logprobs) == len(record.output_ids) > 0
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
