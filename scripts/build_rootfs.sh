@@ -7,13 +7,14 @@
 # Idempotent and cached: a finished rootfs carries a stamp naming its package set; a matching stamp
 # means nothing to do. The build goes to a sibling temp dir that is renamed into place only when
 # complete, so an interrupted build never leaves a rootfs that looks finished.
-# Needs root, debootstrap and a reachable Debian mirror (about 30 s, ~110 MB).
+# Needs root, debootstrap and a reachable Debian mirror (about 30 s, ~130 MB). `python3` (not only
+# python3-minimal) because task graders run `python3 -m unittest` / pytest, which need the full stdlib.
 set -euo pipefail
 
 DEST="${LEGO_ROOTFS_CACHE:-/var/cache/lego-rl/rootfs-bookworm}"
 SUITE="${LEGO_ROOTFS_SUITE:-bookworm}"
 MIRROR="${LEGO_ROOTFS_MIRROR:-http://deb.debian.org/debian}"
-PACKAGES="python3-minimal,git,patch,ca-certificates"
+PACKAGES="python3-minimal,python3,git,patch,ca-certificates"
 STAMP_NAME=".lego-rootfs-stamp"
 STAMP="suite=${SUITE} packages=${PACKAGES} version=1"
 
