@@ -238,6 +238,8 @@ class _Rollout:
                     user=s.agent_user, artifacts_dir=self.folder,
                 )
                 self.outcome = await self.harness.run(sb, request)
+                self.emit("agent_exited", cli_s=round(self.outcome.duration_s, 3), exit_code=self.outcome.exit_code,
+                          outcome=self.outcome.kind, detail=self.outcome.detail[:300])
                 with contextlib.suppress(LegoError, OSError):
                     for name, data in (await self.harness.artifacts(sb, request)).items():
                         self.save(f"cli-{safe_name(name)}", data)
@@ -258,7 +260,9 @@ class _Rollout:
                 self.save("grader.log", getattr(exc, "output", "") or str(exc))
                 raise
             self.save("grader.log", self.grade_result.output)
-        return reason, detail
+        # The verdict's reason ("tests passed", "tests timed out after 180 s") belongs in the outcome: a
+        # grader timeout is a verdict of 0 for the policy (its patch may hang the tests), not an outage.
+        return reason, "; ".join(part for part in (detail, f"grader: {self.grade_result.reason}") if part)
 
     def _policy_outcome(self) -> tuple[TerminationReason, str]:
         """Termination from the CLI's outcome and the adapter session, most telling first."""

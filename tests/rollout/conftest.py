@@ -1,0 +1,234 @@
+"""Fixtures for generate() tests: real bwrap sandboxes, real CLIs, a real adapter, caged networking.
+
+* The whole test process moves into a **loopback-only network namespace** for the session
+  (``unshare(CLONE_NEWNET)`` on the event-loop thread, ``lo`` up, the original namespace restored at the
+  end). Sandboxes use ``network="host"``, i.e. this namespace: the CLIs reach the adapter on 127.0.0.1
+  and nothing else.
+* ``scripted_stack``: the adapter (real ``AdapterServer`` + ``AdapterCore`` + ``ServingClient`` over HTTP)
+  in front of ``ScriptedPolicyEngine``, the TEST DOUBLE at the model boundary (tests/support).
+* ``rollout_ctx``: a ``RolloutContext`` over a fresh run directory, the example tasks and the fetched
+  toolchain.
+
+Needs root, bubblewrap, the rootfs of scripts/build_rootfs.sh and the toolchain of
+scripts/setup_toolchain.sh (``lego toolchain fetch``). A missing piece fails the test naming the
+script; ``LEGO_SKIP_MISSING_SETUP=1`` turns that into a skip.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `support` helpers
+
+from support.scripted_engine import ScriptedPolicyEngine  # noqa: E402
+
+from lego_rl.adapter.core import AdapterCore  # noqa: E402
+from lego_rl.adapter.server import AdapterServer  # noqa: E402
+from lego_rl.adapter.sessions import SessionRegistry  # noqa: E402
+from lego_rl.harness.plugins import get_harness, get_plugin_manager  # noqa: E402
+from lego_rl.harness.toolchain import Toolchain  # noqa: E402
+from lego_rl.images.importer import load_images_json  # noqa: E402
+from lego_rl.rollout.generate import RolloutContext, RolloutSettings, RolloutSpec  # noqa: E402
+from lego_rl.rollout.rundir import RunDir  # noqa: E402
+from lego_rl.serving.client import ServingClient  # noqa: E402
+from lego_rl.tasks.model import TaskRow  # noqa: E402
+from lego_rl.tasks.rows import load_tasks  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "tasks"
+ROOTFS = Path(os.environ.get("LEGO_ROOTFS_CACHE", "/var/cache/lego-rl/rootfs-bookworm"))
+TOOLCHAIN = Path(os.environ.get("LEGO_TOOLCHAIN_DIR") or REPO / ".lego" / "toolchain")
+CLONE_NEWNET = 0x40000000
+
+
+def missing(reason: str) -> None:
+    if os.environ.get("LEGO_SKIP_MISSING_SETUP") == "1":
+        pytest.skip(reason)
+    pytest.fail(f"{reason} (set LEGO_SKIP_MISSING_SETUP=1 to skip instead)")
+
+
+# -- the network cage --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def loopback_only_network() -> Iterator[None]:
+    """Move this process's main thread (where the event loop, bwrap and every socket live) into a new,
+    loopback-only network namespace for the whole session; restore the original one afterwards."""
+    if os.geteuid() != 0:
+        missing("rollout tests need root (bubblewrap sandboxes, a private network namespace)")
+    libc = ctypes.CDLL(None, use_errno=True)
+    original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        os.close(original)
+        pytest.fail(f"unshare(CLONE_NEWNET) failed: {os.strerror(ctypes.get_errno())}")
+    try:
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        yield
+    finally:
+        libc.setns(original, CLONE_NEWNET)
+        os.close(original)
+
+
+def interfaces() -> list[str]:
+    """Network interfaces visible to this thread (inside the cage: only ``lo``)."""
+    out = subprocess.run(["ip", "-o", "link"], check=True, capture_output=True, text=True).stdout
+    return sorted(line.split(":")[1].strip() for line in out.splitlines())
+
+
+# -- set-up checks -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def toolchain(loopback_only_network: None) -> Toolchain:
+    """The fetched harness toolchain; Claude Code's and Codex's default pins must be in it."""
+    if shutil.which("bwrap") is None:
+        missing("bubblewrap is not installed (apt-get install bubblewrap)")
+    if not (ROOTFS / ".lego-rootfs-stamp").is_file():
+        missing(f"no sandbox rootfs at {ROOTFS}: run scripts/build_rootfs.sh")
+    if not (TOOLCHAIN / "toolchain.lock.json").is_file():
+        missing(f"no harness toolchain at {TOOLCHAIN}: run scripts/setup_toolchain.sh (lego toolchain fetch)")
+    tc = Toolchain(TOOLCHAIN)
+    lock = tc.lockfile().entries
+    pm = get_plugin_manager({})
+    for name in ("claude_code", "codex"):
+        absent = [p.key for p in get_harness(name, environ={}, pm=pm).toolchain_pins() if p.key not in lock]
+        if absent:
+            missing(f"the toolchain at {TOOLCHAIN} lacks {absent}: run scripts/setup_toolchain.sh")
+    return tc
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from lego_rl.serving.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def renderer(tiny_model_dir: Path) -> Any:
+    from lego_rl.chat.render import ChatRenderer
+
+    return ChatRenderer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def example_rows() -> dict[str, TaskRow]:
+    loaded = load_tasks(EXAMPLES / "tasks.jsonl")
+    return {row.metadata.instance_id: row for row in loaded.rows}
+
+
+# -- the adapter in front of the scripted policy ----------------------------------------------------
+
+
+@dataclass
+class ScriptedStack:
+    sessions: SessionRegistry
+    url: str
+    engine: ScriptedPolicyEngine
+    engine_runner: web.AppRunner
+    core: AdapterCore
+    extra: list[Any] = field(default_factory=list)
+
+    async def stop_engine(self) -> None:
+        """The engine stops answering: its HTTP server goes away (connections refused from now on)."""
+        await self.engine_runner.cleanup()
+
+
+async def _listen(app: web.Application, cleanups: list[Callable[[], Any]]) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    cleanups.append(runner.cleanup)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def scripted_stack(tiny_model_dir: Path, renderer: Any) -> AsyncIterator[Callable[..., Any]]:
+    """Start ``ScriptedPolicyEngine(script)`` over HTTP, a real ServingClient to it, and the adapter."""
+    cleanups: list[Callable[[], Any]] = []
+
+    async def start(script: Sequence[str] | Callable[[str, int], str], *, context_limit: int = 60000,
+                    max_response_tokens: int = 1024, request_timeout_s: float = 30.0) -> ScriptedStack:
+        engine = ScriptedPolicyEngine(tiny_model_dir, script)
+        engine_runner, engine_url = await _listen(engine.app(), cleanups)
+        client = ServingClient([engine_url], vocab_size=renderer.vocab_size, request_timeout_s=request_timeout_s)
+        cleanups.append(client.close)
+        sessions = SessionRegistry()
+        core = AdapterCore(renderer, client, context_limit=context_limit, max_response_tokens=max_response_tokens)
+        _, url = await _listen(AdapterServer(core, sessions).app(), cleanups)
+        return ScriptedStack(sessions, url, engine, engine_runner, core)
+
+    yield start
+    for cleanup in reversed(cleanups):
+        await cleanup()
+
+
+def make_context(run_root: Path, sessions: SessionRegistry, adapter_url: str, toolchain: Toolchain,
+                 *, environ: dict[str, str] | None = None, **settings: Any) -> RolloutContext:
+    """A RolloutContext over the example tasks; ``settings`` override RolloutSettings fields."""
+    base: dict[str, Any] = dict(provider="bwrap", sandbox_options={"network": "host"}, agent_time_budget_s=180.0,
+                                grader_timeout_s=60.0, guard_s=420.0, max_turns=6, max_context_tokens=60000,
+                                max_output_tokens=1024)
+    base.update(settings)
+    env = dict(environ or {})
+    pm = get_plugin_manager(env)
+    return RolloutContext(
+        settings=RolloutSettings(**base), run=RunDir.open(run_root, config={"test": True}), sessions=sessions,
+        adapter_url=adapter_url, harness_for=lambda name: get_harness(name, environ=env, pm=pm),
+        toolchain=toolchain, images=load_images_json(EXAMPLES / "images.json"), dataset_dir=EXAMPLES,
+    )
+
+
+def spec_for(row: TaskRow, harness: str, rollout_id: str | None = None) -> RolloutSpec:
+    row = row.model_copy(update={"metadata": row.metadata.model_copy(update={"agent": harness})})
+    return RolloutSpec(row=row, rollout_id=rollout_id or f"{row.metadata.instance_id}-{harness}")
+
+
+# -- nothing left running ----------------------------------------------------------------------------
+
+
+def descendants(pid: int | None = None) -> list[tuple[int, str]]:
+    """(pid, command name) of every live descendant of ``pid`` (default: this process)."""
+    root = pid or os.getpid()
+    parent: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] == "Z":
+            continue
+        parent[int(entry)], names[int(entry)] = int(fields[1]), name
+    found = []
+    for p in parent:
+        q = p
+        while q in parent and q != root and q > 1:
+            q = parent[q]
+        if q == root and p != root:
+            found.append((p, names[p]))
+    return found
+
+
+def assert_nothing_running(sessions: SessionRegistry | None = None) -> None:
+    left = descendants()
+    assert not left, f"processes left running: {left}"
+    if sessions is not None:
+        assert sessions.open_ids() == [], f"adapter sessions left open: {sessions.open_ids()}"
