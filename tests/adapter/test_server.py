@@ -74,6 +74,7 @@ async def test_unknown_missing_and_closed_sessions_are_401(make_harness, protoco
     h = await make_harness(sessions=("sess-a", "sess-b"))
     r = await post(h, protocol, key="nobody")
     assert r.status == 401 and "unknown session 'nobody'" in error_message(protocol, await r.json())
+    assert r.headers["x-should-retry"] == "false"  # SDKs (Claude Code) would otherwise retry a 401
     r = await post(h, protocol, key=None)
     assert r.status == 401 and "no session" in error_message(protocol, await r.json())
     h.sessions.close("sess-b")

@@ -47,7 +47,7 @@ def agent_messages(stdout: str) -> list[str]:
 async def run_codex(adapter: Any, cli_path: Any, tmp_path: Path, model: str = "lego-tiny",
                     session: str = "sess-1") -> tuple[Any, Path]:
     work, home = tmp_path / "repo", tmp_path / "home"
-    work.mkdir(exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     (home / ".codex").mkdir(parents=True, exist_ok=True)
     res = await run_caged(codex_cmd(cli_path("codex"), adapter.url, model), forwards=adapter.forwards,
                           env=codex_env(home, session), cwd=work, timeout=240)

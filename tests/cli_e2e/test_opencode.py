@@ -45,8 +45,8 @@ def texts(stdout: str) -> list[str]:
 async def run_opencode(adapter: Any, cli_path: Any, tmp_path: Path, *, key: str = "sess-1",
                        title: str | None = "lego-test", timeout: float = 180) -> tuple[Any, Path]:
     work, home = tmp_path / "repo", tmp_path / "home"
-    work.mkdir(exist_ok=True)
-    home.mkdir(exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
     opencode_setup(work, adapter.url, key)
     res = await run_caged(opencode_cmd(cli_path("opencode"), title=title), forwards=adapter.forwards,
                           env=opencode_env(home), cwd=work, timeout=timeout)

@@ -26,8 +26,8 @@ def openhands_env(home: Path) -> dict[str, str]:
 async def run_openhands(adapter: Any, cli_path: Any, tmp_path: Path, *, stream: bool = False,
                         key: str = "sess-1", timeout: float = 240) -> tuple[Any, Path]:
     work, home = tmp_path / "repo", tmp_path / "home"
-    work.mkdir(exist_ok=True)
-    home.mkdir(exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
     cmd = [str(cli_path("openhands")), str(DRIVER), adapter.url, key, str(work), PROMPT,
            *(["--stream"] if stream else [])]
     res = await run_caged(cmd, forwards=adapter.forwards, env=openhands_env(home), cwd=work, timeout=timeout)

@@ -44,6 +44,7 @@ DIALECTS: tuple[Dialect, ...] = (AnthropicDialect(), ResponsesDialect(), ChatCom
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_KEEPALIVE_S = 5.0
 SESSION_PREFIX = "/s/{session}"
+NO_RETRY = {"x-should-retry": "false"}
 
 CORE_KEY = web.AppKey("core", AdapterCore)
 SESSIONS_KEY = web.AppKey("sessions", SessionRegistry)
@@ -129,7 +130,9 @@ class AdapterServer:
             return web.json_response(dialect.render_response(resp, req))
         except Exception as exc:  # noqa: BLE001 - the edge maps every error once
             err = to_wire_error(exc)
-            return web.json_response(dialect.error_body(err), status=err.status)
+            # Every refusal here is final (a failed session refuses all later calls too): the header
+            # stops the Anthropic/OpenAI SDKs' automatic retries, which Claude Code applies even to 401.
+            return web.json_response(dialect.error_body(err), status=err.status, headers=NO_RETRY)
 
     def session_for(self, request: web.Request) -> Session:
         token = request.match_info.get("session") or _header_token(request)
