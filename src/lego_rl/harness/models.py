@@ -108,7 +108,7 @@ class CommandSpec(BaseModel):
     """Shell run as ``user`` right before the CLI (e.g. copy a pre-installed tree into $HOME)."""
 
 
-TerminationKind = Literal["completed", "agent_error", "turn_limit", "timed_out", "crashed"]
+TerminationKind = Literal["completed", "agent_error", "turn_limit", "timed_out", "adapter_error", "crashed"]
 
 
 class HarnessOutcome(BaseModel):
@@ -127,6 +127,8 @@ class HarnessOutcome(BaseModel):
     timed_out: bool = False
     crashed: bool = False
     """The CLI died abnormally (signal, missing binary, no event at all): infrastructure, not policy."""
+    adapter_error: bool = False
+    """The CLI ended because the adapter was unreachable or answered with an error: infrastructure."""
     detail: str = ""
     """Why the flags above were set, in words."""
 
@@ -135,6 +137,8 @@ class HarnessOutcome(BaseModel):
         """Single classification, most severe first."""
         if self.crashed:
             return "crashed"
+        if self.adapter_error:
+            return "adapter_error"
         if self.timed_out:
             return "timed_out"
         if self.hit_turn_limit:

@@ -57,6 +57,8 @@ class ClaudeCodeConfig(HarnessConfig):
     max_thinking_tokens: int = Field(default=4096, ge=0)
     autocompact_pct: int = Field(default=70, ge=1, le=100)
     """Compact the conversation at this share of the context window."""
+    max_retries: int = Field(default=2, ge=0)
+    """API retries per request; the CLI's own default backs off for minutes on a dead adapter."""
 
     @model_validator(mode="after")
     def _tarball_selects_path(self) -> ClaudeCodeConfig:
@@ -139,6 +141,7 @@ class ClaudeCodeHarness(HarnessPlugin):
             "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(request.max_output_tokens),
             "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(request.max_context_tokens),
             "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(o.autocompact_pct),
+            "CLAUDE_CODE_MAX_RETRIES": str(o.max_retries),
             "HOME": f"/tmp/lego-claude-{safe_id(request.session_id)}",
         }
         env.update(o.extra_envs)
@@ -153,8 +156,13 @@ class ClaudeCodeHarness(HarnessPlugin):
         if result is None:
             return outcome
         subtype = str(result.get("subtype", ""))
-        if subtype == "error_max_turns":
-            return outcome.model_copy(update={"hit_turn_limit": True, "detail": "result subtype error_max_turns"})
+        reason = str(result.get("terminal_reason", ""))
+        if subtype == "error_max_turns" or reason == "max_turns":
+            return outcome.model_copy(update={"hit_turn_limit": True, "detail": f"result {subtype} {reason}".strip()})
+        if reason == "api_error":
+            # The adapter was unreachable or answered an error: not the policy's doing.
+            text = str(result.get("result", ""))[:300]
+            return outcome.model_copy(update={"adapter_error": True, "detail": f"api_error: {text}"})
         detail = f"result subtype {subtype}" + (" (is_error)" if result.get("is_error") else "")
         return outcome.model_copy(update={"detail": outcome.detail or detail})
 

@@ -151,8 +151,13 @@ class CodexHarness(HarnessPlugin):
         message = _last_error(outcome.event_log)
         if message is None:
             return outcome
-        hit = "turn limit" in message.lower() or "max_turns" in message.lower()
-        return outcome.model_copy(update={"hit_turn_limit": hit or outcome.hit_turn_limit, "detail": message[:500]})
+        low = message.lower()
+        hit = "turn limit" in low or "max_turns" in low
+        # Connection failures and 5xx answers are the adapter's (or engine's), not the policy's.
+        adapter = not hit and any(s in low for s in ("connection failed", "error sending request", "unexpected status 5"))
+        return outcome.model_copy(
+            update={"hit_turn_limit": hit or outcome.hit_turn_limit, "adapter_error": adapter, "detail": message[:500]}
+        )
 
     def adapter_options(self, options: Any) -> dict[str, Any]:
         # A JSON reply makes it retry five times and fail: always stream; cap turns at the adapter.

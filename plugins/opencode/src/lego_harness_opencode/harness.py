@@ -160,6 +160,13 @@ class OpenCodeHarness(HarnessPlugin):
             update = {"detail": error}
         return outcome.model_copy(update=update) if update else outcome
 
+    async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
+        # Its own log says what happened when stdout is silent (it retries a dead adapter without output).
+        logs = f"/tmp/lego-opencode-{safe_id(request.session_id)}/.local/share/opencode/log"
+        res = await sandbox.exec(["sh", "-c", f"find {logs} -name '*.log' -size -20M 2>/dev/null | head -5"],
+                                 user=request.user, timeout=30)  # fmt: skip
+        return {f"opencode/{Path(p).name}": await sandbox.read_file(p, user=request.user) for p in res.stdout.split()}
+
     def adapter_options(self, options: Any) -> dict[str, Any]:
         # A JSON (non-SSE) reply makes it loop at ~10 requests/s: always stream, and cap requests.
         return {"protocol": self.protocol, "force_stream": True, "max_requests": options.max_requests}

@@ -32,6 +32,11 @@ SDK = "openhands-sdk"
 TOOLS = "openhands-tools"
 DEFAULT_VERSION = "1.58.2"
 RUNNER = "lego_openhands_runner.py"
+ADAPTER_ERRORS = {
+    "LLMServiceUnavailableError", "LLMAuthenticationError", "LLMTimeoutError", "LLMRateLimitError",
+    "LLMBadRequestError", "APIConnectionError",
+}  # fmt: skip
+"""SDK error codes that mean the adapter / engine failed, not the policy."""
 
 
 class OpenHandsConfig(HarnessConfig):
@@ -134,9 +139,12 @@ class OpenHandsHarness(HarnessPlugin):
                 continue
             if isinstance(event, dict) and event.get("type") == "lego_result":
                 error = event.get("error") or {}
-                hit = error.get("code") == "MaxIterationsReached"
-                detail = f"status {event.get('status')}" + (f", {error.get('code')}: {error.get('detail')}" if error else "")
-                return outcome.model_copy(update={"hit_turn_limit": hit, "detail": detail[:500]})
+                code = error.get("code")
+                detail = f"status {event.get('status')}" + (f", {code}: {error.get('detail')}" if error else "")
+                return outcome.model_copy(update={
+                    "hit_turn_limit": code == "MaxIterationsReached", "adapter_error": code in ADAPTER_ERRORS,
+                    "detail": detail[:500],
+                })  # fmt: skip
         return outcome
 
     def adapter_options(self, options: Any) -> dict[str, Any]:

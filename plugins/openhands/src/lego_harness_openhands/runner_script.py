@@ -23,6 +23,8 @@ def main(path: str) -> int:
         api_key=run["api_key"],
         usage_id="agent",
         num_retries=run.get("num_retries", 2),
+        retry_min_wait=1,
+        retry_max_wait=4,
         max_input_tokens=run["max_context_tokens"],
         max_output_tokens=run["max_output_tokens"],
     )
@@ -43,7 +45,11 @@ def main(path: str) -> int:
         visualizer=None,
     )
     conversation.send_message(run["prompt"])
-    conversation.run()
+    try:
+        conversation.run()
+    except Exception as exc:  # the SDK raises after emitting its error event; report, do not trace back
+        error.setdefault("code", type(exc).__name__)
+        error.setdefault("detail", str(exc)[:500])
     status = str(getattr(conversation.state.execution_status, "value", conversation.state.execution_status))
     print(json.dumps({"type": "lego_result", "status": status, "error": error or None}), flush=True)
     return 0 if status == "finished" else 1
