@@ -2,10 +2,13 @@
 # Install the four shipped harness plugins (editable) into lego-rl's environment. Idempotent: a plugin
 # already installed editable from this checkout is skipped.
 #
-#   scripts/install_plugins.sh                # uses $LEGO_PYTHON, else .venv/bin/python, else python3
+#   scripts/install_plugins.sh       # into $LEGO_PYTHON's env, else $VENV (the Makefile's), else .venv, else python3
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${LEGO_PYTHON:-}"
+if [[ -z "${py}" && -n "${VENV:-}" ]]; then
+    case "${VENV}" in /*) py="${VENV}/bin/python" ;; *) py="${root}/${VENV}/bin/python" ;; esac
+fi
 if [[ -z "${py}" ]]; then
     if [[ -x "${root}/.venv/bin/python" ]]; then py="${root}/.venv/bin/python"; else py="python3"; fi
 fi

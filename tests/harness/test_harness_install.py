@@ -37,14 +37,26 @@ async def test_install_extracts_for_the_agent_and_is_idempotent(make_sandbox: Ma
     assert (await sb.exec(["tool"], user="agent")).stdout.startswith("tool 2.0.0")
 
 
-async def test_upload_whose_hash_differs_is_not_extracted(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
+async def test_archive_whose_hash_differs_is_not_uploaded(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
     sb = await make_sandbox()
     archive = tool_tgz(tmp_path)
     wrong = sha512_integrity(tool_tgz(tmp_path, body="#!/bin/sh\necho evil\n", name="evil.tgz"))
-    with pytest.raises(HarnessError, match="uploaded tool.tgz has sha512 .*, expected"):
+    with pytest.raises(HarnessError, match="refusing .*tool.tgz: its sha512 .* does not match"):
         await install_archive(sb, archive, "/opt/lego/tool/1", integrity=wrong)
     res = await sb.exec("ls /opt/lego/tool /tmp | grep -c -e lego-upload -e '^1' || true")
-    assert res.stdout.strip() == "0"  # neither the tree nor the upload is left behind
+    assert res.stdout.strip() == "0"  # neither the tree nor an upload is left behind
+
+
+async def test_plain_tar_cache_is_made_once_per_archive(make_sandbox: MakeSandbox, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEGO_TOOLCHAIN_CACHE", str(tmp_path / "cache"))
+    archive = tool_tgz(tmp_path)
+    for _ in range(2):
+        sb = await make_sandbox()
+        await install_archive(sb, archive, "/opt/lego/tool", integrity=sha512_integrity(archive))
+        assert (await sb.exec(["/opt/lego/tool/bin/tool"], user="agent")).stdout.startswith("tool 1.2.3")
+    [cached] = list((tmp_path / "cache").iterdir())
+    assert cached.name == integrity_hex(sha512_integrity(archive))[:40] + ".tar"
 
 
 async def test_bad_inputs_are_refused_precisely(make_sandbox: MakeSandbox, tmp_path: Path) -> None:

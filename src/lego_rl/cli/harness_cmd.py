@@ -14,7 +14,9 @@ toolchain_app = typer.Typer(help="Host-side CLI artifacts that harness installs 
 
 
 def _fail(exc: Exception, code: int) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     return typer.Exit(code)
 
 

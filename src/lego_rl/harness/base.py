@@ -159,7 +159,8 @@ class HarnessPlugin:
             first = exc.errors()[0]
             key = str(first["loc"][0]) if first["loc"] else "?"
             raise ConfigError(
-                f"{first['msg']}", where=sources.get(key, f"[harness.{self.name}]"),
+                f"harness.{self.name}.{key}: {first['msg']} (got {first.get('input')!r})",
+                where=sources.get(key, f"[harness.{self.name}]"),
                 parameter=f"harness.{self.name}.{key}", value=first.get("input"),
             ) from exc  # fmt: skip
 
