@@ -117,6 +117,7 @@ def test_opencode_config_and_flags() -> None:
     spec = h.command(request())
     assert spec.argv[1:4] == ["run", "--format", "json"] and flag(spec.argv, "--title") == "lego rollout"
     assert spec.env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
+    assert spec.argv[-2:] == ["--", "Fix the bug."]  # a prompt starting with "-" is not taken for a flag
     (path, text), = spec.files.items()
     assert path.endswith("/.config/opencode/opencode.json") and not path.startswith("/testbed")
     cfg = json.loads(text)

@@ -131,7 +131,7 @@ class OpenCodeHarness(HarnessPlugin):
         }
         env.update(o.extra_envs)
         argv = [f"{self._home(o)}/cli/bin/opencode", "run", "--format", "json", "--title", o.title,
-                "--model", f"{PROVIDER}/{request.model}", *o.extra_args, request.prompt]  # fmt: skip
+                "--model", f"{PROVIDER}/{request.model}", *o.extra_args, "--", request.prompt]  # fmt: skip
         # The plugin tree is copied into the per-run config folder, which the CLI writes to.
         prelude = f"mkdir -p {shlex.quote(cfg)} && cp -a {shlex.quote(self._home(o))}/plugin/. {shlex.quote(cfg)}/"
         return CommandSpec(
