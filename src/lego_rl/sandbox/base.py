@@ -28,6 +28,8 @@ class ExecResult:
     stderr: str
     duration_s: float = 0.0
     timed_out: bool = False
+    truncated: bool = False
+    """The provider cut the captured output (sunabako caps what one exec returns)."""
 
     @property
     def ok(self) -> bool:
@@ -42,6 +44,18 @@ class ImageSpec:
     rootfs: str | None = None
     workdir: str = "/"
     env: dict[str, str] = field(default_factory=dict)
+
+
+MAX_ERROR_CHARS = 2000
+
+
+def cut_message(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Keep an error message readable: the head and tail of an oversized text, the middle elided."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} ...[{len(text) - limit} chars cut]... {text[-half:]}"
 
 
 class Sandbox(abc.ABC):

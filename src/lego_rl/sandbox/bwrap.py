@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from lego_rl.errors import SandboxError, SandboxTimeout
 from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider
+from lego_rl.sandbox.base import cut_message as cut
 from lego_rl.sandbox.bwrap_state import (
     DEFAULT_STATE_ROOT,
     GuestUser,
@@ -49,16 +50,6 @@ ROOT_CAPS = (
 )
 _USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 NETWORKS = ("none", "host")
-_MAX_ERR = 2000
-
-
-def cut(text: str, limit: int = _MAX_ERR) -> str:
-    """Keep an error message readable: head and tail of an oversized text."""
-    text = text.strip()
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]} ...[{len(text) - limit} chars cut]... {text[-half:]}"
 
 
 class BwrapSandbox(Sandbox):

@@ -1,0 +1,308 @@
+"""The ``sunabako`` provider: the real ``sunabako==0.1.2`` SDK behind our Sandbox contract.
+
+Nodes: one local node (``state_dir`` + ``binary``), or the nodes of a ``cluster.json`` reached over
+SSH (credentials from the existing SSH configuration). A local node without ``node.json`` is
+initialised here; cluster nodes are the operator's to provision, and are only checked.
+
+Memory: cgroup enforcement by default. ``test_memory=True`` is the explicit functional-test setting
+for machines without a delegated cgroup v2 subtree: it needs the node's
+``allow_unbounded_memory_for_tests`` and creates sandboxes with ``memory_mode="rss"`` (an RSS
+supervisor kills a sandbox over its limit; no hard aggregate limit). It maps the reference's
+``SUNABAKO_ALLOW_TEST_MEMORY``.
+
+Known SDK/runtime behaviours handled here (see FIELD-NOTES): creates fail with "key must be a string"
+(interleaved JSON during the guest-UID mapping handshake; the SDK has already cleaned up) and are
+retried. Measured here: ~5% on an idle machine, ~60% at load 5 on 2 cores, never with
+uid_range_size=1 (which rules out guest users);
+``stop`` right after a timeout or an OOM kill can fail while the status lags, so stop is retried
+before ``delete``; runtime errors can carry whole supervisor logs, so messages are cut.
+
+Timeouts: when the runtime's own exec timeout fires, the sandbox's init exits and the whole sandbox
+is lost (status "failed"). A rollout must still capture the patch after the agent's time budget, so a
+command with a timeout runs under the image's coreutils ``timeout`` (TERM, then KILL 2 s later, to
+the command's process group), and the runtime timeout is only a backstop a little later. A command
+that outlives both kills its sandbox; later calls then raise SandboxError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lego_rl.errors import SandboxError, SandboxTimeout
+from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider, cut_message
+
+log = logging.getLogger(__name__)
+
+# The same handshake race shows up as different JSON parse errors, or as an empty setup reason.
+TRANSIENT_CREATE_ERRORS = re.compile(
+    r"key must be a string|expected `,` or `}`|EOF while parsing|at line \d+ column \d+|startup failed: ;"
+)
+MAX_EXEC_TIMEOUT_S = 86400  # the runtime accepts 1..86400 s
+NETWORKS = ("none", "host")
+ENSURE_USER = (
+    'id -u agent >/dev/null 2>&1 || useradd -m -U -s /bin/sh agent || exit 90; mkdir -p -- "$1" || exit 91; '
+    'command -v timeout >/dev/null && echo has-timeout'
+)
+BACKSTOP_S = 15  # runtime timeout beyond the in-sandbox one: only a command immune to SIGKILL reaches it
+TIMEOUT_EXITS = (124, 137)  # coreutils timeout: TERM worked / KILL was needed
+
+
+def _sdk() -> Any:
+    try:
+        import sunabako
+    except ImportError as exc:
+        raise SandboxError("the sunabako provider needs the SDK: pip install 'lego-rl[sunabako]'") from exc
+    return sunabako
+
+
+def _default_binary() -> str:
+    return os.environ.get("SUNABAKO_BINARY") or shutil.which("sunabako") or str(
+        Path(sys.executable).with_name("sunabako")
+    )
+
+
+def _env_flag(name: str) -> bool | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    if value not in ("0", "1"):
+        raise SandboxError(f"${name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+class SunabakoSandbox(Sandbox):
+    def __init__(self, inner: Any, image: ImageSpec, sdk: Any) -> None:
+        self._inner = inner  # sunabako.AsyncSandbox
+        self._sdk = sdk
+        self.id = inner.sandbox_id
+        self.image = image
+        self.node_name = inner.node.name
+        self._closed = False
+        self.has_timeout = False  # set at create: the image has coreutils `timeout`
+
+    def _fail(self, what: str, exc: BaseException) -> SandboxError:
+        state = " (sandbox closed)" if self._closed else ""
+        return SandboxError(f"sunabako {what} in {self.id} on node {self.node_name}{state}: {cut_message(str(exc))}")
+
+    def _abs(self, path: str) -> str:
+        return path if path.startswith("/") else os.path.join(self.image.workdir or "/", path)
+
+    async def exec(self, cmd: str | list[str], *, user: str | None = None, check: bool = False,
+                   timeout: float | None = None, env: dict[str, str] | None = None,
+                   cwd: str | None = None) -> ExecResult:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        argv = ["/bin/sh", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
+        limit = MAX_EXEC_TIMEOUT_S
+        if timeout is not None:
+            if timeout <= 0:
+                raise SandboxError(f"timeout must be positive, got {timeout}")
+            limit = min(MAX_EXEC_TIMEOUT_S, math.ceil(timeout) + (BACKSTOP_S if self.has_timeout else 0))
+            if self.has_timeout:
+                argv = ["timeout", "-k", "2", f"{timeout:g}", *argv]
+        start = time.monotonic()
+        try:
+            raw = await self._inner.commands.run(
+                argv, timeout=limit, envs=env or {}, cwd=self._abs(cwd or self.image.workdir or "/"),
+                user=user or "root", check=False,
+            )
+        except (self._sdk.SandboxError, ValueError) as exc:
+            raise self._fail(f"exec of {cut_message(str(cmd), 200)}", exc) from exc
+        elapsed = time.monotonic() - start
+        timed_out = raw.timed_out or (
+            timeout is not None and self.has_timeout and raw.exit_code in TIMEOUT_EXITS and elapsed >= timeout
+        )
+        result = ExecResult(raw.exit_code, raw.stdout, raw.stderr, elapsed, timed_out, raw.truncated)
+        if check and result.timed_out:
+            raise SandboxTimeout(f"{cut_message(str(cmd), 300)} timed out after {timeout} s in sandbox {self.id}")
+        if check and result.exit_code != 0:
+            raise SandboxError(f"{cut_message(str(cmd), 300)} exited {result.exit_code} in sandbox "
+                               f"{self.id}: {cut_message(result.stderr)}")
+        return result
+
+    async def write_file(self, path: str, content: str | bytes | Path, *, user: str | None = None) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        target = self._abs(path)
+        parent = os.path.dirname(target)
+        # The runtime's write op does not create parent directories; do it as the same user.
+        mk = await self.exec(["mkdir", "-p", "--", parent], user=user, cwd="/")
+        if not mk.ok:
+            raise SandboxError(f"writing {target} as {user or 'root'} in {self.id} failed: {cut_message(mk.stderr)}")
+        try:
+            await self._inner.files.write(target, content, user=user or "root")
+        except (self._sdk.SandboxError, ValueError, OSError) as exc:
+            raise self._fail(f"write of {target} as {user or 'root'}", exc) from exc
+
+    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        target = self._abs(path)
+        try:
+            return bytes(await self._inner.files.read(target, format="bytes", user=user or "root"))
+        except (self._sdk.SandboxError, ValueError) as exc:
+            raise self._fail(f"read of {target} as {user or 'root'}", exc) from exc
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await destroy(self._inner.node, self.id, self._sdk)
+
+
+async def destroy(node: Any, sandbox_id: str, sdk: Any, *, stop_window_s: float = 1.0) -> None:
+    """Stop then delete; never give up silently. Stop is retried while the status lags an OOM/timeout."""
+    deadline = time.monotonic() + stop_window_s
+    while True:
+        try:
+            await node.call_async("stop", sandbox_id, timeout=60)
+            break
+        except sdk.SandboxError as exc:
+            text = str(exc)
+            if "not found" in text or "no such" in text.lower():
+                return  # already gone
+            if time.monotonic() > deadline:
+                log.warning("sunabako stop of %s kept failing (%s); deleting anyway", sandbox_id, cut_message(text, 300))
+                break
+            await asyncio.sleep(0.1)
+    last: BaseException | None = None
+    for _ in range(5):
+        try:
+            await node.call_async("delete", sandbox_id, timeout=120)
+            return
+        except sdk.SandboxError as exc:
+            last = exc
+            if "not found" in str(exc):
+                return
+            await asyncio.sleep(0.2)
+            try:
+                await node.call_async("stop", sandbox_id, timeout=60)
+            except sdk.SandboxError:
+                pass
+    raise SandboxError(f"sunabako could not delete sandbox {sandbox_id} on node {node.name}: "
+                       f"{cut_message(str(last))}; run `lego sandbox gc --provider sunabako`")
+
+
+class SunabakoProvider(SandboxProvider):
+    """Sandboxes on one local sunabako node or on the nodes of a cluster.json."""
+
+    name = "sunabako"
+
+    def __init__(
+        self,
+        *,
+        cluster: str | os.PathLike[str] | None = None,
+        state_dir: str = "/var/lib/sunabako",
+        binary: str | None = None,
+        test_memory: bool | None = None,
+        memory_mb: int | None = None,
+        create_retries: int = 8,
+        create_timeout_s: float = 600,
+        node_config: dict[str, Any] | None = None,
+    ) -> None:
+        self._sdk = _sdk()
+        cluster = cluster or os.environ.get("SUNABAKO_CLUSTER") or None
+        env_test = _env_flag("SUNABAKO_ALLOW_TEST_MEMORY")
+        self.test_memory = bool(test_memory if test_memory is not None else env_test)
+        self.memory_mb = memory_mb or int(os.environ.get("SUNABAKO_MEMORY_MB", "2048"))
+        self.create_retries = create_retries
+        self.create_timeout_s = create_timeout_s
+        self.node_config = dict(node_config or {})
+        if cluster:
+            try:
+                self.cluster: Any = self._sdk.Cluster.from_file(cluster)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise SandboxError(f"sunabako cluster file {cluster}: {exc}") from exc
+            self.node: Any = None
+        else:
+            self.cluster = None
+            self.node = self._sdk.Node(name="local", state_dir=state_dir, binary=binary or _default_binary())
+        self._checked = False
+
+    @property
+    def nodes(self) -> list[Any]:
+        return list(self.cluster.nodes) if self.cluster else [self.node]
+
+    async def _check_nodes(self) -> None:
+        """Once per provider: initialise a fresh local node, and verify every node's settings."""
+        if self._checked:
+            return
+        if self.node is not None and not Path(self.node.state_dir, "node.json").exists():
+            config = {"uid_range_size": 65536, **self.node_config}
+            if self.test_memory:
+                config["allow_unbounded_memory_for_tests"] = True
+            Path(self.node.state_dir).mkdir(parents=True, exist_ok=True)
+            await self.node.call_async("init-node", "-", data=config, timeout=60)
+        for node in self.nodes:
+            try:
+                cap = await node.call_async("capacity", timeout=20)
+            except self._sdk.SandboxError as exc:
+                raise SandboxError(f"sunabako node {node.name} is not usable: {cut_message(str(exc))}") from exc
+            cfg = cap.get("config", {})
+            if self.test_memory and not cfg.get("allow_unbounded_memory_for_tests"):
+                raise SandboxError(f"sunabako node {node.name}: test memory mode asked for, but the node lacks "
+                                   "allow_unbounded_memory_for_tests: re-run init-node with it set")
+            if int(cfg.get("uid_range_size", 1)) <= 1:
+                raise SandboxError(f"sunabako node {node.name}: uid_range_size must be > 1 (use 65536) for the "
+                                   "non-root guest user 'agent'")
+        self._checked = True
+
+    async def create(self, image: ImageSpec, *, memory_mb: int | None = None, network: str = "none",
+                     sandbox_id: str | None = None, pids_max: int = 256, **unknown: Any) -> SunabakoSandbox:
+        if unknown:
+            raise SandboxError(f"sunabako provider: unknown option(s) {sorted(unknown)}; "
+                               "known: memory_mb, network, sandbox_id, pids_max")
+        if network not in NETWORKS:
+            raise SandboxError(f"sunabako provider: network must be one of {NETWORKS}, got {network!r}")
+        if not image.rootfs:
+            raise SandboxError(f"image {image.name!r} has no rootfs: sunabako boots an imported rootfs "
+                               "(lego images), not the host's /")
+        await self._check_nodes()
+        inner = await self._create_with_retries(image, memory_mb or self.memory_mb, network, sandbox_id, pids_max)
+        sb = SunabakoSandbox(inner, image, self._sdk)
+        try:
+            # Imported images rarely have the guest user the CLI runs as; add it, and the workdir.
+            res = await sb.exec(["/bin/sh", "-c", ENSURE_USER, "sh", image.workdir or "/"], cwd="/", timeout=60)
+            if not res.ok:
+                raise SandboxError(f"preparing sandbox {sb.id} (user agent, workdir {image.workdir}) failed "
+                                   f"with exit {res.exit_code}: {cut_message(res.stderr)}")
+            sb.has_timeout = "has-timeout" in res.stdout
+            if not sb.has_timeout:
+                log.warning("image %s has no coreutils `timeout`: a command timeout will kill sandbox %s",
+                            image.name, sb.id)
+        except BaseException:
+            await sb.close()
+            raise
+        return sb
+
+    async def _create_with_retries(self, image: ImageSpec, memory_mb: int, network: str,
+                                   sandbox_id: str | None, pids_max: int) -> Any:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._sdk.AsyncSandbox.create(
+                    image.rootfs, node=self.node, cluster=self.cluster, memory_mb=memory_mb,
+                    memory_mode="rss" if self.test_memory else "cgroup", runtime="native",
+                    network=network, envs=dict(image.env), pids_max=pids_max, sandbox_id=sandbox_id,
+                    create_timeout=self.create_timeout_s,
+                )
+            except (self._sdk.SandboxError, ValueError) as exc:
+                text = str(exc)
+                transient = TRANSIENT_CREATE_ERRORS.search(text) is not None
+                if transient and attempt <= self.create_retries:
+                    log.warning("sunabako create failed transiently (attempt %d): %s", attempt, cut_message(text, 200))
+                    await asyncio.sleep(random.uniform(0.05, 0.25))  # de-synchronise concurrent creators
+                    continue
+                raise SandboxError(f"sunabako could not create a sandbox of {image.name!r} "
+                                   f"(attempt {attempt}): {cut_message(text)}") from exc
