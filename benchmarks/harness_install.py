@@ -40,18 +40,27 @@ async def measure(name: str, toolchain: Toolchain) -> dict[str, float]:
         t0 = time.perf_counter()
         await handle.verify(sb, "agent")
         verify = time.perf_counter() - t0
-    return {"mb": path.stat().st_size / 1e6, "upload": upload, "install": install, "reinstall": reinstall,
-            "verify": verify}
+    return {
+        "mb": path.stat().st_size / 1e6,
+        "upload": upload,
+        "install": install,
+        "reinstall": reinstall,
+        "verify": verify,
+    }
 
 
 async def main() -> None:
     toolchain = Toolchain()
-    print(f"{'harness':<12} {'archive MB':>10} {'upload s':>9} {'install/upload':>15} {'reinstall/upload':>17} "
-          f"{'verify/upload':>14}")
+    print(
+        f"{'harness':<12} {'archive MB':>10} {'upload s':>9} {'install/upload':>15} {'reinstall/upload':>17} "
+        f"{'verify/upload':>14}"
+    )
     for name in ("claude_code", "codex", "opencode"):
         m = await measure(name, toolchain)
-        print(f"{name:<12} {m['mb']:>10.1f} {m['upload']:>9.2f} {m['install'] / m['upload']:>15.2f} "
-              f"{m['reinstall'] / m['upload']:>17.3f} {m['verify'] / m['upload']:>14.2f}")
+        print(
+            f"{name:<12} {m['mb']:>10.1f} {m['upload']:>9.2f} {m['install'] / m['upload']:>15.2f} "
+            f"{m['reinstall'] / m['upload']:>17.3f} {m['verify'] / m['upload']:>14.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-
 ROOTFS = os.environ.get("LEGO_ROOTFS_CACHE", "/var/cache/lego-rl/rootfs-bookworm")
 
 
@@ -27,7 +26,9 @@ def missing(reason: str) -> None:
     pytest.fail(f"{reason} (set LEGO_SKIP_MISSING_SETUP=1 to skip instead)")
 
 
-def make_tgz(path: Path, files: dict[str, bytes | str], *, top: str = "package", modes: dict[str, int] | None = None) -> Path:
+def make_tgz(
+    path: Path, files: dict[str, bytes | str], *, top: str = "package", modes: dict[str, int] | None = None
+) -> Path:
     """Write a gzip tarball whose members sit under ``top/`` (like an npm tarball)."""
     with tarfile.open(path, "w:gz") as tar:
         for name, data in files.items():
@@ -60,7 +61,9 @@ class Registry:
         data = self.tarballs[key]
         published = sri(b"other bytes") if key in self.lie else sri(data)
         tarball = f"{self.url}/t/{key[0].replace('/', '_')}-{key[1]}.tgz"
-        return web.json_response({"name": key[0], "version": key[1], "dist": {"integrity": published, "tarball": tarball}})
+        return web.json_response(
+            {"name": key[0], "version": key[1], "dist": {"integrity": published, "tarball": tarball}}
+        )
 
     async def tarball(self, request: web.Request) -> web.Response:
         self.downloads += 1

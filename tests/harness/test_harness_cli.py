@@ -22,12 +22,16 @@ def test_harnesses_table_and_json(runner: CliRunner) -> None:
     for word in ("claude_code", "codex", "opencode", "openhands", "anthropic", "responses"):
         assert word in table.output
     rows = {r["name"]: r for r in json.loads(runner.invoke(app, ["harnesses", "--json"]).output)}
-    assert rows["codex"]["package"] == "lego-harness-codex" and rows["codex"]["cli_package"] == "@openai/codex"
+    assert (
+        rows["codex"]["package"] == "lego-harness-codex" and rows["codex"]["cli_package"] == "@openai/codex"
+    )
     assert rows["claude_code"]["capabilities"]["enforces_turn_limit"] is True
     assert rows["codex"]["capabilities"]["enforces_turn_limit"] is False
 
 
-def test_harnesses_with_none_loaded_says_how_to_install(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_harnesses_with_none_loaded_says_how_to_install(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LEGO_LOAD_PLUGINS", "")
     res = runner.invoke(app, ["harnesses"])
     assert res.exit_code == 0 and "scripts/install_plugins.sh" in res.output
@@ -41,7 +45,9 @@ def test_harnesses_with_none_loaded_says_how_to_install(runner: CliRunner, monke
         (["-H", "codex", "-o", "codex.install_from=zip"], "harness.codex.install_from"),
     ],
 )
-def test_toolchain_fetch_usage_errors_exit_2(runner: CliRunner, tmp_path: object, args: list[str], message: str) -> None:
+def test_toolchain_fetch_usage_errors_exit_2(
+    runner: CliRunner, tmp_path: object, args: list[str], message: str
+) -> None:
     res = runner.invoke(app, ["toolchain", "fetch", "--dir", str(tmp_path), *args])
     assert res.exit_code == 2
     assert message in res.output.replace("\n", " ")

@@ -21,8 +21,17 @@ def harness(name: str, env: dict[str, str] | None = None, **overrides: object): 
 
 
 def request(**kw: object) -> RunRequest:
-    base = dict(session_id="sess-42", base_url="http://127.0.0.1:18091", model="qwen-tiny", prompt="Fix the bug.",
-                workdir="/testbed", time_budget_s=60, max_turns=7, max_context_tokens=32768, max_output_tokens=1024)
+    base = dict(
+        session_id="sess-42",
+        base_url="http://127.0.0.1:18091",
+        model="qwen-tiny",
+        prompt="Fix the bug.",
+        workdir="/testbed",
+        time_budget_s=60,
+        max_turns=7,
+        max_context_tokens=32768,
+        max_output_tokens=1024,
+    )
     return RunRequest(**(base | kw))  # type: ignore[arg-type]
 
 
@@ -66,7 +75,11 @@ def test_lego_name_wins_over_vime_name_and_config_wins_over_both() -> None:
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("{not json", "not valid JSON"), ('["a"]', "must be a JSON object"), ('{"A": {"x": 1}}', "must be a string")],
+    [
+        ("{not json", "not valid JSON"),
+        ('["a"]', "must be a JSON object"),
+        ('{"A": {"x": 1}}', "must be a string"),
+    ],
 )
 def test_bad_extra_envs_name_the_variable(value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
@@ -82,12 +95,18 @@ def test_unknown_config_key_is_refused_with_its_name() -> None:
 
 def test_tarball_variables_select_the_install_path(tmp_path: Path) -> None:
     assert harness("claude_code").options.install_from == "native"
-    npm = harness("claude_code", {"LEGO_AGENT_NODE_TARBALL": "/x/node.tar.xz", "VIME_AGENT_CC_TARBALL": "/x/cc.tgz"})
+    npm = harness(
+        "claude_code", {"LEGO_AGENT_NODE_TARBALL": "/x/node.tar.xz", "VIME_AGENT_CC_TARBALL": "/x/cc.tgz"}
+    )
     assert npm.options.install_from == "npm"
     assert [p.role for p in npm.toolchain_pins()] == ["node", "cli", "native"]
     assert npm.command(request()).argv[:2] == [
-        "/opt/lego/node/22.23.5/bin/node", "/opt/lego/claude_code/2.1.332-npm/node_modules/@anthropic-ai/claude-code/cli-wrapper.cjs"]
-    both = harness("claude_code", {"LEGO_AGENT_CC_NATIVE_TARBALL": "/x/n.tgz", "LEGO_AGENT_CC_TARBALL": "/x/c.tgz"})
+        "/opt/lego/node/22.23.5/bin/node",
+        "/opt/lego/claude_code/2.1.332-npm/node_modules/@anthropic-ai/claude-code/cli-wrapper.cjs",
+    ]
+    both = harness(
+        "claude_code", {"LEGO_AGENT_CC_NATIVE_TARBALL": "/x/n.tgz", "LEGO_AGENT_CC_TARBALL": "/x/c.tgz"}
+    )
     assert both.options.install_from == "native"  # the native archive takes precedence
     codex = harness("codex", {"LEGO_AGENT_CODEX_TARBALL": "/x/c.tgz"})
     assert codex.options.install_from == "npm"
@@ -118,7 +137,7 @@ def test_opencode_config_and_flags() -> None:
     assert spec.argv[1:4] == ["run", "--format", "json"] and flag(spec.argv, "--title") == "lego rollout"
     assert spec.env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
     assert spec.argv[-2:] == ["--", "Fix the bug."]  # a prompt starting with "-" is not taken for a flag
-    (path, text), = spec.files.items()
+    ((path, text),) = spec.files.items()
     assert path.endswith("/.config/opencode/opencode.json") and not path.startswith("/testbed")
     cfg = json.loads(text)
     provider = cfg["provider"]["lego"]
@@ -147,5 +166,9 @@ def test_session_id_is_made_path_safe() -> None:
 
 def test_merge_flag_args() -> None:
     assert merge_flag_args(["-p", "x", "--max-turns", "3", "--verbose"], ["--max-turns=9"]) == [
-        "-p", "x", "--verbose", "--max-turns=9"]
+        "-p",
+        "x",
+        "--verbose",
+        "--max-turns=9",
+    ]
     assert merge_flag_args(["--a", "--b", "1"], []) == ["--a", "--b", "1"]

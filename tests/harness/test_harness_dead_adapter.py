@@ -23,12 +23,23 @@ pytestmark = pytest.mark.slow
 
 
 def request(budget: float) -> RunRequest:
-    return RunRequest(session_id="dead-1", base_url="http://127.0.0.1:9", model="qwen-tiny", prompt="Say hi.",
-                      workdir="/testbed", time_budget_s=budget, max_turns=3)
+    return RunRequest(
+        session_id="dead-1",
+        base_url="http://127.0.0.1:9",
+        model="qwen-tiny",
+        prompt="Say hi.",
+        workdir="/testbed",
+        time_budget_s=budget,
+        max_turns=3,
+    )
 
 
-async def installed(make_sandbox: MakeSandbox, name: str, overrides: dict[str, Any] | None = None,
-                    image: ImageSpec | None = None) -> tuple[Any, Any]:
+async def installed(
+    make_sandbox: MakeSandbox,
+    name: str,
+    overrides: dict[str, Any] | None = None,
+    image: ImageSpec | None = None,
+) -> tuple[Any, Any]:
     folder = default_toolchain_dir()
     if not (folder / "toolchain.lock.json").is_file():
         missing(f"no harness toolchain at {folder}: run scripts/setup_toolchain.sh")
@@ -45,7 +56,9 @@ async def test_claude_code_reports_the_dead_adapter(make_sandbox: MakeSandbox) -
     handle, sb = await installed(make_sandbox, "claude_code")
     out = await handle.run(sb, request(90))
     init = json.loads(out.event_log.splitlines()[0])
-    assert init["subtype"] == "init" and init["tools"] == sorted(["Bash", "Read", "Edit", "Write", "Glob", "Grep"])
+    assert init["subtype"] == "init" and init["tools"] == sorted(
+        ["Bash", "Read", "Edit", "Write", "Glob", "Grep"]
+    )
     assert init["apiKeySource"] == "ANTHROPIC_API_KEY" and init["slash_commands"] == []
     assert out.kind == "adapter_error" and "ECONNREFUSED" in out.detail
 

@@ -9,26 +9,42 @@ from conftest import MakeSandbox
 from harness_helpers import make_tgz
 
 from lego_rl.errors import HarnessError
-from lego_rl.harness.install import MARKER, install_archive, integrity_hex, link_executable, python_version, version_of
+from lego_rl.harness.install import (
+    MARKER,
+    install_archive,
+    integrity_hex,
+    link_executable,
+    python_version,
+    version_of,
+)
 from lego_rl.harness.toolchain import sha512_integrity
 
-TOOL = "#!/bin/sh\necho \"tool 1.2.3 as $(id -un)\"\n"
+TOOL = '#!/bin/sh\necho "tool 1.2.3 as $(id -un)"\n'
 
 
 def tool_tgz(tmp_path: Path, body: str = TOOL, name: str = "tool.tgz") -> Path:
     return make_tgz(tmp_path / name, {"bin/tool": body, "README": "x"}, modes={"bin/tool": 0o755})
 
 
-async def test_install_extracts_for_the_agent_and_is_idempotent(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
+async def test_install_extracts_for_the_agent_and_is_idempotent(
+    make_sandbox: MakeSandbox, tmp_path: Path
+) -> None:
     sb = await make_sandbox()
     archive = tool_tgz(tmp_path)
     assert await install_archive(sb, archive, "/opt/lego/tool/1", integrity=sha512_integrity(archive)) is True
-    assert await version_of(sb, ["/opt/lego/tool/1/bin/tool"], user="agent", expect="1.2.3") == "tool 1.2.3 as agent"
+    assert (
+        await version_of(sb, ["/opt/lego/tool/1/bin/tool"], user="agent", expect="1.2.3")
+        == "tool 1.2.3 as agent"
+    )
     marker = await sb.read_file(f"/opt/lego/tool/1/{MARKER}")
     assert marker.decode().strip() == integrity_hex(sha512_integrity(archive))
     # Same archive again: nothing to do. A different archive replaces the tree (no stale files).
-    assert await install_archive(sb, archive, "/opt/lego/tool/1", integrity=sha512_integrity(archive)) is False
-    other = make_tgz(tmp_path / "other.tgz", {"bin/tool": TOOL.replace("1.2.3", "2.0.0")}, modes={"bin/tool": 0o755})
+    assert (
+        await install_archive(sb, archive, "/opt/lego/tool/1", integrity=sha512_integrity(archive)) is False
+    )
+    other = make_tgz(
+        tmp_path / "other.tgz", {"bin/tool": TOOL.replace("1.2.3", "2.0.0")}, modes={"bin/tool": 0o755}
+    )
     assert await install_archive(sb, other, "/opt/lego/tool/1", integrity=sha512_integrity(other)) is True
     assert (await sb.exec(["test", "-e", "/opt/lego/tool/1/README"])).exit_code == 1
     with pytest.raises(HarnessError, match="reported 'tool 2.0.0 as agent', expected version 1.2.3"):
@@ -47,8 +63,9 @@ async def test_archive_whose_hash_differs_is_not_uploaded(make_sandbox: MakeSand
     assert res.stdout.strip() == "0"  # neither the tree nor an upload is left behind
 
 
-async def test_plain_tar_cache_is_made_once_per_archive(make_sandbox: MakeSandbox, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_plain_tar_cache_is_made_once_per_archive(
+    make_sandbox: MakeSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LEGO_TOOLCHAIN_CACHE", str(tmp_path / "cache"))
     archive = tool_tgz(tmp_path)
     for _ in range(2):

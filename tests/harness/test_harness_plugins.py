@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from lego_rl.errors import ConfigError, HarnessError
-from lego_rl.harness import Harness, HarnessConfig, HarnessPlugin, describe_all, get_harness, get_plugin_manager, hookimpl
+from lego_rl.harness import (
+    Harness,
+    HarnessConfig,
+    HarnessPlugin,
+    describe_all,
+    get_harness,
+    get_plugin_manager,
+    hookimpl,
+)
 
 SHIPPED = {"claude_code": "anthropic", "codex": "responses", "opencode": "chat", "openhands": "chat"}
 
@@ -20,7 +28,9 @@ def test_shipped_plugins_load_from_entry_points() -> None:
 
 
 def test_allowlist_loads_only_named_plugins() -> None:
-    names = [i.harness.name for i in describe_all(get_plugin_manager({"LEGO_LOAD_PLUGINS": "codex, opencode"}))]
+    names = [
+        i.harness.name for i in describe_all(get_plugin_manager({"LEGO_LOAD_PLUGINS": "codex, opencode"}))
+    ]
     assert names == ["codex", "opencode"]
     assert describe_all(get_plugin_manager({"LEGO_LOAD_PLUGINS": ""})) == []
 

@@ -61,14 +61,18 @@ async def test_tarball_override_with_wrong_hash_is_refused_before_upload(
 ) -> None:
     fake = tmp_path / "codex-linux-x64.tgz"
     fake.write_bytes(b"not the pinned archive")
-    handle = get_harness("codex", environ={"VIME_AGENT_CODEX_NATIVE_TARBALL": str(fake)}, pm=get_plugin_manager({}))
+    handle = get_harness(
+        "codex", environ={"VIME_AGENT_CODEX_NATIVE_TARBALL": str(fake)}, pm=get_plugin_manager({})
+    )
     sb = await make_sandbox()
     with pytest.raises(HarnessError, match="refusing .*codex-linux-x64.tgz.*does not match the pin"):
         await handle.install(sb, toolchain)
     assert (await sb.exec("ls /opt/lego 2>/dev/null | wc -l")).stdout.strip() == "0"
 
 
-async def test_openhands_refuses_an_image_without_its_python(make_sandbox: MakeSandbox, toolchain: Toolchain) -> None:
+async def test_openhands_refuses_an_image_without_its_python(
+    make_sandbox: MakeSandbox, toolchain: Toolchain
+) -> None:
     handle = get_harness("openhands", {"python": "python3"}, environ={}, pm=get_plugin_manager({}))
     sb = await make_sandbox()  # the bookworm test rootfs has Python 3.11 only
     with pytest.raises(HarnessError, match=r"needs Python 3.12 in the sandbox .* 'python3' is 3.11"):

@@ -16,7 +16,14 @@ from conftest import MakeSandbox
 from harness_helpers import make_tgz
 
 from lego_rl.harness import (
-    CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain, get_harness, get_plugin_manager,
+    CommandSpec,
+    HarnessConfig,
+    HarnessOutcome,
+    HarnessPlugin,
+    RunRequest,
+    Toolchain,
+    get_harness,
+    get_plugin_manager,
 )  # fmt: skip
 from lego_rl.harness.install import install_archive
 from lego_rl.harness.toolchain import sha512_integrity
@@ -49,13 +56,20 @@ class ScriptedHarness(HarnessPlugin):
     archive: ClassVar[Path]
 
     async def install(self, sandbox: Any, toolchain: Toolchain, options: Any) -> str:
-        await install_archive(sandbox, self.archive, "/opt/lego/scripted", integrity=sha512_integrity(self.archive))
+        await install_archive(
+            sandbox, self.archive, "/opt/lego/scripted", integrity=sha512_integrity(self.archive)
+        )
         return options.binary
 
     def command(self, request: RunRequest, options: Any) -> CommandSpec:
         home = f"/tmp/scripted-{request.session_id}"
-        return CommandSpec(argv=[options.binary, request.prompt], env={"SCRIPTED_KEY": request.session_id, "HOME": home},
-                           cwd=request.workdir, user=request.user, files={f"{home}/cfg.json": "{}"})
+        return CommandSpec(
+            argv=[options.binary, request.prompt],
+            env={"SCRIPTED_KEY": request.session_id, "HOME": home},
+            cwd=request.workdir,
+            user=request.user,
+            files={f"{home}/cfg.json": "{}"},
+        )
 
     def classify(self, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome:
         if '"reason":"max_turns"' in outcome.event_log:
@@ -65,7 +79,9 @@ class ScriptedHarness(HarnessPlugin):
 
 @pytest.fixture
 async def scripted(make_sandbox: MakeSandbox, tmp_path: Path) -> tuple[Any, Any]:
-    ScriptedHarness.archive = make_tgz(tmp_path / "scripted.tgz", {"bin/scripted": SCRIPT}, modes={"bin/scripted": 0o755})
+    ScriptedHarness.archive = make_tgz(
+        tmp_path / "scripted.tgz", {"bin/scripted": SCRIPT}, modes={"bin/scripted": 0o755}
+    )
     pm = get_plugin_manager({"LEGO_LOAD_PLUGINS": ""})
     pm.register(ScriptedHarness(), name="scripted")
     handle = get_harness("scripted", pm=pm, environ={})
@@ -75,11 +91,21 @@ async def scripted(make_sandbox: MakeSandbox, tmp_path: Path) -> tuple[Any, Any]
 
 
 def req(prompt: str, tmp_path: Path, **kw: Any) -> RunRequest:
-    return RunRequest(session_id="s1", base_url="http://127.0.0.1:1", model="m", prompt=prompt, workdir="/testbed",
-                      time_budget_s=kw.pop("budget", 20), artifacts_dir=tmp_path / "art", **kw)
+    return RunRequest(
+        session_id="s1",
+        base_url="http://127.0.0.1:1",
+        model="m",
+        prompt=prompt,
+        workdir="/testbed",
+        time_budget_s=kw.pop("budget", 20),
+        artifacts_dir=tmp_path / "art",
+        **kw,
+    )
 
 
-async def test_completed_run_saves_its_event_log_without_overwriting(scripted: tuple[Any, Any], tmp_path: Path) -> None:
+async def test_completed_run_saves_its_event_log_without_overwriting(
+    scripted: tuple[Any, Any], tmp_path: Path
+) -> None:
     handle, sb = scripted
     out = await handle.run(sb, req("ok", tmp_path))
     assert out.kind == "completed" and out.exit_code == 0
@@ -115,7 +141,9 @@ async def test_time_budget_ends_the_run(scripted: tuple[Any, Any], tmp_path: Pat
     handle, sb = scripted
     out = await handle.run(sb, req("hang", tmp_path, budget=1.5))
     assert out.kind == "timed_out" and out.exit_code is None and out.duration_s < 10
-    assert '"type":"start"' in out.event_log or out.event_log == ""  # partial output kept when the provider has it
+    assert (
+        '"type":"start"' in out.event_log or out.event_log == ""
+    )  # partial output kept when the provider has it
 
 
 async def test_missing_binary_is_a_crash_not_an_exception(scripted: tuple[Any, Any], tmp_path: Path) -> None:

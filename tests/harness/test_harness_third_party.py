@@ -83,12 +83,17 @@ def pip(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-async def test_pip_installed_plugin_is_listed_fetched_and_used(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
-    cli = make_tgz(tmp_path / "throwaway-cli.tgz", {"bin/throwaway": CLI}, modes={"bin/throwaway": 0o755}).read_bytes()
+async def test_pip_installed_plugin_is_listed_fetched_and_used(
+    make_sandbox: MakeSandbox, tmp_path: Path
+) -> None:
+    cli = make_tgz(
+        tmp_path / "throwaway-cli.tgz", {"bin/throwaway": CLI}, modes={"bin/throwaway": 0o755}
+    ).read_bytes()
     pkg = tmp_path / "pkg"
     (pkg / "src").mkdir(parents=True)
     (pkg / "src" / "lego_throwaway_harness.py").write_text(PLUGIN.replace("@INTEGRITY@", sri(cli)))
-    (pkg / "pyproject.toml").write_text(dedent(f'''
+    (pkg / "pyproject.toml").write_text(
+        dedent(f'''
         [build-system]
         requires = ["setuptools>=68"]
         build-backend = "setuptools.build_meta"
@@ -100,7 +105,8 @@ async def test_pip_installed_plugin_is_listed_fetched_and_used(make_sandbox: Mak
         [tool.setuptools]
         package-dir = {{"" = "src"}}
         py-modules = ["lego_throwaway_harness"]
-    '''))
+    ''')
+    )
     registry, runner = await start_registry()
     registry.tarballs[("throwaway-cli", "1.0.0")] = cli
     installed = pip("install", "--quiet", "--no-deps", "--no-build-isolation", str(pkg))
@@ -110,11 +116,24 @@ async def test_pip_installed_plugin_is_listed_fetched_and_used(make_sandbox: Mak
         rc, out, err = await lego("harnesses", "--json", env=env)
         assert rc == 0, err
         row = next(r for r in json.loads(out) if r["name"] == "throwaway")
-        assert (row["package"], row["package_version"], row["protocol"], row["version"]) == (DIST, "0.3.0", "chat", "1.0.0")
+        assert (row["package"], row["package_version"], row["protocol"], row["version"]) == (
+            DIST,
+            "0.3.0",
+            "chat",
+            "1.0.0",
+        )
 
         folder = tmp_path / "toolchain"
-        rc, out, err = await lego("toolchain", "fetch", "-H", "throwaway", "--dir", str(folder), "--json",
-                                  env=env | {"npm_config_registry": registry.url})
+        rc, out, err = await lego(
+            "toolchain",
+            "fetch",
+            "-H",
+            "throwaway",
+            "--dir",
+            str(folder),
+            "--json",
+            env=env | {"npm_config_registry": registry.url},
+        )
         assert rc == 0, err
         [entry] = json.loads(out)
         assert entry["downloaded"] and entry["integrity"] == sri(cli)
@@ -124,8 +143,17 @@ async def test_pip_installed_plugin_is_listed_fetched_and_used(make_sandbox: Mak
         sb = await make_sandbox()
         assert await handle.install(sb, Toolchain(folder)) == "/opt/lego/throwaway/bin/throwaway"
         assert await handle.verify(sb) == "throwaway 1.0.0"
-        out = await handle.run(sb, RunRequest(session_id="k9", base_url="http://127.0.0.1:1", model="m",
-                                              prompt="hello", workdir="/testbed", time_budget_s=30))
+        out = await handle.run(
+            sb,
+            RunRequest(
+                session_id="k9",
+                base_url="http://127.0.0.1:1",
+                model="m",
+                prompt="hello",
+                workdir="/testbed",
+                time_budget_s=30,
+            ),
+        )
         assert out.kind == "completed"
         assert json.loads(out.event_log) == {"said": "--loud hello", "key": "k9"}
     finally:

@@ -31,7 +31,9 @@ def tarball_bytes(tmp_path: Path, text: str) -> bytes:
     return make_tgz(tmp_path / f"src-{abs(hash(text))}.tgz", {"package.json": text}).read_bytes()
 
 
-async def test_fetch_downloads_verifies_records_and_skips_when_current(registry: Registry, tmp_path: Path) -> None:
+async def test_fetch_downloads_verifies_records_and_skips_when_current(
+    registry: Registry, tmp_path: Path
+) -> None:
     data = tarball_bytes(tmp_path, '{"name":"@acme/cli"}')
     registry.tarballs[("@acme/cli", "1.0.0")] = data
     pin = ToolchainPin(role="cli", kind="npm", name="@acme/cli", version="1.0.0", integrity=sri(data))
@@ -45,7 +47,9 @@ async def test_fetch_downloads_verifies_records_and_skips_when_current(registry:
     assert Toolchain(folder).resolve(pin) == (folder / entry.file).resolve()
 
 
-async def test_fetch_refuses_registry_hash_that_differs_from_the_pin(registry: Registry, tmp_path: Path) -> None:
+async def test_fetch_refuses_registry_hash_that_differs_from_the_pin(
+    registry: Registry, tmp_path: Path
+) -> None:
     data = tarball_bytes(tmp_path, "{}")
     registry.tarballs[("cli", "2.0.0")] = data
     pin = ToolchainPin(role="cli", kind="npm", name="cli", version="2.0.0", integrity=sri(b"what we pinned"))
@@ -54,7 +58,9 @@ async def test_fetch_refuses_registry_hash_that_differs_from_the_pin(registry: R
     assert not (tmp_path / "tc" / LOCKFILE).exists() and registry.downloads == 0
 
 
-async def test_fetch_refuses_bytes_that_do_not_match_the_published_hash(registry: Registry, tmp_path: Path) -> None:
+async def test_fetch_refuses_bytes_that_do_not_match_the_published_hash(
+    registry: Registry, tmp_path: Path
+) -> None:
     registry.tarballs[("cli", "3.0.0")] = tarball_bytes(tmp_path, "{}")
     registry.lie.add(("cli", "3.0.0"))
     pin = ToolchainPin(role="cli", kind="npm", name="cli", version="3.0.0")
@@ -102,12 +108,19 @@ def test_corrupt_lockfile_is_a_config_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-async def test_real_registry_fetch_matches_the_codex_plugins_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_real_registry_fetch_matches_the_codex_plugins_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from lego_harness_codex.harness import KNOWN
 
     monkeypatch.delenv("npm_config_registry", raising=False)
-    pin = ToolchainPin(role="cli", kind="npm", name="@openai/codex", version="0.162.1",
-                       integrity=KNOWN[("@openai/codex", "0.162.1")])
+    pin = ToolchainPin(
+        role="cli",
+        kind="npm",
+        name="@openai/codex",
+        version="0.162.1",
+        integrity=KNOWN[("@openai/codex", "0.162.1")],
+    )
     [(entry, fetched)] = await fetch_toolchain([pin], tmp_path)
     assert fetched and entry.source.startswith("https://registry.npmjs.org/@openai/codex/-/")
     assert sha512_integrity(tmp_path / entry.file) == pin.integrity

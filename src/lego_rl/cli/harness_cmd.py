@@ -10,7 +10,9 @@ import typer
 
 from lego_rl.cli.console import EXIT_INFRA, EXIT_USAGE, err, out
 
-toolchain_app = typer.Typer(help="Host-side CLI artifacts that harness installs use offline.", no_args_is_help=True)
+toolchain_app = typer.Typer(
+    help="Host-side CLI artifacts that harness installs use offline.", no_args_is_help=True
+)
 
 
 def _fail(exc: Exception, code: int) -> typer.Exit:
@@ -20,7 +22,9 @@ def _fail(exc: Exception, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def harnesses(as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")) -> None:
+def harnesses(
+    as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON on stdout."),
+) -> None:
     """List installed harness plugins: name, CLI version, adapter protocol, providing package."""
     from rich.table import Table
 
@@ -53,12 +57,23 @@ def harnesses(as_json: bool = typer.Option(False, "--json", help="Print machine-
 
 @toolchain_app.command("fetch")
 def toolchain_fetch(
-    harness: list[str] | None = typer.Option(None, "--harness", "-H", help="Only these harnesses (repeatable)."),
-    folder: Path | None = typer.Option(None, "--dir", help="Toolchain folder (default $LEGO_TOOLCHAIN_DIR, else ./.lego/toolchain)."),
-    force: bool = typer.Option(False, "--force", help="Download again even when the lockfile says up to date."),
-    python: str | None = typer.Option(None, "--python", help="Host interpreter that builds Python site trees."),
+    harness: list[str] | None = typer.Option(
+        None, "--harness", "-H", help="Only these harnesses (repeatable)."
+    ),
+    folder: Path | None = typer.Option(
+        None, "--dir", help="Toolchain folder (default $LEGO_TOOLCHAIN_DIR, else ./.lego/toolchain)."
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Download again even when the lockfile says up to date."
+    ),
+    python: str | None = typer.Option(
+        None, "--python", help="Host interpreter that builds Python site trees."
+    ),
     option: list[str] | None = typer.Option(
-        None, "--option", "-o", help="Harness option HARNESS.KEY=VALUE (JSON or text), e.g. codex.install_from=npm."
+        None,
+        "--option",
+        "-o",
+        help="Harness option HARNESS.KEY=VALUE (JSON or text), e.g. codex.install_from=npm.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the fetched lockfile entries as JSON."),
 ) -> None:
@@ -73,7 +88,9 @@ def toolchain_fetch(
         pm = get_plugin_manager()
         names = harness or [i.harness.name for i in describe_all(pm)]
         overrides = _parse_options(option or [])
-        pins = [pin for name in names for pin in get_harness(name, overrides.get(name), pm=pm).toolchain_pins()]
+        pins = [
+            pin for name in names for pin in get_harness(name, overrides.get(name), pm=pm).toolchain_pins()
+        ]
         results = asyncio.run(fetch_toolchain(pins, target, force=force, python=python))
     except ConfigError as exc:
         raise _fail(exc, EXIT_USAGE) from None
@@ -84,7 +101,10 @@ def toolchain_fetch(
         return
     for entry, downloaded in results:
         state = "fetched" if downloaded else "up to date"
-        out.print(f"{state:>10}  {entry.name}@{entry.version}  {entry.size / 1e6:.1f} MB  {entry.file}", highlight=False)
+        out.print(
+            f"{state:>10}  {entry.name}@{entry.version}  {entry.size / 1e6:.1f} MB  {entry.file}",
+            highlight=False,
+        )
     out.print(f"toolchain: {target}", highlight=False)
 
 

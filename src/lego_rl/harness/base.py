@@ -17,7 +17,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lego_rl.errors import ConfigError, HarnessError
 from lego_rl.harness.hookspecs import hookimpl
-from lego_rl.harness.models import AdapterProtocol, CommandSpec, Harness, HarnessOutcome, RunRequest, ToolchainPin
+from lego_rl.harness.models import (
+    AdapterProtocol,
+    CommandSpec,
+    Harness,
+    HarnessOutcome,
+    RunRequest,
+    ToolchainPin,
+)
 from lego_rl.harness.toolchain import Toolchain
 from lego_rl.sandbox.base import Sandbox
 
@@ -51,7 +58,9 @@ def parse_extra_envs(var: str, value: str) -> dict[str, str]:
     try:
         data = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"not valid JSON ({exc.msg} at column {exc.colno})", where=f"${var}", value=value) from exc
+        raise ConfigError(
+            f"not valid JSON ({exc.msg} at column {exc.colno})", where=f"${var}", value=value
+        ) from exc
     if not isinstance(data, dict):
         raise ConfigError("must be a JSON object of NAME: value", where=f"${var}", value=value)
     out: dict[str, str] = {}
@@ -170,14 +179,18 @@ class HarnessPlugin:
         try:
             defaults = self.Config().model_dump(mode="json")
         except ValidationError as exc:
-            raise HarnessError(f"harness {self.name!r}: its Config must give every field a default ({exc})") from exc
+            raise HarnessError(
+                f"harness {self.name!r}: its Config must give every field a default ({exc})"
+            ) from exc
         return Harness(
             name=self.name, version=defaults["version"], protocol=self.protocol, cli_package=self.cli_package,
             summary=self.summary, defaults=defaults, capabilities=self.capabilities(),
         )  # fmt: skip
 
     @hookimpl
-    def lego_harness_options(self, harness: str, overrides: Mapping[str, Any], environ: Mapping[str, str]) -> Any:
+    def lego_harness_options(
+        self, harness: str, overrides: Mapping[str, Any], environ: Mapping[str, str]
+    ) -> Any:
         return self.options(overrides, environ) if harness == self.name else None
 
     @hookimpl
@@ -195,7 +208,9 @@ class HarnessPlugin:
         return self.install(sandbox, toolchain, options) if harness == self.name else None
 
     @hookimpl
-    def lego_harness_verify(self, harness: str, sandbox: Sandbox, options: Any, user: str) -> Awaitable[str] | None:
+    def lego_harness_verify(
+        self, harness: str, sandbox: Sandbox, options: Any, user: str
+    ) -> Awaitable[str] | None:
         return self.verify(sandbox, options, user) if harness == self.name else None
 
     @hookimpl
@@ -203,7 +218,9 @@ class HarnessPlugin:
         return self.command(request, options) if harness == self.name else None
 
     @hookimpl
-    def lego_harness_classify(self, harness: str, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome | None:
+    def lego_harness_classify(
+        self, harness: str, outcome: HarnessOutcome, request: RunRequest
+    ) -> HarnessOutcome | None:
         return self.classify(outcome, request) if harness == self.name else None
 
     @hookimpl

@@ -103,7 +103,9 @@ async def _fetch_npm(session: aiohttp.ClientSession, folder: Path, pin: Toolchai
     got = await _download(session, dist["tarball"], folder / rel)
     if got != published:
         (folder / rel).unlink(missing_ok=True)
-        raise HarnessError(f"{dist['tarball']}: downloaded sha512 does not match the registry's dist.integrity")
+        raise HarnessError(
+            f"{dist['tarball']}: downloaded sha512 does not match the registry's dist.integrity"
+        )
     return LockEntry(
         kind="npm", name=pin.name, version=pin.version, file=rel, integrity=got,
         size=(folder / rel).stat().st_size, source=dist["tarball"], registry_integrity=published,
@@ -144,7 +146,9 @@ def _pack_tree(src: Path, dest: Path, arcname: str) -> None:
 async def _fetch_npm_tree(session: aiohttp.ClientSession, folder: Path, pin: ToolchainPin) -> LockEntry:
     npm = shutil.which("npm")
     if npm is None:
-        raise HarnessError(f"{pin.key} needs its dependency tree, which takes `npm` on the host; none on PATH")
+        raise HarnessError(
+            f"{pin.key} needs its dependency tree, which takes `npm` on the host; none on PATH"
+        )
     doc = await _npm_version_doc(session, npm_registry(), pin.name, pin.version)
     published = (doc.get("dist") or {}).get("integrity")
     if pin.integrity and pin.integrity != published:
@@ -210,7 +214,9 @@ async def fetch_toolchain(
             elif pin.with_dependencies:
                 entry = await _fetch_pypi_tree(folder, pin, python)
             else:
-                raise HarnessError(f"{pin.key}: a PyPI pin must set with_dependencies (a site tree is installed)")
+                raise HarnessError(
+                    f"{pin.key}: a PyPI pin must set with_dependencies (a site tree is installed)"
+                )
             lock = Lockfile.load(folder)
             lock.entries[entry.key] = entry
             lock.save(folder)

@@ -185,7 +185,9 @@ def lego_harness_classify(harness: str, outcome: HarnessOutcome, request: RunReq
 
 
 @hookspec
-def lego_harness_artifacts(harness: str, sandbox: Sandbox, request: RunRequest) -> Awaitable[dict[str, bytes]]:
+def lego_harness_artifacts(
+    harness: str, sandbox: Sandbox, request: RunRequest
+) -> Awaitable[dict[str, bytes]]:
     """Collect extra files worth saving after a run (CLI session transcripts, config used).
 
     Called on every plugin; all results are merged (not firstresult). Return None for other harnesses.

@@ -37,7 +37,9 @@ def integrity_hex(integrity: str) -> str:
     return base64.b64decode(b64).hex()
 
 
-async def sh(sb: Sandbox, script: str, *, what: str, user: str | None = "root", timeout: float = 120.0) -> ExecResult:
+async def sh(
+    sb: Sandbox, script: str, *, what: str, user: str | None = "root", timeout: float = 120.0
+) -> ExecResult:
     """Run a shell script in the sandbox; raise ``HarnessError`` naming ``what`` on failure."""
     res = await sb.exec(["sh", "-c", script], user=user, timeout=timeout)
     if res.timed_out:
@@ -110,7 +112,9 @@ async def install_archive(
     want = integrity_hex(integrity)
     actual = await asyncio.to_thread(cached_integrity, archive)  # memoised: hashed once per file version
     if actual != integrity:
-        raise HarnessError(f"refusing {archive}: its sha512 {actual[:24]}... does not match {integrity[:24]}...")
+        raise HarnessError(
+            f"refusing {archive}: its sha512 {actual[:24]}... does not match {integrity[:24]}..."
+        )
     q = shlex.quote(dest)
     probe = await sb.exec(["sh", "-c", f"cat {q}/{MARKER} 2>/dev/null"], user="root", timeout=30)
     if probe.exit_code == 0 and probe.stdout.strip() == want:
@@ -146,7 +150,9 @@ async def link_executable(sb: Sandbox, target: str, link: str) -> None:
     )
 
 
-async def version_of(sb: Sandbox, argv: list[str], *, user: str, expect: str, env: dict[str, str] | None = None) -> str:
+async def version_of(
+    sb: Sandbox, argv: list[str], *, user: str, expect: str, env: dict[str, str] | None = None
+) -> str:
     """Run ``argv`` (a ``--version`` call) as ``user``; return its first line, which must contain ``expect``."""
     res = await sb.exec(
         ["sh", "-c", 'exec "$@" </dev/null', "sh", *argv], user=user, timeout=120, env=env or {}, cwd="/tmp"
@@ -154,7 +160,9 @@ async def version_of(sb: Sandbox, argv: list[str], *, user: str, expect: str, en
     text = (res.stdout or res.stderr).strip()
     if res.timed_out or res.exit_code != 0:
         detail = (res.stderr or res.stdout).strip()[-600:]
-        raise HarnessError(f"`{' '.join(argv)}` as {user} failed (exit {res.exit_code}) in sandbox {sb.id}: {detail}")
+        raise HarnessError(
+            f"`{' '.join(argv)}` as {user} failed (exit {res.exit_code}) in sandbox {sb.id}: {detail}"
+        )
     line = text.splitlines()[0] if text else ""
     if expect not in text:
         raise HarnessError(f"`{' '.join(argv)}` reported {line!r}, expected version {expect}")
@@ -167,6 +175,8 @@ async def python_version(sb: Sandbox, python: str) -> tuple[int, int]:
     code = "import sys; print('%d.%d' % sys.version_info[:2])"
     res = await sb.exec(["sh", "-c", 'exec "$0" -c "$1"', python, code], user="root", timeout=60)
     if res.exit_code != 0:
-        raise HarnessError(f"no usable {python!r} in sandbox {sb.id} (exit {res.exit_code}): {res.stderr.strip()[-300:]}")
+        raise HarnessError(
+            f"no usable {python!r} in sandbox {sb.id} (exit {res.exit_code}): {res.stderr.strip()[-300:]}"
+        )
     major, minor = res.stdout.strip().split(".")
     return int(major), int(minor)

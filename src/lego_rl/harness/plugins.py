@@ -66,7 +66,9 @@ def get_plugin_manager(environ: Mapping[str, str] | None = None) -> pluggy.Plugi
             plugin = ep.load()
         except Exception as exc:  # a broken third-party package must name itself, not crash lego
             dist = ep.dist.name if ep.dist else "?"
-            raise HarnessError(f"harness plugin {ep.name!r} ({ep.value}, package {dist}) failed to import: {exc}") from exc
+            raise HarnessError(
+                f"harness plugin {ep.name!r} ({ep.value}, package {dist}) failed to import: {exc}"
+            ) from exc
         pm.register(plugin, name=ep.name)
         sources[ep.name] = PluginSource(
             entry_point=ep.value,
@@ -100,7 +102,9 @@ def describe_all(pm: pluggy.PluginManager) -> list[HarnessInfo]:
         if desc is None:
             continue
         if not isinstance(desc, Harness):
-            raise HarnessError(f"plugin {impl.plugin_name!r}: lego_harness_describe returned {type(desc).__name__}, not Harness")
+            raise HarnessError(
+                f"plugin {impl.plugin_name!r}: lego_harness_describe returned {type(desc).__name__}, not Harness"
+            )
         src = sources.get(impl.plugin_name, PluginSource("(registered in-process)", "-", "-"))
         if desc.name in infos:
             raise HarnessError(
@@ -136,7 +140,9 @@ class HarnessHandle:
         return await pending
 
     async def verify(self, sandbox: Sandbox, user: str = "agent") -> str:
-        pending = self.pm.hook.lego_harness_verify(harness=self.name, sandbox=sandbox, options=self.options, user=user)
+        pending = self.pm.hook.lego_harness_verify(
+            harness=self.name, sandbox=sandbox, options=self.options, user=user
+        )
         if pending is None:
             raise HarnessError(f"harness {self.name!r} implements no verify hook")
         return await pending
@@ -148,12 +154,16 @@ class HarnessHandle:
         return spec
 
     async def run(self, sandbox: Sandbox, request: RunRequest) -> HarnessOutcome:
-        pending = self.pm.hook.lego_harness_run(harness=self.name, sandbox=sandbox, request=request, options=self.options)
+        pending = self.pm.hook.lego_harness_run(
+            harness=self.name, sandbox=sandbox, request=request, options=self.options
+        )
         return await pending
 
     async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
         merged: dict[str, bytes] = {}
-        for pending in self.pm.hook.lego_harness_artifacts(harness=self.name, sandbox=sandbox, request=request):
+        for pending in self.pm.hook.lego_harness_artifacts(
+            harness=self.name, sandbox=sandbox, request=request
+        ):
             if pending is not None:
                 merged.update(await pending)
         return merged

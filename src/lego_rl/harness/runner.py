@@ -56,7 +56,9 @@ async def write_spec_files(sb: Sandbox, spec: CommandSpec) -> None:
         await sb.write_file(path, text, user=spec.user)
 
 
-def classify_exit(harness: str, exit_code: int, timed_out: bool, stdout: str, stderr: str, duration: float) -> HarnessOutcome:
+def classify_exit(
+    harness: str, exit_code: int, timed_out: bool, stdout: str, stderr: str, duration: float
+) -> HarnessOutcome:
     """Protocol-neutral outcome: timeouts, missing binaries and signals; the plugin refines the rest."""
     crashed, detail = False, ""
     if timed_out:
@@ -94,10 +96,14 @@ class DefaultRunner:
         return self._run(harness, sandbox, request, options)
 
     @hookimpl(trylast=True)
-    def lego_harness_classify(self, harness: str, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome:
+    def lego_harness_classify(
+        self, harness: str, outcome: HarnessOutcome, request: RunRequest
+    ) -> HarnessOutcome:
         return outcome
 
-    async def _run(self, harness: str, sb: Sandbox, request: RunRequest, options: BaseModel) -> HarnessOutcome:
+    async def _run(
+        self, harness: str, sb: Sandbox, request: RunRequest, options: BaseModel
+    ) -> HarnessOutcome:
         spec = self._pm.hook.lego_harness_command(harness=harness, request=request, options=options)
         if spec is None:
             raise HarnessError(f"no plugin builds a command for harness {harness!r}")
@@ -107,9 +113,17 @@ class DefaultRunner:
         res = await sb.exec(argv, user=spec.user, env=spec.env, cwd=spec.cwd, timeout=request.time_budget_s)
         duration = time.monotonic() - start
         outcome = classify_exit(harness, res.exit_code, res.timed_out, res.stdout, res.stderr, duration)
-        if not outcome.crashed and not outcome.timed_out and outcome.exit_code != 0 and not res.stdout.strip():
+        if (
+            not outcome.crashed
+            and not outcome.timed_out
+            and outcome.exit_code != 0
+            and not res.stdout.strip()
+        ):
             outcome = outcome.model_copy(
-                update={"crashed": True, "detail": f"exit {res.exit_code} before any event: {res.stderr.strip()[-300:]}"}
+                update={
+                    "crashed": True,
+                    "detail": f"exit {res.exit_code} before any event: {res.stderr.strip()[-300:]}",
+                }
             )
         refined = self._pm.hook.lego_harness_classify(harness=harness, outcome=outcome, request=request)
         if request.artifacts_dir is not None:

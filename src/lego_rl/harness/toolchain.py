@@ -99,7 +99,9 @@ class Lockfile(BaseModel):
         try:
             return cls.model_validate_json(path.read_bytes())
         except ValidationError as exc:
-            raise ConfigError(f"corrupt toolchain lockfile: {exc.errors()[0]['msg']}", where=str(path)) from exc
+            raise ConfigError(
+                f"corrupt toolchain lockfile: {exc.errors()[0]['msg']}", where=str(path)
+            ) from exc
 
     def save(self, folder: Path) -> None:
         """Atomic write: a crash never leaves a half-written lockfile."""
@@ -154,7 +156,9 @@ class Toolchain:
         else:
             path = self.folder / entry.file
             if not path.is_file():
-                raise HarnessError(f"toolchain lockfile names {path}, which is missing; re-run `lego toolchain fetch`")
+                raise HarnessError(
+                    f"toolchain lockfile names {path}, which is missing; re-run `lego toolchain fetch`"
+                )
         # A dependency tree is assembled here, so its file hash can only come from the lockfile;
         # a plain registry tarball must match the plugin's pin when it ships one.
         if pin.with_dependencies or not pin.integrity:

@@ -25,7 +25,14 @@ from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessP
 from lego_rl.harness.base import merge_flag_args, safe_id
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
 from lego_rl.harness.models import ToolchainPin
-from lego_rl.harness.node import DEFAULT_NODE_VERSION, install_node, install_npm_package, node_binary, node_pin, npm_pin
+from lego_rl.harness.node import (
+    DEFAULT_NODE_VERSION,
+    install_node,
+    install_npm_package,
+    node_binary,
+    node_pin,
+    npm_pin,
+)
 from lego_rl.harness.toolchain import cached_integrity
 from lego_rl.sandbox.base import Sandbox
 
@@ -33,8 +40,14 @@ CLI = "@anthropic-ai/claude-code"
 NATIVE = "@anthropic-ai/claude-code-linux-x64"
 DEFAULT_VERSION = "2.1.332"
 KNOWN = {
-    (CLI, "2.1.332"): "sha512-tvSh6bLvEbd97APD31AnojOrRC3AmcRj5R8sF8QIQitu3x2ucOb1kKmTkGDw41kjva+CGJfpkt+wYouk6yv56Q==",
-    (NATIVE, "2.1.332"): "sha512-f4JWhzwYutJIHScC7/dYOPX6s28tt7ZADhsOi8zwOHq5fFPEuUeChh2NMfinSg0GrUckYxaeebC4h0DqiKzLcw==",
+    (
+        CLI,
+        "2.1.332",
+    ): "sha512-tvSh6bLvEbd97APD31AnojOrRC3AmcRj5R8sF8QIQitu3x2ucOb1kKmTkGDw41kjva+CGJfpkt+wYouk6yv56Q==",
+    (
+        NATIVE,
+        "2.1.332",
+    ): "sha512-f4JWhzwYutJIHScC7/dYOPX6s28tt7ZADhsOi8zwOHq5fFPEuUeChh2NMfinSg0GrUckYxaeebC4h0DqiKzLcw==",
 }
 CODE_TOOLS = ["Bash", "Read", "Edit", "Write", "Glob", "Grep"]
 
@@ -116,7 +129,9 @@ class ClaudeCodeHarness(HarnessPlugin):
     async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
         o: ClaudeCodeConfig = options
         env = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
-        return await version_of(sandbox, [*self.launcher(o), "--version"], user=user, expect=o.version, env=env)
+        return await version_of(
+            sandbox, [*self.launcher(o), "--version"], user=user, expect=o.version, env=env
+        )
 
     def command(self, request: RunRequest, options: Any) -> CommandSpec:
         o: ClaudeCodeConfig = options
@@ -158,7 +173,9 @@ class ClaudeCodeHarness(HarnessPlugin):
         subtype = str(result.get("subtype", ""))
         reason = str(result.get("terminal_reason", ""))
         if subtype == "error_max_turns" or reason == "max_turns":
-            return outcome.model_copy(update={"hit_turn_limit": True, "detail": f"result {subtype} {reason}".strip()})
+            return outcome.model_copy(
+                update={"hit_turn_limit": True, "detail": f"result {subtype} {reason}".strip()}
+            )
         if reason == "api_error":
             # The adapter was unreachable or answered an error: not the policy's doing.
             text = str(result.get("result", ""))[:300]

@@ -20,10 +20,17 @@ from typing import Any, ClassVar, Literal
 from pydantic import model_validator
 
 from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
-from lego_rl.harness.base import merge_flag_args, safe_id
+from lego_rl.harness.base import safe_id
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
 from lego_rl.harness.models import ToolchainPin
-from lego_rl.harness.node import DEFAULT_NODE_VERSION, install_node, install_npm_package, node_binary, node_pin, npm_pin
+from lego_rl.harness.node import (
+    DEFAULT_NODE_VERSION,
+    install_node,
+    install_npm_package,
+    node_binary,
+    node_pin,
+    npm_pin,
+)
 from lego_rl.harness.toolchain import cached_integrity
 from lego_rl.sandbox.base import Sandbox
 
@@ -33,8 +40,14 @@ PLATFORM_ALIAS = "@openai/codex-linux-x64"
 TRIPLE = "x86_64-unknown-linux-musl"
 DEFAULT_VERSION = "0.162.1"
 KNOWN = {
-    (CLI, "0.162.1"): "sha512-NWZdi/kxyjv/8EUGFupziGU38YyleugZRM4JXgY5XFH7FUmaFA33NZS2Bmq0HPazf7S3jJQQWsZ/jAK9jsrV3Q==",
-    (CLI, "0.162.1-linux-x64"): "sha512-cjK2mdHIfEepZ1lQ1MX3aTQC+8ncIsvnacl/6vI2dIIcfP8/MrhTQ2+qRlkXFNDzJSj1d36quIszP+3/4CUJWQ==",
+    (
+        CLI,
+        "0.162.1",
+    ): "sha512-NWZdi/kxyjv/8EUGFupziGU38YyleugZRM4JXgY5XFH7FUmaFA33NZS2Bmq0HPazf7S3jJQQWsZ/jAK9jsrV3Q==",
+    (
+        CLI,
+        "0.162.1-linux-x64",
+    ): "sha512-cjK2mdHIfEepZ1lQ1MX3aTQC+8ncIsvnacl/6vI2dIIcfP8/MrhTQ2+qRlkXFNDzJSj1d36quIszP+3/4CUJWQ==",
 }
 DISABLED_FEATURES = ["plugins", "apps", "multi_agent", "goals", "unbounded_connection_retries"]
 PROVIDER = "lego"
@@ -82,7 +95,9 @@ class CodexHarness(HarnessPlugin):
         return f"{INSTALL_ROOT}/codex/{o.version}-{o.install_from}"
 
     def _vendor(self, o: CodexConfig) -> str:
-        base = self._home(o) if o.install_from == "native" else f"{self._home(o)}/node_modules/{PLATFORM_ALIAS}"
+        base = (
+            self._home(o) if o.install_from == "native" else f"{self._home(o)}/node_modules/{PLATFORM_ALIAS}"
+        )
         return f"{base}/vendor/{TRIPLE}"
 
     def launcher(self, o: CodexConfig) -> list[str]:
@@ -106,16 +121,29 @@ class CodexHarness(HarnessPlugin):
             await install_archive(sandbox, path, self._home(o), integrity=cached_integrity(path))
         else:
             await install_node(sandbox, toolchain, o.node_version, o.node_tarball)
-            await install_npm_package(sandbox, toolchain, self._home(o), npm_pin("cli", CLI, o.version, KNOWN),
-                                      tarball=o.cli_tarball)
-            await install_npm_package(sandbox, toolchain, self._home(o), self._native_pin(o), as_name=PLATFORM_ALIAS,
-                                      tarball=o.native_tarball)
+            await install_npm_package(
+                sandbox,
+                toolchain,
+                self._home(o),
+                npm_pin("cli", CLI, o.version, KNOWN),
+                tarball=o.cli_tarball,
+            )
+            await install_npm_package(
+                sandbox,
+                toolchain,
+                self._home(o),
+                self._native_pin(o),
+                as_name=PLATFORM_ALIAS,
+                tarball=o.native_tarball,
+            )
         return self.launcher(o)[-1]
 
     async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
         o: CodexConfig = options
         env = {"CODEX_HOME": "/var/tmp/lego-codex-verify", "HOME": "/var/tmp/lego-codex-verify"}
-        return await version_of(sandbox, [*self.launcher(o), "--version"], user=user, expect=o.version, env=env)
+        return await version_of(
+            sandbox, [*self.launcher(o), "--version"], user=user, expect=o.version, env=env
+        )
 
     def command(self, request: RunRequest, options: Any) -> CommandSpec:
         o: CodexConfig = options
@@ -154,9 +182,15 @@ class CodexHarness(HarnessPlugin):
         low = message.lower()
         hit = "turn limit" in low or "max_turns" in low
         # Connection failures and 5xx answers are the adapter's (or engine's), not the policy's.
-        adapter = not hit and any(s in low for s in ("connection failed", "error sending request", "unexpected status 5"))
+        adapter = not hit and any(
+            s in low for s in ("connection failed", "error sending request", "unexpected status 5")
+        )
         return outcome.model_copy(
-            update={"hit_turn_limit": hit or outcome.hit_turn_limit, "adapter_error": adapter, "detail": message[:500]}
+            update={
+                "hit_turn_limit": hit or outcome.hit_turn_limit,
+                "adapter_error": adapter,
+                "detail": message[:500],
+            }
         )
 
     def adapter_options(self, options: Any) -> dict[str, Any]:

@@ -32,9 +32,18 @@ NATIVE = "opencode-linux-x64"
 PLUGIN = "@opencode-ai/plugin"
 DEFAULT_VERSION = "1.18.33"
 KNOWN = {
-    (CLI, "1.18.33"): "sha512-58P1ffLRXiAY4QeoABqUjqf6DEzm1ihpovvn9Ad+oOLbLiwK/rf88wruT9IATJ7AtNjmi8iA7pC8tN4o5y799Q==",
-    (NATIVE, "1.18.33"): "sha512-q/t/3p2CTxOT9y2kvjesb/LZab2+1eqlhhWA02Be6mjTtmYtNBcBsrI5yDo4Fw7ZSPBW2oyMIGMNRqiKQjiAWw==",
-    (PLUGIN, "1.18.33"): "sha512-fmhqCBJvNt+Vfbx6ckKP19S3xwMBhUXLCBQaK92R4wnv3wsWTZYkJQwYf2egiWfJNOl47jhs3vP7uQkl0mvHQw==",
+    (
+        CLI,
+        "1.18.33",
+    ): "sha512-58P1ffLRXiAY4QeoABqUjqf6DEzm1ihpovvn9Ad+oOLbLiwK/rf88wruT9IATJ7AtNjmi8iA7pC8tN4o5y799Q==",
+    (
+        NATIVE,
+        "1.18.33",
+    ): "sha512-q/t/3p2CTxOT9y2kvjesb/LZab2+1eqlhhWA02Be6mjTtmYtNBcBsrI5yDo4Fw7ZSPBW2oyMIGMNRqiKQjiAWw==",
+    (
+        PLUGIN,
+        "1.18.33",
+    ): "sha512-fmhqCBJvNt+Vfbx6ckKP19S3xwMBhUXLCBQaK92R4wnv3wsWTZYkJQwYf2egiWfJNOl47jhs3vP7uQkl0mvHQw==",
 }
 PROVIDER = "lego"
 
@@ -101,12 +110,18 @@ class OpenCodeHarness(HarnessPlugin):
                 PROVIDER: {
                     "npm": "@ai-sdk/openai-compatible",
                     "name": PROVIDER,
-                    "options": {"baseURL": request.base_url.rstrip("/") + "/v1", "apiKey": request.session_id},
+                    "options": {
+                        "baseURL": request.base_url.rstrip("/") + "/v1",
+                        "apiKey": request.session_id,
+                    },
                     "models": {
                         request.model: {
                             "name": request.model,
                             "tool_call": True,
-                            "limit": {"context": request.max_context_tokens, "output": request.max_output_tokens},
+                            "limit": {
+                                "context": request.max_context_tokens,
+                                "output": request.max_output_tokens,
+                            },
                         }
                     },
                 }
@@ -133,7 +148,9 @@ class OpenCodeHarness(HarnessPlugin):
         argv = [f"{self._home(o)}/cli/bin/opencode", "run", "--format", "json", "--title", o.title,
                 "--model", f"{PROVIDER}/{request.model}", *o.extra_args, "--", request.prompt]  # fmt: skip
         # The plugin tree is copied into the per-run config folder, which the CLI writes to.
-        prelude = f"mkdir -p {shlex.quote(cfg)} && cp -a {shlex.quote(self._home(o))}/plugin/. {shlex.quote(cfg)}/"
+        prelude = (
+            f"mkdir -p {shlex.quote(cfg)} && cp -a {shlex.quote(self._home(o))}/plugin/. {shlex.quote(cfg)}/"
+        )
         return CommandSpec(
             argv=argv, env=env, cwd=request.workdir, user=request.user, prelude=prelude,
             files={f"{cfg}/opencode.json": json.dumps(self.config(request), indent=2) + "\n"},
@@ -165,7 +182,10 @@ class OpenCodeHarness(HarnessPlugin):
         logs = f"/tmp/lego-opencode-{safe_id(request.session_id)}/.local/share/opencode/log"
         res = await sandbox.exec(["sh", "-c", f"find {logs} -name '*.log' -size -20M 2>/dev/null | head -5"],
                                  user=request.user, timeout=30)  # fmt: skip
-        return {f"opencode/{Path(p).name}": await sandbox.read_file(p, user=request.user) for p in res.stdout.split()}
+        return {
+            f"opencode/{Path(p).name}": await sandbox.read_file(p, user=request.user)
+            for p in res.stdout.split()
+        }
 
     def adapter_options(self, options: Any) -> dict[str, Any]:
         # A JSON (non-SSE) reply makes it loop at ~10 requests/s: always stream, and cap requests.

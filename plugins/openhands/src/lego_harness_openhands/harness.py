@@ -98,7 +98,9 @@ class OpenHandsHarness(HarnessPlugin):
             )
         path = toolchain.resolve(self._pin(o), override=o.site_tree)
         # The tree's top folder is "site/": keep it, so the install dir also holds the runner.
-        await install_archive(sandbox, path, self._home(o), integrity=cached_integrity(path), strip_components=0)
+        await install_archive(
+            sandbox, path, self._home(o), integrity=cached_integrity(path), strip_components=0
+        )
         script = resources.files(__package__).joinpath("runner_script.py").read_text()
         await sandbox.write_file(f"{self._home(o)}/{RUNNER}", script, user="root")
         await sh(sandbox, f"chmod a+r {self._home(o)}/{RUNNER}", what="openhands runner permissions")
@@ -140,7 +142,9 @@ class OpenHandsHarness(HarnessPlugin):
             if isinstance(event, dict) and event.get("type") == "lego_result":
                 error = event.get("error") or {}
                 code = error.get("code")
-                detail = f"status {event.get('status')}" + (f", {code}: {error.get('detail')}" if error else "")
+                detail = f"status {event.get('status')}" + (
+                    f", {code}: {error.get('detail')}" if error else ""
+                )
                 return outcome.model_copy(update={
                     "hit_turn_limit": code == "MaxIterationsReached", "adapter_error": code in ADAPTER_ERRORS,
                     "detail": detail[:500],
