@@ -192,6 +192,15 @@ class BwrapProvider(SandboxProvider):
             raise SandboxError(f"bubblewrap binary {bwrap!r} not found on PATH (apt-get install bubblewrap)")
         self.bwrap = found
 
+    def _prepare_state_root(self) -> None:
+        self.state_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_root, 0o755)
+        # The agent's bwrap runs unprivileged and must traverse every directory above the overlay.
+        for parent in self.state_root.resolve().parents:
+            if not os.stat(parent).st_mode & 0o001:
+                raise SandboxError(f"bwrap state dir {self.state_root} sits below {parent}, which other users "
+                                   "cannot traverse (mode o-x): pick a state_dir under a world-traversable path")
+
     async def create(self, image: ImageSpec, *, network: str = "none", memory_mb: int | None = None,
                      sandbox_id: str | None = None, **unknown: Any) -> BwrapSandbox:
         if unknown:
@@ -209,8 +218,7 @@ class BwrapProvider(SandboxProvider):
         if not image.workdir.startswith("/"):
             raise SandboxError(f"image {image.name!r}: workdir {image.workdir!r} must be absolute")
         sid = sandbox_id or f"bw-{uuid.uuid4().hex[:12]}"
-        self.state_root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.state_root, 0o755)  # the agent's unprivileged bwrap must traverse it
+        self._prepare_state_root()
         directory = self.state_root / sid
         try:
             directory.mkdir(mode=0o755)
