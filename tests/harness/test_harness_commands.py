@@ -172,3 +172,38 @@ def test_merge_flag_args() -> None:
         "--max-turns=9",
     ]
     assert merge_flag_args(["--a", "--b", "1"], []) == ["--a", "--b", "1"]
+
+
+def test_opencode_turns_off_sub_agents_and_web_fetch() -> None:
+    cfg = json.loads(next(iter(harness("opencode").command(request()).files.values())))
+    assert cfg["agent"]["build"]["tools"] == {"task": False, "webfetch": False}
+
+
+def test_classifiers_read_each_clis_final_events() -> None:
+    from lego_rl.harness import HarnessOutcome
+
+    def outcome(log: str, code: int = 1) -> HarnessOutcome:
+        return HarnessOutcome(harness="x", exit_code=code, duration_s=1, event_log=log)
+
+    pm = PM or get_plugin_manager({})
+    classify = pm.hook.lego_harness_classify
+    r = request()
+    cc = classify(harness="claude_code", request=r, outcome=outcome(
+        '{"type":"system"}\n{"type":"result","subtype":"error_max_turns","is_error":true}'))
+    assert cc.kind == "turn_limit"
+    cc = classify(harness="claude_code", request=r, outcome=outcome(
+        '{"type":"result","subtype":"success","is_error":true,"terminal_reason":"api_error","result":"API Error"}'))
+    assert cc.kind == "adapter_error"
+    codex = classify(harness="codex", request=r, outcome=outcome(
+        '{"type":"turn.failed","error":{"message":"Connection failed: error sending request"}}'))
+    assert codex.kind == "adapter_error" and "Connection failed" in codex.detail
+    oc = classify(harness="opencode", request=r, outcome=outcome("\n".join(['{"type":"step_finish"}'] * 7), 0))
+    assert oc.kind == "turn_limit"
+    oc = classify(harness="opencode", request=r, outcome=outcome(
+        '{"type":"error","error":{"name":"APIError","data":{"statusCode":400}}}'))
+    assert oc.kind == "adapter_error"
+    oh = classify(harness="openhands", request=r, outcome=outcome(
+        '{"type":"lego_result","status":"error","error":{"code":"MaxIterationsReached","detail":"limit 7"}}'))
+    assert oh.kind == "turn_limit"
+    plain = outcome('{"type":"result","subtype":"success","is_error":false}', 0)
+    assert classify(harness="claude_code", request=r, outcome=plain).kind == "completed"

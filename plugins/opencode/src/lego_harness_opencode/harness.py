@@ -58,6 +58,9 @@ class OpenCodeConfig(HarnessConfig):
     """Host copy of the packed ``@opencode-ai/plugin`` tree (``LEGO_AGENT_OPENCODE_PLUGIN_TREE``)."""
     title: str = "lego rollout"
     """Session title given on the command line, so the CLI makes no title-generation call."""
+    disabled_tools: list[str] = Field(default_factory=lambda: ["task", "webfetch"])
+    """Built-in tools turned off: ``task`` runs sub-agents (their requests would mix into the session),
+    ``webfetch`` tries to leave the sandbox."""
     max_requests: int = Field(default=400, ge=1)
     """Adapter cap on requests per session: a CLI that loops must still end."""
 
@@ -102,7 +105,7 @@ class OpenCodeHarness(HarnessPlugin):
         return await version_of(sandbox, [f"{self._home(o)}/cli/bin/opencode", "--version"], user=user,
                                 expect=o.version, env=env)  # fmt: skip
 
-    def config(self, request: RunRequest) -> dict[str, Any]:
+    def config(self, request: RunRequest, o: OpenCodeConfig) -> dict[str, Any]:
         """The ``opencode.json`` that points the CLI at the adapter."""
         return {
             "$schema": "https://opencode.ai/config.json",
@@ -130,7 +133,7 @@ class OpenCodeHarness(HarnessPlugin):
             "small_model": f"{PROVIDER}/{request.model}",
             "autoupdate": False,
             "share": "disabled",
-            "agent": {"build": {"steps": request.max_turns}},
+            "agent": {"build": {"steps": request.max_turns, "tools": dict.fromkeys(o.disabled_tools, False)}},
         }
 
     def command(self, request: RunRequest, options: Any) -> CommandSpec:
@@ -153,12 +156,13 @@ class OpenCodeHarness(HarnessPlugin):
         )
         return CommandSpec(
             argv=argv, env=env, cwd=request.workdir, user=request.user, prelude=prelude,
-            files={f"{cfg}/opencode.json": json.dumps(self.config(request), indent=2) + "\n"},
+            files={f"{cfg}/opencode.json": json.dumps(self.config(request, o), indent=2) + "\n"},
         )  # fmt: skip
 
     def classify(self, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome:
         """Counts ``step_finish`` events: reaching ``steps`` means the turn limit ended the run."""
-        steps, error = 0, None
+        steps = 0
+        error: dict[str, Any] | None = None
         for line in outcome.event_log.splitlines():
             try:
                 event = json.loads(line)
@@ -169,12 +173,13 @@ class OpenCodeHarness(HarnessPlugin):
             if event.get("type") == "step_finish":
                 steps += 1
             elif event.get("type") == "error":
-                error = json.dumps(event.get("error", event))[:500]
+                error = event.get("error") if isinstance(event.get("error"), dict) else {"data": event}
         update: dict[str, Any] = {}
         if steps >= request.max_turns:
             update = {"hit_turn_limit": True, "detail": f"{steps} steps, limit {request.max_turns}"}
         elif error:
-            update = {"detail": error}
+            # APIError: the adapter answered an HTTP error (or a connection failed): not the policy's doing.
+            update = {"detail": json.dumps(error)[:500], "adapter_error": error.get("name") == "APIError"}
         return outcome.model_copy(update=update) if update else outcome
 
     async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
