@@ -188,22 +188,45 @@ def test_classifiers_read_each_clis_final_events() -> None:
     pm = PM or get_plugin_manager({})
     classify = pm.hook.lego_harness_classify
     r = request()
-    cc = classify(harness="claude_code", request=r, outcome=outcome(
-        '{"type":"system"}\n{"type":"result","subtype":"error_max_turns","is_error":true}'))
+    cc = classify(
+        harness="claude_code",
+        request=r,
+        outcome=outcome('{"type":"system"}\n{"type":"result","subtype":"error_max_turns","is_error":true}'),
+    )
     assert cc.kind == "turn_limit"
-    cc = classify(harness="claude_code", request=r, outcome=outcome(
-        '{"type":"result","subtype":"success","is_error":true,"terminal_reason":"api_error","result":"API Error"}'))
+    cc = classify(
+        harness="claude_code",
+        request=r,
+        outcome=outcome(
+            '{"type":"result","subtype":"success","is_error":true,"terminal_reason":"api_error","result":"API Error"}'
+        ),
+    )
     assert cc.kind == "adapter_error"
-    codex = classify(harness="codex", request=r, outcome=outcome(
-        '{"type":"turn.failed","error":{"message":"Connection failed: error sending request"}}'))
+    codex = classify(
+        harness="codex",
+        request=r,
+        outcome=outcome(
+            '{"type":"turn.failed","error":{"message":"Connection failed: error sending request"}}'
+        ),
+    )
     assert codex.kind == "adapter_error" and "Connection failed" in codex.detail
-    oc = classify(harness="opencode", request=r, outcome=outcome("\n".join(['{"type":"step_finish"}'] * 7), 0))
+    oc = classify(
+        harness="opencode", request=r, outcome=outcome("\n".join(['{"type":"step_finish"}'] * 7), 0)
+    )
     assert oc.kind == "turn_limit"
-    oc = classify(harness="opencode", request=r, outcome=outcome(
-        '{"type":"error","error":{"name":"APIError","data":{"statusCode":400}}}'))
+    oc = classify(
+        harness="opencode",
+        request=r,
+        outcome=outcome('{"type":"error","error":{"name":"APIError","data":{"statusCode":400}}}'),
+    )
     assert oc.kind == "adapter_error"
-    oh = classify(harness="openhands", request=r, outcome=outcome(
-        '{"type":"lego_result","status":"error","error":{"code":"MaxIterationsReached","detail":"limit 7"}}'))
+    oh = classify(
+        harness="openhands",
+        request=r,
+        outcome=outcome(
+            '{"type":"lego_result","status":"error","error":{"code":"MaxIterationsReached","detail":"limit 7"}}'
+        ),
+    )
     assert oh.kind == "turn_limit"
     plain = outcome('{"type":"result","subtype":"success","is_error":false}', 0)
     assert classify(harness="claude_code", request=r, outcome=plain).kind == "completed"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lego_rl.errors import ConfigError, HarnessError
@@ -98,3 +100,31 @@ def test_raw_hook_plugin_is_usable_and_unimplemented_hooks_are_reported() -> Non
     assert handle.toolchain_pins() == []
     with pytest.raises(HarnessError, match="implements no command hook"):
         handle.command(None)  # type: ignore[arg-type]
+
+
+def fake_distribution(root: Path, dist: str, module: str, source: str) -> None:
+    """A real, minimal installed distribution on sys.path: a module plus a dist-info with an entry point."""
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[lego_rl.harnesses]\n{module} = {module}\n")
+
+
+def test_broken_and_misspelled_plugins_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_distribution(tmp_path, "broken-harness", "lego_broken_h", "raise RuntimeError('no such luck')\n")
+    fake_distribution(
+        tmp_path,
+        "typo-harness",
+        "lego_typo_h",
+        "from lego_rl.harness import hookimpl\n\n@hookimpl\ndef lego_harness_descibe():\n    pass\n",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(HarnessError, match=r"'lego_broken_h' .*package broken-harness.* no such luck"):
+        get_plugin_manager({"LEGO_LOAD_PLUGINS": "lego_broken_h"})
+    with pytest.raises(HarnessError, match=r"'lego_typo_h' \(package typo-harness\).*lego_harness_descibe"):
+        get_plugin_manager({"LEGO_LOAD_PLUGINS": "lego_typo_h"})
+    # Neither is loaded when the allowlist leaves them out.
+    assert [i.harness.name for i in describe_all(get_plugin_manager({"LEGO_LOAD_PLUGINS": "codex"}))] == [
+        "codex"
+    ]

@@ -75,7 +75,13 @@ def get_plugin_manager(environ: Mapping[str, str] | None = None) -> pluggy.Plugi
             package=ep.dist.name if ep.dist else "?",
             package_version=ep.dist.version if ep.dist else "?",
         )
-    pm.check_pending()
+    try:
+        pm.check_pending()  # a hook implementation whose name matches no spec is a typo: say so now
+    except pluggy.PluginValidationError as exc:
+        name = pm.get_name(exc.plugin) or "?"
+        src = sources.get(name)
+        where = f" (package {src.package})" if src else ""
+        raise HarnessError(f"harness plugin {name!r}{where}: {exc}") from exc
     pm.lego_sources = sources  # type: ignore[attr-defined]  # read by describe_all()
     if env.get("LEGO_TRACE_PLUGINS", "") not in ("", "0"):
         pm.trace.root.setwriter(sys.stderr.write)
