@@ -27,8 +27,10 @@ async def main() -> None:
     ap.add_argument("--out", type=int, default=1984)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
-    engine = EmbeddedEngine(ensure_tiny_model(), threads=args.threads)
+    engine = EmbeddedEngine(ensure_tiny_model(), threads=args.threads, device=args.device, dtype=args.dtype)
     await engine.start()
     prompt = torch.randint(0, 1500, (64,), generator=torch.Generator().manual_seed(0)).tolist()
     try:
@@ -43,7 +45,7 @@ async def main() -> None:
         await engine.stop()
     delta = (ours - torch.tensor(out.logprobs)).abs()
     print(f"sequence {len(prompt) + len(out.token_ids)} tokens ({len(out.token_ids)} sampled), "
-          f"T={args.temperature}, CPU fp32, {args.threads} thread(s)")
+          f"T={args.temperature}, {args.device} {args.dtype}, {args.threads} thread(s)")
     print(f"max |delta| = {delta.max().item():.2e}, mean |delta| = {delta.mean().item():.2e} (target max < 1e-5)")
     print(f"recompute {rec_s:.2f} s vs sampled generation {gen_s:.2f} s ({gen_s / rec_s:.0f}x faster)")
 

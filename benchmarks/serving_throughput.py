@@ -29,11 +29,13 @@ def prompts(batch: int, length: int = 32) -> list[list[int]]:
 
 
 def generate_tps(model: torch.nn.Module, batch: int, tokens: int) -> float:
-    ids = torch.tensor(prompts(batch))
+    ids = torch.tensor(prompts(batch), device=model.device)
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
                              min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
     assert out.shape[1] - ids.shape[1] == tokens
     return batch * tokens / dt
@@ -54,15 +56,18 @@ async def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     path = ensure_tiny_model()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
     vocab = int(model.config.vocab_size)
-    print(f"tiny model {path.name}, {args.tokens} new tokens, {args.threads} thread(s), best of {args.repeats}")
-    async with embedded_server(path, threads=args.threads) as url:
+    print(f"tiny model {path.name}, {args.tokens} new tokens, {args.device} {args.dtype}, "
+          f"{args.threads} thread(s), best of {args.repeats}")
+    async with embedded_server(path, threads=args.threads, device=args.device, dtype=args.dtype) as url:
         await engine_tps(url, vocab, 1, 8)  # warm-up
         generate_tps(model, 1, 8)
         print("| batch | model.generate tok/s | engine via HTTP tok/s | engine / generate |")

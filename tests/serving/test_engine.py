@@ -158,3 +158,19 @@ async def test_late_request_joins_running_batch(tiny_model: Path) -> None:
     # The second request decoded alongside the first (continuous batching), with identical results.
     assert engine.steps < 60 + 60 + 60 - 30
     assert second.token_ids == alone.token_ids
+
+
+async def test_client_hangup_aborts_the_request(tiny_model: Path) -> None:
+    async with EmbeddedServer(tiny_model) as server:
+        body = {"token_ids": PROMPT, "sampling_params": {"max_tokens": 20000, "ignore_eos": True}}
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(asyncio.TimeoutError):
+                async with s.post(server.url + "/inference/v1/generate", json=body,
+                                  timeout=aiohttp.ClientTimeout(total=0.5)):
+                    pass
+        assert server.engine is not None
+        for _ in range(200):
+            if server.engine.load == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert server.engine.load == 0  # the engine stopped working on it

@@ -321,7 +321,9 @@ class EmbeddedEngine:
         b = self._batch
         ids = torch.tensor([[r.out.token_ids[-1]] for r in self._rows])
         pos = torch.tensor([[n] for n in b.lengths], device=self.device)
-        logits = self._forward(ids, b.cache, attention_mask=b.attention_mask().to(self.device), position_ids=pos)
+        # Without padding no mask is needed: transformers then builds no 4D mask for the step.
+        mask = b.attention_mask().to(self.device) if any(b.pads) else None
+        logits = self._forward(ids, b.cache, attention_mask=mask, position_ids=pos)
         b.lengths = [n + 1 for n in b.lengths]
         for req, draw in zip(self._rows, sample_rows(logits, [r.row for r in self._rows]), strict=True):
             req.out.record(draw, version)
