@@ -42,8 +42,10 @@ fi
 echo "vllm: installing ${WANT} into ${VENV} (a few minutes)"
 rm -rf "${VENV}"
 "${PY}" -m venv "${VENV}"
-"${VENV}/bin/pip" install --quiet --upgrade pip
-"${VENV}/bin/pip" install --quiet "${WANT}"
+# This machine's pip config names local file:// indexes that may be empty; their warnings are noise.
+quiet_pip() { "${VENV}/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+quiet_pip install --quiet --upgrade pip
+quiet_pip install --quiet "${WANT}"
 "${VENV}/bin/pip" uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 "${VENV}/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
 echo "${WANT}" > "${STAMP}.tmp"

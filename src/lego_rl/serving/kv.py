@@ -127,10 +127,11 @@ class BatchCache:
 class PrefixCache:
     """LRU of finished sequences' KV (batch 1), looked up by longest common token prefix."""
 
-    def __init__(self, max_entries: int = 8, max_tokens: int = 262_144) -> None:
+    def __init__(self, max_entries: int = 8, max_bytes: int = 2 * 1024**3) -> None:
         self.max_entries = max_entries
-        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[int, tuple[torch.Tensor, KV]] = OrderedDict()
+        self._sizes: dict[int, int] = {}
         self._next = 0
         self.hits = 0
         self.reused_tokens = 0
@@ -138,18 +139,24 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget everything (after a weight change the cached KV belongs to old weights)."""
         self._entries.clear()
+        self._sizes.clear()
+
+    @property
+    def bytes(self) -> int:
+        return sum(self._sizes.values())
 
     def put(self, tokens: list[int], kv: KV) -> None:
-        if not tokens or self.max_entries <= 0 or len(tokens) > self.max_tokens:
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if not tokens or self.max_entries <= 0 or size > self.max_bytes:
             return
         # Clone: the views point into the batch cache, which is about to be rebuilt.
         owned = [(k.clone(), v.clone()) for k, v in kv]
-        self._entries[self._next] = (torch.tensor(tokens), owned)
+        key = self._next
         self._next += 1
-        total = sum(int(t.numel()) for t, _ in self._entries.values())
-        while self._entries and (len(self._entries) > self.max_entries or total > self.max_tokens):
-            _, (t, _) = self._entries.popitem(last=False)
-            total -= int(t.numel())
+        self._entries[key], self._sizes[key] = (torch.tensor(tokens), owned), size
+        while self._entries and (len(self._entries) > self.max_entries or self.bytes > self.max_bytes):
+            old, _ = self._entries.popitem(last=False)
+            self._sizes.pop(old, None)
 
     def lookup(self, prompt: list[int]) -> tuple[int, KV | None]:
         """Longest reusable prefix of ``prompt``: ``(n, kv cropped to n)``; leaves >= 1 id to prefill."""
