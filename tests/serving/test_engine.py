@@ -174,3 +174,22 @@ async def test_client_hangup_aborts_the_request(tiny_model: Path) -> None:
                 break
             await asyncio.sleep(0.05)
         assert server.engine.load == 0  # the engine stopped working on it
+
+
+async def test_engine_failure_is_a_500_and_the_engine_recovers(tiny_model: Path, vocab_size: int) -> None:
+    from lego_rl.serving.errors import EngineFailed
+
+    async with EmbeddedServer(tiny_model) as server, ServingClient([server.url], vocab_size=vocab_size) as c:
+        assert server.engine is not None
+        real_forward = server.engine._forward
+
+        def broken(*args: object, **kw: object) -> torch.Tensor:
+            raise RuntimeError("simulated device failure")
+
+        server.engine._forward = broken  # type: ignore[method-assign]
+        with pytest.raises(EngineFailed, match="simulated device failure") as info:
+            await c.generate(PROMPT, SamplingParams(max_tokens=4))
+        assert info.value.status == 500
+        server.engine._forward = real_forward  # type: ignore[method-assign]
+        r = await c.generate(PROMPT, SamplingParams(max_tokens=4))
+        assert len(r.output_ids) == 4

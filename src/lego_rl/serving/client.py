@@ -22,7 +22,7 @@ from typing import Any, Self
 
 import aiohttp
 
-from lego_rl.serving.errors import EngineRejected, EngineUnavailable, InvalidReply
+from lego_rl.serving.errors import EngineFailed, EngineRejected, EngineUnavailable, InvalidReply
 from lego_rl.serving.protocol import GenerateResult, SamplingParams
 from lego_rl.serving.validate import parse_reply, parse_version
 
@@ -189,6 +189,8 @@ class ServingClient:
                 message, param = str(err.get("message")), err.get("param")
             else:
                 message, param = (str(data.get("detail")) if isinstance(data, dict) else text[:500]), None
+            if status >= 500:
+                raise EngineFailed(f"{url}{path} answered {status}: {message}", status=status, body=data)
             raise EngineRejected(f"{url}{path} answered {status}: {message}", status=status, param=param,
                                  body=data)
         if data is None and text.strip():

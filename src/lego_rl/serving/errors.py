@@ -35,6 +35,15 @@ class EngineRejected(ProviderError):
         super().__init__(message, status_code=status)
 
 
+class EngineFailed(ProviderError):
+    """The engine answered with a 5xx other than 502/503/504: it failed on this request. Not retried."""
+
+    def __init__(self, message: str, *, status: int, body: Any = None) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(message, status_code=502)
+
+
 class InvalidReply(ProviderError):
     """The engine answered 200 with a reply that fails validation (``request_id`` names the call)."""
 
