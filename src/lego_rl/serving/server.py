@@ -99,7 +99,7 @@ async def generate(request: web.Request) -> web.Response:
                                     want_nucleus=checked.want_nucleus, ignore_eos=checked.ignore_eos)
     except EngineBadRequest as exc:
         return error_response(str(exc), param=exc.param)
-    except Exception as exc:  # noqa: BLE001 - the engine failed this request; answer as vLLM does
+    except Exception as exc:
         log.exception("generate %s failed", checked.request_id)
         return error_response(f"{type(exc).__name__}: {exc}", status=500, kind="InternalServerError")
     return web.json_response(render_reply(out, model=engine.name, want_logprobs=checked.want_logprobs))
