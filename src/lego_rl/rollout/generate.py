@@ -44,7 +44,9 @@ from lego_rl.tasks.model import TaskRow
 from lego_rl.trajectory.manager import TrajectoryOptions, build_samples
 from lego_rl.trajectory.sample import Sample, save_samples
 
-STAGES = ("harness_lookup", "sandbox_setup", "harness_install", "agent", "patch", "grading", "samples")
+STAGES = ("harness_lookup", "sandbox_setup", "harness_install", "agent", "patch", "cleanup", "grading", "samples")
+"""Timed stages, in order. ``cleanup`` covers saving the agent sandbox's artifacts, destroying it and
+closing the adapter session (turn records saved)."""
 
 
 @dataclass
@@ -142,6 +144,7 @@ class _Rollout:
         self.meta = spec.row.metadata
         self.harness_name = self.meta.agent or ctx.settings.default_harness
         self.timings: dict[str, float] = {}
+        self._cleanup_t0: float | None = None
         self.folder: Path | None = None
         self.session: Session | None = None
         self.sandboxes: list[RecordingSandbox] = []
@@ -207,6 +210,7 @@ class _Rollout:
         s = self.ctx.settings
         async with contextlib.AsyncExitStack() as stack:
             # Saved on the way out, before the sandbox itself closes (the stack unwinds in reverse).
+            stack.push_async_callback(self._cleanup_finished)
             stack.push_async_callback(self._close_session)
             async with self.stage("harness_lookup", TerminationReason.HARNESS_INSTALL):
                 self.harness = self.ctx.harness_for(self.harness_name)
@@ -221,6 +225,7 @@ class _Rollout:
                 sb = RecordingSandbox(inner, "agent")
                 self.sandboxes.append(sb)
                 stack.push_async_callback(self._save_sandbox_artifacts, sb)
+                stack.push_async_callback(self._cleanup_started)
                 await prepare_workspace(sb, workdir=self.meta.workdir, problem_statement=self.meta.problem_statement,
                                         pre_commands=self.meta.pre_commands, agent_user=s.agent_user)
                 snapshot = await take_snapshot(sb, self.meta.workdir)
@@ -281,6 +286,14 @@ class _Rollout:
         if out.exit_code not in (0, None):
             return TerminationReason.AGENT_ERROR_EXIT, f"the CLI exited {out.exit_code}: {out.detail}"
         return TerminationReason.COMPLETED, ""
+
+    async def _cleanup_started(self) -> None:
+        self._cleanup_t0 = time.monotonic()
+
+    async def _cleanup_finished(self) -> None:
+        if self._cleanup_t0 is not None:
+            self.timings["cleanup"] = round(time.monotonic() - self._cleanup_t0, 3)
+            self.emit("stage", stage="cleanup", status="ok", duration_s=self.timings["cleanup"])
 
     async def _save_sandbox_artifacts(self, sb: RecordingSandbox) -> None:
         with contextlib.suppress(OSError):

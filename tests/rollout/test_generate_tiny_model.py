@@ -1,0 +1,70 @@
+"""Each harness, driven by the plain random tiny model on the embedded engine, runs to a *policy*
+termination (never an infrastructure failure), through the whole `lego rollout-check` path:
+lego.toml resolved with overrides, ``serving_stack`` (embedded engine + client + adapter), the
+run directory, generate(), the report. No test double anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, REPO, assert_nothing_running, interfaces, missing
+
+from lego_rl.cli.options import load
+from lego_rl.rollout.rundir import read_events
+from lego_rl.rollout.termination import POLICY_OUTCOMES
+
+pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
+
+HARNESSES = ["claude_code", "codex", "opencode", "openhands"]
+ROOTFS_PY312 = Path(os.environ.get("LEGO_ROOTFS_PY312_CACHE", "/var/cache/lego-rl/rootfs-noble-py312"))
+"""OpenHands needs Python >= 3.12 inside the sandbox; the bookworm rootfs has 3.11, so its tasks run on the
+Ubuntu noble rootfs of scripts/build_rootfs_py312.sh (same image name, another root filesystem)."""
+
+
+def tiny_overrides(run_root: Path, harness: str) -> list[str]:
+    images = []
+    if harness == "openhands":
+        if not (ROOTFS_PY312 / ".lego-rootfs-stamp").is_file():
+            missing(f"no Python 3.12 rootfs at {ROOTFS_PY312}: run scripts/build_rootfs_py312.sh")
+        spec = json.loads((EXAMPLES / "images.json").read_text())
+        for image in spec.values():
+            image["rootfs"] = str(ROOTFS_PY312)
+        (run_root.parent / "images-py312.json").write_text(json.dumps(spec))
+        images = [f'sandbox.images="{run_root.parent / "images-py312.json"}"']
+    return [*images,
+        f'paths.run_root="{run_root}"', "model.max_response_len=64", "model.max_context_len=32768",
+        "adapter.port=0", "serving.port=0", "agent.time_budget_s=90", "agent.max_turns=2", "grader.timeout_s=60",
+        f'agent.default_harness="{harness}"',
+    ]
+
+
+@pytest.mark.parametrize("harness", HARNESSES)
+async def test_tiny_model_reaches_a_policy_termination(harness: str, toolchain: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from lego_rl.rollout.session import RolloutCheckSession
+
+    assert interfaces() == ["lo"]
+    monkeypatch.chdir(REPO)  # lego.toml's relative paths (examples, toolchain) are the repository's
+    r = load(REPO / "lego.toml", tiny_overrides(tmp_path / "run", harness))
+    session = RolloutCheckSession(r, ids=["lego-example-median"])
+    report = await session.run(samples=1, harness=harness, concurrency=1, output=None)
+
+    [result] = report.results
+    assert result.termination in POLICY_OUTCOMES, (result.termination, result.detail)
+    assert result.reward is not None  # graded: a policy outcome keeps its verifier reward
+    assert result.turns >= 1 and result.samples, result.detail
+    for sample in result.samples:
+        assert len(sample.tokens) == len(sample.loss_mask) == len(sample.rollout_logprobs)
+        assert 0 < sum(sample.loss_mask) <= 64 * result.turns
+    out = tmp_path / "run" / "rollout-check"
+    outcomes = [json.loads(line) for line in (out / "outcomes.jsonl").read_text().splitlines()]
+    assert [o["termination"] for o in outcomes] == [result.termination.value]
+    assert (out / "samples.jsonl").is_file()
+    kinds = [e["kind"] for e in read_events(tmp_path / "run" / "events.jsonl")]
+    assert kinds[:2] == ["run_started", "serving_ready"] and kinds[-1] == "rollout_check_finished"
+    assert_nothing_running()
+

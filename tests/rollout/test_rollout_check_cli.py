@@ -1,0 +1,93 @@
+"""`lego rollout-check` through typer, end to end: lego.toml + --set, `--vllm-url` pointed at the scripted
+policy (TEST DOUBLE at the model boundary, served over vLLM's generate route), `--baseline`, the final
+table, the saved report, and the exit code contract (0 only when a sample earned reward 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from conftest import EXAMPLES, REPO, assert_nothing_running
+from support.scripted_engine import ScriptedPolicyEngine
+from test_generate_scripted import WRONG_MEDIAN, policy_writing
+from typer.testing import CliRunner
+
+from lego_rl.cli.main import app
+
+pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
+
+
+class EngineThread:
+    """The scripted engine's HTTP server on its own event loop (the CLI runs ``asyncio.run`` itself)."""
+
+    def __init__(self, engine: ScriptedPolicyEngine) -> None:
+        self.engine = engine
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.url = ""
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.runner = web.AppRunner(self.engine.app(), access_log=None)
+        self.loop.run_until_complete(self.runner.setup())
+        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", 0).start())
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        self.ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.runner.cleanup())
+        self.loop.close()
+
+    def __enter__(self) -> EngineThread:
+        self.thread.start()
+        assert self.ready.wait(60)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+@pytest.fixture
+def engine_thread(tiny_model_dir: Path) -> Iterator[Any]:
+    made: list[EngineThread] = []
+
+    def start(script: Any) -> EngineThread:
+        made.append(EngineThread(ScriptedPolicyEngine(tiny_model_dir, script)).__enter__())
+        return made[-1]
+
+    yield start
+    for thread in made:
+        thread.__exit__()
+
+
+@pytest.mark.parametrize(("content", "code"), [((EXAMPLES / "src/median/fix/stats/center.py").read_text(), 0),
+                                               (WRONG_MEDIAN, 1)], ids=["fix-exit-0", "wrong-exit-1"])
+def test_rollout_check_cli_exit_code_follows_the_reward(
+    content: str, code: int, engine_thread: Any, toolchain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    engine = engine_thread(policy_writing("claude_code", "stats/center.py", content))
+    run_root = tmp_path / "run"
+    args = ["rollout-check", "-c", "lego.toml", "--ids", "lego-example-median", "-n", "1", "--harness", "claude_code",
+            "--vllm-url", engine.url, "--baseline", "--json", "--set", f'paths.run_root="{run_root}"',
+            "--set", "adapter.port=0", "--set", "model.max_response_len=1024", "--set", "agent.time_budget_s=180"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == code, (res.output[-3000:], repr(res.exception))
+    report = json.loads(res.stdout)
+    [result] = report["results"]
+    assert result["termination"] == "completed" and result["reward"] == float(code == 0)
+    assert report["rewarded"] == (1 if code == 0 else 0) and report["run_root"] == str(run_root)
+    outcomes = (run_root / "rollout-check" / "outcomes.jsonl").read_text().splitlines()
+    assert [json.loads(line)["reward"] for line in outcomes] == [result["reward"]]
+    events = [json.loads(line) for line in (run_root / "events.jsonl").read_text().splitlines()]
+    baseline = [e for e in events if e["kind"] == "baseline"]
+    assert [(e["instance_id"], e["solved"]) for e in baseline] == [("lego-example-median", False)]
+    assert len(engine.engine.calls) == 2
+    assert_nothing_running()
