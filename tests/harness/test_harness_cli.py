@@ -27,6 +27,7 @@ def test_harnesses_table_and_json(runner: CliRunner) -> None:
     )
     assert rows["claude_code"]["capabilities"]["enforces_turn_limit"] is True
     assert rows["codex"]["capabilities"]["enforces_turn_limit"] is False
+    assert {"lego_harness_install", "lego_harness_command"} <= set(rows["codex"]["hooks"])
 
 
 def test_harnesses_with_none_loaded_says_how_to_install(

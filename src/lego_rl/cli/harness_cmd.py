@@ -38,7 +38,7 @@ def harnesses(
     if as_json:
         rows = [
             {**i.harness.model_dump(mode="json"), "plugin": i.plugin, "package": i.package,
-             "package_version": i.package_version}
+             "package_version": i.package_version, "hooks": list(i.hooks)}
             for i in infos
         ]  # fmt: skip
         typer.echo(json.dumps(rows, indent=2))

@@ -97,6 +97,13 @@ class HarnessInfo:
     plugin: str
     package: str
     package_version: str
+    hooks: tuple[str, ...] = ()
+    """Hooks the plugin implements itself (the built-in runner covers the rest)."""
+
+
+def _implemented(pm: pluggy.PluginManager, plugin_name: str) -> list[str]:
+    plugin = pm.get_plugin(plugin_name)
+    return [caller.name for caller in pm.get_hookcallers(plugin) or []]
 
 
 def describe_all(pm: pluggy.PluginManager) -> list[HarnessInfo]:
@@ -116,7 +123,8 @@ def describe_all(pm: pluggy.PluginManager) -> list[HarnessInfo]:
             raise HarnessError(
                 f"harness name {desc.name!r} is claimed by both {infos[desc.name].plugin!r} and {impl.plugin_name!r}"
             )
-        infos[desc.name] = HarnessInfo(desc, impl.plugin_name, src.package, src.package_version)
+        hooks = tuple(sorted(n for n in _implemented(pm, impl.plugin_name)))
+        infos[desc.name] = HarnessInfo(desc, impl.plugin_name, src.package, src.package_version, hooks)
     return sorted(infos.values(), key=lambda i: i.harness.name)
 
 
