@@ -60,7 +60,7 @@ async def test_body_must_be_an_object(make_harness, protocol: str) -> None:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_oversized_body_is_413(make_harness, protocol: str) -> None:
     h = await make_harness(max_body_bytes=2000)
-    path, good = GOOD[protocol]
+    good = GOOD[protocol][1]
     big = dict(good, model="m" * 5000)
     r = await post(h, protocol, json_body=big)
     assert r.status == 413
@@ -98,7 +98,7 @@ async def test_session_from_path_prefix_and_isolation(make_harness, protocol: st
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_refused_stream_requests_get_a_4xx_error_not_a_200_json(make_harness, protocol: str) -> None:
     h = await make_harness()
-    path, good = GOOD[protocol]
+    good = GOOD[protocol][1]
     r = await post(h, protocol, json_body=dict(good, stream=True), key="nobody")
     assert r.status == 401 and error_message(protocol, await r.json())
 
@@ -118,7 +118,7 @@ class BrokenEngine:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_engine_failure_mid_stream_ends_the_stream_well_formed(make_harness, protocol: str) -> None:
     h = await make_harness(backend=BrokenEngine())
-    path, good = GOOD[protocol]
+    good = GOOD[protocol][1]
     r = await post(h, protocol, json_body=dict(good, stream=True))
     assert r.status == 200
     events = parse_sse(await r.text())
@@ -158,7 +158,7 @@ async def test_slow_engine_stream_gets_keepalive_comments(make_harness, renderer
             return GenerateResult(output_ids=[end], logprobs=[-0.5], finish_reason="stop")
 
     h = await make_harness(backend=SlowEngine(), keepalive_s=0.1)
-    path, good = GOOD["chat"]
+    good = GOOD["chat"][1]
     r = await post(h, "chat", json_body=dict(good, stream=True))
     text = await r.text()
     assert text.count(": keepalive\n\n") >= 2 and text.endswith("data: [DONE]\n\n")

@@ -20,11 +20,11 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `support` helpers
 
-from support.scripted_engine import ScriptedPolicyEngine  # noqa: E402
+from support.scripted_engine import ScriptedPolicyEngine
 
-from lego_rl.adapter.core import AdapterCore  # noqa: E402
-from lego_rl.adapter.server import AdapterServer  # noqa: E402
-from lego_rl.adapter.sessions import SessionRegistry  # noqa: E402
+from lego_rl.adapter.core import AdapterCore
+from lego_rl.adapter.server import AdapterServer
+from lego_rl.adapter.sessions import SessionRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER_PORT = 18091
@@ -96,7 +96,8 @@ async def start_adapter(
 
     async def start(script: Sequence[str] | Callable[[str, int], str] | None = None, *,
                     sessions: Sequence[str] = ("sess-1",), context_limit: int = 60000,
-                    max_response_tokens: int = 256, **session_kw: Any) -> RunningAdapter:
+                    max_response_tokens: int = 256, keepalive_s: float = 0.05,
+                    **session_kw: Any) -> RunningAdapter:
         from lego_rl.serving.client import ServingClient
 
         policy = None
@@ -113,14 +114,16 @@ async def start_adapter(
             cleanups.append(engine_runner.cleanup)
             site = web.TCPSite(engine_runner, "127.0.0.1", 0)
             await site.start()
-            engine_url = "http://127.0.0.1:%d" % site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            engine_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         client = ServingClient([engine_url], vocab_size=renderer.vocab_size)
         cleanups.append(client.close)
         registry = SessionRegistry()
         for sid in sessions:
             registry.open(sid, **session_kw)
         core = AdapterCore(renderer, client, context_limit=context_limit, max_response_tokens=max_response_tokens)
-        runner = web.AppRunner(AdapterServer(core, registry).app(), access_log=None)
+        # A short keepalive puts SSE comment lines into every real CLI's streams (each turn takes longer
+        # than 50 ms to score), proving each client's SSE parser skips them.
+        runner = web.AppRunner(AdapterServer(core, registry, keepalive_s=keepalive_s).app(), access_log=None)
         await runner.setup()
         cleanups.append(runner.cleanup)
         sock = tmp_path / f"adapter-{len(cleanups)}.sock"

@@ -90,7 +90,9 @@ async def _forward(port: int, sock: str) -> asyncio.base_events.Server:
 
 
 async def _inner(forwards: list[tuple[int, str]], cmd: list[str]) -> int:
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    ip = await asyncio.create_subprocess_exec("ip", "link", "set", "lo", "up")
+    if await ip.wait() != 0:
+        raise RuntimeError("netcage: 'ip link set lo up' failed inside the cage")
     servers = [await _forward(port, sock) for port, sock in forwards]
     child = await asyncio.create_subprocess_exec(*cmd)
     code = await child.wait()

@@ -35,11 +35,12 @@ def adapter(
 
     try:
         kwargs = json.loads(template_kwargs)
-        if not isinstance(kwargs, dict):
-            raise ValueError("not a JSON object")
     except ValueError as exc:
-        err.print(f"[bold red]error:[/] --template-kwargs: {exc}", highlight=False)
-        raise typer.Exit(EXIT_USAGE) from None
+        kwargs = f"not valid JSON ({exc})"
+    if not isinstance(kwargs, dict):
+        why = kwargs if isinstance(kwargs, str) else "expected a JSON object"
+        err.print(f"[bold red]error:[/] --template-kwargs: {why}", highlight=False)
+        raise typer.Exit(EXIT_USAGE)
     if not open_sessions and not session:
         err.print("[bold red]error:[/] no way to open a session: pass --open-sessions DIR or --session ID",
                   highlight=False)
