@@ -68,3 +68,15 @@ async def test_new_sessions_spread_over_replicas(tiny_model: Path) -> None:
         assert {r.replica for r in rs} == {a.url, b.url}
         again = await c.generate([1, 2, 3, 9], SP, session_id="s0")
         assert again.replica == rs[0].replica
+
+
+async def test_abort_while_retrying_ends_the_request() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with ServingClient([dead], retry_deadline_s=30, backoff_max_s=0.2) as c:
+        task = asyncio.create_task(c.generate([1, 2, 3], SP, request_id="stuck"))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        with pytest.raises(EngineUnavailable):
+            await c.abort(["stuck"])  # no replica to tell, but the pending request still ends
+        r = await asyncio.wait_for(task, 5)
+    assert r.finish_reason == "abort" and r.output_ids == []

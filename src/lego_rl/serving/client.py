@@ -68,6 +68,8 @@ class ServingClient:
         self._sticky: OrderedDict[str, str] = OrderedDict()
         self._max_sticky = max_sticky_sessions
         self._request_replica: dict[str, str] = {}
+        self._active: set[str] = set()
+        self._aborted: set[str] = set()
         self._rr = 0
         self._http: aiohttp.ClientSession | None = None
 
@@ -136,11 +138,23 @@ class ServingClient:
             body["model"] = self.model
         if return_nucleus:
             body["return_sampling_mask"] = True  # lego extension; vLLM ignores unknown top-level fields
-        avoid: set[str] = set()
+        deadline = asyncio.get_running_loop().time() + self.retry_deadline_s
+        self._active.add(rid)
+        try:
+            return await self._generate_loop(rid, body, token_ids, session_id, set(), deadline,
+                                             return_nucleus, return_routed_experts)
+        finally:
+            self._active.discard(rid)
+            self._aborted.discard(rid)
+
+    async def _generate_loop(self, rid: str, body: dict[str, Any], token_ids: list[int], session_id: str | None,
+                             avoid: set[str], deadline: float, return_nucleus: bool,
+                             return_routed_experts: bool) -> GenerateResult:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.retry_deadline_s
         attempt = 0
         while True:
+            if rid in self._aborted:  # aborted while waiting to retry: it never reached an engine
+                return GenerateResult(output_ids=[], logprobs=[], finish_reason="abort")
             url = self.replica_for(session_id, avoid=avoid)
             self._inflight[url] += 1
             self._request_replica[rid] = url
@@ -244,6 +258,7 @@ class ServingClient:
         engine and aborts by that name, so both spellings are sent (an unknown id is a no-op).
         """
         by_url: dict[str, list[str]] = {}
+        self._aborted.update(r for r in request_ids if r in self._active)
         for rid in request_ids:
             targets = [self._request_replica[rid]] if rid in self._request_replica else self.base_urls
             for url in targets:
