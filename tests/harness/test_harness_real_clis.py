@@ -77,3 +77,18 @@ async def test_openhands_refuses_an_image_without_its_python(
     sb = await make_sandbox()  # the bookworm test rootfs has Python 3.11 only
     with pytest.raises(HarnessError, match=r"needs Python 3.12 in the sandbox .* 'python3' is 3.11"):
         await handle.install(sb, toolchain)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(
+    ("name", "expect"),
+    [("claude_code", "2.1.332 (Claude Code)"), ("codex", "codex-cli 0.162.1"), ("opencode", "1.18.33")],
+)
+async def test_cli_installs_into_sunabako_and_starts_as_agent(
+    make_sunabako: MakeSandbox, toolchain: Toolchain, name: str, expect: str
+) -> None:
+    handle = get_harness(name, environ={}, pm=get_plugin_manager({}))
+    needs(toolchain, handle)
+    sb = await make_sunabako()
+    await handle.install(sb, toolchain)
+    assert await handle.verify(sb, "agent") == expect
