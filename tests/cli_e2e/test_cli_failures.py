@@ -29,7 +29,7 @@ async def test_unknown_session_ends_each_cli_with_the_adapters_message(start_ada
     codex, _ = await run_codex(adapter, cli_path, tmp_path / "codex", session="no-such-session")
     assert not codex.timed_out and codex.returncode != 0
     assert "unknown session 'no-such-session'" in codex.stdout + codex.stderr
-    opencode, _ = await run_opencode(adapter, cli_path, tmp_path / "opencode", key="no-such-session", timeout=90)
+    opencode, _ = await run_opencode(adapter, cli_path, tmp_path / "opencode", key="no-such-session", timeout=180)
     assert not opencode.timed_out, "OpenCode kept retrying a refused session"
     assert "unknown session 'no-such-session'" in opencode.stdout + opencode.stderr
     openhands, _ = await run_openhands(adapter, cli_path, tmp_path / "openhands", key="no-such-session", timeout=120)
@@ -50,3 +50,16 @@ async def test_full_context_window_ends_claude_code_and_codex(start_adapter, cli
     assert adapter.engine.calls == [] and session.termination == "context_limit"
     assert {r.stop_reason for r in session.records} == {"context_limit"}
     print("claude:", claude.returncode, final.get("subtype"), final.get("terminal_reason"), final.get("api_error"))
+
+
+async def test_request_cap_stops_opencode_instead_of_looping(start_adapter, cli_path, tmp_path: Path) -> None:
+    """OpenCode is the loop-prone client: when its session's request cap is reached it must stop."""
+    from support.scripted_engine import tool_call_text
+
+    adapter = await start_adapter(
+        lambda prompt, i: tool_call_text("bash", {"command": "echo again", "description": "loop"}), max_requests=2)
+    res, _ = await run_opencode(adapter, cli_path, tmp_path, timeout=240)
+    assert not res.timed_out, "OpenCode kept going past the session's request cap"
+    assert "limit of 2 model requests" in res.stdout + res.stderr
+    session = adapter.sessions.get("sess-1")
+    assert len(session.records) == 2 and session.termination == "request_limit"
