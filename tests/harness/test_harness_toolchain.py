@@ -124,3 +124,16 @@ async def test_real_registry_fetch_matches_the_codex_plugins_pin(
     [(entry, fetched)] = await fetch_toolchain([pin], tmp_path)
     assert fetched and entry.source.startswith("https://registry.npmjs.org/@openai/codex/-/")
     assert sha512_integrity(tmp_path / entry.file) == pin.integrity
+
+
+async def test_fetch_keeps_going_and_reports_every_failure(registry: Registry, tmp_path: Path) -> None:
+    good = tarball_bytes(tmp_path, '{"ok":1}')
+    registry.tarballs[("good", "1.0.0")] = good
+    pins = [ToolchainPin(role="cli", kind="npm", name="missing", version="1.0.0"),
+            ToolchainPin(role="cli", kind="npm", name="good", version="1.0.0")]  # fmt: skip
+    failures: list[tuple[ToolchainPin, Exception]] = []
+    [(entry, fetched)] = await fetch_toolchain(pins, tmp_path / "tc", failures=failures)
+    assert fetched and entry.name == "good"
+    [(pin, exc)] = failures
+    assert pin.name == "missing" and "npm registry has no missing@1.0.0" in str(exc)
+    assert list(Lockfile.load(tmp_path / "tc").entries) == ["npm:good@1.0.0"]

@@ -77,7 +77,11 @@ def toolchain_fetch(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the fetched lockfile entries as JSON."),
 ) -> None:
-    """Download every pinned npm tarball / platform archive / site tree and check it against the registry."""
+    """Download every pinned npm tarball / platform archive / site tree and check it against the registry.
+
+    Keeps going past a failed artifact, then names every failure and exits 3."""
+    from rich.markup import escape
+
     from lego_rl.errors import ConfigError, HarnessError
     from lego_rl.harness.fetch import fetch_toolchain
     from lego_rl.harness.plugins import describe_all, get_harness, get_plugin_manager
@@ -91,21 +95,24 @@ def toolchain_fetch(
         pins = [
             pin for name in names for pin in get_harness(name, overrides.get(name), pm=pm).toolchain_pins()
         ]
-        results = asyncio.run(fetch_toolchain(pins, target, force=force, python=python))
+        failures: list[tuple[object, Exception]] = []
+        results = asyncio.run(fetch_toolchain(pins, target, force=force, python=python, failures=failures))
     except ConfigError as exc:
         raise _fail(exc, EXIT_USAGE) from None
     except HarnessError as exc:
         raise _fail(exc, EXIT_INFRA) from None
     if as_json:
         typer.echo(json.dumps([e.model_dump(mode="json") | {"downloaded": d} for e, d in results], indent=2))
-        return
-    for entry, downloaded in results:
-        state = "fetched" if downloaded else "up to date"
-        out.print(
-            f"{state:>10}  {entry.name}@{entry.version}  {entry.size / 1e6:.1f} MB  {entry.file}",
-            highlight=False,
-        )
-    out.print(f"toolchain: {target}", highlight=False)
+    else:
+        for entry, downloaded in results:
+            state = "fetched" if downloaded else "up to date"
+            size = f"{entry.size / 1e6:.1f} MB"
+            out.print(f"{state:>10}  {entry.name}@{entry.version}  {size}  {entry.file}", highlight=False)
+        out.print(f"toolchain: {target}", highlight=False)
+    for pin, exc in failures:
+        err.print(f"[bold red]failed:[/] {escape(getattr(pin, 'key', str(pin)))}: {escape(str(exc))}")
+    if failures:
+        raise typer.Exit(EXIT_INFRA)
 
 
 def _parse_options(items: list[str]) -> dict[str, dict[str, object]]:

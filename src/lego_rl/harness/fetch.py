@@ -196,10 +196,29 @@ async def _fetch_pypi_tree(folder: Path, pin: ToolchainPin, python: str | None) 
     )  # fmt: skip
 
 
+async def _fetch_one(
+    session: aiohttp.ClientSession, folder: Path, pin: ToolchainPin, python: str | None
+) -> LockEntry:
+    if pin.kind == "npm":
+        return await (_fetch_npm_tree if pin.with_dependencies else _fetch_npm)(session, folder, pin)
+    if pin.with_dependencies:
+        return await _fetch_pypi_tree(folder, pin, python)
+    raise HarnessError(f"{pin.key}: a PyPI pin must set with_dependencies (a site tree is installed)")
+
+
 async def fetch_toolchain(
-    pins: Iterable[ToolchainPin], folder: Path, *, force: bool = False, python: str | None = None
+    pins: Iterable[ToolchainPin],
+    folder: Path,
+    *,
+    force: bool = False,
+    python: str | None = None,
+    failures: list[tuple[ToolchainPin, Exception]] | None = None,
 ) -> list[tuple[LockEntry, bool]]:
-    """Fetch every pin into ``folder``; return (entry, downloaded) pairs. Raises on the first failure."""
+    """Fetch every pin into ``folder``; return (entry, downloaded) pairs.
+
+    Raises on the first failure, unless a ``failures`` list is given: then a failed pin is appended
+    there and the others are still fetched (the CLI reports them all at the end).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     results: list[tuple[LockEntry, bool]] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
@@ -209,14 +228,13 @@ async def fetch_toolchain(
             if not force and _up_to_date(folder, lock, pin):
                 results.append((lock.entries[pin.key], False))
                 continue
-            if pin.kind == "npm":
-                entry = await (_fetch_npm_tree if pin.with_dependencies else _fetch_npm)(session, folder, pin)
-            elif pin.with_dependencies:
-                entry = await _fetch_pypi_tree(folder, pin, python)
-            else:
-                raise HarnessError(
-                    f"{pin.key}: a PyPI pin must set with_dependencies (a site tree is installed)"
-                )
+            try:
+                entry = await _fetch_one(session, folder, pin, python)
+            except (HarnessError, ConfigError, aiohttp.ClientError) as exc:
+                if failures is None:
+                    raise
+                failures.append((pin, exc))
+                continue
             lock = Lockfile.load(folder)
             lock.entries[entry.key] = entry
             lock.save(folder)
