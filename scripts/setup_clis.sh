@@ -8,8 +8,6 @@
 #   $LEGO_CLI_DIR/claude/node_modules/.bin/claude        npm @anthropic-ai/claude-code
 #   $LEGO_CLI_DIR/codex/node_modules/.bin/codex          npm @openai/codex (+ linux-x64 native package)
 #   $LEGO_CLI_DIR/opencode/node_modules/.bin/opencode    npm opencode-ai
-#   $LEGO_CLI_DIR/opencode-plugin/                       @opencode-ai/plugin, pre-installed so opencode
-#                                                        does not npm-install it at start (offline cage)
 #   $LEGO_CLI_DIR/openhands/bin/python                   Python 3.12 venv with openhands-sdk + -tools
 #
 # Idempotent and cached: each part carries a stamp naming its package and version; a matching stamp
@@ -76,7 +74,6 @@ npm_part claude "@anthropic-ai/claude-code@${CLAUDE_VERSION}" "@anthropic-ai/cla
 npm_part codex "@openai/codex@${CODEX_VERSION}+linux-x64" \
     "@openai/codex@${CODEX_VERSION}" "@openai/codex-linux-x64@npm:@openai/codex@${CODEX_VERSION}-linux-x64"
 npm_part opencode "opencode-ai@${OPENCODE_VERSION}" "opencode-ai@${OPENCODE_VERSION}"
-npm_part opencode-plugin "@opencode-ai/plugin@${OPENCODE_VERSION}" "@opencode-ai/plugin@${OPENCODE_VERSION}"
 
 oh_stamp="openhands-sdk==${OPENHANDS_VERSION} openhands-tools==${OPENHANDS_VERSION}"
 if up_to_date openhands "${oh_stamp}"; then
