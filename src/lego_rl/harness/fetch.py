@@ -19,6 +19,7 @@ import base64
 import hashlib
 import os
 import shutil
+import subprocess
 import tarfile
 import tempfile
 from collections.abc import Iterable
@@ -171,9 +172,27 @@ async def _fetch_npm_tree(session: aiohttp.ClientSession, folder: Path, pin: Too
     )  # fmt: skip
 
 
+def _find_python(version: str) -> str | None:
+    """A host interpreter of exactly ``version`` that runs: PATH first, then pyenv's versions folder
+    (a pyenv shim on PATH may exist but refuse to run a version that is not selected)."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = [
+        shutil.which(f"python{version}"),
+        *sorted(map(str, root.glob(f"versions/{version}.*/bin/python{version}"))),
+    ]
+    probe = f"import sys; assert '%d.%d' % sys.version_info[:2] == {version!r}"
+    for cand in filter(None, candidates):
+        try:
+            if subprocess.run([cand, "-c", probe], capture_output=True, timeout=30).returncode == 0:
+                return cand
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return None
+
+
 async def _fetch_pypi_tree(folder: Path, pin: ToolchainPin, python: str | None) -> LockEntry:
     target = pin.python_version or "3.12"
-    interp = python or shutil.which(f"python{target}")
+    interp = python or _find_python(target)
     if interp is None:
         raise HarnessError(
             f"{pin.key} is installed for Python {target}; building its site tree needs python{target} on the "
