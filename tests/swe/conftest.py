@@ -14,7 +14,8 @@ from swe_data import build_task_image, provider_options, require_setup
 from lego_rl.sandbox.base import ImageSpec, Sandbox
 from lego_rl.sandbox.factory import create_sandbox
 
-PROVIDERS = ["bwrap", "sunabako"]
+# sunabako creates copy the whole rootfs (~1 s each here, more with its transient-failure retries).
+PROVIDERS = ["bwrap", pytest.param("sunabako", marks=[pytest.mark.slow, pytest.mark.root])]
 
 
 @pytest.fixture(scope="session")

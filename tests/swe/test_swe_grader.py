@@ -7,7 +7,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
-from swe_data import FIX_PATCH, TEST_PATCH, WORKDIR, WRONG_PATCH, task_meta
+from swe_data import FIX_PATCH, TEST_PATCH, WORKDIR, WRONG_PATCH, provider_options, task_meta
 
 from lego_rl.errors import GraderError
 from lego_rl.sandbox.base import ImageSpec, Sandbox
@@ -71,7 +71,8 @@ async def test_infrastructure_failures_are_grader_errors(opener: Opener, provide
     assert "reset official test paths to HEAD: exit 0" in info.value.output  # type: ignore[attr-defined]
     missing = ImageSpec(name="gone", rootfs="/nonexistent/rootfs", workdir=WORKDIR)
     with pytest.raises(GraderError, match="grader sandbox failed for calc-1"):
-        await grade(task_meta(), FIX_PATCH, open_sandbox=lambda: create_sandbox(missing, provider=provider), timeout=60)
+        await grade(task_meta(), FIX_PATCH, open_sandbox=lambda: create_sandbox(missing, provider=provider, provider_options=provider_options(provider)),
+                    timeout=60)
 
 
 async def test_f2p_script_row_with_pre_commands_round_trip(opener: Opener) -> None:

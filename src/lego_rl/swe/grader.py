@@ -193,8 +193,14 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
             result = await _verdict(sb, log, meta, timeout)
             result.apply_method, result.output = method, log.text
             return result
-    except (SandboxError, GraderError) as exc:
-        what = "grader sandbox failed" if isinstance(exc, SandboxError) else "grader failed"
+    except Exception as exc:  # noqa: BLE001 - every failure of the grader itself is infrastructure
+        # A provider may leak its SDK's own exception type; it is still not the agent's doing.
+        if isinstance(exc, SandboxError):
+            what = "grader sandbox failed"
+        elif isinstance(exc, GraderError):
+            what = "grader failed"
+        else:
+            what = f"grader crashed ({type(exc).__name__})"
         failure = GraderError(f"{what} for {meta.instance_id}: {exc}")
         failure.output = log.text  # type: ignore[attr-defined]  # full log for the rollout's artifacts
         raise failure from exc
