@@ -16,13 +16,14 @@ def model_tiny(
     out_dir: Path = typer.Option(..., "--out", help="Directory to write the model into (created)."),
     seed: int = typer.Option(0, help="Seed of the random weights."),
     force: bool = typer.Option(False, "--force", help="Replace an existing directory."),
+    moe: bool = typer.Option(False, "--moe", help="Build the Qwen3-MoE variant (8 experts, top-2) for R3 tests."),
 ) -> None:
     """Build the tiny Qwen3-architecture model (random weights, our BPE and chat template) offline."""
     from lego_rl.errors import ConfigError
     from lego_rl.serving.tiny_model import build_tiny_model
 
     try:
-        path = build_tiny_model(out_dir, seed=seed, force=force)
+        path = build_tiny_model(out_dir, seed=seed, force=force, moe=moe)
     except ConfigError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(EXIT_USAGE) from None
@@ -38,6 +39,8 @@ def serve(
     max_batch: int = typer.Option(16, min=1, help="Most requests decoded together."),
     max_model_len: int = typer.Option(0, min=0, help="Context limit (0: the model's max positions)."),
     threads: int = typer.Option(0, min=0, help="torch CPU threads (0: torch's default)."),
+    return_routed_experts: bool = typer.Option(
+        False, "--return-routed-experts", help="MoE models: return each token's experts (as vLLM's flag)."),
 ) -> None:
     """Serve a model with lego's embedded engine on vLLM's token-in/token-out routes."""
     import asyncio
@@ -47,7 +50,8 @@ def serve(
 
     try:
         asyncio.run(_serve(model, host, port, device=device, dtype=dtype, max_batch=max_batch,
-                           max_model_len=max_model_len or None, threads=threads or None))
+                           max_model_len=max_model_len or None, threads=threads or None,
+                           return_routed_experts=return_routed_experts))
     except ConfigError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(EXIT_USAGE) from None

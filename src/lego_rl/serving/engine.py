@@ -23,9 +23,11 @@ from typing import Any
 
 import torch
 
+from lego_rl.errors import ConfigError
 from lego_rl.serving.kv import BatchCache, PrefixCache, kv_of, new_cache
 from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.request_check import context_message
+from lego_rl.serving.routing import RouterRecorder
 from lego_rl.serving.sampler import Draw, RowParams, sample_rows
 from lego_rl.serving.weights import load_checkpoint_into, load_model
 
@@ -58,6 +60,9 @@ class EngineOutput:
     nucleus_probs: list[list[float]] | None = None
     finish_reason: str | None = None
     stop_reason: int | None = None
+    routing: list[torch.Tensor] | None = None
+    """MoE routing, when the engine returns it: ``[n, layers, k]`` chunks, one row per forwarded token
+    (prompt, then every output id but the last), as vLLM's ``routed_experts``."""
 
     def record(self, draw: Draw, version: str) -> None:
         self.token_ids.append(draw.token)
@@ -87,7 +92,8 @@ class EmbeddedEngine:
 
     def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: str = "float32",
                  max_batch: int = 16, max_model_len: int | None = None, prefix_cache_entries: int = 8,
-                 prefill_chunk: int = 2048, name: str | None = None, threads: int | None = None) -> None:
+                 prefill_chunk: int = 2048, name: str | None = None, threads: int | None = None,
+                 return_routed_experts: bool = False) -> None:
         if threads:
             # Process-wide. On a crowded CPU one thread is often faster than two (no OpenMP spinning).
             torch.set_num_threads(threads)
@@ -101,7 +107,19 @@ class EmbeddedEngine:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.version = INITIAL_VERSION
-        self.prefix_cache = PrefixCache(max_entries=prefix_cache_entries)
+        self.experts_per_token = int(getattr(self.config, "num_experts_per_tok", 0) or 0)
+        if return_routed_experts and not self.experts_per_token:
+            raise ConfigError(f"{self.model_dir} is not a mixture-of-experts model (no num_experts_per_tok): "
+                              "it has no routed experts to return", parameter="return_routed_experts")
+        self.return_routed_experts = return_routed_experts
+        self._routes: RouterRecorder | None = None
+        if return_routed_experts:
+            try:
+                self._routes = RouterRecorder(self.model, self.experts_per_token)
+            except ValueError as exc:
+                raise ConfigError(f"{self.model_dir}: {exc}", parameter="return_routed_experts") from None
+        # Routing is recorded per forwarded token; a reused prefix would lack it, so no prefix cache then.
+        self.prefix_cache = PrefixCache(max_entries=0 if return_routed_experts else prefix_cache_entries)
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters \
             else "past_key_values"
         self._batch = BatchCache(self.config)
@@ -166,7 +184,8 @@ class EmbeddedEngine:
         row = RowParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                         num_logprobs=int(sampling.logprobs or 0), want_nucleus=want_nucleus, generator=gen)
         out = EngineOutput(request_id=request_id, prompt_len=len(token_ids),
-                           nucleus_ids=[] if want_nucleus else None, nucleus_probs=[] if want_nucleus else None)
+                           nucleus_ids=[] if want_nucleus else None, nucleus_probs=[] if want_nucleus else None,
+                           routing=[] if self.return_routed_experts else None)
         req = _Req(out=out, prompt=list(token_ids), max_tokens=max_tokens, stop_ids=set(sampling.stop_token_ids),
                    eos_ids=set() if ignore_eos else set(self.eos_ids), row=row,
                    future=asyncio.get_running_loop().create_future())
@@ -312,10 +331,14 @@ class EmbeddedEngine:
             self._prefill(req, version)
             self._rows.append(req)
 
-    def _forward(self, ids: torch.Tensor, cache: Any, **kw: Any) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, cache: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Last-position logits ``[B, V]`` and, when recording routing, experts ``[B*T, layers, k]``."""
+        if self._routes is not None:
+            self._routes.clear()
         out = self.model(input_ids=ids.to(self.device), use_cache=True, logits_to_keep=1,
                          **{self._cache_kw: cache}, **kw)
-        return out.logits[:, -1].float().cpu()
+        routing = self._routes.take() if self._routes is not None else None
+        return out.logits[:, -1].float().cpu(), routing
 
     def _decode(self, version: str) -> None:
         b = self._batch
@@ -323,8 +346,12 @@ class EmbeddedEngine:
         pos = torch.tensor([[n] for n in b.lengths], device=self.device)
         # Without padding no mask is needed: transformers then builds no 4D mask for the step.
         mask = b.attention_mask().to(self.device) if any(b.pads) else None
-        logits = self._forward(ids, b.cache, attention_mask=mask, position_ids=pos)
+        logits, routing = self._forward(ids, b.cache, attention_mask=mask, position_ids=pos)
         b.lengths = [n + 1 for n in b.lengths]
+        if routing is not None:
+            for i, req in enumerate(self._rows):
+                assert req.out.routing is not None
+                req.out.routing.append(routing[i : i + 1])
         for req, draw in zip(self._rows, sample_rows(logits, [r.row for r in self._rows]), strict=True):
             req.out.record(draw, version)
 
@@ -340,7 +367,9 @@ class EmbeddedEngine:
         chunk = len(req.prompt) if reused == 0 else self.prefill_chunk
         while start < len(req.prompt):
             piece = torch.tensor([req.prompt[start:start + chunk]])
-            logits = self._forward(piece, cache)
+            logits, routing = self._forward(piece, cache)
+            if routing is not None and req.out.routing is not None:
+                req.out.routing.append(routing)
             start += piece.shape[1]
         assert logits is not None
         self._batch.add(kv_of(cache), len(req.prompt))

@@ -11,6 +11,8 @@ adds ``sampling_mask`` (nucleus ids) and ``sampling_mask_probs`` (their sampler 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import logging
 import socket
@@ -59,6 +61,18 @@ def _spans(versions: list[str]) -> list[dict[str, Any]]:
     return spans
 
 
+def _routing_b64(out: EngineOutput) -> str | None:
+    """vLLM's encoding of routed experts: base64 of a ``.npy`` array ``[tokens - 1, layers, k]``."""
+    if out.routing is None or not out.routing:
+        return None
+    import numpy as np
+    import torch
+
+    buf = io.BytesIO()
+    np.save(buf, torch.cat(out.routing).numpy(), allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 def render_reply(out: EngineOutput, *, model: str, want_logprobs: bool) -> dict[str, Any]:
     """An ``EngineOutput`` as vLLM's ``GenerateTokensResponse`` JSON."""
     content = None
@@ -71,7 +85,7 @@ def render_reply(out: EngineOutput, *, model: str, want_logprobs: bool) -> dict[
         ]
     choice: dict[str, Any] = {
         "index": 0, "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
-        "token_ids": out.token_ids, "routed_experts": None, "sampling_mask": out.nucleus_ids,
+        "token_ids": out.token_ids, "routed_experts": _routing_b64(out), "sampling_mask": out.nucleus_ids,
         "weight_versions": _spans(out.versions),
         "logprobs": {"content": content} if content is not None else None,
     }

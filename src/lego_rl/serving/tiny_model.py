@@ -81,6 +81,16 @@ MODEL_SHAPE: dict[str, Any] = {
 }
 
 
+MOE_SHAPE: dict[str, Any] = {
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "decoder_sparse_step": 1,
+    "norm_topk_prob": True,
+}
+"""With ``moe=True`` the model is a Qwen3-MoE (same attention shape; every layer routed): for R3 tests."""
+
+
 def _data_text(name: str) -> str:
     return resources.files("lego_rl.serving").joinpath("data", name).read_text(encoding="utf-8")
 
@@ -90,10 +100,11 @@ def chat_template() -> str:
     return _data_text("chat_template.jinja")
 
 
-def build_key(seed: int = 0) -> str:
+def build_key(seed: int = 0, moe: bool = False) -> str:
     """Hash naming one build: builder version, corpus, template, shape and seed."""
     h = hashlib.sha256()
-    for part in (BUILDER_VERSION, _data_text("corpus.txt"), chat_template(), json.dumps(MODEL_SHAPE), str(seed)):
+    shape = json.dumps(MODEL_SHAPE) + (json.dumps(MOE_SHAPE) if moe else "")
+    for part in (BUILDER_VERSION, _data_text("corpus.txt"), chat_template(), shape, str(seed)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
@@ -144,20 +155,28 @@ def _write_tokenizer(tok: Any, out: Path) -> int:
     return len(fast)
 
 
-def _write_model(out: Path, vocab_size: int, ids: dict[str, int], seed: int) -> None:
+def _write_model(out: Path, vocab_size: int, ids: dict[str, int], seed: int, moe: bool) -> None:
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
-    config = Qwen3Config(
+    config_cls, model_cls = (Qwen3MoeConfig, Qwen3MoeForCausalLM) if moe else (Qwen3Config, Qwen3ForCausalLM)
+    config = config_cls(
         vocab_size=vocab_size,  # exactly the tokenizer's size: no id the tokenizer cannot decode
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
         **MODEL_SHAPE,
+        **(MOE_SHAPE if moe else {}),
     )
     config.dtype = "float32"
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    model = model_cls(config).to(torch.float32).eval()
     model.save_pretrained(str(out), safe_serialization=True)
     # Only stop ids here: vLLM takes sampling defaults from generation_config.json, and we want none.
     GenerationConfig(
@@ -167,14 +186,14 @@ def _write_model(out: Path, vocab_size: int, ids: dict[str, int], seed: int) -> 
     ).save_pretrained(str(out))
 
 
-def build_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False) -> Path:
+def build_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False, moe: bool = False) -> Path:
     """Build the tiny model into ``out_dir`` (atomically) and return it.
 
     An existing complete build with the same key is returned as is. Any other existing, non-empty
     ``out_dir`` is an error unless ``force``, which replaces it only once the new build is complete.
     """
     out_dir = Path(out_dir).expanduser().resolve()
-    key = build_key(seed)
+    key = build_key(seed, moe)
     if out_dir.exists() and any(out_dir.iterdir()):
         marker = out_dir / MARKER
         if not force and marker.is_file() and json.loads(marker.read_text()).get("key") == key:
@@ -192,8 +211,8 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False) -> Pa
         tok = _train_tokenizer()
         vocab_size = _write_tokenizer(tok, tmp)
         ids = {text: tok.token_to_id(text) for text, _ in ADDED_TOKENS}
-        _write_model(tmp, vocab_size, ids, seed)
-        info = {"key": key, "builder_version": BUILDER_VERSION, "seed": seed, "vocab_size": vocab_size}
+        _write_model(tmp, vocab_size, ids, seed, moe)
+        info = {"key": key, "builder_version": BUILDER_VERSION, "seed": seed, "vocab_size": vocab_size, "moe": moe}
         (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
         _install(tmp, out_dir)
     finally:
@@ -226,16 +245,16 @@ def cache_root() -> Path:
     return root / "models"
 
 
-def ensure_tiny_model(*, seed: int = 0, cache_dir: Path | None = None) -> Path:
+def ensure_tiny_model(*, seed: int = 0, cache_dir: Path | None = None, moe: bool = False) -> Path:
     """Return the cached tiny model directory, building it on first use (a few seconds)."""
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    target = root / f"tiny-{build_key(seed)}"
+    target = root / f"tiny{'-moe' if moe else ''}-{build_key(seed, moe)}"
     if (target / MARKER).is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
-        build_tiny_model(tmp / "model", seed=seed)
+        build_tiny_model(tmp / "model", seed=seed, moe=moe)
         try:
             os.rename(tmp / "model", target)
         except OSError:
