@@ -61,6 +61,9 @@ async def test_claude_code_reports_the_dead_adapter(make_sandbox: MakeSandbox) -
     )
     assert init["apiKeySource"] == "ANTHROPIC_API_KEY" and init["slash_commands"] == []
     assert out.kind == "adapter_error" and "ECONNREFUSED" in out.detail
+    transcripts = await handle.artifacts(sb, request(90))
+    assert transcripts and all(k.startswith("claude_code/") for k in transcripts)
+    assert any(b"Say hi." in v for v in transcripts.values())
 
 
 async def test_codex_reports_the_dead_adapter(make_sandbox: MakeSandbox) -> None:
@@ -68,6 +71,8 @@ async def test_codex_reports_the_dead_adapter(make_sandbox: MakeSandbox) -> None
     out = await handle.run(sb, request(90))
     assert json.loads(out.event_log.splitlines()[0])["type"] == "thread.started"
     assert out.kind == "adapter_error" and "Connection failed" in out.detail
+    [(name, transcript)] = (await handle.artifacts(sb, request(90))).items()
+    assert name.startswith("codex/rollout-") and b"Say hi." in transcript
 
 
 async def test_opencode_uses_the_lego_provider_and_is_ended_by_its_budget(make_sandbox: MakeSandbox) -> None:

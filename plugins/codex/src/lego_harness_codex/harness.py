@@ -193,6 +193,17 @@ class CodexHarness(HarnessPlugin):
             }
         )
 
+    async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
+        # The CLI's own session transcript: $CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl (bounded).
+        home = f"/var/tmp/lego-codex-{safe_id(request.session_id)}/sessions"
+        res = await sandbox.exec(
+            ["sh", "-c", f"find {home} -name '*.jsonl' -size -20M 2>/dev/null | head -20"],
+            user=request.user, timeout=30,
+        )  # fmt: skip
+        return {
+            f"codex/{Path(p).name}": await sandbox.read_file(p, user=request.user) for p in res.stdout.split()
+        }
+
     def adapter_options(self, options: Any) -> dict[str, Any]:
         # A JSON reply makes it retry five times and fail: always stream; cap turns at the adapter.
         return {"protocol": self.protocol, "force_stream": True, "enforce_turn_limit": True}
