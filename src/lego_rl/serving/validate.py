@@ -161,8 +161,10 @@ def _nucleus(choice: dict[str, Any], ids: list[int], vocab: int | None, ctx: dic
 def _experts(choice: dict[str, Any], prompt_len: int, n: int, ctx: dict[str, Any]) -> dict[str, Any]:
     raw = choice.get("routed_experts")
     if raw is None:
-        raise UnsupportedExtra("routed experts requested but the reply has none (dense model, or vLLM "
-                               "started without --enable-return-routed-experts)", **ctx)
+        raise UnsupportedExtra("routed experts requested but the reply has none (dense model, vLLM started "
+                               "without --enable-return-routed-experts, which needs VLLM_USE_V2_MODEL_RUNNER=1 "
+                               "and Triton, i.e. a GPU; or the embedded engine without --return-routed-experts)",
+                               **ctx)
     import numpy as np
 
     try:

