@@ -128,7 +128,11 @@ def test_codex_command_points_a_responses_provider_at_the_adapter() -> None:
     assert spec.env["LEGO_SESSION_KEY"] == "sess-42"
     assert not spec.env["CODEX_HOME"].startswith("/tmp/")
     assert argv[-2:] == ["--", "Fix the bug."]
-    assert get_harness("codex", environ={}, pm=PM).adapter_options()["force_stream"] is True
+    assert get_harness("codex", environ={}, pm=PM).adapter_options() == {
+        "protocol": "responses",
+        "force_stream": True,
+        "enforce_turn_limit": True,
+    }
 
 
 def test_opencode_config_and_flags() -> None:
@@ -146,7 +150,12 @@ def test_opencode_config_and_flags() -> None:
     assert provider["models"]["qwen-tiny"]["tool_call"] is True
     assert cfg["agent"]["build"]["steps"] == 7 and cfg["model"] == "lego/qwen-tiny"
     assert "/opt/lego/opencode/1.18.33/plugin/." in spec.prelude  # plugin tree copied into the config dir
-    assert h.adapter_options() == {"protocol": "chat", "force_stream": True, "max_requests": 400}
+    assert h.adapter_options() == {
+        "protocol": "chat",
+        "force_stream": True,
+        "enforce_turn_limit": False,
+        "max_requests": 400,
+    }
 
 
 def test_openhands_runner_gets_its_settings_from_a_file() -> None:

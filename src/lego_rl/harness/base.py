@@ -116,7 +116,8 @@ class HarnessPlugin:
     """Config field -> ``LEGO_AGENT_<suffix>`` suffix (JSON fields ``extra_envs`` are parsed as JSON)."""
     enforces_turn_limit: ClassVar[bool] = True
     """Whether the CLI stops by itself at ``max_turns``; otherwise the adapter must cap requests."""
-    needs_node: ClassVar[bool] = False
+    streams_only: ClassVar[bool] = False
+    """Whether the CLI mishandles non-streamed (JSON) replies, so the adapter must always stream."""
 
     # ---- methods a subclass overrides -------------------------------------------------------------
     def toolchain(self, options: Any) -> list[ToolchainPin]:
@@ -135,13 +136,18 @@ class HarnessPlugin:
         return outcome
 
     def adapter_options(self, options: Any) -> dict[str, Any]:
-        return {"protocol": self.protocol}
+        """Protocol and the quirks the capability flags imply; subclasses add their own keys."""
+        return {
+            "protocol": self.protocol,
+            "force_stream": self.streams_only,
+            "enforce_turn_limit": not self.enforces_turn_limit,
+        }
 
     async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
         return {}
 
     def capabilities(self) -> dict[str, bool]:
-        return {"enforces_turn_limit": self.enforces_turn_limit, "needs_node": self.needs_node}
+        return {"enforces_turn_limit": self.enforces_turn_limit, "streams_only": self.streams_only}
 
     def options(self, overrides: Mapping[str, Any], environ: Mapping[str, str]) -> HarnessConfig:
         """Environment first, then config values over it, then validation naming the bad key."""

@@ -183,9 +183,6 @@ class ClaudeCodeHarness(HarnessPlugin):
         detail = f"result subtype {subtype}" + (" (is_error)" if result.get("is_error") else "")
         return outcome.model_copy(update={"detail": outcome.detail or detail})
 
-    def adapter_options(self, options: Any) -> dict[str, Any]:
-        return {"protocol": self.protocol}
-
     async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
         # The CLI's own transcript: ~/.claude/projects/<cwd-slug>/<session>.jsonl (bounded to 20 MB).
         home = f"/tmp/lego-claude-{safe_id(request.session_id)}"

@@ -88,6 +88,7 @@ class CodexHarness(HarnessPlugin):
         "native_tarball": "CODEX_NATIVE_TARBALL", "cli_tarball": "CODEX_TARBALL", "node_tarball": "NODE_TARBALL",
         "extra_args": "CODEX_EXTRA_ARGS", "extra_envs": "CODEX_EXTRA_ENVS", "version": "CODEX_VERSION",
     }  # fmt: skip
+    streams_only: ClassVar[bool] = True  # a JSON reply makes it retry five times and fail
     enforces_turn_limit: ClassVar[bool] = False  # codex exec has no turn limit flag: the adapter caps it
 
     @staticmethod
@@ -203,10 +204,6 @@ class CodexHarness(HarnessPlugin):
         return {
             f"codex/{Path(p).name}": await sandbox.read_file(p, user=request.user) for p in res.stdout.split()
         }
-
-    def adapter_options(self, options: Any) -> dict[str, Any]:
-        # A JSON reply makes it retry five times and fail: always stream; cap turns at the adapter.
-        return {"protocol": self.protocol, "force_stream": True, "enforce_turn_limit": True}
 
 
 def _last_error(log: str) -> str | None:

@@ -75,6 +75,7 @@ class OpenCodeHarness(HarnessPlugin):
         "native_tarball": "OPENCODE_NATIVE_TARBALL", "plugin_tree": "OPENCODE_PLUGIN_TREE",
         "extra_args": "OPENCODE_EXTRA_ARGS", "extra_envs": "OPENCODE_EXTRA_ENVS", "version": "OPENCODE_VERSION",
     }  # fmt: skip
+    streams_only: ClassVar[bool] = True
     enforces_turn_limit: ClassVar[bool] = True  # agent.build.steps
 
     @staticmethod
@@ -194,7 +195,7 @@ class OpenCodeHarness(HarnessPlugin):
 
     def adapter_options(self, options: Any) -> dict[str, Any]:
         # A JSON (non-SSE) reply makes it loop at ~10 requests/s: always stream, and cap requests.
-        return {"protocol": self.protocol, "force_stream": True, "max_requests": options.max_requests}
+        return {**super().adapter_options(options), "max_requests": options.max_requests}
 
 
 plugin = OpenCodeHarness()

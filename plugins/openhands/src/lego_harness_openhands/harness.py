@@ -151,8 +151,5 @@ class OpenHandsHarness(HarnessPlugin):
                 })  # fmt: skip
         return outcome
 
-    def adapter_options(self, options: Any) -> dict[str, Any]:
-        return {"protocol": self.protocol}
-
 
 plugin = OpenHandsHarness()
