@@ -140,3 +140,14 @@ async def test_truncated_output_is_incomplete_and_context_limit_completes(make_h
     r = await h.client.post("/v1/responses", json=body("a question that does not fit", stream=True), headers=AUTH)
     events = parse_sse(await r.text())
     assert events[-1][0] == "response.completed" and h.engine.calls == []
+
+
+def test_client_tool_search_and_free_text_custom_tools_are_offered() -> None:
+    req = parse(body("hi", tools=[
+        {"type": "tool_search", "execution": "client", "description": "Find tools.",
+         "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}},
+        {"type": "custom", "name": "notes", "description": "Free text."}]))
+    assert [(t.name, t.kind, t.format) for t in req.tools] == [
+        ("tool_search", "function", None), ("notes", "custom", {"type": "text"})]
+    with pytest.raises(ProtocolError, match="unknown tool type 'tool_search'"):
+        parse(body("hi", tools=[{"type": "tool_search"}]))  # server-executed search is not ours to run

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import assert_records_match_engine
 from support.netcage import run_caged
-from support.scripted_engine import tool_call_text
+from support.scripted_engine import THINK, tool_call_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
 
@@ -40,7 +40,7 @@ def policy(prompt: str, index: int) -> str:
     """Call Bash to write the file until a tool result is in the prompt, then answer."""
     if "<tool_response>" in prompt:
         return "Done: hello.txt now contains hello-from-lego."
-    return tool_call_text("Bash", {"command": "echo hello-from-lego > hello.txt && cat hello.txt",
+    return THINK + tool_call_text("Bash", {"command": "echo hello-from-lego > hello.txt && cat hello.txt",
                                    "description": "Write hello.txt"})
 
 

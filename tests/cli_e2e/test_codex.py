@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import assert_records_match_engine
 from support.netcage import run_caged
-from support.scripted_engine import tool_call_text
+from support.scripted_engine import THINK, tool_call_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
 
@@ -69,7 +69,7 @@ async def test_codex_function_tool_loop_through_adapter(start_adapter, cli_path,
     def policy(prompt: str, index: int) -> str:
         if "<tool_response>" in prompt:
             return "Done: hello.txt now contains hello-from-lego."
-        return tool_call_text("exec_command", {"cmd": "echo hello-from-lego > hello.txt"})
+        return THINK + tool_call_text("exec_command", {"cmd": "echo hello-from-lego > hello.txt"})
 
     adapter = await start_adapter(policy)
     res, work = await run_codex(adapter, cli_path, tmp_path)

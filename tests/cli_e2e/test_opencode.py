@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import assert_records_match_engine
 from support.netcage import run_caged
-from support.scripted_engine import tool_call_text
+from support.scripted_engine import THINK, tool_call_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
 
@@ -56,7 +56,7 @@ async def run_opencode(adapter: Any, cli_path: Any, tmp_path: Path, *, key: str 
 def policy(prompt: str, index: int) -> str:
     if "<tool_response>" in prompt:
         return "Done: hello.txt now contains hello-from-lego."
-    return tool_call_text("bash", {"command": "echo hello-from-lego > hello.txt",
+    return THINK + tool_call_text("bash", {"command": "echo hello-from-lego > hello.txt",
                                    "description": "Write hello.txt"})
 
 

@@ -25,6 +25,9 @@ from aiohttp import web
 
 from lego_rl.serving.protocol import GenerateRequest, GenerateResult, SamplingParams, WeightVersionSpan
 
+THINK = "<think>\nI will write the file first.\n</think>\n\n"
+"""Reasoning a scripted turn may start with: exercises every protocol's reasoning output."""
+
 Script = Callable[[str, int], str]
 """(decoded prompt, call index) -> the text the policy answers."""
 
