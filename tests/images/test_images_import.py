@@ -98,6 +98,8 @@ async def test_pyenv_path_fix(tmp_path: Path) -> None:
     assert e["PYENV_ROOT"] == "/root/.pyenv"
     assert (rootfs / "root").stat().st_mode & stat.S_IXOTH
     assert os.stat(rootfs / "root/.pyenv/versions/3.11.7/bin").st_mode & stat.S_IXOTH
+    profile = (rootfs / "etc/profile.d/lego-image-path.sh").read_text()
+    assert f"export PATH={e['PATH']}" in profile and "export PYENV_ROOT=/root/.pyenv" in profile
 
 
 def test_candidate_names() -> None:

@@ -8,14 +8,20 @@ unpacked rootfs and its environment only (never to the official tests):
 * every directory from ``/`` down to each ``/root/...`` PATH entry gets ``o+x`` (traverse, not list),
   and the entry itself ``o+rx``;
 * pyenv: ``PYENV_ROOT`` is set, and the global version's ``bin`` is put before the shims, so
-  ``python`` resolves without running pyenv's shell machinery as another user.
+  ``python`` resolves without running pyenv's shell machinery as another user;
+* ``/etc/profile.d/lego-image-path.sh`` exports the same PATH again: login shells (``sh -lc``, which
+  providers use for string commands) reset PATH in ``/etc/profile`` for non-root users and would
+  otherwise drop the image's toolchain before the agent ever sees it.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 from pathlib import Path
+
+PROFILE_NAME = "lego-image-path.sh"
 
 
 def _grant(path: Path, bits: int) -> None:
@@ -66,4 +72,18 @@ def fix_root_toolchain_path(rootfs: Path, env: dict[str, str]) -> dict[str, str]
     for e in under_root:
         _make_reachable(rootfs, e)
     new_env["PATH"] = os.pathsep.join(entries)
+    _write_profile(rootfs, new_env)
     return new_env
+
+
+def _write_profile(rootfs: Path, env: dict[str, str]) -> None:
+    profile_d = rootfs / "etc" / "profile.d"
+    if profile_d.is_symlink() or not (rootfs / "etc").is_dir():
+        return  # never follow an image's symlink out of the rootfs
+    profile_d.mkdir(mode=0o755, exist_ok=True)
+    target = profile_d / PROFILE_NAME
+    target.unlink(missing_ok=True)  # a fresh inode: never edit an image file in place
+    lines = ["# written by `lego images --fix-root-path`: keep the image's toolchain PATH in login shells"]
+    lines += [f"export {k}={shlex.quote(env[k])}" for k in ("PATH", "PYENV_ROOT") if k in env]
+    target.write_text("\n".join(lines) + "\n")
+    target.chmod(0o644)
