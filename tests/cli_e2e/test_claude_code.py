@@ -92,3 +92,27 @@ async def test_claude_code_plain_tiny_model_to_completion(start_adapter, cli_pat
         assert res.returncode == 1 and final.get("api_error") == "max_output_tokens", res.stdout[-3000:]
     else:
         assert res.returncode == 0 and final.get("is_error") is False, res.stdout[-3000:]
+
+
+async def test_claude_code_parallel_tool_calls(start_adapter, cli_path, tmp_path: Path) -> None:
+    """Two tool_use blocks in one turn: Claude Code answers both tool_use ids; the next turn is bridged."""
+
+    def policy(prompt: str, index: int) -> str:
+        if "<tool_response>" in prompt:
+            assert prompt.count("<tool_response>") == 2
+            return "Done: both files written."
+        return (tool_call_text("Bash", {"command": "echo one > one.txt", "description": "one"}) + "\n"
+                + tool_call_text("Bash", {"command": "echo two > two.txt", "description": "two"}))
+
+    adapter = await start_adapter(policy)
+    work, home = tmp_path / "repo", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    res = await run_caged(claude_cmd(cli_path("claude")), forwards=adapter.forwards,
+                          env=claude_env(home, adapter.url, "sess-1"), cwd=work, timeout=240)
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    assert (work / "one.txt").read_text() == "one\n" and (work / "two.txt").read_text() == "two\n"
+    session = adapter.sessions.get("sess-1")
+    main = session.main_records()
+    assert [r.tool_calls for r in main] == [2, 0] and [r.render_mode for r in main] == ["full", "bridged"]
+    assert_records_match_engine(session.records, adapter.engine)

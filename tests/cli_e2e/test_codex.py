@@ -117,3 +117,22 @@ async def test_codex_plain_tiny_model_to_completion(start_adapter, cli_path, tmp
         assert "Incomplete response returned, reason: max_output_tokens" in res.stdout
     else:
         assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+
+
+async def test_codex_parallel_calls_results_by_call_id(start_adapter, cli_path, tmp_path: Path) -> None:
+    """Two calls in one turn: Codex runs both and answers each by call_id; the next turn is bridged."""
+
+    def policy(prompt: str, index: int) -> str:
+        if "<tool_response>" in prompt:
+            assert prompt.count("<tool_response>") == 2
+            return "Done: both files written."
+        return (tool_call_text("exec_command", {"cmd": "echo one > one.txt"}) + "\n"
+                + tool_call_text("exec_command", {"cmd": "echo two > two.txt"}))
+
+    adapter = await start_adapter(policy)
+    res, work = await run_codex(adapter, cli_path, tmp_path)
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    assert (work / "one.txt").read_text() == "one\n" and (work / "two.txt").read_text() == "two\n"
+    assert agent_messages(res.stdout)[-1] == "Done: both files written."
+    assert_bridged_tool_loop(adapter)
+    assert adapter.sessions.get("sess-1").main_records()[0].tool_calls == 2
