@@ -8,12 +8,11 @@ import stat
 from pathlib import Path
 
 import pytest
+from oci_data import build_oci, to_docker_archive
 
 from lego_rl.images import import_images, load_images_json
 from lego_rl.images.importer import MARKER
 from lego_rl.images.sources import candidate_names
-
-from oci_data import build_oci, to_docker_archive
 
 IMG_A = "docker.io/xiaomimimo/mimo-v2.6-rl-oss:task-a"
 IMG_B = "docker.io/xiaomimimo/mimo-v2.6-rl-oss:task-b"

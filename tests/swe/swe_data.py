@@ -103,8 +103,8 @@ def build_task_image(dest: Path) -> tuple[ImageSpec, str]:
 
 
 def task_meta(**over: object) -> TaskMetadata:
-    fields: dict = dict(instance_id="calc-1", image="test/calc:1", workdir=WORKDIR, problem_statement="add() is wrong",
-                        eval_cmd=EVAL_CMD, test_patch=TEST_PATCH, reference_patch=FIX_PATCH)
+    fields: dict = {"instance_id": "calc-1", "image": "test/calc:1", "workdir": WORKDIR, "eval_cmd": EVAL_CMD,
+                    "problem_statement": "add() is wrong", "test_patch": TEST_PATCH, "reference_patch": FIX_PATCH}
     fields.update(over)
     return TaskMetadata(**fields)
 

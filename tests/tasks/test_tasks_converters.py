@@ -2,11 +2,10 @@ import json
 from pathlib import Path
 
 import pytest
+from tasks_data import TEST_PATCH, mimo_instance, write_mimo
 
 from lego_rl.errors import TaskDataError
 from lego_rl.tasks import convert_mimo, convert_swepro
-
-from tasks_data import TEST_PATCH, mimo_instance, write_mimo
 
 
 def test_mimo_rows_have_the_reference_shape(tmp_path: Path) -> None:

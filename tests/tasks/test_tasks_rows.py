@@ -2,11 +2,10 @@ import json
 from pathlib import Path
 
 import pytest
+from tasks_data import TEST_PATCH
 
 from lego_rl.errors import TaskDataError
 from lego_rl.tasks import TaskRow, load_tasks, select_ids, write_tasks
-
-from tasks_data import TEST_PATCH
 
 
 def _row(iid: str, **meta: object) -> dict:

@@ -53,7 +53,7 @@ class ImportReport:
 
 def bundle_name(image: str, taken: Mapping[str, str]) -> str:
     """The reference's ``<root>/<tag>``; the full safe name where a tag is missing, generic or taken."""
-    repo, tag = split_ref(image)
+    _, tag = split_ref(image)
     name = tag if tag and tag != "latest" else "".join(c if c.isalnum() or c in "-._" else "_" for c in image)
     if taken.get(name, image) != image:
         name = "".join(c if c.isalnum() or c in "-._" else "_" for c in image)
@@ -167,7 +167,9 @@ async def import_images(
     _clean_leftovers(root_p)
     report = ImportReport()
     if out_p.exists():
-        report.mapping = {k: dict(rootfs=v.rootfs, workdir=v.workdir, env=v.env) for k, v in load_images_json(out_p).items()}
+        report.mapping = {
+            k: {"rootfs": v.rootfs, "workdir": v.workdir, "env": v.env} for k, v in load_images_json(out_p).items()
+        }
     taken: dict[str, str] = {}
     for image, workdir in images.items():
         name = bundle_name(image, taken)

@@ -25,17 +25,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncContextManager, Literal
+from typing import Literal
 
-from lego_rl.errors import GraderError, SandboxError
+from lego_rl.errors import GraderError, SandboxError, TaskDataError
 from lego_rl.sandbox.base import ExecResult, Sandbox
 from lego_rl.swe.shell import GIT, format_step, q
 from lego_rl.swe.verdict import judge_tests, parse_parser_output
 from lego_rl.tasks.model import TaskMetadata
+from lego_rl.tasks.patchpaths import patch_paths
 
-SandboxOpener = Callable[[], AsyncContextManager[Sandbox]]
+SandboxOpener = Callable[[], AbstractAsyncContextManager[Sandbox]]
 ApplyMethod = Literal["empty", "git-apply-3way", "git-apply", "patch"]
 GRADER_DIR = "/tmp/lego-grader"
 F2P_PATH = f"{GRADER_DIR}/test_f2p.py"
@@ -89,13 +91,11 @@ _RESTORE = f"cd {{wd}} && rm -rf -- {{paths}} && cp -a {GRADER_DIR}/pre/. ."
 
 async def _apply_agent_patch(sb: Sandbox, log: _Log, patch: bytes, workdir: str) -> ApplyMethod | None:
     """Try the three methods in order; the touched paths are restored after a failed attempt."""
-    from lego_rl.tasks.patchpaths import patch_paths
-
     pfile = f"{GRADER_DIR}/agent.patch"
     await sb.write_file(pfile, patch)
     try:
         paths = " ".join(q(p) for p in patch_paths(patch.decode("utf-8", errors="surrogateescape")))
-    except Exception:  # an agent patch with absolute or '..' paths: let the appliers refuse it
+    except TaskDataError:  # an agent patch with absolute or '..' paths: let the appliers refuse it
         paths = ""
     if paths:
         await _must(sb, log, "save paths the agent patch touches", _SAVE.format(wd=q(workdir), paths=paths), cwd="/")
@@ -193,7 +193,7 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
             result = await _verdict(sb, log, meta, timeout)
             result.apply_method, result.output = method, log.text
             return result
-    except Exception as exc:  # noqa: BLE001 - every failure of the grader itself is infrastructure
+    except Exception as exc:
         # A provider may leak its SDK's own exception type; it is still not the agent's doing.
         if isinstance(exc, SandboxError):
             what = "grader sandbox failed"
