@@ -41,6 +41,10 @@ def test_tasks_check(tmp_path: Path, task_image: tuple[ImageSpec, str]) -> None:
         "bad-reference": ("fails", "fails", "not gradable"),
         "no-reference": ("fails", "none", "gradable"),
     }
+    res = runner.invoke(app, [*base, "--ids", "calc-1", "--provider-option", "no_such_option=1"])
+    assert res.exit_code == 3 and "no_such_option" in res.stdout  # options reach the provider's constructor
+    res = runner.invoke(app, [*base, "--provider-option", "not-key-value"])
+    assert res.exit_code == 2
     res = runner.invoke(app, [*base[:-1], "--ids", "calc-1,no-reference"])
     assert res.exit_code == 0 and "gradable" in res.output
     # no images mapping: the image name is not a rootfs, so every grader run is an infrastructure error

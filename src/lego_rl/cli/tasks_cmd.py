@@ -149,6 +149,9 @@ def check(
     provider: Annotated[str, typer.Option("--provider", help="Sandbox provider for the grader.")] = "bwrap",
     ids: IdsOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Grader timeout per run, seconds.")] = 180.0,
+    provider_option: Annotated[list[str] | None, typer.Option(
+        "--provider-option", help="KEY=VALUE for the provider's constructor, e.g. state_dir=/var/lib/sunabako "
+        "(repeatable; VALUE is JSON when it parses, else a string).")] = None,
     as_json: JsonOut = False,
 ) -> None:
     """Prove each task is gradable: the unmodified image fails, the reference solution (if any) passes."""
@@ -164,8 +167,10 @@ def check(
         mapping = load_images_json(images_json) if images_json else None
     except TaskDataError as exc:
         raise _fail(str(exc)) from None
+    options = _key_values(provider_option or [])
     with err.status(f"checking {len(rows)} tasks with {provider}", spinner="dots") if not as_json else _null():
-        checks = asyncio.run(check_tasks(rows, provider=provider, images=mapping, timeout=timeout))
+        checks = asyncio.run(check_tasks(rows, provider=provider, images=mapping, timeout=timeout,
+                                         provider_options=options))
     if as_json:
         out.print_json(json.dumps([c.as_dict() for c in checks]))
     else:
@@ -178,6 +183,19 @@ def check(
         out.print(table)
     verdicts = {c.verdict for c in checks}
     raise typer.Exit(EXIT_INFRA if "grader error" in verdicts else EXIT_FAILED if "not gradable" in verdicts else EXIT_OK)
+
+
+def _key_values(items: list[str]) -> dict[str, Any]:
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--provider-option {item!r} is not KEY=VALUE")
+        try:
+            parsed[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed[key] = raw
+    return parsed
 
 
 class _null:
