@@ -185,3 +185,29 @@ async def test_auto_open_opens_new_keys_but_never_reopens_closed_ones(make_harne
     h.sessions.close("fresh-key")
     r = await post(h, "chat", key="fresh-key")
     assert r.status == 401
+
+
+async def test_client_disconnect_mid_stream_cancels_the_turn_and_the_server_goes_on(make_harness, renderer) -> None:
+    import asyncio
+
+    started = asyncio.Event()
+
+    class HangingEngine(BrokenEngine):
+        async def generate(self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None
+                           ) -> GenerateResult:
+            started.set()
+            await asyncio.sleep(30)
+            raise AssertionError("the turn should have been cancelled")
+
+    h = await make_harness(backend=HangingEngine(), keepalive_s=0.05)
+    good = GOOD["chat"][1]
+    resp = await h.client.post("/v1/chat/completions", json=dict(good, stream=True),
+                               headers={"Authorization": "Bearer sess-a"})
+    assert resp.status == 200
+    await asyncio.wait_for(started.wait(), 10)
+    resp.close()  # drop the connection while the engine works
+    await asyncio.sleep(0.3)  # the next keepalive write notices
+    session = h.sessions.get("sess-a")
+    assert session.records == [] and session.infra_failure is None
+    r = await h.client.get("/health")
+    assert r.status == 200
