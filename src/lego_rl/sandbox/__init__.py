@@ -1,6 +1,6 @@
 """Sandboxes: the contract (``base``), the provider registry (``factory``) and the providers."""
 
-from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider
+from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider, cut_message
 from lego_rl.sandbox.factory import available_providers, create_sandbox, get_provider, resolve_image
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "Sandbox",
     "SandboxProvider",
     "available_providers",
+    "cut_message",
     "create_sandbox",
     "get_provider",
     "resolve_image",

@@ -242,7 +242,14 @@ class SunabakoProvider(SandboxProvider):
             if self.test_memory:
                 config["allow_unbounded_memory_for_tests"] = True
             Path(self.node.state_dir).mkdir(parents=True, exist_ok=True)
-            await self.node.call_async("init-node", "-", data=config, timeout=60)
+            try:
+                await self.node.call_async("init-node", "-", data=config, timeout=60)
+            except self._sdk.SandboxError as exc:
+                hint = "" if self.test_memory else (
+                    " (without delegated cgroups only the test memory mode works: test_memory=True / "
+                    "SUNABAKO_ALLOW_TEST_MEMORY=1)")
+                raise SandboxError(f"sunabako could not initialise node {self.node.state_dir}: "
+                                   f"{cut_message(str(exc), 400)}{hint}") from exc
         for node in self.nodes:
             try:
                 cap = await node.call_async("capacity", timeout=20)
