@@ -95,7 +95,7 @@ async def main() -> None:
     print("|---|---|---|---|")
     for name in args.providers.split(","):
         if name == "sunabako":
-            results = await lifecycle(name, args.sunabako_n, {"state_dir": SUNABAKO_STATE, "test_memory": True})
+            results = await lifecycle(name, args.sunabako_n, {"state_dir": SUNABAKO_STATE, "allow_test_memory": True})
         else:
             results = await lifecycle(name, args.n, {})
         for step, samples in results.items():

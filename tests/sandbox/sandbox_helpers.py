@@ -45,7 +45,7 @@ def _require_rootfs() -> None:
 
 def provider_options(name: str) -> dict[str, Any]:
     if name == "sunabako":
-        return {"state_dir": SUNABAKO_TEST_STATE, "test_memory": True, "binary": _sunabako_binary()}
+        return {"state_dir": SUNABAKO_TEST_STATE, "allow_test_memory": True, "binary": _sunabako_binary()}
     return {}
 
 

@@ -93,3 +93,8 @@ async def test_failed_create_propagates() -> None:
     with pytest.raises(SandboxError, match="boom"):
         async with create_sandbox("host", provider=_RecordingProvider(fail=True)):
             pass
+
+
+def test_bad_provider_options_name_the_provider() -> None:
+    with pytest.raises(SandboxError, match="'bwrap' rejected its options \\['colour'\\]"):
+        get_provider("bwrap", colour="red")

@@ -159,7 +159,7 @@ async def test_sunabako_production_mode_fails_clearly_without_cgroups(sunabako_s
         pytest.skip("this machine has delegated cgroups: production mode may work")
     with pytest.raises(SandboxError, match="could not initialise node.*test memory mode"):
         await prod.create(IMAGE)
-    tester = get_provider("sunabako", state_dir=str(node), binary=binary, test_memory=True)
+    tester = get_provider("sunabako", state_dir=str(node), binary=binary, allow_test_memory=True)
     with pytest.raises(SandboxError, match="no rootfs"):
         await tester.create(ImageSpec(name="host"))
     with pytest.raises(SandboxError, match="unknown option"):
@@ -175,7 +175,9 @@ def test_sunabako_env_flag_must_be_explicit(monkeypatch: pytest.MonkeyPatch) -> 
         get_provider("sunabako")
     monkeypatch.setenv("SUNABAKO_ALLOW_TEST_MEMORY", "1")
     assert get_provider("sunabako").test_memory is True
-    assert get_provider("sunabako", test_memory=False).test_memory is False
+    assert get_provider("sunabako", allow_test_memory=False).test_memory is False
+    with pytest.raises(SandboxError, match="contradicts"):
+        get_provider("sunabako", allow_test_memory=True, test_memory=False)
 
 
 def test_e2b_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

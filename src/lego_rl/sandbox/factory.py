@@ -62,7 +62,11 @@ def provider_class(name: str) -> type[SandboxProvider]:
 
 def get_provider(name: str, **options: Any) -> SandboxProvider:
     """Instantiate provider ``name`` with its provider-wide ``options`` (node, state dir, key...)."""
-    return provider_class(name)(**options)
+    cls = provider_class(name)
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        raise SandboxError(f"sandbox provider {name!r} rejected its options {sorted(options)}: {exc}") from exc
 
 
 def resolve_image(image: ImageSpec | str, images: Mapping[str, ImageSpec] | None = None) -> ImageSpec:

@@ -204,6 +204,7 @@ class SunabakoProvider(SandboxProvider):
         cluster: str | os.PathLike[str] | None = None,
         state_dir: str = "/var/lib/sunabako",
         binary: str | None = None,
+        allow_test_memory: bool | None = None,
         test_memory: bool | None = None,
         memory_mb: int | None = None,
         create_retries: int = 8,
@@ -212,8 +213,13 @@ class SunabakoProvider(SandboxProvider):
     ) -> None:
         self._sdk = _sdk()
         cluster = cluster or os.environ.get("SUNABAKO_CLUSTER") or None
-        env_test = _env_flag("SUNABAKO_ALLOW_TEST_MEMORY")
-        self.test_memory = bool(test_memory if test_memory is not None else env_test)
+        # allow_test_memory is the config key (sandbox.allow_test_memory); test_memory is the name the
+        # first callers used. Either may be given; $SUNABAKO_ALLOW_TEST_MEMORY applies when neither is.
+        if allow_test_memory is not None and test_memory is not None and allow_test_memory != test_memory:
+            raise SandboxError(f"sunabako provider: allow_test_memory={allow_test_memory} contradicts "
+                               f"test_memory={test_memory}; pass one")
+        explicit = allow_test_memory if allow_test_memory is not None else test_memory
+        self.test_memory = bool(explicit if explicit is not None else _env_flag("SUNABAKO_ALLOW_TEST_MEMORY"))
         self.memory_mb = memory_mb or int(os.environ.get("SUNABAKO_MEMORY_MB", "2048"))
         self.create_retries = create_retries
         self.create_timeout_s = create_timeout_s
