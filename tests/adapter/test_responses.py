@@ -151,3 +151,15 @@ def test_client_tool_search_and_free_text_custom_tools_are_offered() -> None:
         ("tool_search", "function", None), ("notes", "custom", {"type": "text"})]
     with pytest.raises(ProtocolError, match="unknown tool type 'tool_search'"):
         parse(body("hi", tools=[{"type": "tool_search"}]))  # server-executed search is not ours to run
+
+
+@pytest.mark.parametrize(("meta", "label"), [
+    ({"agent_name": "/root", "request_kind": "turn"}, None),
+    ({"agent_name": "/root/explorer", "request_kind": "turn"}, "subagent:/root/explorer"),
+    ({"agent_name": "/root", "request_kind": "compact"}, "compact"),
+    (None, None),
+])
+def test_codex_sub_agent_requests_are_side_requests(meta: Any, label: str | None) -> None:
+    headers = {} if meta is None else {"x-codex-turn-metadata": json.dumps(meta)}
+    req = ResponsesDialect().parse_request(body("hi"), path="/v1/responses", query={}, headers=headers)
+    assert req.side_label == label

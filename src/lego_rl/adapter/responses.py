@@ -12,6 +12,7 @@ Refused with a 400 that names the feature: ``previous_response_id`` and ``store:
 stored), ``background``, ``conversation``, ``item_reference`` inputs, hosted tools (web search, file
 search, ...), non-text inputs, and ``POST /v1/responses/compact`` (server-side compaction).
 A ``tool_search`` tool with ``execution: "client"`` is offered to the model as a plain function tool.
+Requests of Codex sub-agents (``x-codex-turn-metadata``) are side requests on their own chains.
 """
 
 from __future__ import annotations
@@ -152,6 +153,27 @@ def parse_tools(raw: Any) -> list[ToolSpec]:
     return [spec for i, tool in enumerate(raw) for spec in _tool(tool, f"tools[{i}]", None)]
 
 
+def codex_side_label(headers: Mapping[str, str]) -> str | None:
+    """Codex names the agent and the kind of every request in ``x-codex-turn-metadata``: the main agent
+    is ``/root`` making ``turn`` requests. A sub-agent's calls get their own side chain
+    (``subagent:<name>``); other request kinds (compaction, review...) are labelled by their kind."""
+    raw = headers.get("x-codex-turn-metadata")
+    if not raw:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(meta, dict):
+        return None
+    agent, kind = meta.get("agent_name"), meta.get("request_kind")
+    if isinstance(agent, str) and agent not in ("", "/root"):
+        return f"subagent:{agent}"
+    if isinstance(kind, str) and kind not in ("", "turn"):
+        return kind
+    return None
+
+
 def _refuse_stateful(body: dict[str, Any]) -> None:
     if body.get("previous_response_id") is not None:
         raise ProtocolError("previous_response_id is not supported: this adapter is stateless; send the full "
@@ -250,6 +272,7 @@ class ResponsesDialect(Dialect):
             top_p=get_field(body, "top_p", (int, float), ""),
             stream=bool(get_field(body, "stream", bool, "")),
             reasoning_effort=get_field(reasoning, "effort", str, "reasoning"),
+            side_label=codex_side_label(headers),
             raw_metadata={"parallel_tool_calls": body.get("parallel_tool_calls", True)},
         )
 
