@@ -13,11 +13,13 @@ state dict (``load_state_dict``); every sampled token records the version label 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import random
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,54 +27,17 @@ import torch
 
 from lego_rl.errors import ConfigError
 from lego_rl.serving.kv import BatchCache, PrefixCache, kv_of, new_cache
+from lego_rl.serving.output import EngineBadRequest, EngineOutput
 from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.request_check import context_message
 from lego_rl.serving.routing import RouterRecorder
-from lego_rl.serving.sampler import Draw, RowParams, sample_rows
+from lego_rl.serving.sampler import RowParams, sample_rows
 from lego_rl.serving.weights import load_checkpoint_into, load_model
 
 log = logging.getLogger(__name__)
 
 INITIAL_VERSION = "default"
 """The label of the weights loaded at start (vLLM's label; the client maps it to version 0)."""
-
-
-class EngineBadRequest(ValueError):
-    """A request the engine cannot run (e.g. too long for the context); ``param`` names the field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        self.param = param
-        super().__init__(message)
-
-
-@dataclass
-class EngineOutput:
-    """One finished request, in engine terms (``server.py`` shapes it as vLLM's reply)."""
-
-    request_id: str
-    prompt_len: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    ranks: list[int] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
-    versions: list[str] = field(default_factory=list)
-    nucleus_ids: list[list[int]] | None = None
-    nucleus_probs: list[list[float]] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | None = None
-    routing: list[torch.Tensor] | None = None
-    """MoE routing, when the engine returns it: ``[n, layers, k]`` chunks, one row per forwarded token
-    (prompt, then every output id but the last), as vLLM's ``routed_experts``."""
-
-    def record(self, draw: Draw, version: str) -> None:
-        self.token_ids.append(draw.token)
-        self.logprobs.append(draw.logprob)
-        self.ranks.append(draw.rank)
-        self.top.append(draw.top)
-        self.versions.append(version)
-        if self.nucleus_ids is not None and self.nucleus_probs is not None:
-            self.nucleus_ids.append(draw.nucleus_ids or [])
-            self.nucleus_probs.append(draw.nucleus_probs or [])
 
 
 @dataclass
@@ -133,6 +98,10 @@ class EmbeddedEngine:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lego-engine")
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+        self._interrupt = False
+        self.burst = 16
+        """Most decode steps the worker runs per scheduler round (bounds the wait of a new arrival to one
+        step: arrivals end the burst at once; this only bounds lock holders such as weight reloads)."""
         self.steps = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -234,7 +203,7 @@ class EmbeddedEngine:
 
     async def reload_weights(self, weights_path: str | Path) -> None:
         """Load a checkpoint directory in place, between steps (the version label is set separately)."""
-        async with self._step_lock:
+        async with self._between_steps():
             await asyncio.get_running_loop().run_in_executor(
                 self._pool, load_checkpoint_into, self.model, Path(weights_path))
             self.prefix_cache.clear()
@@ -248,14 +217,25 @@ class EmbeddedEngine:
                 raise ValueError(f"state dict does not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
                                  f"unexpected {sorted(unexpected)[:5]}")
 
-        async with self._step_lock:
+        async with self._between_steps():
             await asyncio.get_running_loop().run_in_executor(self._pool, load)
             self.prefix_cache.clear()
             self.version = str(version)
 
     async def set_version(self, version: str) -> None:
-        async with self._step_lock:
+        async with self._between_steps():
             self.version = str(version)
+
+    @contextlib.asynccontextmanager
+    async def _between_steps(self) -> AsyncIterator[None]:
+        """Hold the step lock; a running decode burst is asked to end after its current step."""
+        self._interrupt = True
+        try:
+            async with self._step_lock:
+                self._interrupt = False
+                yield
+        finally:
+            self._interrupt = False
 
     # -- scheduler ---------------------------------------------------------------------------------
 
@@ -278,7 +258,7 @@ class EmbeddedEngine:
                     self._waiting = admit + self._waiting
                     continue
                 try:
-                    await loop.run_in_executor(self._pool, self._step, leaving, admit, self.version)
+                    steps = await loop.run_in_executor(self._pool, self._step, leaving, admit, self.version)
                 except Exception as exc:  # a failing forward fails its requests, not the server
                     log.exception("engine step failed")
                     for req in self._rows + admit:
@@ -287,25 +267,31 @@ class EmbeddedEngine:
                         self._by_id.pop(req.out.request_id, None)
                     self._rows, self._batch, leaving = [], BatchCache(self.config), []
                     continue
-            self.steps += 1
+            self.steps += steps
             leaving = [i for i, req in enumerate(self._rows) if self._check_done(req)]
             await asyncio.sleep(0)  # let handlers run between steps
 
-    def _check_done(self, req: _Req) -> bool:
+    def _done_reason(self, req: _Req) -> str | None:
+        """Why ``req`` should finish now (``abort``, ``stop``, ``length``), or None. No side effects."""
         out = req.out
         if req.aborted:
-            return self._finish(req, "abort")
+            return "abort"
         if not out.token_ids:
-            return False
+            return None
         last = out.token_ids[-1]
-        if last in req.stop_ids:
-            out.stop_reason = last
-            return self._finish(req, "stop")
-        if last in req.eos_ids:
-            return self._finish(req, "stop")
+        if last in req.stop_ids or last in req.eos_ids:
+            return "stop"
         if len(out.token_ids) >= req.max_tokens or out.prompt_len + len(out.token_ids) >= self.max_model_len:
-            return self._finish(req, "length")
-        return False
+            return "length"
+        return None
+
+    def _check_done(self, req: _Req) -> bool:
+        reason = self._done_reason(req)
+        if reason is None:
+            return False
+        if reason == "stop" and req.out.token_ids[-1] in req.stop_ids:
+            req.out.stop_reason = req.out.token_ids[-1]
+        return self._finish(req, reason)
 
     def _finish(self, req: _Req, reason: str) -> bool:
         req.out.finish_reason = reason
@@ -316,8 +302,17 @@ class EmbeddedEngine:
 
     # -- compute (worker thread) -------------------------------------------------------------------
 
+    def _keep_decoding(self) -> bool:
+        """Whether the worker may run another decode step without returning to the scheduler: nothing
+        for the scheduler to do (no arrivals, aborts, pause, weight change; no row finished)."""
+        if self._waiting or self._paused or self._interrupt or not self._rows:
+            return False
+        return all(self._done_reason(r) is None for r in self._rows)
+
     @torch.inference_mode()
-    def _step(self, leaving: list[int], admit: list[_Req], version: str) -> None:
+    def _step(self, leaving: list[int], admit: list[_Req], version: str) -> int:
+        """One scheduling step; then, while nothing needs the scheduler, up to ``burst`` more decode steps
+        (each scheduler round trip costs an executor hop and an event-loop turn). Returns steps run."""
         for i in leaving:
             req = self._rows[i]
             seq = req.prompt + req.out.token_ids[:-1]
@@ -330,6 +325,11 @@ class EmbeddedEngine:
         for req in admit:
             self._prefill(req, version)
             self._rows.append(req)
+        steps = 1
+        while steps < self.burst and self._keep_decoding():
+            self._decode(version)
+            steps += 1
+        return steps
 
     def _forward(self, ids: torch.Tensor, cache: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Last-position logits ``[B, V]`` and, when recording routing, experts ``[B*T, layers, k]``."""
