@@ -20,6 +20,7 @@ import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from lego_rl.sandbox import ImageSpec, get_provider
@@ -63,8 +64,8 @@ async def lifecycle(name: str, n: int, options: dict[str, Any]) -> dict[str, lis
     image = ImageSpec(name="bookworm", rootfs=ROOTFS, workdir="/testbed")
     out: dict[str, list[float]] = {"create": [], "exec": [], "destroy": [], "total": []}
     for i in range(n + 1):  # the first round warms caches and is dropped
-        t_create, sb = await timed(lambda: provider.create(image))
-        t_exec, res = await timed(lambda: sb.exec(["true"], user="agent"))
+        t_create, sb = await timed(partial(provider.create, image))
+        t_exec, res = await timed(partial(sb.exec, ["true"], user="agent"))
         assert res.ok, res
         t_destroy, _ = await timed(sb.close)
         if i:

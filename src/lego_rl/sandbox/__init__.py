@@ -9,8 +9,8 @@ __all__ = [
     "Sandbox",
     "SandboxProvider",
     "available_providers",
-    "cut_message",
     "create_sandbox",
+    "cut_message",
     "get_provider",
     "resolve_image",
 ]

@@ -96,7 +96,7 @@ class Sandbox(abc.ABC):
     async def __aenter__(self) -> Sandbox:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 

@@ -177,7 +177,7 @@ class BwrapSandbox(Sandbox):
         try:
             await self._procs.wait_all()
         finally:
-            destroy_state(self.directory)
+            destroy_state(self.directory, defer=True)
 
 
 class BwrapProvider(SandboxProvider):

@@ -119,7 +119,7 @@ class SandboxContext:
         self._sandbox = await self._create()
         return self._sandbox
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         try:
             if self._sandbox is not None:
                 await self._sandbox.close()

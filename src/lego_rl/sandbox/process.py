@@ -84,7 +84,7 @@ class ProcessGroup:
         try:
             try:
                 await asyncio.wait_for(proc.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 timed_out = True
                 self._killed.add(proc.pid)
                 _kill_tree(proc)
