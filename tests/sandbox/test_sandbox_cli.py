@@ -88,3 +88,16 @@ def test_untraversable_state_dir_is_refused(bwrap_ready: None, tmp_path: Path) -
     tmp_path.chmod(0o700)
     res = runner.invoke(app, ["sandbox", "exec", ROOTFS, "--state-dir", str(tmp_path / "s"), "--", "true"])
     assert res.exit_code == 3 and "cannot traverse" in res.stderr
+
+
+@pytest.mark.slow
+def test_exec_with_images_mapping(bwrap_ready: None, state_root: Path, tmp_path: Path) -> None:
+    mapping = tmp_path / "images.json"
+    entry = {"rootfs": ROOTFS, "workdir": "/etc/apt", "env": {"FROM_MAPPING": "yes"}}
+    mapping.write_text(json.dumps({"docker.io/x/y:1": entry}))
+    res = runner.invoke(app, ["sandbox", "exec", "docker.io/x/y:1", "--images", str(mapping), "--state-dir",
+                              str(state_root), "--", 'pwd; echo "$FROM_MAPPING"'])
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout == "/etc/apt\nyes\n"
+    res = runner.invoke(app, ["sandbox", "exec", "other", "--images", str(mapping), "--", "true"])
+    assert res.exit_code == 2 and "'other' is not in" in res.stderr

@@ -46,10 +46,13 @@ def providers(as_json: JsonOut = False) -> None:
 
 @sandbox_app.command("exec")
 def exec_(
-    image: Annotated[str, typer.Argument(help="'host' or an absolute rootfs directory (bwrap, sunabako).")],
+    image: Annotated[str, typer.Argument(help="'host', an absolute rootfs directory, or a name in --images.")],
     command: Annotated[list[str], typer.Argument(help="Command after --, e.g. -- git status.")],
     provider: ProviderOpt = "bwrap",
-    workdir: Annotated[str, typer.Option("--workdir", "-w", help="Working directory inside.")] = "/",
+    images: Annotated[str | None, typer.Option("--images", help="images.json (lego images) to look IMAGE up in; "
+                                               "its workdir and env apply.")] = None,
+    workdir: Annotated[str | None, typer.Option("--workdir", "-w", help="Working directory inside "
+                                                "(default: the image's, else /).")] = None,
     user: Annotated[str, typer.Option("--user", "-u", help="root or agent (or another user in the image).")] = "root",
     network: Annotated[str, typer.Option("--network", help="none (loopback only) or host.")] = "none",
     memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory limit in MiB.")] = None,
@@ -64,9 +67,19 @@ def exec_(
 
     if provider not in available_providers():
         raise _fail(f"unknown sandbox provider {provider!r}; known: {', '.join(available_providers())}", EXIT_USAGE)
-    if image != "host" and not (os.path.isabs(image) and os.path.isdir(image)):
+    if images is not None:
+        from dataclasses import replace
+
+        from lego_rl.images.importer import load_images_json
+
+        mapping = load_images_json(images)  # a TaskDataError is shown by main() with exit code 2
+        if image not in mapping:
+            raise _fail(f"image {image!r} is not in {images} ({len(mapping)} images)", EXIT_USAGE)
+        spec = replace(mapping[image], workdir=workdir or mapping[image].workdir)
+    elif image != "host" and not (os.path.isabs(image) and os.path.isdir(image)):
         raise _fail(f"image {image!r} is neither 'host' nor an absolute rootfs directory", EXIT_USAGE)
-    spec = ImageSpec(name=image, rootfs=None if image == "host" else image, workdir=workdir)
+    else:
+        spec = ImageSpec(name=image, rootfs=None if image == "host" else image, workdir=workdir or "/")
     options: dict[str, Any] = {"network": network}
     if memory_mb is not None:
         options["memory_mb"] = memory_mb
