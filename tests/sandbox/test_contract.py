@@ -191,3 +191,12 @@ async def test_close_after_timeout(make_sandbox: MakeSandbox) -> None:
     await sb.close()
     with pytest.raises(SandboxError):
         await sb.exec("true")
+
+
+async def test_huge_output_is_capped_not_fatal(make_sandbox: MakeSandbox) -> None:
+    sb = await make_sandbox()
+    res = await sb.exec("head -c 100000000 /dev/zero; echo done >&2", timeout=120)
+    assert res.exit_code == 0 and res.stderr == "done\n"
+    assert 0 < len(res.stdout) <= 100_000_000
+    if len(res.stdout) < 100_000_000:
+        assert res.truncated

@@ -50,6 +50,7 @@ ROOT_CAPS = (
 )
 _USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 NETWORKS = ("none", "host")
+MAX_EXEC_OUTPUT = 64 << 20  # bytes kept per stream of one exec; read_file is not capped
 
 
 class BwrapSandbox(Sandbox):
@@ -111,7 +112,8 @@ class BwrapSandbox(Sandbox):
         return env
 
     async def _run(self, cmd: list[str], *, user: str | None, env: dict[str, str] | None, cwd: str | None,
-                   timeout: float | None, stdin: bytes | IO[bytes] | None = None) -> ProcessResult:
+                   timeout: float | None, stdin: bytes | IO[bytes] | None = None,
+                   max_output: int | None = None) -> ProcessResult:
         if self._closed:
             raise SandboxError(f"sandbox {self.id} is closed")
         guest = self._user(user)
@@ -119,7 +121,8 @@ class BwrapSandbox(Sandbox):
         if not cwd.startswith("/"):
             cwd = os.path.join(self.image.workdir or "/", cwd)
         res = await self._procs.run(self._argv(cmd, guest, self._env(guest, env), cwd), stdin=stdin,
-                                    timeout=timeout, env={"PATH": os.environ.get("PATH", DEFAULT_PATH)})
+                                    timeout=timeout, env={"PATH": os.environ.get("PATH", DEFAULT_PATH)},
+                                    max_output=max_output)
         if res.timed_out:
             return res
         if self._closed:
@@ -135,13 +138,14 @@ class BwrapSandbox(Sandbox):
                    timeout: float | None = None, env: dict[str, str] | None = None,
                    cwd: str | None = None) -> ExecResult:
         argv = ["/bin/sh", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
-        res = await self._run(argv, user=user, env=env, cwd=cwd, timeout=timeout)
+        res = await self._run(argv, user=user, env=env, cwd=cwd, timeout=timeout, max_output=MAX_EXEC_OUTPUT)
         result = ExecResult(
             exit_code=-9 if res.timed_out else res.returncode,
             stdout=res.stdout.decode(errors="replace"),
             stderr=res.stderr.decode(errors="replace"),
             duration_s=res.duration_s,
             timed_out=res.timed_out,
+            truncated=res.truncated,
         )
         if check and result.timed_out:
             raise SandboxTimeout(f"{cut(str(cmd), 300)} timed out after {timeout} s in sandbox {self.id}")

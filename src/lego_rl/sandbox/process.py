@@ -30,6 +30,8 @@ class ProcessResult:
     timed_out: bool
     killed: bool
     """True when we killed it: on timeout, or because the owner called ``kill_all``."""
+    truncated: bool = False
+    """Output beyond ``max_output`` bytes per stream was read and dropped."""
 
 
 class ProcessGroup:
@@ -59,8 +61,13 @@ class ProcessGroup:
         stdin: bytes | IO[bytes] | None = None,
         timeout: float | None = None,
         env: dict[str, str] | None = None,
+        max_output: int | None = None,
     ) -> ProcessResult:
-        """Run ``argv`` to completion (or timeout), collecting stdout/stderr as bytes."""
+        """Run ``argv`` to completion (or timeout), collecting stdout/stderr as bytes.
+
+        ``max_output`` caps what is kept of each stream (the rest is drained and dropped), so a
+        command printing gigabytes cannot exhaust this process's memory.
+        """
         start = time.monotonic()
         feed = stdin if isinstance(stdin, bytes) else None
         proc = await asyncio.create_subprocess_exec(
@@ -75,8 +82,8 @@ class ProcessGroup:
         out, err = bytearray(), bytearray()
         assert proc.stdout is not None and proc.stderr is not None
         readers = [
-            asyncio.ensure_future(_drain(proc.stdout, out)),
-            asyncio.ensure_future(_drain(proc.stderr, err)),
+            asyncio.ensure_future(_drain(proc.stdout, out, max_output)),
+            asyncio.ensure_future(_drain(proc.stderr, err, max_output)),
         ]
         if feed is not None:
             readers.append(asyncio.ensure_future(_feed(proc, feed)))
@@ -105,8 +112,9 @@ class ProcessGroup:
         killed = proc.pid in self._killed
         self._killed.discard(proc.pid)
         assert proc.returncode is not None
+        truncated = any(task.result() for task in readers[:2])
         return ProcessResult(
-            proc.returncode, bytes(out), bytes(err), time.monotonic() - start, timed_out, killed
+            proc.returncode, bytes(out), bytes(err), time.monotonic() - start, timed_out, killed, truncated
         )
 
 
@@ -117,9 +125,15 @@ def _kill_tree(proc: asyncio.subprocess.Process) -> None:
         proc.kill()
 
 
-async def _drain(stream: asyncio.StreamReader, sink: bytearray) -> None:
+async def _drain(stream: asyncio.StreamReader, sink: bytearray, limit: int | None) -> bool:
+    """Read to EOF; keep at most ``limit`` bytes. Returns whether anything was dropped."""
+    dropped = False
     while chunk := await stream.read(_READ_CHUNK):
-        sink += chunk
+        room = len(chunk) if limit is None else max(0, limit - len(sink))
+        if room < len(chunk):
+            dropped = True
+        sink += chunk[:room]
+    return dropped
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
