@@ -161,10 +161,13 @@ async def scripted_stack(tiny_model_dir: Path, renderer: Any) -> AsyncIterator[C
     cleanups: list[Callable[[], Any]] = []
 
     async def start(script: Sequence[str] | Callable[[str, int], str], *, context_limit: int = 60000,
-                    max_response_tokens: int = 1024, request_timeout_s: float = 30.0) -> ScriptedStack:
-        engine = ScriptedPolicyEngine(tiny_model_dir, script)
+                    max_response_tokens: int = 1024, retry_deadline_s: float = 30.0,
+                    score: bool = True) -> ScriptedStack:
+        # score=False (logprob 0.0 everywhere) where a test is about control flow, not numbers: scoring a
+        # 9k-token prompt with the tiny model takes seconds of the two shared cores.
+        engine = ScriptedPolicyEngine(tiny_model_dir, script, score=score)
         engine_runner, engine_url = await _listen(engine.app(), cleanups)
-        client = ServingClient([engine_url], vocab_size=renderer.vocab_size, request_timeout_s=request_timeout_s)
+        client = ServingClient([engine_url], vocab_size=renderer.vocab_size, retry_deadline_s=retry_deadline_s)
         cleanups.append(client.close)
         sessions = SessionRegistry()
         core = AdapterCore(renderer, client, context_limit=context_limit, max_response_tokens=max_response_tokens)

@@ -53,7 +53,7 @@ async def test_sandbox_killed_mid_run_is_sandbox_lost(scripted_stack: Any, toolc
                 killed.append(pid)
         return tool_call_text("Bash", {"command": "ls", "description": "list"})
 
-    stack = await scripted_stack(policy)
+    stack = await scripted_stack(policy, score=False)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain)
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "claude_code"))
     ctx.run.close()
@@ -75,7 +75,7 @@ async def test_missing_or_corrupt_harness_binary_is_harness_install(
         if fault == "corrupt":
             (broken / entry["file"]).parent.mkdir(parents=True, exist_ok=True)
             (broken / entry["file"]).write_bytes(b"not the pinned archive")
-    stack = await scripted_stack(policy_writing("codex", "stats/center.py", FIX))
+    stack = await scripted_stack(policy_writing("codex", "stats/center.py", FIX), score=False)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, Toolchain(broken))
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "codex"))
     ctx.run.close()
@@ -87,7 +87,7 @@ async def test_missing_or_corrupt_harness_binary_is_harness_install(
 async def test_unknown_harness_is_harness_install_with_a_clear_detail(
     scripted_stack: Any, toolchain: Toolchain, example_rows: dict[str, Any], tmp_path: Path
 ) -> None:
-    stack = await scripted_stack(["never asked"])
+    stack = await scripted_stack(["never asked"], score=False)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain)
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "no_such_cli"))
     ctx.run.close()
@@ -109,7 +109,8 @@ async def test_engine_stopping_mid_run_is_engine_error(
         holder["stop"] = asyncio.get_running_loop().create_task(holder["stack"].stop_engine())
         return first(prompt, index)
 
-    stack = holder["stack"] = await scripted_stack(policy)
+    # The client's retry window (an engine restart is waited for that long) is cut to 3 s for the test.
+    stack = holder["stack"] = await scripted_stack(policy, score=False, retry_deadline_s=3.0)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain)
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], harness))
     ctx.run.close()
@@ -126,7 +127,7 @@ async def test_grader_timeout_is_a_verdict_of_zero(scripted_stack: Any, toolchai
     the tests hang is the policy's doing (excluding it would reward hanging the tests)."""
     row = example_rows["lego-example-median"]
     row = row.model_copy(update={"metadata": row.metadata.model_copy(update={"eval_cmd": "sleep 60"})})
-    stack = await scripted_stack(policy_writing("claude_code", "stats/center.py", FIX))
+    stack = await scripted_stack(policy_writing("claude_code", "stats/center.py", FIX), score=False)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain, grader_timeout_s=2.0)
     result = await generate(ctx, spec_for(row, "claude_code"))
     ctx.run.close()
@@ -142,7 +143,7 @@ async def test_grader_that_cannot_grade_is_grader_error(scripted_stack: Any, too
     row = example_rows["lego-example-median"]
     bad = "diff --git a/tests/x.py b/tests/x.py\n--- a/tests/x.py\n+++ b/tests/x.py\n@@ -1 +1 @@\n-nope\n+yes\n"
     row = row.model_copy(update={"metadata": row.metadata.model_copy(update={"test_patch": bad})})
-    stack = await scripted_stack(policy_writing("claude_code", "stats/center.py", FIX))
+    stack = await scripted_stack(policy_writing("claude_code", "stats/center.py", FIX), score=False)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain)
     result = await generate(ctx, spec_for(row, "claude_code"))
     ctx.run.close()
@@ -157,13 +158,17 @@ async def test_guard_expiring_mid_run_is_guard_timeout(scripted_stack: Any, tool
     """The whole-rollout guard expires while the CLI waits for the engine: guard_timeout, the CLI and
     its sandbox are gone, the session's records and the commands are still saved."""
     def policy(prompt: str, index: int) -> str:
-        return tool_call_text("Bash", {"command": "sleep 3600", "description": "wait"})
+        # Claude Code refuses a plain long `sleep`; a Python one still holds its Bash tool (2 min default).
+        return tool_call_text("Bash", {"command": "python3 -c 'import time; time.sleep(3600)'",
+                                       "description": "wait"})
 
-    stack = await scripted_stack(policy)
+    stack = await scripted_stack(policy, score=False)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain, guard_s=25.0)
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "claude_code"))
     ctx.run.close()
     assert_ended(result, TerminationReason.GUARD_TIMEOUT, tmp_path / "run", "commands-agent.jsonl")
     assert "25 s" in result.detail and result.reward is None
+    stages = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e["kind"] == "stage"]
+    assert [(e["stage"], e["status"]) for e in stages][-2:] == [("agent", "interrupted"), ("cleanup", "ok")]
     assert sum(result.timings.values()) < 60
     assert_nothing_running(stack.sessions)

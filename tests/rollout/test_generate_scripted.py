@@ -115,7 +115,8 @@ async def test_scripted_policy_fix_is_graded_end_to_end(
 ) -> None:
     assert interfaces() == ["lo"]  # the CLIs cannot reach anything but this machine's loopback
     task = "lego-example-slugify" if path.startswith("textkit") else "lego-example-median"
-    stack = await scripted_stack(policy_writing(harness, path, content))
+    # Real logprobs (the tiny model scores the scripted ids) for the fixes; zeros for the wrong ones (faster).
+    stack = await scripted_stack(policy_writing(harness, path, content), score=reward == 1.0)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain)
     result = await generate(ctx, spec_for(example_rows[task], harness))
     ctx.run.close()
@@ -127,4 +128,22 @@ async def test_scripted_policy_fix_is_graded_end_to_end(
     assert f"+++ b/{path}" in patch
     assert_trained_tokens_are_the_engines(result, stack.engine)
     assert_artifacts(result, harness, tmp_path / "run")
+    assert_nothing_running(stack.sessions)
+
+
+async def test_turn_limit_is_a_policy_termination_that_keeps_its_reward(
+    scripted_stack: Any, toolchain: Any, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
+    """A policy that never stops calling tools hits the CLI's turn limit: graded, reward kept (0 here)."""
+    def policy(prompt: str, index: int) -> str:
+        return tool_call_text("Bash", {"command": f"echo turn {index}", "description": "echo"})
+
+    stack = await scripted_stack(policy, score=False)
+    ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain, max_turns=3)
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], "claude_code"))
+    ctx.run.close()
+    assert result.termination is TerminationReason.TURN_LIMIT, result.detail
+    assert result.reward == 0.0 and not result.infrastructure_failure
+    assert result.turns == len(stack.engine.calls) == 3
+    assert all(s.reward == 0.0 and s.termination is TerminationReason.TURN_LIMIT for s in result.samples)
     assert_nothing_running(stack.sessions)

@@ -59,7 +59,7 @@ def engine_thread(tiny_model_dir: Path) -> Iterator[Any]:
     made: list[EngineThread] = []
 
     def start(script: Any) -> EngineThread:
-        made.append(EngineThread(ScriptedPolicyEngine(tiny_model_dir, script)).__enter__())
+        made.append(EngineThread(ScriptedPolicyEngine(tiny_model_dir, script, score=False)).__enter__())
         return made[-1]
 
     yield start

@@ -172,6 +172,9 @@ class _Rollout:
         except OSError as exc:
             status = "failed"
             raise _Failure(on_error, f"{name}: {type(exc).__name__}: {exc}") from exc
+        except BaseException:  # the guard's cancellation (or a bug): the stage did not finish
+            status = "interrupted"
+            raise
         finally:
             self.timings[name] = round(time.monotonic() - start, 3)
             self.emit("stage", stage=name, status=status, duration_s=self.timings[name])
