@@ -126,6 +126,10 @@ class DefaultRunner:
                 }
             )
         refined = self._pm.hook.lego_harness_classify(harness=harness, outcome=outcome, request=request)
+        if getattr(res, "truncated", False):  # the provider capped the output: say so, do not hide it
+            refined = refined.model_copy(
+                update={"detail": f"{refined.detail} [event log truncated by the sandbox]"}
+            )
         if request.artifacts_dir is not None:
             path = save_new(Path(request.artifacts_dir), f"{harness}-events.jsonl", refined.event_log)
             save_new(Path(request.artifacts_dir), f"{harness}-command.txt", shlex.join(spec.argv) + "\n")
