@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_lego_serve_answers_generate_and_stops(tiny_model: Path) -> None:
     port = free_port()
     cmd = [sys.executable, "-c", "from lego_rl.cli.main import main; main()", "serve", "--model",
-           str(tiny_model), "--port", str(port), "--threads", "1"]
+           "lego:tiny", "--port", str(port), "--threads", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{port}"

@@ -31,7 +31,8 @@ def model_tiny(
 
 
 def serve(
-    model: Path = typer.Option(..., "--model", help="Local HF causal-LM directory (config, weights, tokenizer)."),
+    model: Path = typer.Option(
+        ..., "--model", help="Local HF causal-LM directory (config, weights, tokenizer), or lego:tiny."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(8000, help="Port to bind (0: a free one)."),
     device: str = typer.Option("cpu", help="cpu, or cuda / cuda:N for one GPU."),
@@ -48,6 +49,10 @@ def serve(
     from lego_rl.cli.console import EXIT_INFRA
     from lego_rl.errors import ConfigError
 
+    if str(model) == "lego:tiny":
+        from lego_rl.serving.tiny_model import ensure_tiny_model
+
+        model = ensure_tiny_model()
     try:
         asyncio.run(_serve(model, host, port, device=device, dtype=dtype, max_batch=max_batch,
                            max_model_len=max_model_len or None, threads=threads or None,
