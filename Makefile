@@ -45,7 +45,8 @@ test-deps: setup
 	scripts/setup_vllm.sh
 	scripts/setup_clis.sh
 	scripts/build_rootfs.sh
-	$(LEGO) toolchain fetch --dir .lego/toolchain
+	scripts/setup_tasks.sh
+	LEGO=$(LEGO) scripts/setup_toolchain.sh
 
 clean-runs:
 	rm -rf runs/
