@@ -121,6 +121,8 @@ async def test_weight_update_from_directory_and_state_dict(tiny_model: Path, tmp
         await server.engine.load_state_dict(original, 2)
         again = await c.generate(PROMPT, greedy)
         assert again.output_ids == before.output_ids and again.version_of(0) == 2
+        # Same numbers too: no KV computed under the other weights was reused from the prefix cache.
+        assert max(abs(a - b) for a, b in zip(again.logprobs, before.logprobs, strict=True)) < 1e-5
         with pytest.raises(EngineRejected, match="does not exist"):
             await c.update_weights(tmp_path / "missing", 3)
         assert await c.weight_version() == 2
