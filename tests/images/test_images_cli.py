@@ -41,3 +41,13 @@ def test_images_rejects_bad_task_file(tmp_path: Path) -> None:
     res = runner.invoke(app, ["images", "--data", str(data), "--root", str(tmp_path), "-o", str(tmp_path / "i.json"),
                               "--source", str(tmp_path)])
     assert res.exit_code == 2 and "row 1" in " ".join(res.output.split())
+
+
+def test_missing_tools_are_an_infrastructure_failure(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither skopeo nor umoci on PATH
+    data = tmp_path / "train.jsonl"
+    data.write_text(_row("a", "reg/mimo:task-a") + "\n")
+    res = runner.invoke(app, ["images", "--data", str(data), "--root", str(tmp_path / "r"), "-o",
+                              str(tmp_path / "i.json"), "--source", str(tmp_path)])
+    assert res.exit_code == 3 and "skopeo and umoci not installed" in " ".join(res.output.split())
+    assert not (tmp_path / "i.json").exists()

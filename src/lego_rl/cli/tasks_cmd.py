@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -112,6 +113,9 @@ def images(
     from lego_rl.images import images_of_tasks, import_images
     from lego_rl.tasks import load_tasks, select_ids
 
+    missing = [tool for tool in ("skopeo", "umoci") if shutil.which(tool) is None]
+    if missing:
+        raise _fail(f"{' and '.join(missing)} not installed (apt-get install skopeo umoci)", EXIT_INFRA)
     try:
         loaded = load_tasks(data)
         loaded.raise_on_issues(str(data))

@@ -184,6 +184,8 @@ async def import_images(
             atomic_write_text(out_p, json.dumps(report.mapping, indent=2, sort_keys=True) + "\n")
         except ImportFailure as exc:
             outcome = ImageOutcome(image, "failed", error=str(exc))
+        except OSError as exc:  # disk full, permissions: this image fails, the next may still fit
+            outcome = ImageOutcome(image, "failed", error=f"{type(exc).__name__}: {exc}")
         report.outcomes.append(outcome)
         if on_progress is not None:
             on_progress(outcome)
