@@ -135,3 +135,12 @@ async def test_swepro_verdict_from_parser_json(opener: Opener, tmp_path: Path) -
     with pytest.raises(GraderError, match="parser"):
         await grade(_swepro_meta(tmp_path, parser="import sys; sys.exit(3)\n"), FIX_PATCH, open_sandbox=opener,
                     timeout=60)
+
+
+async def test_fuzzy_patch_falls_back_to_patch(opener: Opener) -> None:
+    """git apply refuses a hunk whose context drifted; GNU patch (fuzz) takes it, leaving no backups."""
+    fuzzy = FIX_PATCH.replace(" def add(a, b):", " def add(x, y):")
+    meta = task_meta(eval_cmd="test ! -e calc.py.orig && test ! -e calc.py.rej && " + task_meta().eval_cmd)
+    res = await grade(meta, fuzzy, open_sandbox=opener, timeout=60)
+    assert (res.reward, res.apply_method) == (1.0, "patch")
+    assert "agent patch (git-apply): exit 1" in res.output
