@@ -102,8 +102,8 @@ async def _apply_agent_patch(sb: Sandbox, log: _Log, patch: bytes, workdir: str)
     attempts: list[tuple[ApplyMethod, str]] = [
         ("git-apply-3way", f"{GIT} apply --3way --whitespace=nowarn {pfile}"),
         ("git-apply", f"{GIT} apply --whitespace=nowarn {pfile}"),
-        ("patch", f"patch -p1 --batch --forward --dry-run -i {pfile} && "
-                  f"patch -p1 --batch --forward --no-backup-if-mismatch -i {pfile}"),
+        ("patch", (f"patch -p1 --batch --forward --dry-run -i {pfile} && "
+                   f"patch -p1 --batch --forward --no-backup-if-mismatch -i {pfile}")),
     ]
     for method, cmd in attempts:
         res = await _sh(sb, log, f"agent patch ({method})", cmd, cwd=workdir)
