@@ -231,7 +231,12 @@ def descendants(pid: int | None = None) -> list[tuple[int, str]]:
 
 
 def assert_nothing_running(sessions: SessionRegistry | None = None) -> None:
+    """No child process of ours, no bwrap sandbox state of ours, no open adapter session."""
+    from lego_rl.sandbox.bwrap_state import DEFAULT_STATE_ROOT, list_state
+
     left = descendants()
     assert not left, f"processes left running: {left}"
+    ours = [e.id for e in list_state(DEFAULT_STATE_ROOT) if e.owner_pid == os.getpid()]
+    assert not ours, f"bwrap sandboxes left behind: {ours}"
     if sessions is not None:
         assert sessions.open_ids() == [], f"adapter sessions left open: {sessions.open_ids()}"
