@@ -45,7 +45,7 @@ def cage() -> None:
 
 def eval_seconds(grader_log: str) -> float:
     """Duration of the grader's verdict command ("===== eval as root: exit 0 (0.41 s)")."""
-    found = re.findall(r"^===== eval as [^:]+: [^(]*\(([\d.]+) s\)", grader_log, flags=re.M)
+    found = re.findall(r"^===== eval as [^:]+: [^(]*\(([\d.]+) s\)", grader_log, flags=re.MULTILINE)
     return sum(float(x) for x in found)
 
 
@@ -64,8 +64,9 @@ async def one_rollout(i: int, root: Path, tiny: Path, renderer: Any, row: Any) -
     from lego_rl.serving.client import ServingClient
 
     fix = base64.b64encode((EXAMPLES / "src/median/fix/stats/center.py").read_bytes()).decode()
-    call = tool_call_text("Bash", {"command": f"printf %s {fix} | base64 -d > stats/center.py",
-                                   "description": "write the fix"})
+    call = tool_call_text(
+        "Bash", {"command": f"printf %s {fix} | base64 -d > stats/center.py", "description": "write the fix"}
+    )
 
     def policy(prompt: str, index: int) -> str:
         return "Fixed." if "<tool_response>" in prompt else call
@@ -91,12 +92,22 @@ async def one_rollout(i: int, root: Path, tiny: Path, renderer: Any, row: Any) -
         pm = get_plugin_manager({})
         run = RunDir.open(root / f"run-{i}", config={"bench": True})
         ctx = RolloutContext(
-            settings=RolloutSettings(provider="bwrap", sandbox_options={"network": "host"}, agent_time_budget_s=180,
-                                     grader_timeout_s=60, guard_s=420, max_turns=6, max_context_tokens=60000,
-                                     max_output_tokens=1024),
-            run=run, sessions=sessions, adapter_url=f"http://127.0.0.1:{runner.addresses[0][1]}",
+            settings=RolloutSettings(
+                provider="bwrap",
+                sandbox_options={"network": "host"},
+                agent_time_budget_s=180,
+                grader_timeout_s=60,
+                guard_s=420,
+                max_turns=6,
+                max_context_tokens=60000,
+                max_output_tokens=1024,
+            ),
+            run=run,
+            sessions=sessions,
+            adapter_url=f"http://127.0.0.1:{runner.addresses[0][1]}",
             harness_for=lambda name: get_harness(name, environ={}, pm=pm),
-            toolchain=Toolchain(REPO / ".lego" / "toolchain"), images=load_images_json(EXAMPLES / "images.json"),
+            toolchain=Toolchain(REPO / ".lego" / "toolchain"),
+            images=load_images_json(EXAMPLES / "images.json"),
             dataset_dir=EXAMPLES,
         )
         start = time.monotonic()
@@ -110,10 +121,16 @@ async def one_rollout(i: int, root: Path, tiny: Path, renderer: Any, row: Any) -
             await runner.cleanup()
     if result.reward != 1.0:
         sys.exit(f"rollout {i} did not score 1: {result.termination} {result.detail}")
-    cli = [e["cli_s"] for e in read_events(run.events.path) if e["kind"] == "agent_exited"][0]
+    cli = next(e["cli_s"] for e in read_events(run.events.path) if e["kind"] == "agent_exited")
     tests = eval_seconds((result.artifacts / "grader.log").read_text())
-    return {**result.timings, "wall": wall, "cli": cli, "tests": tests, "stage_sum": sum(result.timings.values()),
-            "overhead": wall - cli - tests}
+    return {
+        **result.timings,
+        "wall": wall,
+        "cli": cli,
+        "tests": tests,
+        "stage_sum": sum(result.timings.values()),
+        "overhead": wall - cli - tests,
+    }
 
 
 async def main(n: int) -> None:
@@ -124,7 +141,11 @@ async def main(n: int) -> None:
 
     tiny = ensure_tiny_model()
     renderer = ChatRenderer.from_pretrained(tiny)
-    [row] = [r for r in load_tasks(EXAMPLES / "tasks.jsonl").rows if r.metadata.instance_id == "lego-example-median"]
+    row = next(
+        r
+        for r in load_tasks(EXAMPLES / "tasks.jsonl").rows
+        if r.metadata.instance_id == "lego-example-median"
+    )
     row = row.model_copy(update={"metadata": row.metadata.model_copy(update={"agent": "claude_code"})})
     with tempfile.TemporaryDirectory(prefix="lego-rollout-bench-") as tmp:
         runs = [await one_rollout(i, Path(tmp), tiny, renderer, row) for i in range(n)]
@@ -132,14 +153,20 @@ async def main(n: int) -> None:
     print(f"rollouts: {n} (claude_code, bwrap, scripted policy, median task); medians in seconds")
     for key in STAGES:
         print(f"  stage {key:<16} {med.get(key, 0.0):7.3f}")
-    print(f"  sum of stages          {med['stage_sum']:7.3f}   wall {med['wall']:.3f} "
-          f"(unstaged {med['wall'] - med['stage_sum']:.3f} s = {(med['wall'] - med['stage_sum']) / med['wall']:.1%})")
+    print(
+        f"  sum of stages          {med['stage_sum']:7.3f}   wall {med['wall']:.3f} "
+        f"(unstaged {med['wall'] - med['stage_sum']:.3f} s = {(med['wall'] - med['stage_sum']) / med['wall']:.1%})"
+    )
     print(f"  CLI process (agent's own turns) {med['cli']:.3f}   eval command (tests) {med['tests']:.3f}")
-    print(f"  orchestration overhead {med['overhead']:7.3f} s = {med['overhead'] / med['wall']:.1%} of this run's "
-          f"wall time (baseline), {med['overhead'] / med['stage_sum']:.1%} of the sum of its stages")
+    print(
+        f"  orchestration overhead {med['overhead']:7.3f} s = {med['overhead'] / med['wall']:.1%} of this run's "
+        f"wall time (baseline), {med['overhead'] / med['stage_sum']:.1%} of the sum of its stages"
+    )
     for agent_s in (60.0, 300.0, 1200.0):
         share = med["overhead"] / (med["overhead"] + agent_s + med["tests"])
-        print(f"  projected: with {agent_s:>6.0f} s of agent turns the overhead is {share:.1%} of the rollout")
+        print(
+            f"  projected: with {agent_s:>6.0f} s of agent turns the overhead is {share:.1%} of the rollout"
+        )
 
 
 if __name__ == "__main__":

@@ -31,19 +31,19 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `support` helpers
 
-from support.scripted_engine import ScriptedPolicyEngine  # noqa: E402
+from support.scripted_engine import ScriptedPolicyEngine
 
-from lego_rl.adapter.core import AdapterCore  # noqa: E402
-from lego_rl.adapter.server import AdapterServer  # noqa: E402
-from lego_rl.adapter.sessions import SessionRegistry  # noqa: E402
-from lego_rl.harness.plugins import get_harness, get_plugin_manager  # noqa: E402
-from lego_rl.harness.toolchain import Toolchain  # noqa: E402
-from lego_rl.images.importer import load_images_json  # noqa: E402
-from lego_rl.rollout.generate import RolloutContext, RolloutSettings, RolloutSpec  # noqa: E402
-from lego_rl.rollout.rundir import RunDir  # noqa: E402
-from lego_rl.serving.client import ServingClient  # noqa: E402
-from lego_rl.tasks.model import TaskRow  # noqa: E402
-from lego_rl.tasks.rows import load_tasks  # noqa: E402
+from lego_rl.adapter.core import AdapterCore
+from lego_rl.adapter.server import AdapterServer
+from lego_rl.adapter.sessions import SessionRegistry
+from lego_rl.harness.plugins import get_harness, get_plugin_manager
+from lego_rl.harness.toolchain import Toolchain
+from lego_rl.images.importer import load_images_json
+from lego_rl.rollout.generate import RolloutContext, RolloutSettings, RolloutSpec
+from lego_rl.rollout.rundir import RunDir
+from lego_rl.serving.client import ServingClient
+from lego_rl.tasks.model import TaskRow
+from lego_rl.tasks.rows import load_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "tasks"
@@ -160,17 +160,26 @@ async def scripted_stack(tiny_model_dir: Path, renderer: Any) -> AsyncIterator[C
     """Start ``ScriptedPolicyEngine(script)`` over HTTP, a real ServingClient to it, and the adapter."""
     cleanups: list[Callable[[], Any]] = []
 
-    async def start(script: Sequence[str] | Callable[[str, int], str], *, context_limit: int = 60000,
-                    max_response_tokens: int = 1024, retry_deadline_s: float = 30.0,
-                    score: bool = True) -> ScriptedStack:
+    async def start(
+        script: Sequence[str] | Callable[[str, int], str],
+        *,
+        context_limit: int = 60000,
+        max_response_tokens: int = 1024,
+        retry_deadline_s: float = 30.0,
+        score: bool = True,
+    ) -> ScriptedStack:
         # score=False (logprob 0.0 everywhere) where a test is about control flow, not numbers: scoring a
         # 9k-token prompt with the tiny model takes seconds of the two shared cores.
         engine = ScriptedPolicyEngine(tiny_model_dir, script, score=score)
         engine_runner, engine_url = await _listen(engine.app(), cleanups)
-        client = ServingClient([engine_url], vocab_size=renderer.vocab_size, retry_deadline_s=retry_deadline_s)
+        client = ServingClient(
+            [engine_url], vocab_size=renderer.vocab_size, retry_deadline_s=retry_deadline_s
+        )
         cleanups.append(client.close)
         sessions = SessionRegistry()
-        core = AdapterCore(renderer, client, context_limit=context_limit, max_response_tokens=max_response_tokens)
+        core = AdapterCore(
+            renderer, client, context_limit=context_limit, max_response_tokens=max_response_tokens
+        )
         _, url = await _listen(AdapterServer(core, sessions).app(), cleanups)
         return ScriptedStack(sessions, url, engine, engine_runner, core)
 
@@ -179,19 +188,38 @@ async def scripted_stack(tiny_model_dir: Path, renderer: Any) -> AsyncIterator[C
         await cleanup()
 
 
-def make_context(run_root: Path, sessions: SessionRegistry, adapter_url: str, toolchain: Toolchain,
-                 *, environ: dict[str, str] | None = None, **settings: Any) -> RolloutContext:
+def make_context(
+    run_root: Path,
+    sessions: SessionRegistry,
+    adapter_url: str,
+    toolchain: Toolchain,
+    *,
+    environ: dict[str, str] | None = None,
+    **settings: Any,
+) -> RolloutContext:
     """A RolloutContext over the example tasks; ``settings`` override RolloutSettings fields."""
-    base: dict[str, Any] = dict(provider="bwrap", sandbox_options={"network": "host"}, agent_time_budget_s=180.0,
-                                grader_timeout_s=60.0, guard_s=420.0, max_turns=6, max_context_tokens=60000,
-                                max_output_tokens=1024)
+    base: dict[str, Any] = {
+        "provider": "bwrap",
+        "sandbox_options": {"network": "host"},
+        "agent_time_budget_s": 180.0,
+        "grader_timeout_s": 60.0,
+        "guard_s": 420.0,
+        "max_turns": 6,
+        "max_context_tokens": 60000,
+        "max_output_tokens": 1024,
+    }
     base.update(settings)
     env = dict(environ or {})
     pm = get_plugin_manager(env)
     return RolloutContext(
-        settings=RolloutSettings(**base), run=RunDir.open(run_root, config={"test": True}), sessions=sessions,
-        adapter_url=adapter_url, harness_for=lambda name: get_harness(name, environ=env, pm=pm),
-        toolchain=toolchain, images=load_images_json(EXAMPLES / "images.json"), dataset_dir=EXAMPLES,
+        settings=RolloutSettings(**base),
+        run=RunDir.open(run_root, config={"test": True}),
+        sessions=sessions,
+        adapter_url=adapter_url,
+        harness_for=lambda name: get_harness(name, environ=env, pm=pm),
+        toolchain=toolchain,
+        images=load_images_json(EXAMPLES / "images.json"),
+        dataset_dir=EXAMPLES,
     )
 
 

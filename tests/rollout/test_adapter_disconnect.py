@@ -24,8 +24,9 @@ class StalledEngine:
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
 
-    async def generate(self, token_ids: list[int], params: SamplingParams, *,
-                       session_id: str | None = None, **_: Any) -> GenerateResult:
+    async def generate(
+        self, token_ids: list[int], params: SamplingParams, *, session_id: str | None = None, **_: Any
+    ) -> GenerateResult:
         self.started.set()
         try:
             await asyncio.sleep(3600)
@@ -44,9 +45,11 @@ async def test_client_gone_mid_stream_is_one_quiet_log_line(renderer: Any, caplo
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
-    body = (b'{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}')
-    request = (f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sess-1\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    body = b'{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    request = (
+        f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sess-1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     caplog.set_level(logging.INFO, logger="lego_rl.adapter.server")
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

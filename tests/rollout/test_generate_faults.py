@@ -41,8 +41,9 @@ def assert_ended(result: RolloutResult, reason: TerminationReason, run_root: Pat
     assert [e["termination"] for e in finished] == [reason.value]
 
 
-async def test_sandbox_killed_mid_run_is_sandbox_lost(scripted_stack: Any, toolchain: Toolchain,
-                                                      example_rows: dict[str, Any], tmp_path: Path) -> None:
+async def test_sandbox_killed_mid_run_is_sandbox_lost(
+    scripted_stack: Any, toolchain: Toolchain, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
     killed: list[int] = []
 
     def policy(prompt: str, index: int) -> str:
@@ -114,15 +115,21 @@ async def test_engine_stopping_mid_run_is_engine_error(
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain)
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], harness))
     ctx.run.close()
-    assert_ended(result, TerminationReason.ENGINE_ERROR, tmp_path / "run", "commands-agent.jsonl",
-                 f"{harness}-events.jsonl")
+    assert_ended(
+        result,
+        TerminationReason.ENGINE_ERROR,
+        tmp_path / "run",
+        "commands-agent.jsonl",
+        f"{harness}-events.jsonl",
+    )
     assert "engine" in result.detail and result.reward is None
     assert len(stack.engine.calls) == 1 and result.turns == 1
     assert_nothing_running(stack.sessions)
 
 
-async def test_grader_timeout_is_a_verdict_of_zero(scripted_stack: Any, toolchain: Toolchain,
-                                                   example_rows: dict[str, Any], tmp_path: Path) -> None:
+async def test_grader_timeout_is_a_verdict_of_zero(
+    scripted_stack: Any, toolchain: Toolchain, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
     """Tests that outrun the grader timeout score 0 and keep the policy's termination: a patch that makes
     the tests hang is the policy's doing (excluding it would reward hanging the tests)."""
     row = example_rows["lego-example-median"]
@@ -131,17 +138,22 @@ async def test_grader_timeout_is_a_verdict_of_zero(scripted_stack: Any, toolchai
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain, grader_timeout_s=2.0)
     result = await generate(ctx, spec_for(row, "claude_code"))
     ctx.run.close()
-    assert_ended(result, TerminationReason.COMPLETED, tmp_path / "run", "patch.diff", "grader.log", "samples.jsonl")
+    assert_ended(
+        result, TerminationReason.COMPLETED, tmp_path / "run", "patch.diff", "grader.log", "samples.jsonl"
+    )
     assert result.reward == 0.0 and "timed out" in result.detail
     assert result.timings["grading"] < 30
     assert_nothing_running(stack.sessions)
 
 
-async def test_grader_that_cannot_grade_is_grader_error(scripted_stack: Any, toolchain: Toolchain,
-                                                        example_rows: dict[str, Any], tmp_path: Path) -> None:
+async def test_grader_that_cannot_grade_is_grader_error(
+    scripted_stack: Any, toolchain: Toolchain, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
     """An official test patch that does not apply: the grader cannot judge, so no reward at all."""
     row = example_rows["lego-example-median"]
-    bad = "diff --git a/tests/x.py b/tests/x.py\n--- a/tests/x.py\n+++ b/tests/x.py\n@@ -1 +1 @@\n-nope\n+yes\n"
+    bad = (
+        "diff --git a/tests/x.py b/tests/x.py\n--- a/tests/x.py\n+++ b/tests/x.py\n@@ -1 +1 @@\n-nope\n+yes\n"
+    )
     row = row.model_copy(update={"metadata": row.metadata.model_copy(update={"test_patch": bad})})
     stack = await scripted_stack(policy_writing("claude_code", "stats/center.py", FIX), score=False)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain)
@@ -153,14 +165,17 @@ async def test_grader_that_cannot_grade_is_grader_error(scripted_stack: Any, too
     assert_nothing_running(stack.sessions)
 
 
-async def test_guard_expiring_mid_run_is_guard_timeout(scripted_stack: Any, toolchain: Toolchain,
-                                                       example_rows: dict[str, Any], tmp_path: Path) -> None:
+async def test_guard_expiring_mid_run_is_guard_timeout(
+    scripted_stack: Any, toolchain: Toolchain, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
     """The whole-rollout guard expires while the CLI waits for the engine: guard_timeout, the CLI and
     its sandbox are gone, the session's records and the commands are still saved."""
+
     def policy(prompt: str, index: int) -> str:
         # Claude Code refuses a plain long `sleep`; a Python one still holds its Bash tool (2 min default).
-        return tool_call_text("Bash", {"command": "python3 -c 'import time; time.sleep(3600)'",
-                                       "description": "wait"})
+        return tool_call_text(
+            "Bash", {"command": "python3 -c 'import time; time.sleep(3600)'", "description": "wait"}
+        )
 
     stack = await scripted_stack(policy, score=False)
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain, guard_s=25.0)

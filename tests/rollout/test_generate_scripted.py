@@ -26,13 +26,13 @@ from lego_rl.trajectory.sample import load_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
 
-WRONG_MEDIAN = '''def mean(values):
+WRONG_MEDIAN = """def mean(values):
     return sum(values) / len(values)
 
 
 def median(values):
     return sorted(values)[len(values) // 2]
-'''
+"""
 
 
 def write_file_command(path: str, content: str) -> str:
@@ -76,8 +76,15 @@ def assert_artifacts(result: RolloutResult, harness: str, run_root: Path) -> Non
     folder = result.artifacts
     assert folder is not None and folder.is_dir()
     names = {p.name for p in folder.iterdir()}
-    for expected in ("patch.diff", "grader.log", "commands-agent.jsonl", "outcome.json", "samples.jsonl",
-                     f"{harness}-events.jsonl", f"{harness}-command.txt"):
+    for expected in (
+        "patch.diff",
+        "grader.log",
+        "commands-agent.jsonl",
+        "outcome.json",
+        "samples.jsonl",
+        f"{harness}-events.jsonl",
+        f"{harness}-command.txt",
+    ):
         assert expected in names, (expected, sorted(names))
     turns = [n for n in names if n.endswith(".turns.jsonl")]
     assert len(turns) == 1, sorted(names)
@@ -93,7 +100,15 @@ def assert_artifacts(result: RolloutResult, harness: str, run_root: Path) -> Non
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "rollout_started" and kinds[-1] == "rollout_finished", kinds
     stages = {e["stage"]: e for e in events if e["kind"] == "stage"}
-    for stage in ("harness_lookup", "sandbox_setup", "harness_install", "agent", "patch", "cleanup", "grading"):
+    for stage in (
+        "harness_lookup",
+        "sandbox_setup",
+        "harness_install",
+        "agent",
+        "patch",
+        "cleanup",
+        "grading",
+    ):
         assert stages[stage]["status"] == "ok" and stages[stage]["duration_s"] >= 0, stage
     assert set(result.timings) == set(STAGES)
     assert events[-1]["termination"] == result.termination.value
@@ -107,11 +122,20 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("harness", "path", "content", "reward"), CASES,
-                         ids=["claude_code-fix", "claude_code-wrong", "codex-fix", "codex-wrong"])
+@pytest.mark.parametrize(
+    ("harness", "path", "content", "reward"),
+    CASES,
+    ids=["claude_code-fix", "claude_code-wrong", "codex-fix", "codex-wrong"],
+)
 async def test_scripted_policy_fix_is_graded_end_to_end(
-    harness: str, path: str, content: str, reward: float, scripted_stack: Any, toolchain: Any,
-    example_rows: dict[str, Any], tmp_path: Path,
+    harness: str,
+    path: str,
+    content: str,
+    reward: float,
+    scripted_stack: Any,
+    toolchain: Any,
+    example_rows: dict[str, Any],
+    tmp_path: Path,
 ) -> None:
     assert interfaces() == ["lo"]  # the CLIs cannot reach anything but this machine's loopback
     task = "lego-example-slugify" if path.startswith("textkit") else "lego-example-median"
@@ -135,6 +159,7 @@ async def test_turn_limit_is_a_policy_termination_that_keeps_its_reward(
     scripted_stack: Any, toolchain: Any, example_rows: dict[str, Any], tmp_path: Path
 ) -> None:
     """A policy that never stops calling tools hits the CLI's turn limit: graded, reward kept (0 here)."""
+
     def policy(prompt: str, index: int) -> str:
         return tool_call_text("Bash", {"command": f"echo turn {index}", "description": "echo"})
 

@@ -38,16 +38,24 @@ def tiny_overrides(run_root: Path, harness: str) -> list[str]:
             image["rootfs"] = str(ROOTFS_PY312)
         (run_root.parent / "images-py312.json").write_text(json.dumps(spec))
         images = [f'sandbox.images="{run_root.parent / "images-py312.json"}"']
-    return [*images,
-        f'paths.run_root="{run_root}"', "model.max_response_len=64", "model.max_context_len=32768",
-        "adapter.port=0", "serving.port=0", f"agent.time_budget_s={BUDGET_S[harness]}", "agent.max_turns=2", "grader.timeout_s=60",
+    return [
+        *images,
+        f'paths.run_root="{run_root}"',
+        "model.max_response_len=64",
+        "model.max_context_len=32768",
+        "adapter.port=0",
+        "serving.port=0",
+        f"agent.time_budget_s={BUDGET_S[harness]}",
+        "agent.max_turns=2",
+        "grader.timeout_s=60",
         f'agent.default_harness="{harness}"',
     ]
 
 
 @pytest.mark.parametrize("harness", HARNESSES)
-async def test_tiny_model_reaches_a_policy_termination(harness: str, toolchain: Any, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_tiny_model_reaches_a_policy_termination(
+    harness: str, toolchain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from lego_rl.rollout.session import RolloutCheckSession
 
     assert interfaces() == ["lo"]
@@ -71,4 +79,3 @@ async def test_tiny_model_reaches_a_policy_termination(harness: str, toolchain: 
     kinds = [e["kind"] for e in read_events(tmp_path / "run" / "events.jsonl")]
     assert kinds[:2] == ["run_started", "serving_ready"] and kinds[-1] == "rollout_check_finished"
     assert_nothing_running()
-

@@ -9,7 +9,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 from aiohttp import web
@@ -44,7 +44,7 @@ class EngineThread:
         self.loop.run_until_complete(self.runner.cleanup())
         self.loop.close()
 
-    def __enter__(self) -> EngineThread:
+    def __enter__(self) -> Self:
         self.thread.start()
         assert self.ready.wait(60)
         return self
@@ -67,23 +67,56 @@ def engine_thread(tiny_model_dir: Path) -> Iterator[Any]:
         thread.__exit__()
 
 
-@pytest.mark.parametrize(("content", "code"), [((EXAMPLES / "src/median/fix/stats/center.py").read_text(), 0),
-                                               (WRONG_MEDIAN, 1)], ids=["fix-exit-0", "wrong-exit-1"])
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [((EXAMPLES / "src/median/fix/stats/center.py").read_text(), 0), (WRONG_MEDIAN, 1)],
+    ids=["fix-exit-0", "wrong-exit-1"],
+)
 def test_rollout_check_cli_exit_code_follows_the_reward(
-    content: str, code: int, engine_thread: Any, toolchain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    content: str,
+    code: int,
+    engine_thread: Any,
+    toolchain: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.chdir(REPO)
     engine = engine_thread(policy_writing("claude_code", "stats/center.py", content))
     run_root = tmp_path / "run"
-    args = ["rollout-check", "-c", "lego.toml", "--ids", "lego-example-median", "-n", "1", "--harness", "claude_code",
-            "--vllm-url", engine.url, "--baseline", "--json", "--set", f'paths.run_root="{run_root}"',
-            "--set", "adapter.port=0", "--set", "model.max_response_len=1024", "--set", "agent.time_budget_s=180"]
-    res = CliRunner().invoke(app, args)
+    args = [
+        "rollout-check",
+        "-c",
+        "lego.toml",
+        "--ids",
+        "lego-example-median",
+        "-n",
+        "1",
+        "--harness",
+        "claude_code",
+        "--vllm-url",
+        engine.url,
+        "--baseline",
+        "--set",
+        f'paths.run_root="{run_root}"',
+        "--set",
+        "adapter.port=0",
+        "--set",
+        "model.max_response_len=1024",
+        "--set",
+        "agent.time_budget_s=180",
+    ]
+    as_json = code == 0  # one case checks the JSON report, the other the operator's table
+    res = CliRunner().invoke(app, args + (["--json"] if as_json else []))
     assert res.exit_code == code, (res.output[-3000:], repr(res.exception))
-    report = json.loads(res.stdout)
-    [result] = report["results"]
+    if as_json:
+        report = json.loads(res.stdout)
+        [result] = report["results"]
+        assert report["rewarded"] == 1 and report["run_root"] == str(run_root)
+    else:
+        assert "Rollouts" in res.stdout and "lego-example-median" in res.stdout and "completed" in res.stdout
+        assert "0/1 rewarded; completed 1." in " ".join(res.stdout.split()), res.stdout
+        result = json.loads((run_root / "rollout-check" / "outcomes.jsonl").read_text())
     assert result["termination"] == "completed" and result["reward"] == float(code == 0)
-    assert report["rewarded"] == (1 if code == 0 else 0) and report["run_root"] == str(run_root)
     outcomes = (run_root / "rollout-check" / "outcomes.jsonl").read_text().splitlines()
     assert [json.loads(line)["reward"] for line in outcomes] == [result["reward"]]
     events = [json.loads(line) for line in (run_root / "events.jsonl").read_text().splitlines()]
