@@ -174,7 +174,7 @@ def check(
     options = _key_values(provider_option or [])
     with err.status(f"checking {len(rows)} tasks with {provider}", spinner="dots") if not as_json else _null():
         checks = asyncio.run(check_tasks(rows, provider=provider, images=mapping, timeout=timeout,
-                                         provider_options=options))
+                                         provider_options=options, dataset_dir=data.resolve().parent))
     if as_json:
         out.print_json(json.dumps([c.as_dict() for c in checks]))
     else:

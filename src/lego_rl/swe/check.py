@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from lego_rl.errors import GraderError
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.sandbox.factory import create_sandbox
 from lego_rl.swe.grader import grade
+from lego_rl.swe.seed import seeded_opener
 from lego_rl.tasks.model import TaskRow
 
 Verdict = Literal["gradable", "not gradable", "grader error"]
@@ -32,11 +34,15 @@ class TaskCheck:
 
 
 async def check_task(row: TaskRow, *, provider: str = "bwrap", images: Mapping[str, ImageSpec] | None = None,
-                     provider_options: Mapping[str, Any] | None = None, timeout: float = 180.0) -> TaskCheck:
+                     provider_options: Mapping[str, Any] | None = None, timeout: float = 180.0,
+                     dataset_dir: Path | None = None) -> TaskCheck:
+    """``dataset_dir`` resolves a row's relative ``repo_archive`` (tasks whose repository ships beside them)."""
     meta = row.metadata
 
-    def opener() -> Any:
+    def plain() -> Any:
         return create_sandbox(meta.image, provider=provider, images=images, provider_options=provider_options)
+
+    opener = seeded_opener(plain, meta, dataset_dir)
 
     iid = meta.instance_id
     try:
