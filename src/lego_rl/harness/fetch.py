@@ -238,6 +238,8 @@ async def fetch_toolchain(
     Raises on the first failure, unless a ``failures`` list is given: then a failed pin is appended
     there and the others are still fetched (the CLI reports them all at the end).
     """
+    # Absolute: helper processes (pip for site trees) run in scratch directories of their own.
+    folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     results: list[tuple[LockEntry, bool]] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
@@ -249,7 +251,7 @@ async def fetch_toolchain(
                 continue
             try:
                 entry = await _fetch_one(session, folder, pin, python)
-            except (HarnessError, ConfigError, aiohttp.ClientError) as exc:
+            except (HarnessError, ConfigError, aiohttp.ClientError, OSError) as exc:
                 if failures is None:
                     raise
                 failures.append((pin, exc))
