@@ -37,17 +37,18 @@ def _root(
 
 
 def _register() -> None:
-    # Imported here, not at module top, so each noun's heavy imports stay inside its commands.
-    from lego_rl.cli import config_cmd
+    # Each module imports only typer/rich at its top; heavy imports (torch, sandboxes) wait inside commands.
+    from lego_rl.cli import (
+        adapter_cmd,
+        config_cmd,
+        harness_cmd,
+        rollout_cmd,
+        sandbox_cmd,
+        serving_cmd,
+        tasks_cmd,
+    )
 
-    config_cmd.register(app)
-    for name in ("serving_cmd", "adapter_cmd", "tasks_cmd", "sandbox_cmd", "harness_cmd", "rollout_cmd"):
-        try:
-            module = __import__(f"lego_rl.cli.{name}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name == f"lego_rl.cli.{name}":
-                continue  # that noun has not landed in this checkout
-            raise
+    for module in (config_cmd, rollout_cmd, tasks_cmd, harness_cmd, serving_cmd, adapter_cmd, sandbox_cmd):
         module.register(app)
 
 
