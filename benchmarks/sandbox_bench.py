@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from lego_rl.errors import SandboxError
 from lego_rl.sandbox import ImageSpec, get_provider
 
 ROOTFS = os.environ.get("LEGO_ROOTFS_CACHE", "/var/cache/lego-rl/rootfs-bookworm")
@@ -63,8 +64,14 @@ async def lifecycle(name: str, n: int, options: dict[str, Any]) -> dict[str, lis
     provider = get_provider(name, **options)
     image = ImageSpec(name="bookworm", rootfs=ROOTFS, workdir="/testbed")
     out: dict[str, list[float]] = {"create": [], "exec": [], "destroy": [], "total": []}
+    failed = 0
     for i in range(n + 1):  # the first round warms caches and is dropped
-        t_create, sb = await timed(partial(provider.create, image))
+        try:
+            t_create, sb = await timed(partial(provider.create, image))
+        except SandboxError as exc:  # every retry used up: count it, keep measuring
+            failed += 1
+            print(f"{name}: create failed after retries: {str(exc)[:160]}")
+            continue
         t_exec, res = await timed(partial(sb.exec, ["true"], user="agent"))
         assert res.ok, res
         t_destroy, _ = await timed(sb.close)
@@ -72,6 +79,7 @@ async def lifecycle(name: str, n: int, options: dict[str, Any]) -> dict[str, lis
             for key, value in zip(out, (t_create, t_exec, t_destroy, t_create + t_exec + t_destroy)):
                 out[key].append(value)
     await provider.aclose()
+    print(f"{name}: {failed} create(s) failed after all retries")
     return out
 
 
@@ -100,7 +108,8 @@ async def main() -> None:
         else:
             results = await lifecycle(name, args.n, {})
         for step, samples in results.items():
-            print(row(f"{name} {step} (n={len(samples)})", samples, base))
+            if samples:
+                print(row(f"{name} {step} (n={len(samples)})", samples, base))
     print(f"sunabako transient create retries: {counter.count}")
     print(f"load average at end: {os.getloadavg()[0]:.1f} (2-core box shared with other work)")
 

@@ -14,7 +14,7 @@ from sandbox_helpers import MakeSandbox, host_processes, image_for
 
 from lego_rl.errors import SandboxError, SandboxTimeout
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(600)]
 
 
 async def test_exec_exit_codes_and_check(make_sandbox: MakeSandbox) -> None:

@@ -14,7 +14,7 @@ from sandbox_helpers import MakeSandbox, host_processes
 
 from lego_rl.errors import SandboxError
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(600)]
 
 
 def _ppid(pid: int) -> int:

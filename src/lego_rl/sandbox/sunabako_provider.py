@@ -207,7 +207,7 @@ class SunabakoProvider(SandboxProvider):
         allow_test_memory: bool | None = None,
         test_memory: bool | None = None,
         memory_mb: int | None = None,
-        create_retries: int = 8,
+        create_retries: int = 12,
         create_timeout_s: float = 600,
         node_config: dict[str, Any] | None = None,
     ) -> None:
