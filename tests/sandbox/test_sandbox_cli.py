@@ -101,3 +101,41 @@ def test_exec_with_images_mapping(bwrap_ready: None, state_root: Path, tmp_path:
     assert res.stdout == "/etc/apt\nyes\n"
     res = runner.invoke(app, ["sandbox", "exec", "other", "--images", str(mapping), "--", "true"])
     assert res.exit_code == 2 and "'other' is not in" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sunabako_ls_and_gc_remove_only_dead_sandboxes(tmp_path: Path) -> None:
+    check_available("sunabako")
+    import asyncio
+
+    from sandbox_helpers import provider_options
+
+    from lego_rl.sandbox import ImageSpec, get_provider
+
+    state = Path(tempfile.mkdtemp(prefix="lego-sunabako-gc-", dir="/var/tmp"))
+    state.chmod(0o755)
+    opts = {**provider_options("sunabako"), "state_dir": str(state)}
+
+    async def make_two() -> tuple[str, str]:
+        provider = get_provider("sunabako", **opts)
+        image = ImageSpec(name="t", rootfs=ROOTFS, workdir="/testbed")
+        dead, alive = await provider.create(image), await provider.create(image)
+        await dead._inner.stop()  # type: ignore[attr-defined]  # a sandbox whose owner went away
+        return dead.id, alive.id
+
+    try:
+        dead_id, alive_id = asyncio.run(make_two())
+        rows = json.loads(runner.invoke(app, ["sandbox", "ls", "-p", "sunabako", "--state-dir", str(state),
+                                              "--json"]).stdout)
+        assert {r["id"]: r["state"] for r in rows} == {dead_id: "stopped", alive_id: "running"}
+        res = runner.invoke(app, ["sandbox", "gc", "-p", "sunabako", "--state-dir", str(state)])
+        assert res.exit_code == 0 and dead_id in res.stdout and alive_id not in res.stdout
+        res = runner.invoke(app, ["sandbox", "gc", "-p", "sunabako", "--state-dir", str(state), "--all"])
+        assert res.exit_code == 0 and alive_id in res.stdout
+        rows = json.loads(runner.invoke(app, ["sandbox", "ls", "-p", "sunabako", "--state-dir", str(state),
+                                              "--json"]).stdout)
+        assert rows == []
+    finally:
+        runner.invoke(app, ["sandbox", "gc", "-p", "sunabako", "--state-dir", str(state), "--all"])
+        shutil.rmtree(state, ignore_errors=True)

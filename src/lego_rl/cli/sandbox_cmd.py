@@ -143,7 +143,7 @@ def gc(
     state_dir: StateOpt = None,
     all_: Annotated[bool, typer.Option("--all", help="Also destroy sandboxes that still have an owner.")] = False,
 ) -> None:
-    """Destroy leaked sandboxes (bwrap: owner process gone; sunabako: failed or stopped ones)."""
+    """Destroy leaked sandboxes (bwrap: owner process gone; sunabako: failed, stopped or pending deletion)."""
     from lego_rl.errors import SandboxError
 
     try:

@@ -1,8 +1,8 @@
 """Housekeeping on a local sunabako node: list its sandboxes and clean up leaked ones.
 
 sunabako supervisors outlive the Python process that created them, so a crashed rollout leaves
-sandboxes behind. The node records no owner, so "leaked" here means not running (failed after a
-timeout or OOM, or stopped); ``include_running`` destroys every sandbox on the node, which is only
+sandboxes behind. The node records no owner, so "leaked" here means dead (failed after a timeout or
+an OOM kill, or stopped, or a deletion left pending); ``include_running`` destroys every sandbox on the node, which is only
 right when nothing else uses that state dir.
 """
 
@@ -16,6 +16,7 @@ from lego_rl.sandbox.base import cut_message
 from lego_rl.sandbox.sunabako_provider import _default_binary, _sdk, destroy
 
 DEFAULT_NODE_STATE = "/var/lib/sunabako"
+DEAD_STATES = frozenset({"failed", "stopped", "cleanup_pending"})
 
 
 def _node(state_dir: str | None) -> Any:
@@ -56,7 +57,8 @@ async def gc_node(state_dir: str | None = None, *, include_running: bool = False
     sdk = _sdk()
     removed = []
     for row in list_node(state_dir):
-        if row["state"] == "running" and not include_running:
+        # Only states nothing will move on from; "creating" belongs to a create in flight elsewhere.
+        if row["state"] not in DEAD_STATES and not include_running:
             continue
         await destroy(node, row["id"], sdk)
         removed.append(row["id"])
