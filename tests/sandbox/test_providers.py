@@ -186,3 +186,38 @@ def test_e2b_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SandboxError, match="E2B_API_KEY"):
         get_provider("e2b")
 
+
+
+def test_sunabako_bad_cluster_file_is_named(tmp_path: Path) -> None:
+    pytest.importorskip("sunabako")
+    bad = tmp_path / "cluster.json"
+    bad.write_text('{"nodes": [{"name": "a", "hots": "x"}]}')
+    with pytest.raises(SandboxError, match=f"cluster file {bad}"):
+        get_provider("sunabako", cluster=str(bad))
+    with pytest.raises(SandboxError, match="cluster file"):
+        get_provider("sunabako", cluster=str(tmp_path / "missing.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_sunabako_cluster_file_mode(sunabako_state: Path) -> None:
+    """cluster.json with one node reached without SSH (no host): the cluster code path, for real."""
+    check_available("sunabako")
+    from sandbox_helpers import provider_options
+
+    binary = provider_options("sunabako")["binary"]
+    node_dir = sunabako_state / "node0"
+    local = get_provider("sunabako", state_dir=str(node_dir), binary=binary, allow_test_memory=True)
+    await local._check_nodes()  # provisions the node, as an operator would
+    cluster = sunabako_state / "cluster.json"
+    cluster.write_text(json.dumps({"nodes": [{"name": "n0", "state_dir": str(node_dir), "binary": binary}]}))
+    provider = get_provider("sunabako", cluster=str(cluster), allow_test_memory=True, memory_mb=256)
+    sb = await provider.create(IMAGE)
+    try:
+        assert sb.node_name == "n0"
+        assert (await sb.exec("id -un", user="agent")).stdout == "agent\n"
+    finally:
+        await sb.close()
+    from lego_rl.sandbox.sunabako_admin import list_node
+
+    assert list_node(str(node_dir)) == []
