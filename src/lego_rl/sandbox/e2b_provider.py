@@ -80,9 +80,12 @@ class E2BSandbox(Sandbox):
     async def write_file(self, path: str, content: str | bytes | Path, *, user: str | None = None) -> None:
         self._live()
         target = self._abs(path)
-        data = content.read_bytes() if isinstance(content, Path) else content
         try:
-            await self._inner.files.write(target, data, user=user or "root")
+            if isinstance(content, Path):
+                with content.open("rb") as fh:  # streamed in chunks by the SDK
+                    await self._inner.files.write(target, fh, user=user or "root")
+            else:
+                await self._inner.files.write(target, content, user=user or "root")
         except self._sdk.SandboxException as exc:
             raise SandboxError(f"e2b write of {target} as {user or 'root'} in {self.id}: {cut_message(str(exc))}") from exc
 
@@ -129,7 +132,7 @@ class E2BProvider(SandboxProvider):
                 template=image.name, timeout=self.lifetime_s, envs=dict(image.env),
                 allow_internet_access=network == "host", api_key=self.api_key,
             )
-        except self._sdk.SandboxException as exc:
+        except (self._sdk.SandboxException, self._sdk.AuthenticationException) as exc:
             raise SandboxError(f"e2b could not create a sandbox of template {image.name!r}: "
                                f"{cut_message(str(exc))}") from exc
         sb = E2BSandbox(inner, image, self._sdk)
