@@ -113,7 +113,8 @@ def test_rollout_check_cli_exit_code_follows_the_reward(
         [result] = report["results"]
         assert report["rewarded"] == 1 and report["run_root"] == str(run_root)
     else:
-        assert "Rollouts" in res.stdout and "lego-example-median" in res.stdout and "completed" in res.stdout
+        # the table folds its cells into CliRunner's 80 columns: its title, then the one-line summary
+        assert res.stdout.startswith("Rollouts")
         assert "0/1 rewarded; completed 1." in " ".join(res.stdout.split()), res.stdout
         result = json.loads((run_root / "rollout-check" / "outcomes.jsonl").read_text())
     assert result["termination"] == "completed" and result["reward"] == float(code == 0)
