@@ -11,8 +11,9 @@ Stages, each timed and logged to the run's event log, all under one whole-rollou
 
 Every artifact (CLI event log and files, sandbox commands, patch, grader output, turn records, samples) is
 written under the rollout's artifact folder *before* the sandbox is destroyed. Whatever happens, generate()
-returns a ``RolloutResult`` with exactly one termination reason; no exception escapes it (except
-cancellation, which is re-raised after cleanup).
+returns a ``RolloutResult`` with exactly one termination reason; no exception escapes it, except
+cancellation (re-raised after cleanup) and a rollout id whose artifact folder already exists
+(``FileExistsError`` before anything starts: a caller's bug, since artifacts are never overwritten).
 """
 
 from __future__ import annotations
