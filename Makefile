@@ -45,6 +45,7 @@ test-deps: setup
 	scripts/setup_vllm.sh
 	scripts/setup_clis.sh
 	scripts/build_rootfs.sh
+	scripts/build_rootfs_py312.sh
 	scripts/setup_tasks.sh
 	LEGO=$(LEGO) scripts/setup_toolchain.sh
 

@@ -11,10 +11,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lego_rl.cli.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, out
+from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, out
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
 from lego_rl.config.checks import run_checks
-from lego_rl.errors import ConfigError, TaskDataError
+from lego_rl.errors import ConfigError, GraderError, TaskDataError
 
 
 def _fmt_s(value: float | None) -> str:
@@ -59,7 +59,7 @@ def rollout_check(
 
     Saves tokens, loss masks, logprobs and per-rollout outcomes, and every artifact under RUN_ROOT.
     Exit 0 when at least one sample earned reward 1; 1 when none did (or a baseline already passes);
-    2 when the configuration or the data is unusable.
+    2 when the configuration or the data is unusable; 3 when the baseline grader itself failed.
     """
     sets = list(overrides or [])
     if data is not None:
@@ -81,8 +81,14 @@ def rollout_check(
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(EXIT_USAGE) from None
     if baseline:
-        passing = asyncio.run(session.baseline(progress_console=None if as_json else err))
+        try:
+            passing = asyncio.run(session.baseline(progress_console=None if as_json else err))
+        except GraderError as exc:
+            session.run_dir.close()
+            err.print(f"[bold red]baseline:[/] the grader could not decide: {exc}", highlight=False)
+            raise typer.Exit(EXIT_INFRA) from None
         if passing:
+            session.run_dir.close()
             err.print(f"[bold red]baseline:[/] already solved without any change: {', '.join(passing)}")
             raise typer.Exit(EXIT_FAILED)
     total = len(session.rows) * samples

@@ -287,6 +287,9 @@ class _Rollout:
             return TerminationReason.CONTEXT_LIMIT, "the conversation filled the context window"
         if out.hit_turn_limit or session.termination == "request_limit":
             return TerminationReason.TURN_LIMIT, out.detail or "turn/request limit"
+        if out.adapter_error:
+            # After the limits: a CLI refused at its context or request cap also reports an API error.
+            return TerminationReason.ADAPTER_ERROR, f"the CLI could not use the adapter: {out.detail}"
         if out.exit_code not in (0, None):
             return TerminationReason.AGENT_ERROR_EXIT, f"the CLI exited {out.exit_code}: {out.detail}"
         return TerminationReason.COMPLETED, ""
