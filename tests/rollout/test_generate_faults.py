@@ -97,6 +97,25 @@ async def test_unknown_harness_is_harness_install_with_a_clear_detail(
     assert_nothing_running(stack.sessions)
 
 
+async def test_unreachable_adapter_is_adapter_error(
+    scripted_stack: Any, toolchain: Toolchain, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
+    """The CLI is pointed at an address where no adapter listens: our fault, not the policy's."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    stack = await scripted_stack(["never asked"], score=False)
+    ctx = make_context(tmp_path / "run", stack.sessions, f"http://127.0.0.1:{dead}", toolchain,
+                       agent_time_budget_s=90.0)
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], "claude_code"))
+    ctx.run.close()
+    assert_ended(result, TerminationReason.ADAPTER_ERROR, tmp_path / "run", "commands-agent.jsonl")
+    assert "adapter" in result.detail
+    assert_nothing_running(stack.sessions)
+
+
 @pytest.mark.parametrize("harness", ["claude_code", "codex"])
 async def test_engine_stopping_mid_run_is_engine_error(
     harness: str, scripted_stack: Any, toolchain: Toolchain, example_rows: dict[str, Any], tmp_path: Path
