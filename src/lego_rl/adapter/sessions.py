@@ -13,7 +13,6 @@ infrastructure failure: the rollout is then excluded from training, and later re
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -23,6 +22,7 @@ from typing import Any, Literal
 
 from lego_rl.chat.prefix import ChainState
 from lego_rl.errors import LegoError, ProtocolError
+from lego_rl.trajectory.export import load_turn_records  # noqa: F401  (re-exported: the saved-records reader)
 from lego_rl.trajectory.records import TurnRecord
 
 SessionState = Literal["open", "closed"]
@@ -196,16 +196,3 @@ def save_turn_records(session: Session, out_dir: Path) -> Path:
     finally:
         os.unlink(tmp)
     return path
-
-
-def load_turn_records(path: Path) -> list[TurnRecord]:
-    """Read a JSONL file written by ``save_turn_records``."""
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    records.append(TurnRecord.model_validate(json.loads(line)))
-                except (ValueError, TypeError) as exc:
-                    raise LegoError(f"{path}:{n}: not a turn record: {exc}") from exc
-    return records
