@@ -101,5 +101,5 @@ def test_close_all(tmp_path: Path) -> None:
 def test_load_rejects_garbage(tmp_path: Path) -> None:
     bad = tmp_path / "bad.turns.jsonl"
     bad.write_text('{"session_id": "s"}\n')
-    with pytest.raises(LegoError, match="bad.turns.jsonl:1: not a turn record"):
+    with pytest.raises(LegoError, match="bad.turns.jsonl:1: not a valid turn record"):
         load_turn_records(bad)
