@@ -180,6 +180,9 @@ class BwrapSandbox(Sandbox):
         self._procs.kill_all()
         try:
             await self._procs.wait_all()
+        except TimeoutError:
+            raise SandboxError(f"sandbox {self.id}: processes survived SIGKILL for 5 s (uninterruptible I/O?); "
+                               "its state was still removed") from None
         finally:
             destroy_state(self.directory, defer=True)
 
