@@ -8,15 +8,23 @@
   in front of ``ScriptedPolicyEngine``, the TEST DOUBLE at the model boundary (tests/support).
 * ``rollout_ctx``: a ``RolloutContext`` over a fresh run directory, the example tasks and the fetched
   toolchain.
+* ``sunabako_node``: a real local sunabako node (native runtime, test memory mode) with a state dir of
+  its own (``$LEGO_SUNABAKO_ROLLOUT_STATE``, default /var/lib/lego-rl/sunabako-rollout-test; the provider
+  initialises it), so "nothing of ours left" is checkable with ``sunabako list`` while other test runs
+  use their nodes.
 
 Needs root, bubblewrap, the rootfs of scripts/build_rootfs.sh and the toolchain of
-scripts/setup_toolchain.sh (``lego toolchain fetch``). A missing piece fails the test naming the
-script; ``LEGO_SKIP_MISSING_SETUP=1`` turns that into a skip.
+scripts/setup_toolchain.sh (``lego toolchain fetch``); the sunabako cases also the sunabako binary (the
+``sunabako`` extra). A missing piece fails the test naming the script; ``LEGO_SKIP_MISSING_SETUP=1``
+turns that into a skip.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -50,6 +58,10 @@ EXAMPLES = REPO / "examples" / "tasks"
 ROOTFS = Path(os.environ.get("LEGO_ROOTFS_CACHE", "/var/cache/lego-rl/rootfs-bookworm"))
 TOOLCHAIN = Path(os.environ.get("LEGO_TOOLCHAIN_DIR") or REPO / ".lego" / "toolchain")
 CLONE_NEWNET = 0x40000000
+# Not under pytest's tmp dir or /root: sunabako's chroot fails below a root-only (0700) directory.
+SUNABAKO_ROLLOUT_STATE = os.environ.get(
+    "LEGO_SUNABAKO_ROLLOUT_STATE", "/var/lib/lego-rl/sunabako-rollout-test"
+)
 
 
 def missing(reason: str) -> None:
@@ -126,6 +138,88 @@ def renderer(tiny_model_dir: Path) -> Any:
 def example_rows() -> dict[str, TaskRow]:
     loaded = load_tasks(EXAMPLES / "tasks.jsonl")
     return {row.metadata.instance_id: row for row in loaded.rows}
+
+
+@dataclass
+class SunabakoNode:
+    """A local sunabako node for rollout tests: the provider options and a way to list its sandboxes."""
+
+    binary: str
+    state_dir: str
+
+    @property
+    def provider_options(self) -> dict[str, Any]:
+        # The provider initialises the node (uid range for the guest user, unbounded test memory) when
+        # node.json is missing: no set-up script needed beyond the binary and the rootfs.
+        return {"state_dir": self.state_dir, "allow_test_memory": True, "binary": self.binary}
+
+    def sandbox_ids(self) -> set[str]:
+        """Ids of every sandbox the node knows about, in any state (``sunabako list``)."""
+        if not Path(self.state_dir, "node.json").exists():
+            return set()
+        out = subprocess.run(
+            [self.binary, "--state", self.state_dir, "list"], check=True, capture_output=True, text=True
+        ).stdout
+        return _record_ids(out)
+
+    @contextlib.asynccontextmanager
+    async def watch(self, every_s: float = 0.1) -> AsyncIterator[set[str]]:
+        """Collect the ids of the node's sandboxes seen *running* while the block runs: proof of which
+        provider ran (a create that failed and was retried never shows as running). ``list`` takes ~1 ms."""
+        seen: set[str] = set()
+
+        async def poll() -> None:
+            while True:
+                proc = await asyncio.create_subprocess_exec(
+                    self.binary, "--state", self.state_dir, "list",
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+                )  # fmt: skip
+                try:
+                    out, _ = await proc.communicate()
+                except asyncio.CancelledError:
+                    await proc.wait()  # `list` is quick: reap it rather than leave it running
+                    raise
+                if proc.returncode == 0:
+                    seen.update(_record_ids(out.decode(), state="running"))
+                await asyncio.sleep(every_s)
+
+        task = asyncio.create_task(poll())
+        try:
+            yield seen
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _record_ids(listing: str, state: str | None = None) -> set[str]:
+    """Sandbox ids in a ``sunabako list`` answer, only those in ``state`` when given."""
+    return {
+        str((record.get("spec") or {}).get("id"))
+        for record in json.loads(listing)
+        if state is None or (record.get("status") or {}).get("state") == state
+    }
+
+
+@pytest.fixture(scope="session")
+def sunabako_node(toolchain: Toolchain) -> Iterator[SunabakoNode]:
+    """The node; at the end of the session, whatever a failed test left on it is stopped and deleted
+    (the tests themselves assert that generate() left nothing: this only keeps a failure from leaking)."""
+    binary = shutil.which("sunabako") or str(Path(sys.executable).with_name("sunabako"))
+    if not Path(binary).exists():
+        missing("the sunabako binary is not installed (pip install 'lego-rl[sunabako]')")
+    Path(SUNABAKO_ROLLOUT_STATE).parent.mkdir(parents=True, exist_ok=True)
+    node = SunabakoNode(binary, SUNABAKO_ROLLOUT_STATE)
+    before = node.sandbox_ids()
+    yield node
+    for sandbox_id in sorted(node.sandbox_ids() - before):
+        for verb in ("stop", "delete"):
+            subprocess.run(  # best effort: the failing test already reported the leak
+                [binary, "--state", node.state_dir, verb, sandbox_id],
+                check=False,
+                capture_output=True,
+                timeout=120,
+            )
 
 
 # -- the adapter in front of the scripted policy ----------------------------------------------------

@@ -1,5 +1,5 @@
-"""generate() end to end with the real CLIs in real bwrap sandboxes, against the adapter backed by the
-scripted policy (TEST DOUBLE at the model boundary, tests/support/scripted_engine.py).
+"""generate() end to end with the real CLIs in real bwrap sandboxes (and real sunabako ones: the
+``_on_sunabako`` cases, root), against the adapter backed by the scripted policy (TEST DOUBLE at the model boundary, tests/support/scripted_engine.py).
 
 The policy's turns: one tool call that writes a file of the example task's repository (the reference fix,
 or a wrong one), then a final answer. A correct fix must score 1 and a wrong one 0, through the whole
@@ -172,3 +172,54 @@ async def test_turn_limit_is_a_policy_termination_that_keeps_its_reward(
     assert result.turns == len(stack.engine.calls) == 3
     assert all(s.reward == 0.0 and s.termination is TerminationReason.TURN_LIMIT for s in result.samples)
     assert_nothing_running(stack.sessions)
+
+
+@pytest.mark.parametrize(
+    ("harness", "path", "content", "reward"),
+    CASES,
+    ids=["claude_code-fix", "claude_code-wrong", "codex-fix", "codex-wrong"],
+)
+async def test_scripted_policy_fix_is_graded_end_to_end_on_sunabako(
+    harness: str,
+    path: str,
+    content: str,
+    reward: float,
+    scripted_stack: Any,
+    toolchain: Any,
+    sunabako_node: Any,
+    example_rows: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """The same chain with real sunabako sandboxes (native runtime, test memory mode) for the agent and
+    the grader. network="host" is the namespace of the process that spawns the sandbox's supervisor:
+    this test's loopback-only cage, so the CLI reaches the adapter and nothing else. Zero logprobs
+    (score=False): the bwrap cases above check real ones; here the sandbox provider is what changes."""
+    assert interfaces() == ["lo"]
+    task = "lego-example-slugify" if path.startswith("textkit") else "lego-example-median"
+    before = sunabako_node.sandbox_ids()
+    stack = await scripted_stack(policy_writing(harness, path, content), score=False)
+    ctx = make_context(
+        tmp_path / "run",
+        stack.sessions,
+        stack.url,
+        toolchain,
+        provider="sunabako",
+        grader_provider="sunabako",
+        provider_options=sunabako_node.provider_options,
+        sandbox_options={"network": "host", "memory_mb": 2048},
+    )
+    async with sunabako_node.watch() as seen:
+        result = await generate(ctx, spec_for(example_rows[task], harness))
+    ctx.run.close()
+
+    assert result.termination is TerminationReason.COMPLETED, result.detail
+    assert result.reward == reward, (result.detail, (result.artifacts / "grader.log").read_text()[-2000:])
+    assert result.turns == 2 and len(stack.engine.calls) == 2
+    assert f"+++ b/{path}" in (result.artifacts / "patch.diff").read_text()
+    assert_trained_tokens_are_the_engines(result, stack.engine)
+    assert_artifacts(result, harness, tmp_path / "run")
+    # The node ran both sandboxes: the agent's and then the grader's (up for a second or so).
+    assert len(seen - before) >= 2, f"sandboxes seen running on {sunabako_node.state_dir}: {sorted(seen)}"
+    assert_nothing_running(stack.sessions)
+    left = sunabako_node.sandbox_ids() - before
+    assert not left, f"sunabako sandboxes left on {sunabako_node.state_dir}: {sorted(left)}"
