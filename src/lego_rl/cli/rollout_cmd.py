@@ -23,7 +23,7 @@ def _fmt_s(value: float | None) -> str:
 
 def _results_table(results: list) -> Table:
     table = Table(title="Rollouts", title_justify="left", expand=True)
-    table.add_column("task", overflow="fold", ratio=3)
+    table.add_column("task", no_wrap=True)  # ids are what operators grep for: never split them
     table.add_column("#", justify="right")
     table.add_column("harness", overflow="fold", ratio=2)
     table.add_column("termination", overflow="fold", ratio=2)
