@@ -287,9 +287,11 @@ class _Rollout:
             return TerminationReason.CONTEXT_LIMIT, "the conversation filled the context window"
         if out.hit_turn_limit or session.termination == "request_limit":
             return TerminationReason.TURN_LIMIT, out.detail or "turn/request limit"
-        if out.adapter_error:
-            # After the limits: a CLI refused at its context or request cap also reports an API error.
-            return TerminationReason.ADAPTER_ERROR, f"the CLI could not use the adapter: {out.detail}"
+        if out.adapter_error and session.requests == 0:
+            # The CLI never got a request through: the adapter was unreachable or refused it outright.
+            # Once turns were served, an "API error" is the CLI's reading of an answer it got (an output
+            # that hit max tokens, say): the policy's doing, left to the exit-code rule below.
+            return TerminationReason.ADAPTER_ERROR, f"the CLI could not reach the adapter: {out.detail}"
         if out.exit_code not in (0, None):
             return TerminationReason.AGENT_ERROR_EXIT, f"the CLI exited {out.exit_code}: {out.detail}"
         return TerminationReason.COMPLETED, ""
