@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -22,19 +23,23 @@ def _fmt_s(value: float | None) -> str:
 
 
 def _results_table(results: list) -> Table:
-    table = Table(title="Rollouts", title_justify="left", expand=True)
-    table.add_column("task", no_wrap=True)  # ids are what operators grep for: never split them
-    table.add_column("#", justify="right")
-    table.add_column("harness", overflow="fold", ratio=2)
-    table.add_column("termination", overflow="fold", ratio=2)
-    for col in ("reward", "turns", "tokens", "agent s", "total s"):
-        table.add_column(col, justify="right")
+    harnesses = sorted({res.harness for res in results})
+    one_harness = len(harnesses) == 1
+    title = f"Rollouts ({harnesses[0]})" if one_harness else "Rollouts"
+    # No vertical rules and ids never split: the table must read in an 80-column log as well.
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("task#sample", no_wrap=True)
+    if not one_harness:
+        table.add_column("harness", no_wrap=True)
+    table.add_column("termination", no_wrap=True)
+    for col in ("reward", "turns", "tokens", "agent s"):
+        table.add_column(col, justify="right", no_wrap=True)
     for res in results:
-        t = res.timings
         term = f"[red]{res.termination.value}[/]" if res.infrastructure_failure else res.termination.value
         reward = "-" if res.reward is None else (f"[green]{res.reward:g}[/]" if res.reward >= 1 else f"{res.reward:g}")
-        table.add_row(res.instance_id, str(res.index), res.harness, term, reward, str(res.turns),
-                      str(res.sampled_tokens), _fmt_s(t.get("agent")), _fmt_s(sum(t.values()) if t else None))
+        row = [f"{res.instance_id}#{res.index}", *([] if one_harness else [res.harness]), term, reward,
+               str(res.turns), str(res.sampled_tokens), _fmt_s(res.timings.get("agent"))]
+        table.add_row(*row)
     return table
 
 
