@@ -59,3 +59,4 @@ def test_torn_last_line_skipped(tmp_path: Path) -> None:
 def test_safe_name() -> None:
     assert safe_name("../../etc") == "_.._etc"
     assert safe_name("") == "_"
+

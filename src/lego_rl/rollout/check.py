@@ -33,7 +33,8 @@ def settings_from_config(r: ResolvedConfig) -> RolloutSettings:
     c = r.config
     return RolloutSettings(
         provider=c.sandbox.provider, grader_provider=c.grader.provider,
-        provider_options=provider_options(r),
+        provider_options=provider_options(r, c.sandbox.provider),
+        grader_provider_options=provider_options(r, c.grader.provider or c.sandbox.provider),
         sandbox_options={"memory_mb": c.sandbox.memory_mb, "network": c.sandbox.network},
         default_harness=c.agent.default_harness, agent_time_budget_s=c.agent.time_budget_s,
         grader_timeout_s=c.grader.timeout_s, guard_s=c.rollout.guard_s or 0.0, max_turns=c.agent.max_turns,
@@ -44,15 +45,15 @@ def settings_from_config(r: ResolvedConfig) -> RolloutSettings:
     )
 
 
-def provider_options(r: ResolvedConfig) -> dict[str, object]:
-    """Provider-wide options from the config (only the providers that take them)."""
+def provider_options(r: ResolvedConfig, provider: str) -> dict[str, object]:
+    """Constructor options of ``provider`` from the config (only the providers that take them)."""
     c = r.config
-    if c.sandbox.provider == "sunabako":
+    if provider == "sunabako":
         opts: dict[str, object] = {"allow_test_memory": bool(c.sandbox.allow_test_memory)}
         if c.sandbox.cluster:
             opts["cluster"] = c.sandbox.cluster
         return opts
-    if c.sandbox.provider == "e2b" and c.sandbox.e2b_api_key is not None:
+    if provider == "e2b" and c.sandbox.e2b_api_key is not None:
         return {"api_key": c.sandbox.e2b_api_key.get_secret_value()}
     return {}
 

@@ -57,6 +57,9 @@ class RolloutSettings:
     provider: str = "bwrap"
     grader_provider: str | None = None
     provider_options: dict[str, Any] = field(default_factory=dict)
+    """Constructor options of the agent's provider."""
+    grader_provider_options: dict[str, Any] | None = None
+    """Constructor options of the grader's provider when it differs (None: the agent's options)."""
     sandbox_options: dict[str, Any] = field(default_factory=dict)
     """Per-sandbox options for ``provider.create`` (memory_mb, network, ...)."""
     default_harness: str = "claude_code"
@@ -72,6 +75,13 @@ class RolloutSettings:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     agent_user: str = "agent"
     trajectory: TrajectoryOptions = field(default_factory=TrajectoryOptions)
+
+    def options_for(self, provider: str) -> dict[str, Any]:
+        """Provider options for ``provider``: a grader on another provider gets its own (sunabako's
+        options mean nothing to bwrap and are refused by it)."""
+        if provider == self.provider or self.grader_provider_options is None:
+            return self.provider_options
+        return self.grader_provider_options
 
 
 @dataclass
@@ -187,9 +197,11 @@ class _Rollout:
     def opener(self, provider: str) -> Callable[[], contextlib.AbstractAsyncContextManager[Sandbox]]:
         s = self.ctx.settings
 
+        options = s.options_for(provider)
+
         def open_plain() -> Any:
             return create_sandbox(self.meta.image, provider=provider, images=self.ctx.images,
-                                  provider_options=s.provider_options, **s.sandbox_options)
+                                  provider_options=options, **s.sandbox_options)
 
         return seeded_opener(open_plain, self.meta, self.ctx.dataset_dir)
 

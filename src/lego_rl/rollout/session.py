@@ -53,9 +53,11 @@ class RolloutCheckSession:
         async def one(row) -> None:  # type: ignore[no-untyped-def]
             meta = row.metadata
 
+            provider = s.grader_provider or s.provider
+
             def open_plain():  # type: ignore[no-untyped-def]
-                return create_sandbox(meta.image, provider=s.grader_provider or s.provider, images=self.images,
-                                      provider_options=s.provider_options, **s.sandbox_options)
+                return create_sandbox(meta.image, provider=provider, images=self.images,
+                                      provider_options=s.options_for(provider), **s.sandbox_options)
 
             async with sem:
                 try:
