@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Awaitable, Mapping
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from lego_rl.errors import ConfigError, HarnessError
 from lego_rl.harness.hookspecs import hookimpl
@@ -102,6 +103,28 @@ class HarnessConfig(BaseModel):
     """Appended to the command line, overriding a default flag of the same name."""
     extra_envs: dict[str, str] = {}
     """Merged over the CLI environment last."""
+
+
+class ArchiveOrNpmConfig(HarnessConfig):
+    """A CLI installed either from its native platform archive or from Node plus its npm package.
+
+    Unless ``install_from`` is given, a native tarball selects ``native`` and the Node / npm tarballs alone
+    select ``npm``: the reference example's precedence, shared by every such harness.
+    """
+
+    install_from: Literal["native", "npm"] = "native"
+    native_tarball: Path | None = None
+    cli_tarball: Path | None = None
+    node_tarball: Path | None = None
+
+    @model_validator(mode="after")
+    def _tarball_selects_path(self) -> ArchiveOrNpmConfig:
+        if "install_from" not in self.model_fields_set:
+            if self.native_tarball is not None:
+                self.install_from = "native"
+            elif self.cli_tarball is not None or self.node_tarball is not None:
+                self.install_from = "npm"
+        return self
 
 
 class HarnessPlugin:

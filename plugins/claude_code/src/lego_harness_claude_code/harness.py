@@ -19,10 +19,10 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
-from lego_rl.harness.base import merge_flag_args, safe_id
+from lego_rl.harness.base import ArchiveOrNpmConfig, merge_flag_args, safe_id
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
 from lego_rl.harness.models import ToolchainPin
 from lego_rl.harness.node import (
@@ -52,7 +52,7 @@ KNOWN = {
 CODE_TOOLS = ["Bash", "Read", "Edit", "Write", "Glob", "Grep"]
 
 
-class ClaudeCodeConfig(HarnessConfig):
+class ClaudeCodeConfig(ArchiveOrNpmConfig):
     """``[harness.claude_code]``; env: ``LEGO_AGENT_CC_*`` (or ``VIME_AGENT_CC_*``)."""
 
     version: str = DEFAULT_VERSION
@@ -72,15 +72,6 @@ class ClaudeCodeConfig(HarnessConfig):
     """Compact the conversation at this share of the context window."""
     max_retries: int = Field(default=2, ge=0)
     """API retries per request; the CLI's own default backs off for minutes on a dead adapter."""
-
-    @model_validator(mode="after")
-    def _tarball_selects_path(self) -> ClaudeCodeConfig:
-        if "install_from" not in self.model_fields_set:
-            if self.native_tarball is not None:
-                self.install_from = "native"
-            elif self.cli_tarball is not None or self.node_tarball is not None:
-                self.install_from = "npm"
-        return self
 
 
 class ClaudeCodeHarness(HarnessPlugin):

@@ -17,10 +17,8 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import model_validator
-
 from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
-from lego_rl.harness.base import safe_id
+from lego_rl.harness.base import ArchiveOrNpmConfig, safe_id
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
 from lego_rl.harness.models import ToolchainPin
 from lego_rl.harness.node import (
@@ -54,7 +52,7 @@ PROVIDER = "lego"
 KEY_VAR = "LEGO_SESSION_KEY"
 
 
-class CodexConfig(HarnessConfig):
+class CodexConfig(ArchiveOrNpmConfig):
     """``[harness.codex]``; env: ``LEGO_AGENT_CODEX_*`` (or ``VIME_AGENT_CODEX_*``)."""
 
     version: str = DEFAULT_VERSION
@@ -67,15 +65,6 @@ class CodexConfig(HarnessConfig):
     node_version: str = DEFAULT_NODE_VERSION
     disabled_features: list[str] = list(DISABLED_FEATURES)
     """Passed as ``--disable <feature>`` each."""
-
-    @model_validator(mode="after")
-    def _tarball_selects_path(self) -> CodexConfig:
-        if "install_from" not in self.model_fields_set:
-            if self.native_tarball is not None:
-                self.install_from = "native"
-            elif self.cli_tarball is not None or self.node_tarball is not None:
-                self.install_from = "npm"
-        return self
 
 
 class CodexHarness(HarnessPlugin):
