@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lego_rl.adapter.canonical import Message, ToolCall, ToolSpec
+from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.chat.parsers import (
     merge_assistant_runs,
     parse_turn,

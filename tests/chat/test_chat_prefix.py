@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lego_rl.adapter.canonical import Message, ToolSpec
+from lego_rl.chat.messages import Message, ToolSpec
 from lego_rl.chat.parsers import parse_turn
 from lego_rl.chat.prefix import ChainState, PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer

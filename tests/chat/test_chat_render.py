@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lego_rl.adapter.canonical import Message, ToolCall, ToolSpec
+from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.chat.render import ChatRenderer, RenderError, tool_to_template
 
 USER = [Message(role="system", content="be brief"), Message(role="user", content="hi")]

@@ -20,7 +20,7 @@ from test_generate_scripted import policy_writing
 from lego_rl.harness.toolchain import Toolchain
 from lego_rl.rollout.generate import RolloutResult, generate
 from lego_rl.rollout.rundir import read_events
-from lego_rl.rollout.termination import TerminationReason
+from lego_rl.termination import TerminationReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
 

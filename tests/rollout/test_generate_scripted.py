@@ -21,7 +21,7 @@ from support.scripted_engine import tool_call_text
 from lego_rl.adapter.sessions import load_turn_records
 from lego_rl.rollout.generate import STAGES, RolloutResult, generate
 from lego_rl.rollout.rundir import read_events
-from lego_rl.rollout.termination import TerminationReason
+from lego_rl.termination import TerminationReason
 from lego_rl.trajectory.sample import load_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]

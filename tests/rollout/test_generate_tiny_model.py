@@ -15,7 +15,7 @@ from conftest import EXAMPLES, REPO, assert_nothing_running, interfaces, missing
 
 from lego_rl.cli.options import load
 from lego_rl.rollout.rundir import read_events
-from lego_rl.rollout.termination import POLICY_OUTCOMES, TerminationReason
+from lego_rl.termination import POLICY_OUTCOMES, TerminationReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
 

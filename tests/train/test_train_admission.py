@@ -6,7 +6,7 @@ import pytest
 from train_samples import rollout
 
 from lego_rl.errors import GraderError, HarnessError, ProviderError, SandboxTimeout, TrajectoryError
-from lego_rl.rollout.termination import (
+from lego_rl.termination import (
     INFRASTRUCTURE_FAILURES,
     POLICY_OUTCOMES,
     is_infrastructure_failure,
@@ -14,7 +14,7 @@ from lego_rl.rollout.termination import (
     parse_termination,
     reason_for_error,
 )
-from lego_rl.rollout.termination import TerminationReason as T
+from lego_rl.termination import TerminationReason as T
 from lego_rl.train.advantages import AdmissionPolicy, admit
 
 

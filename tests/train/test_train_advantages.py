@@ -110,7 +110,7 @@ def test_a_rollout_without_trainable_segments_still_counts_in_its_group():
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0.0, 1.0]), st.booleans()), min_size=1, max_size=12))
 def test_excluded_infrastructure_failures_do_not_move_anyone_elses_advantage(spec):
-    from lego_rl.rollout.termination import TerminationReason as T
+    from lego_rl.termination import TerminationReason as T
     from lego_rl.train.advantages import admit
 
     samples, healthy = [], []

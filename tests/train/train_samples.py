@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lego_rl.rollout.termination import TerminationReason
+from lego_rl.termination import TerminationReason
 from lego_rl.trajectory.sample import Sample
 
 

@@ -8,7 +8,7 @@ import pytest
 from trajectory_records import bridged, rec
 
 from lego_rl.errors import TrajectoryError
-from lego_rl.rollout.termination import TerminationReason
+from lego_rl.termination import TerminationReason
 from lego_rl.trajectory.export import load_turn_records, samples_from_turn_records_file
 from lego_rl.trajectory.manager import build_samples
 from lego_rl.trajectory.sample import Sample, load_samples, save_samples

@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, Message, ToolCall, ToolSpec
+from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse
 from lego_rl.adapter.dialect import (
     Dialect,
     Route,
@@ -32,6 +32,7 @@ from lego_rl.adapter.dialect import (
     get_field,
     positive_int,
 )
+from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.errors import ProtocolError
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"

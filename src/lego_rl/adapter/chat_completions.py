@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, Message, ToolCall, ToolSpec
+from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse
 from lego_rl.adapter.dialect import (
     Dialect,
     Route,
@@ -32,6 +32,7 @@ from lego_rl.adapter.dialect import (
     parse_arguments,
     positive_int,
 )
+from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.errors import ProtocolError
 
 FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls",

@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NamedTuple
 
-from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, Message, Protocol
+from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, Protocol
+from lego_rl.chat.messages import Message
 from lego_rl.errors import ProtocolError
 
 Operation = Literal["generate", "count_tokens", "unsupported"]

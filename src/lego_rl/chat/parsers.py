@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lego_rl.adapter.canonical import Message, ToolCall, ToolSpec
+from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.errors import ProtocolError
 
 ToolParserStyle = Literal["auto", "qwen3_coder", "hermes"]

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lego_rl.adapter.canonical import Message, ToolCall, ToolSpec
+from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.chat.render import ChatRenderer, RenderError
 from lego_rl.trajectory.records import RenderMode
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lego_rl.adapter.canonical import Message, ToolCall, ToolSpec
+from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.chat.parsers import model_tool_name
 
 log = logging.getLogger(__name__)

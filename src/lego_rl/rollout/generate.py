@@ -34,7 +34,7 @@ from lego_rl.harness.plugins import HarnessHandle
 from lego_rl.harness.toolchain import Toolchain
 from lego_rl.rollout.recording import RecordingSandbox
 from lego_rl.rollout.rundir import RunDir, safe_name, write_new
-from lego_rl.rollout.termination import TerminationReason, is_infrastructure_failure
+from lego_rl.termination import TerminationReason, is_infrastructure_failure
 from lego_rl.sandbox.base import ImageSpec, Sandbox
 from lego_rl.sandbox.factory import create_sandbox
 from lego_rl.swe.grader import GradeResult, grade

@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from lego_rl.errors import TrajectoryError
-from lego_rl.rollout.termination import INFRASTRUCTURE_FAILURES, TerminationReason
+from lego_rl.termination import INFRASTRUCTURE_FAILURES, TerminationReason
 from lego_rl.trajectory.sample import Sample
 
 

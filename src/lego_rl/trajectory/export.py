@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lego_rl.errors import TrajectoryError
-from lego_rl.rollout.termination import TerminationReason
+from lego_rl.termination import TerminationReason
 from lego_rl.trajectory.manager import TrajectoryOptions, TrajectoryStats, build_samples
 from lego_rl.trajectory.records import TurnRecord
 from lego_rl.trajectory.sample import Sample

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from lego_rl.errors import TrajectoryError
-from lego_rl.rollout.termination import TerminationReason
+from lego_rl.termination import TerminationReason
 from lego_rl.trajectory.checks import check_record
 from lego_rl.trajectory.records import TurnRecord
 from lego_rl.trajectory.sample import PromptRoutingSnapshot, Sample

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lego_rl.errors import TrajectoryError
-from lego_rl.rollout.termination import TerminationReason
+from lego_rl.termination import TerminationReason
 
 SampleFormat = Literal["jsonl", "parquet"]
 

@@ -7,8 +7,8 @@ Two families, and the difference matters for training:
   budget. These are consequences of the policy's behaviour, so the rollout keeps its verifier reward
   (usually 0 for an unfinished task) and enters the GRPO statistics like any other run.
 * **Infrastructure failures** (``sandbox_setup``, ``sandbox_lost``, ``harness_install``, ``adapter_error``,
-  ``engine_error``, ``grader_error``, ``guard_timeout``, ``weight_sync_interrupted``): something
-  outside the policy broke. A reward of 0 here would punish the policy for our outage, so by default
+  ``engine_error``, ``grader_error``, ``guard_timeout``, ``weight_sync_interrupted``,
+  ``internal_error``): something outside the policy broke. A reward of 0 here would punish the policy for our outage, so by default
   these rollouts are excluded from advantages and loss, and counted (see
   ``lego_rl.train.advantages.AdmissionPolicy``, which the operator can change).
 
@@ -55,6 +55,9 @@ class TerminationReason(StrEnum):
     GUARD_TIMEOUT = "guard_timeout"
     """The whole-rollout guard (sandbox setup + agent + grading) expired."""
     WEIGHT_SYNC_INTERRUPTED = "weight_sync_interrupted"
+    INTERNAL_ERROR = "internal_error"
+    """A bug in lego itself (an exception outside our error model); the traceback is in the run log.
+    Excluded like an infrastructure failure: the policy did nothing to earn it."""
 
 
 POLICY_OUTCOMES: frozenset[TerminationReason] = frozenset(
