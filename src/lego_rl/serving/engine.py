@@ -375,12 +375,3 @@ class EmbeddedEngine:
         self._batch.add(kv_of(cache), len(req.prompt))
         req.out.record(sample_rows(logits, [req.row])[0], version)
 
-
-def embedded_server(model_dir: str | Path, **kw: Any) -> Any:
-    """``async with embedded_server(model_dir) as url:`` serves the model on 127.0.0.1 at a free port.
-
-    Keyword arguments go to ``EmbeddedEngine`` (``max_batch``, ``threads``, ...) or the server (``port``).
-    """
-    from lego_rl.serving.server import embedded_server as serve
-
-    return serve(model_dir, **kw)
