@@ -134,22 +134,24 @@ def outside_allowed(graph: grimp.ImportGraph, package: str, allowed: tuple[str, 
 @pytest.mark.parametrize("contract", CONTRACT_IDS)
 def test_import_contract(contract: str) -> None:
     result = lint_imports(contract)
-    assert result.returncode == 0, (
-        f"import contract {contract!r} (pyproject.toml [tool.importlinter]) is broken:\n{result.stdout}{result.stderr}")
+    assert result.returncode == 0, \
+        f"import contract {contract!r} (pyproject.toml [tool.importlinter]) is broken:\n" \
+        f"{result.stdout}{result.stderr}"
 
 
 def test_no_import_cycle_between_files() -> None:
     cycles = file_cycles(import_graph("lego_rl", *PLUGIN_PACKAGES))
-    assert not cycles, "files that import each other (split out what both need, into a module below both):\n" + \
-        "\n".join("cycle:\n" + "\n".join(f"  {imp}" for imp in cycle) for cycle in cycles)
+    listed = "\n".join("cycle:\n" + "\n".join(f"  {imp}" for imp in cycle) for cycle in cycles)
+    assert not cycles, f"files that import each other (move what both need to a module below both):\n{listed}"
 
 
 @pytest.mark.parametrize("package", sorted(ONLY_IMPORTS))
 def test_package_imports_only_its_allowed_floors(package: str) -> None:
     graph = import_graph("lego_rl", *PLUGIN_PACKAGES)
     bad = outside_allowed(graph, package, ONLY_IMPORTS[package])
-    assert not bad, f"{package} may import from lego_rl only {', '.join(ONLY_IMPORTS[package])}; it imports:\n" + \
-        "\n".join(f"  {imp}" for imp in bad)
+    listed = "\n".join(f"  {imp}" for imp in bad)
+    allowed = ", ".join(ONLY_IMPORTS[package])
+    assert not bad, f"{package} may import from lego_rl only {allowed}; it imports:\n{listed}"
 
 
 def test_every_plugin_is_checked() -> None:
@@ -229,7 +231,7 @@ def test_packages_still_to_come_take_their_floors(package_copy: Path) -> None:
     assert with_them.returncode == baseline.returncode, with_them.stdout
     assert violations(with_them) == violations(baseline)
 
-    plant(package_copy, "lego_rl.runstore.events", "import lego_rl.trajectory.sample  # planted: runstore is low")
+    plant(package_copy, "lego_rl.runstore.events", "import lego_rl.trajectory.sample  # up")
     result = lint_imports("layers", pythonpath=package_copy)
     assert result.returncode != 0
     assert violations(result) - violations(baseline) == {
@@ -238,9 +240,11 @@ def test_packages_still_to_come_take_their_floors(package_copy: Path) -> None:
 
 def test_a_cycle_between_files_is_reported_with_its_imports() -> None:
     graph = grimp.ImportGraph()
-    for importer, imported, line in [("p.a", "p.b", 3), ("p.b", "p.c", 4), ("p.c", "p.a", 5), ("p.c", "p.d", 6),
-                                     ("p.e", "p.e2", 1), ("p.e2", "p.e", 2)]:
-        graph.add_import(importer=importer, imported=imported, line_number=line, line_contents=f"import {imported}")
+    edges = [("p.a", "p.b", 3), ("p.b", "p.c", 4), ("p.c", "p.a", 5), ("p.c", "p.d", 6),
+             ("p.e", "p.e2", 1), ("p.e2", "p.e", 2)]
+    for importer, imported, line in edges:
+        graph.add_import(importer=importer, imported=imported, line_number=line,
+                         line_contents=f"import {imported}")
     cycles = file_cycles(graph)
     assert [sorted(str(imp) for imp in cycle) for cycle in cycles] == [
         ["p.a -> p.b (l.3: import p.b)", "p.b -> p.c (l.4: import p.c)", "p.c -> p.a (l.5: import p.a)"],
@@ -255,7 +259,8 @@ def test_an_import_outside_the_allow_list_is_reported() -> None:
                      line_contents="from lego_rl.runstore import read")
     graph.add_import(importer="lego_rl.monitor", imported="lego_rl.serving.client", line_number=7,
                      line_contents="from lego_rl.serving import client")
-    graph.add_import(importer="lego_rl.monitor.view", imported="rich", line_number=2, line_contents="import rich")
+    graph.add_import(importer="lego_rl.monitor.view", imported="rich", line_number=2,
+                     line_contents="import rich")
     bad = outside_allowed(graph, "lego_rl.monitor", ONLY_IMPORTS["lego_rl.monitor"])
     assert [str(imp) for imp in bad] == [
         "lego_rl.monitor -> lego_rl.serving.client (l.7: from lego_rl.serving import client)"]

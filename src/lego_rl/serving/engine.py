@@ -66,7 +66,7 @@ class EmbeddedEngine:
         self.device = torch.device(device)
         self.model, self.config, eos = load_model(self.model_dir, self.device, dtype)
         self.vocab_size = int(self.config.vocab_size)
-        self.max_model_len = int(max_model_len or getattr(self.config, "max_position_embeddings", 4096))
+        self.max_model_len = max_model_len or int(getattr(self.config, "max_position_embeddings", 4096))
         self.eos_ids = eos
         self.name = name or self.model_dir.name
         self.max_batch = max_batch
