@@ -19,7 +19,13 @@ from lego_rl.adapter.core import AdapterCore, SamplingDefaults
 from lego_rl.adapter.sessions import Session, SessionRegistry
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.errors import ProtocolError, ProviderError
-from lego_rl.serving.protocol import GenerateResult, NucleusEntry, SamplingParams, WeightVersionSpan
+from lego_rl.serving.protocol import (
+    LOGPROB_TOLERANCE,
+    GenerateResult,
+    NucleusEntry,
+    SamplingParams,
+    WeightVersionSpan,
+)
 
 BASH = ToolSpec(name="bash", parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})
 ASK = [
@@ -185,6 +191,7 @@ def _reply(ids: list[int], lps: list[float], **kw: Any) -> GenerateResult:
         (_reply([5], [float("nan")]), "invalid logprob nan"),
         (_reply([5], [float("-inf")]), "invalid logprob -inf"),
         (_reply([5], [0.7]), "invalid logprob 0.7"),
+        (_reply([5], [math.nextafter(LOGPROB_TOLERANCE, 1)]), f"rounding up to {LOGPROB_TOLERANCE} allowed"),
         (_reply([10**6], [-0.1]), "token id 1000000 outside the vocabulary"),
         (_reply([], []), "no output tokens"),
         (

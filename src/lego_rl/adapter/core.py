@@ -45,7 +45,7 @@ from lego_rl.chat.parsers import (
 from lego_rl.chat.prefix import PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer, RenderError
 from lego_rl.errors import ProtocolError, ProviderError
-from lego_rl.serving.protocol import GenerateResult, SamplingParams
+from lego_rl.serving.protocol import LOGPROB_TOLERANCE, GenerateResult, SamplingParams
 from lego_rl.trajectory.records import TurnRecord
 
 
@@ -236,10 +236,11 @@ class AdapterCore:
             raise ProviderError(f"engine returned {len(result.logprobs)} logprobs for {n} output tokens")
         if n > params.max_tokens:
             raise ProviderError(f"engine returned {n} tokens, more than max_tokens={params.max_tokens}")
-        bad = next((i for i, lp in enumerate(result.logprobs) if not math.isfinite(lp) or lp > 1e-6), None)
+        bad = next((i for i, lp in enumerate(result.logprobs) if not _valid_logprob(lp)), None)
         if bad is not None:
             raise ProviderError(
-                f"engine returned an invalid logprob {result.logprobs[bad]!r} at position {bad}"
+                f"engine returned an invalid logprob {result.logprobs[bad]!r} at position {bad} "
+                f"(must be finite and <= 0, rounding up to {LOGPROB_TOLERANCE} allowed)"
             )
         if self.sampling.nucleus and (result.nucleus is None or len(result.nucleus) != n):
             got = "none" if result.nucleus is None else f"{len(result.nucleus)} entries"
@@ -318,6 +319,10 @@ class _Clock:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
+
+
+def _valid_logprob(value: float) -> bool:
+    return math.isfinite(value) and value <= LOGPROB_TOLERANCE
 
 
 def _versions(result: GenerateResult) -> list[int]:
