@@ -127,7 +127,7 @@ async def test_count_tokens_uses_our_tokenizer_and_records_nothing(make_harness)
 
 
 async def test_context_limit_is_a_protocol_stop(make_harness) -> None:
-    h = await make_harness(context_limit=8)
+    h = await make_harness(max_context_tokens=8)
     r = await h.client.post("/v1/messages", json=body([{"role": "user", "content": "a long enough question"}]),
                             headers=KEY)
     msg = await r.json()

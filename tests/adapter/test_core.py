@@ -65,7 +65,7 @@ class ReplyEngine:
 
 
 def make_core(renderer: ChatRenderer, engine: Any, **kw: Any) -> AdapterCore:
-    kw.setdefault("context_limit", 4096)
+    kw.setdefault("max_context_tokens", 4096)
     return AdapterCore(renderer, engine, verify_bridges=True, **kw)
 
 
@@ -137,7 +137,7 @@ async def test_max_tokens_clamped_to_remaining_context(tiny_model_dir: Path, ren
     spy = Spy(ScriptedPolicyEngine(tiny_model_dir, ["Short."] * 4, score=False))
     registry = SessionRegistry()
     prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
-    core = make_core(renderer, spy, context_limit=prompt_len + 10, max_response_tokens=64)
+    core = make_core(renderer, spy, max_context_tokens=prompt_len + 10, max_response_tokens=64)
     await core.run_turn(registry.open("a"), req(ASK, max_tokens=500))
     await core.run_turn(registry.open("b", max_response_tokens=7), req(ASK))
     await core.run_turn(registry.open("c", max_context=prompt_len + 3), req(ASK))
@@ -149,7 +149,7 @@ async def test_max_tokens_clamped_to_remaining_context(tiny_model_dir: Path, ren
 async def test_no_room_left_answers_context_limit_without_calling_the_engine(renderer: ChatRenderer) -> None:
     engine = ReplyEngine(GenerateResult(output_ids=[5], logprobs=[-1.0], finish_reason="stop"))
     prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
-    core = make_core(renderer, engine, context_limit=prompt_len)
+    core = make_core(renderer, engine, max_context_tokens=prompt_len)
     session = SessionRegistry().open("s")
     resp = await core.run_turn(session, req(ASK))
     assert (resp.stop, resp.text, resp.tool_calls, resp.prompt_tokens) == (
@@ -168,14 +168,14 @@ async def test_output_cut_by_the_window_marks_context_limit(renderer: ChatRender
     ids = renderer.encode("partial answer")
     engine = ReplyEngine(GenerateResult(output_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="length"))
     prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
-    core = make_core(renderer, engine, context_limit=prompt_len + len(ids))
+    core = make_core(renderer, engine, max_context_tokens=prompt_len + len(ids))
     session = SessionRegistry().open("s")
     resp = await core.run_turn(session, req(ASK))
     assert resp.stop == "max_tokens" and resp.text == "partial answer"
     assert session.termination == "context_limit"
     # A truncated output cannot be bridged: the next turn is a full render.
     echo = Message(role="assistant", content=resp.text)
-    core.context_limit = 4096
+    core.max_context_tokens = 4096
     await core.run_turn(session, req([*ASK, echo, Message(role="user", content="continue")]))
     assert session.records[-1].render_mode == "full"
 
@@ -237,7 +237,7 @@ async def test_client_sampling_ignored_unless_honoured(tiny_model_dir: Path, ren
 
 def test_template_kwargs_precedence(renderer: ChatRenderer) -> None:
     core = AdapterCore(ChatRenderer(renderer.tokenizer, template_kwargs={"reasoning_effort": "high", "x": 1}),
-                       ReplyEngine(_reply([5], [-1.0])), context_limit=100)  # fmt: skip
+                       ReplyEngine(_reply([5], [-1.0])), max_context_tokens=100)  # fmt: skip
     session = SessionRegistry().open("s", template_kwargs={"reasoning_effort": "medium"})
     r = req(ASK, reasoning_effort="low", template_kwargs={"y": 2})
     assert core.template_kwargs(session, r) == {"reasoning_effort": "medium", "x": 1, "y": 2}

@@ -136,7 +136,7 @@ async def test_truncated_output_is_incomplete_and_context_limit_completes(make_h
     r = await h.client.post("/v1/responses", json=body("go", max_output_tokens=4), headers=AUTH)
     resp = await r.json()
     assert resp["status"] == "incomplete" and resp["incomplete_details"] == {"reason": "max_output_tokens"}
-    h = await make_harness(context_limit=4)
+    h = await make_harness(max_context_tokens=4)
     r = await h.client.post("/v1/responses", json=body("a question that does not fit", stream=True), headers=AUTH)
     events = parse_sse(await r.text())
     assert events[-1][0] == "response.completed" and h.engine.calls == []

@@ -82,8 +82,8 @@ _CALL_PREFIX = {"anthropic": "toolu_", "responses": "call_", "chat": "call_"}
 class AdapterCore:
     """Runs turns for every session of one served model.
 
-    ``context_limit`` is the model's window (prompt + output tokens); ``max_response_tokens`` caps one
-    call's output (``--rollout-max-response-len``). Sessions may lower both.
+    ``max_context_tokens`` is the model's window (prompt + output tokens); ``max_response_tokens`` caps
+    one call's output (``--rollout-max-response-len``). Sessions may lower both.
     """
 
     def __init__(
@@ -91,22 +91,22 @@ class AdapterCore:
         renderer: ChatRenderer,
         backend: GenerateBackend,
         *,
-        context_limit: int,
+        max_context_tokens: int,
         max_response_tokens: int = 8192,
         tool_parser: ToolParserStyle = "auto",
         sampling: SamplingDefaults | None = None,
         model_name: str = "lego",
         verify_bridges: bool = False,
     ) -> None:
-        if context_limit <= 0 or max_response_tokens <= 0:
+        if max_context_tokens <= 0 or max_response_tokens <= 0:
             raise ValueError(
-                f"context_limit ({context_limit}) and max_response_tokens ({max_response_tokens}) "
+                f"max_context_tokens ({max_context_tokens}) and max_response_tokens ({max_response_tokens}) "
                 "must be positive"
             )
         self.renderer = renderer
         self.backend = backend
         self.bridge = PrefixBridge(renderer, verify=verify_bridges)
-        self.context_limit = context_limit
+        self.max_context_tokens = max_context_tokens
         self.max_response_tokens = max_response_tokens
         self.tool_parser = tool_parser
         self.sampling = sampling or SamplingDefaults()
@@ -141,7 +141,7 @@ class AdapterCore:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
         clock.render_s = clock.elapsed()
 
-        window = min(self.context_limit, session.max_context or self.context_limit)
+        window = min(self.max_context_tokens, session.max_context or self.max_context_tokens)
         remaining = window - len(plan.prompt_ids)
         cap = min(self.max_response_tokens, session.max_response_tokens or self.max_response_tokens)
         if req.max_tokens is not None:
