@@ -14,7 +14,9 @@ returned ``CanonicalResponse`` in their protocol (JSON or SSE). One turn is:
 5. call the engine (``generate``) with ``logprobs=1`` and validate the reply: a count mismatch, a
    non-finite logprob or an unknown id fails the request with ``ProviderError`` and marks the session
    as an infrastructure failure;
-6. parse reasoning and tool calls from the sampled ids, record a ``TurnRecord``, remember the turn for
+6. end the output at the first client stop sequence (``lego_rl.adapter.stops``: the text is cut before
+   it, the recorded tokens end with the one that completes it);
+7. parse reasoning and tool calls from the sampled ids, record a ``TurnRecord``, remember the turn for
    the next bridge, and return the response.
 
 For prefix reuse to match, the echoed assistant turn must carry the tool-call ids this core issued
@@ -35,6 +37,7 @@ from typing import Any, Protocol
 
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopKind
 from lego_rl.adapter.sessions import Session
+from lego_rl.adapter.stops import find_stop, keep_prefix
 from lego_rl.chat.parsers import (
     ToolParserStyle,
     merge_assistant_runs,
@@ -74,6 +77,11 @@ class SamplingDefaults:
     fails the request."""
     routed_experts: bool = False
     """Ask the engine for MoE routing (R3 replay); kept on the turn record."""
+    engine_stop_strings: bool = False
+    """Also send client stop sequences to the engine (vLLM's ``stop``) so sampling ends there instead
+    of running on to the end of the message. Off by default because lego's embedded engine refuses
+    ``stop`` with a 400; the adapter cuts the output at the stop sequence either way, and an engine that
+    stopped on the string returns exactly the tokens the cut keeps."""
 
 
 _CALL_PREFIX = {"anthropic": "toolu_", "responses": "call_", "chat": "call_"}
@@ -156,11 +164,18 @@ class AdapterCore:
         params = self._sampling_params(req, min(cap, remaining))
         result, versions = await self._generate(session, plan, params, clock)
         prefix = _CALL_PREFIX.get(req.protocol, "call_")
-        visible = self.renderer.decode(self.renderer.strip_end_of_message(result.output_ids))
+        visible_ids = self.renderer.strip_end_of_message(result.output_ids)
+        visible = self.renderer.decode(visible_ids)
+        matched = find_stop(visible_ids, visible, req.stop, self.renderer.decode) if req.stop else None
+        if matched is not None:
+            result, versions = keep_prefix(result, matched.n_tokens), versions[: matched.n_tokens]
+            visible = matched.text
         parsed = parse_turn(visible, req.tools, style=self.tool_parser, new_id=lambda: new_call_id(prefix))
         stop: StopKind = "end_turn"
         if parsed.tool_calls:
-            stop = "tool_use"
+            stop = "tool_use"  # complete calls before a stop sequence must still be answered by the client
+        elif matched is not None:
+            stop = "stop_sequence"
         elif result.finish_reason == "length":
             stop = "max_tokens"
             if params.max_tokens == remaining:  # the window, not the cap, cut this output short
@@ -171,6 +186,8 @@ class AdapterCore:
         session.records.append(record)
         # The chain node shares the record's id lists: long sessions keep one copy of each prompt.
         plan.prompt_ids = record.prompt_ids
+        # An output cut at a stop sequence lacks the end-of-message token, so the bridge will not
+        # extend it: the next turn is rendered from the echoed (cut) text and starts a new segment.
         self.bridge.commit(
             chain,
             plan,
@@ -187,6 +204,7 @@ class AdapterCore:
             reasoning=parsed.reasoning,
             tool_calls=parsed.tool_calls,
             stop=stop,
+            stop_sequence=matched.sequence if matched is not None and stop == "stop_sequence" else None,
             prompt_tokens=len(plan.prompt_ids),
             completion_tokens=len(result.output_ids),
             parse_failures=parsed.parse_failures,
@@ -217,6 +235,8 @@ class AdapterCore:
     def _sampling_params(self, req: CanonicalRequest, max_tokens: int) -> SamplingParams:
         s = self.sampling
         use_client = s.honour_client
+        # vLLM's own ``stop`` field (SamplingParams passes unknown fields through); only when asked for.
+        engine_stop: dict[str, Any] = {"stop": list(req.stop)} if s.engine_stop_strings and req.stop else {}
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=req.temperature if use_client and req.temperature is not None else s.temperature,
@@ -225,6 +245,7 @@ class AdapterCore:
             stop_token_ids=sorted(self.renderer.eos_ids),
             logprobs=1,
             skip_special_tokens=False,
+            **engine_stop,
         )
 
     def _validate(self, result: GenerateResult, params: SamplingParams) -> None:
