@@ -78,10 +78,11 @@ class SamplingDefaults:
     routed_experts: bool = False
     """Ask the engine for MoE routing (R3 replay); kept on the turn record."""
     engine_stop_strings: bool = False
-    """Also send client stop sequences to the engine (vLLM's ``stop``) so sampling ends there instead
-    of running on to the end of the message. Off by default because lego's embedded engine refuses
-    ``stop`` with a 400; the adapter cuts the output at the stop sequence either way, and an engine that
-    stopped on the string returns exactly the tokens the cut keeps."""
+    """Also send client stop sequences to the engine (vLLM's ``stop``; it matches them on its own
+    detokenized output, so not with ``--skip-tokenizer-init``) so sampling ends there instead of running
+    on to the end of the message. Off by default because lego's embedded engine refuses ``stop`` with a
+    400. The adapter cuts the output at the stop sequence either way, and an engine that stopped on the
+    string returns exactly the tokens the cut keeps, so both paths record the same thing."""
 
 
 _CALL_PREFIX = {"anthropic": "toolu_", "responses": "call_", "chat": "call_"}

@@ -25,8 +25,8 @@ from lego_rl.serving.protocol import GenerateResult
 
 MAX_STOP_SEQUENCES = 4
 """Most stop sequences one request may carry: OpenAI's documented limit for Chat Completions ``stop``,
-which recent vLLM also enforces on its OpenAI and Anthropic front ends. Refusing more with a 400 names
-the problem; passing them on could make a vLLM engine refuse the turn, which fails the rollout."""
+and vLLM's default ``VLLM_MAX_STOP_STRINGS`` on its OpenAI and Anthropic front ends. Refusing more with
+a 400 names the problem; passing them on could make a vLLM engine refuse the turn, failing the rollout."""
 
 
 @dataclass(frozen=True)
