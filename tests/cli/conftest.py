@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 
-
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """cwd with one task row, an images.json whose rootfs exists, a lego.toml on bwrap, no stray variables."""
