@@ -23,7 +23,7 @@ def scan_dataset_full(r: ResolvedConfig) -> tuple[set[str], set[str], list[Findi
     key = "rollout.prompt_data"
     if not path.is_file():
         return set(), set(), [error("missing_file", f"{key} names {path}, which does not exist",
-                             "prepare it with `lego prepare` or set PROMPT_DATA", key)]
+                             "prepare it with `lego tasks prepare` or set PROMPT_DATA", key)]
     images: set[str] = set()
     agents: set[str] = set()
     findings: list[Finding] = []
@@ -39,12 +39,12 @@ def scan_dataset_full(r: ResolvedConfig) -> tuple[set[str], set[str], list[Findi
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 findings.append(error("dataset_row", f"{path} row {number}: not valid JSON ({exc.msg})",
-                                      "fix or regenerate the row with `lego prepare`", key))
+                                      "fix or regenerate the row with `lego tasks prepare`", key))
                 continue
             meta = row.get(meta_key) if isinstance(row, dict) else None
             if not isinstance(meta, dict):
                 findings.append(error("dataset_row", f"{path} row {number}: `{meta_key}` must be an object",
-                                      "regenerate the dataset with `lego prepare`", key))
+                                      "regenerate the dataset with `lego tasks prepare`", key))
                 continue
             if not isinstance(row.get(r.config.rollout.input_key), list | str):
                 findings.append(error("dataset_row", f"{path} row {number}: no prompt under "
@@ -59,8 +59,8 @@ def scan_dataset_full(r: ResolvedConfig) -> tuple[set[str], set[str], list[Findi
                                       "every row needs the task image", key))
             if len(findings) >= MAX_ROW_ERRORS:
                 findings.append(error("dataset_rows", f"{path}: stopped after {MAX_ROW_ERRORS} bad rows",
-                                      "run `lego prepare` to regenerate the file", key))
+                                      "run `lego tasks prepare` to regenerate the file", key))
                 break
     if rows == 0 and not findings:
-        findings.append(error("dataset_empty", f"{path} holds no task rows", "prepare tasks with `lego prepare`", key))
+        findings.append(error("dataset_empty", f"{path} holds no task rows", "prepare tasks with `lego tasks prepare`", key))
     return images, agents, findings
