@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -16,6 +17,7 @@ from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, er
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
 from lego_rl.config.checks import run_checks
 from lego_rl.errors import ConfigError, GraderError, TaskDataError
+from lego_rl.runstore.events import Baseline
 
 
 def _fmt_s(value: float | None) -> str:
@@ -41,6 +43,14 @@ def _results_table(results: list) -> Table:
                str(res.turns), str(res.sampled_tokens), _fmt_s(res.timings.get("agent"))]
         table.add_row(*row)
     return table
+
+
+def _print_baseline(event: Baseline) -> None:
+    if event.error is not None:
+        verdict, why = "[red]grader error[/]", event.error
+    else:
+        verdict, why = ("[red]passes (bad)[/]" if event.solved else "[green]fails (good)[/]"), event.reason
+    err.print(f"baseline {escape(event.instance_id)}: {verdict} — {escape(why)}", highlight=False)
 
 
 def rollout_check(
@@ -79,7 +89,7 @@ def rollout_check(
                 err.print(f"[bold red]config:[/] {f.message} — {f.fix}", highlight=False)
             err.print("run `lego validate` for the full picture")
             raise typer.Exit(EXIT_USAGE)
-        from lego_rl.rollout.session import RolloutCheckSession
+        from lego_rl.orchestrate.check_session import RolloutCheckSession
 
         session = RolloutCheckSession(r, ids=ids)
     except (ConfigError, TaskDataError) as exc:
@@ -87,7 +97,7 @@ def rollout_check(
         raise typer.Exit(EXIT_USAGE) from None
     if baseline:
         try:
-            passing = asyncio.run(session.baseline(progress_console=None if as_json else err))
+            passing = asyncio.run(session.baseline(on_result=None if as_json else _print_baseline))
         except GraderError as exc:
             session.run_dir.close()
             err.print(f"[bold red]baseline:[/] the grader could not decide: {exc}", highlight=False)
