@@ -19,12 +19,16 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 async def test_baseline_verdicts_go_to_the_log_and_the_callback_not_the_terminal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    r = resolve(environ={}, overrides=[
-        f"rollout.prompt_data={json.dumps(str(EXAMPLES / 'tasks.jsonl'))}",
-        f"sandbox.images={json.dumps(str(EXAMPLES / 'images.json'))}",
-        'sandbox.provider="bwrap"', 'sandbox.network="none"',
-        f"paths.run_root={json.dumps(str(tmp_path / 'run'))}",
-    ])
+    r = resolve(
+        environ={},
+        overrides=[
+            f"rollout.prompt_data={json.dumps(str(EXAMPLES / 'tasks.jsonl'))}",
+            f"sandbox.images={json.dumps(str(EXAMPLES / 'images.json'))}",
+            'sandbox.provider="bwrap"',
+            'sandbox.network="none"',
+            f"paths.run_root={json.dumps(str(tmp_path / 'run'))}",
+        ],
+    )
     session = RolloutCheckSession(r, ids=["lego-example-median"])
     heard: list[Baseline] = []
     try:

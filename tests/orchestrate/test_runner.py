@@ -45,16 +45,24 @@ class CountingGate(asyncio.Semaphore):
 
 def context(tmp_path: Path, gate: asyncio.Semaphore) -> RolloutContext:
     nowhere = SandboxTarget("no_such_provider")
-    settings = dataclasses.replace(settings_from_config(resolve(environ={})), agent_sandbox=nowhere,
-                                   grader_sandbox=nowhere)
+    settings = dataclasses.replace(
+        settings_from_config(resolve(environ={})), agent_sandbox=nowhere, grader_sandbox=nowhere
+    )
 
     class Harness:  # TEST DOUBLE: never reached beyond its adapter options
         def adapter_options(self) -> dict[str, Any]:
             return {}
 
-    return RolloutContext(settings=settings, run=RunDir.open(tmp_path / "run", config={}), sessions=SessionRegistry(),
-                          adapter_url="http://127.0.0.1:9", harness_for=lambda name: Harness(),  # type: ignore[arg-type,return-value]
-                          toolchain=Toolchain(tmp_path), dataset_dir=EXAMPLES, boot=gate)
+    return RolloutContext(
+        settings=settings,
+        run=RunDir.open(tmp_path / "run", config={}),
+        sessions=SessionRegistry(),
+        adapter_url="http://127.0.0.1:9",
+        harness_for=lambda name: Harness(),  # type: ignore[arg-type,return-value]
+        toolchain=Toolchain(tmp_path),
+        dataset_dir=EXAMPLES,
+        boot=gate,
+    )
 
 
 async def test_runs_every_spec_with_bounded_concurrency_in_group_order(tmp_path: Path) -> None:
@@ -65,13 +73,16 @@ async def test_runs_every_spec_with_bounded_concurrency_in_group_order(tmp_path:
     gate = CountingGate()
     ctx = context(tmp_path, gate)
     seen: list[tuple[str, str]] = []
-    results = await RolloutRunner(ctx, concurrency=2).run(list(reversed(specs)),
-                                                          lambda ev, spec, res: seen.append((ev, spec.rollout_id)))
+    results = await RolloutRunner(ctx, concurrency=2).run(
+        list(reversed(specs)), lambda ev, spec, res: seen.append((ev, spec.rollout_id))
+    )
     ctx.run.close()
     assert gate.most == 2
     assert [(r.group_index, r.index) for r in results] == [(s.group_index, s.index) for s in specs]
     assert {r.termination for r in results} == {TerminationReason.SANDBOX_SETUP}
-    assert sorted(seen) == sorted([("started", s.rollout_id) for s in specs] + [("finished", s.rollout_id) for s in specs])
+    assert sorted(seen) == sorted(
+        [("started", s.rollout_id) for s in specs] + [("finished", s.rollout_id) for s in specs]
+    )
     finished = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e.kind == "rollout_finished"]
     assert len(finished) == 6
 

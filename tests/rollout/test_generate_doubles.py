@@ -41,8 +41,13 @@ class DoubleHarness:
 
     name = "double"
 
-    def __init__(self, requests: list[str] | None = None, *, adapter_options: dict[str, Any] | None = None,
-                 fail_install: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        requests: list[str] | None = None,
+        *,
+        adapter_options: dict[str, Any] | None = None,
+        fail_install: BaseException | None = None,
+    ) -> None:
         self.requests = requests or []
         self.options = adapter_options or {"protocol": "chat"}
         self.fail_install = fail_install
@@ -70,14 +75,20 @@ class DoubleHarness:
                 if kind == "title":
                     messages.insert(0, {"role": "system", "content": TITLE_PROMPT_PREFIX + " the task."})
                 body = {"model": request.model, "messages": messages, "max_tokens": 64}
-                async with http.post(f"{request.base_url}/v1/chat/completions", json=body, headers=headers) as r:
+                async with http.post(
+                    f"{request.base_url}/v1/chat/completions", json=body, headers=headers
+                ) as r:
                     self.statuses.append(r.status)
                     await r.read()
         return HarnessOutcome(harness=self.name, exit_code=0, duration_s=time.monotonic() - start)
 
 
 def events_of(result: RolloutResult, run_root: Path) -> list[RunEvent]:
-    return [e for e in read_events(run_root / "events.jsonl") if getattr(e, "rollout_id", None) == result.rollout_id]
+    return [
+        e
+        for e in read_events(run_root / "events.jsonl")
+        if getattr(e, "rollout_id", None) == result.rollout_id
+    ]
 
 
 def the_finish(events: list[RunEvent]) -> RolloutFinished:
@@ -102,7 +113,9 @@ async def test_a_bug_in_harness_lookup_is_internal_error_with_its_traceback(
         raise RuntimeError("TEST DOUBLE: a plain bug, outside lego's error model")
 
     sessions = SessionRegistry()
-    ctx = make_context(tmp_path / "run", sessions, "http://127.0.0.1:9", NO_TOOLCHAIN, harness_for=buggy_lookup)
+    ctx = make_context(
+        tmp_path / "run", sessions, "http://127.0.0.1:9", NO_TOOLCHAIN, harness_for=buggy_lookup
+    )
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "double"))
     ctx.run.close()
     assert result.termination is TerminationReason.INTERNAL_ERROR and result.infrastructure_failure
@@ -130,8 +143,14 @@ async def test_a_failing_session_close_is_an_event_and_the_reason_stands(
 ) -> None:
     """The sandbox provider does not exist (sandbox_setup, after the session opened); closing the session
     then raises: an event with the traceback, and the rollout still ends as sandbox_setup."""
-    ctx = make_context(tmp_path / "run", CloseFails(), "http://127.0.0.1:9", NO_TOOLCHAIN,
-                       harness_for=harness_for(DoubleHarness()), provider="no_such_provider")
+    ctx = make_context(
+        tmp_path / "run",
+        CloseFails(),
+        "http://127.0.0.1:9",
+        NO_TOOLCHAIN,
+        harness_for=harness_for(DoubleHarness()),
+        provider="no_such_provider",
+    )
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "double"))
     ctx.run.close()
     assert result.termination is TerminationReason.SANDBOX_SETUP, result.detail
@@ -153,9 +172,15 @@ async def test_a_failing_session_close_is_an_event_and_the_reason_stands(
 async def test_the_harness_adapter_options_narrow_the_sessions_cap(
     options: dict[str, Any], expected: int, example_rows: dict[str, Any], tmp_path: Path
 ) -> None:
-    ctx = make_context(tmp_path / "run", SessionRegistry(), "http://127.0.0.1:9", NO_TOOLCHAIN,
-                       harness_for=harness_for(DoubleHarness(adapter_options=options)),
-                       provider="no_such_provider", max_requests_per_session=500)
+    ctx = make_context(
+        tmp_path / "run",
+        SessionRegistry(),
+        "http://127.0.0.1:9",
+        NO_TOOLCHAIN,
+        harness_for=harness_for(DoubleHarness(adapter_options=options)),
+        provider="no_such_provider",
+        max_requests_per_session=500,
+    )
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "double"))
     ctx.run.close()
     (opened,) = [e for e in events_of(result, tmp_path / "run") if isinstance(e, SessionOpened)]
@@ -171,7 +196,9 @@ async def test_a_bug_in_a_sandbox_step_is_internal_error_and_everything_is_clean
 ) -> None:
     stack = await scripted_stack(["never asked"], score=False)
     double = DoubleHarness(fail_install=RuntimeError("TEST DOUBLE: install hit a bug"))
-    ctx = make_context(tmp_path / "run", stack.sessions, stack.url, NO_TOOLCHAIN, harness_for=harness_for(double))
+    ctx = make_context(
+        tmp_path / "run", stack.sessions, stack.url, NO_TOOLCHAIN, harness_for=harness_for(double)
+    )
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "double"))
     ctx.run.close()
     assert result.termination is TerminationReason.INTERNAL_ERROR, result.detail
@@ -187,10 +214,12 @@ async def test_a_bug_in_a_sandbox_step_is_internal_error_and_everything_is_clean
 async def test_a_harness_request_cap_limits_the_session(
     scripted_stack: Any, example_rows: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The harness's ``max_requests`` of 2: the CLI's third request is refused, the rollout hits the turn limit."""
+    """The harness's ``max_requests`` of 2: the third request is refused, the rollout hits the turn limit."""
     stack = await scripted_stack(["one", "two", "three"], score=False)
     double = DoubleHarness(["main", "main", "main"], adapter_options={"max_requests": 2})
-    ctx = make_context(tmp_path / "run", stack.sessions, stack.url, NO_TOOLCHAIN, harness_for=harness_for(double))
+    ctx = make_context(
+        tmp_path / "run", stack.sessions, stack.url, NO_TOOLCHAIN, harness_for=harness_for(double)
+    )
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "double"))
     ctx.run.close()
     assert double.statuses[:2] == [200, 200] and double.statuses[2] >= 400
@@ -206,8 +235,14 @@ async def test_side_turns_are_trained_exactly_when_the_option_says(
 ) -> None:
     stack = await scripted_stack(["I will read the code first.", "Median of an even list"])
     double = DoubleHarness(["main", "title"])
-    ctx = make_context(tmp_path / "run", stack.sessions, stack.url, NO_TOOLCHAIN, harness_for=harness_for(double),
-                       trajectory=TrajectoryOptions(train_side_turns=train_side_turns))
+    ctx = make_context(
+        tmp_path / "run",
+        stack.sessions,
+        stack.url,
+        NO_TOOLCHAIN,
+        harness_for=harness_for(double),
+        trajectory=TrajectoryOptions(train_side_turns=train_side_turns),
+    )
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "double"))
     ctx.run.close()
     assert result.termination is TerminationReason.COMPLETED, result.detail

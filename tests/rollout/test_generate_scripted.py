@@ -97,7 +97,9 @@ def assert_artifacts(result: RolloutResult, harness: str, run_root: Path) -> Non
     assert commands and all(c["sandbox"] == "agent" for c in commands)
     assert (folder / f"{harness}-events.jsonl").stat().st_size > 0
 
-    events = [e for e in read_events(run_root / "events.jsonl") if getattr(e, "rollout_id", None) == result.rollout_id]
+    events = [
+        e for e in read_events(run_root / "events.jsonl") if getattr(e, "rollout_id", None) == result.rollout_id
+    ]
     kinds = [e.kind for e in events]
     assert kinds[0] == "rollout_started" and kinds[-1] == "rollout_finished", kinds
     stages = {e.stage: e for e in events if isinstance(e, StageFinished)}

@@ -11,10 +11,15 @@ from lego_rl.rollout.settings import RolloutSettings
 
 
 def test_grader_on_another_provider_gets_its_own_options() -> None:
-    r = resolve(environ={"SUNABAKO_ALLOW_TEST_MEMORY": "1"},
-                overrides=['sandbox.provider="sunabako"', 'grader.provider="bwrap"'])
+    r = resolve(
+        environ={"SUNABAKO_ALLOW_TEST_MEMORY": "1"},
+        overrides=['sandbox.provider="sunabako"', 'grader.provider="bwrap"'],
+    )
     s = settings_from_config(r)
-    assert (s.agent_sandbox.provider, dict(s.agent_sandbox.provider_options)) == ("sunabako", {"allow_test_memory": True})
+    assert (s.agent_sandbox.provider, dict(s.agent_sandbox.provider_options)) == (
+        "sunabako",
+        {"allow_test_memory": True},
+    )
     assert (s.grader_sandbox.provider, dict(s.grader_sandbox.provider_options)) == ("bwrap", {})
     same = settings_from_config(resolve(environ={"SUNABAKO_ALLOW_TEST_MEMORY": "0"}))
     assert same.grader_sandbox == same.agent_sandbox
@@ -22,8 +27,15 @@ def test_grader_on_another_provider_gets_its_own_options() -> None:
 
 
 def test_defaults_are_the_configs_and_every_sandbox_gets_memory_and_network() -> None:
-    r = resolve(environ={}, overrides=["sandbox.memory_mb=4096", 'sandbox.network="none"',
-                                       "sandbox.boot_concurrency=3", 'model.chat_template_kwargs={a = 1}'])
+    r = resolve(
+        environ={},
+        overrides=[
+            "sandbox.memory_mb=4096",
+            'sandbox.network="none"',
+            "sandbox.boot_concurrency=3",
+            "model.chat_template_kwargs={a = 1}",
+        ],
+    )
     s = settings_from_config(r)
     assert s.agent_sandbox.provider == SandboxConfig().provider  # no second default ("bwrap") in rollout/
     assert s.prompt_template == DEFAULT_PROMPT
@@ -34,6 +46,9 @@ def test_defaults_are_the_configs_and_every_sandbox_gets_memory_and_network() ->
 
 
 def test_settings_have_no_defaults_of_their_own_for_config_values() -> None:
-    own = {f.name for f in dataclasses.fields(RolloutSettings)
-           if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    own = {
+        f.name
+        for f in dataclasses.fields(RolloutSettings)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
     assert own == {"template_kwargs", "trajectory", "agent_user"}

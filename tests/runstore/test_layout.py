@@ -62,14 +62,18 @@ def test_safe_name() -> None:
     assert safe_name("") == "_"
 
 
-
 def test_the_run_store_is_the_bottom_layer() -> None:
     """Importing it loads no other lego_rl package than errors and termination (monitor reads only it)."""
     import subprocess
     import sys
 
     probe = "import sys, lego_rl.runstore; print(sorted(m for m in sys.modules if m.startswith('lego_rl')))"
-    loaded = json.loads(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
-                                       text=True).stdout.replace("'", '"'))
-    outside = [m for m in loaded if m != "lego_rl" and m.split(".")[1] not in ("runstore", "errors", "termination")]
+    loaded = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", probe], check=True, capture_output=True, text=True
+        ).stdout.replace("'", '"')
+    )
+    outside = [
+        m for m in loaded if m != "lego_rl" and m.split(".")[1] not in ("runstore", "errors", "termination")
+    ]
     assert outside == [], outside

@@ -39,8 +39,15 @@ def _started(n: int) -> RolloutStarted:
 def test_events_round_trip_typed_with_kind_first(tmp_path: Path) -> None:
     log = EventLog(tmp_path / "events.jsonl")
     log.emit(_started(0))
-    log.emit(RolloutFinished(rollout_id="r0", termination=TerminationReason.INTERNAL_ERROR, reward=None,
-                             infrastructure_failure=True, traceback="Traceback ..."))
+    log.emit(
+        RolloutFinished(
+            rollout_id="r0",
+            termination=TerminationReason.INTERNAL_ERROR,
+            reward=None,
+            infrastructure_failure=True,
+            traceback="Traceback ...",
+        )
+    )
     log.close()
     first = (tmp_path / "events.jsonl").read_text().splitlines()[0]
     assert first.startswith('{"kind":"rollout_started"')
@@ -123,8 +130,13 @@ def test_rotation_and_truncation_restart_from_the_top(tmp_path: Path) -> None:
 
 def test_malformed_line_is_an_error_naming_file_and_line_after_the_good_ones(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
-    path.write_text(_started(0).model_dump_json() + "\n\n" + '{"kind":"stage","rollout_id":"r0"}\n'
-                    + _started(1).model_dump_json() + "\n")
+    path.write_text(
+        _started(0).model_dump_json()
+        + "\n\n"
+        + '{"kind":"stage","rollout_id":"r0"}\n'
+        + _started(1).model_dump_json()
+        + "\n"
+    )
     follower = follow_events(path)
     got = []
     with pytest.raises(RunLogError, match=r"events\.jsonl:3: not a valid record: .*stage") as err:
@@ -153,8 +165,15 @@ def test_reopening_a_log_with_a_torn_line_repairs_it_and_keeps_the_fragment(tmp_
 
 def test_metrics_rows_validate_and_follow(tmp_path: Path) -> None:
     log = MetricsLog(tmp_path / "metrics.jsonl")
-    log.append(StepMetrics(step=0, started_at=10.0, finished_at=12.5, values={"loss": 0.25},
-                           terminations={TerminationReason.COMPLETED: 7, TerminationReason.SANDBOX_LOST: 1}))
+    log.append(
+        StepMetrics(
+            step=0,
+            started_at=10.0,
+            finished_at=12.5,
+            values={"loss": 0.25},
+            terminations={TerminationReason.COMPLETED: 7, TerminationReason.SANDBOX_LOST: 1},
+        )
+    )
     log.close()
     (row,) = list(follow_metrics(tmp_path / "metrics.jsonl").read())
     assert row.values == {"loss": 0.25} and row.terminations[TerminationReason.SANDBOX_LOST] == 1
@@ -163,4 +182,6 @@ def test_metrics_rows_validate_and_follow(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="before it started"):
         StepMetrics(step=1, started_at=5, finished_at=1)
     with pytest.raises(ValueError, match="no_such_reason"):
-        StepMetrics.model_validate({"step": 1, "started_at": 0, "finished_at": 1, "terminations": {"no_such_reason": 1}})
+        StepMetrics.model_validate(
+            {"step": 1, "started_at": 0, "finished_at": 1, "terminations": {"no_such_reason": 1}}
+        )

@@ -4,12 +4,11 @@ provider, and the row's repository is unpacked in it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from lego_rl.sandbox import ExecResult, ImageSpec, Sandbox, SandboxProvider
-from lego_rl.sandbox import factory
+from lego_rl.sandbox import ExecResult, ImageSpec, Sandbox, SandboxProvider, factory
 from lego_rl.swe.check import check_task
 from lego_rl.swe.task_sandbox import SandboxTarget, task_sandbox_opener
 from lego_rl.tasks.rows import load_tasks
@@ -40,7 +39,7 @@ class RecordingProvider(SandboxProvider):
     """TEST DOUBLE provider: records the constructor and per-sandbox options it was given."""
 
     name = "recording"
-    created: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    created: ClassVar[list[tuple[dict[str, Any], dict[str, Any]]]] = []
 
     def __init__(self, **options: Any) -> None:
         self.ctor = options
@@ -60,8 +59,13 @@ async def test_tasks_check_gives_the_provider_the_sandbox_options(monkeypatch: p
     # The example rows ship their repositories; the double cannot unpack one, so the row names none.
     row = row.model_copy(update={"metadata": row.metadata.model_copy(update={"repo_archive": None})})
     images = {row.metadata.image: ImageSpec(name="x", rootfs="/")}
-    verdict = await check_task(row, provider="recording", provider_options={"node": "n1"}, images=images,
-                               sandbox_options={"memory_mb": 1024, "network": "none"})
+    verdict = await check_task(
+        row,
+        provider="recording",
+        provider_options={"node": "n1"},
+        images=images,
+        sandbox_options={"memory_mb": 1024, "network": "none"},
+    )
     assert verdict.verdict == "grader error"  # the double fails every command
     assert RecordingProvider.created[0] == ({"node": "n1"}, {"memory_mb": 1024, "network": "none"})
 
@@ -71,11 +75,19 @@ async def test_tasks_check_gives_the_provider_the_sandbox_options(monkeypatch: p
 async def test_the_opener_seeds_the_repository_and_applies_the_network_option(network: str) -> None:
     from lego_rl.images.importer import load_images_json
 
-    row = next(r for r in load_tasks(EXAMPLES / "tasks.jsonl").rows if r.metadata.instance_id == "lego-example-median")
+    row = next(
+        r
+        for r in load_tasks(EXAMPLES / "tasks.jsonl").rows
+        if r.metadata.instance_id == "lego-example-median"
+    )
     if not Path(load_images_json(EXAMPLES / "images.json")[row.metadata.image].rootfs or "").is_dir():
         pytest.skip("the example rootfs is not built (scripts/build_rootfs.sh)")
-    opener = task_sandbox_opener(row.metadata, SandboxTarget("bwrap", {}, {"network": network}),
-                                 images=load_images_json(EXAMPLES / "images.json"), dataset_dir=EXAMPLES)
+    opener = task_sandbox_opener(
+        row.metadata,
+        SandboxTarget("bwrap", {}, {"network": network}),
+        images=load_images_json(EXAMPLES / "images.json"),
+        dataset_dir=EXAMPLES,
+    )
     async with opener() as sb:
         ls = await sb.exec(["ls", row.metadata.workdir], timeout=30)
         nets = await sb.exec(["cat", "/proc/net/dev"], timeout=30)

@@ -112,7 +112,8 @@ class DefaultRunner:
                 update={"detail": f"{refined.detail} [event log truncated by the sandbox]"}
             )
         if request.artifacts_dir is not None:
-            path = write_next_free(Path(request.artifacts_dir), f"{harness}-events.jsonl", refined.event_log)
-            write_next_free(Path(request.artifacts_dir), f"{harness}-command.txt", shlex.join(spec.argv) + "\n")
+            folder = Path(request.artifacts_dir)
+            path = write_next_free(folder, f"{harness}-events.jsonl", refined.event_log)
+            write_next_free(folder, f"{harness}-command.txt", shlex.join(spec.argv) + "\n")
             refined = refined.model_copy(update={"event_log_path": path})
         return refined

@@ -68,7 +68,8 @@ class RolloutCheckSession:
 
         async def one(row: TaskRow) -> None:
             meta = row.metadata
-            opener = task_sandbox_opener(meta, s.grader_sandbox, images=self.images, dataset_dir=self.dataset_dir)
+            opener = task_sandbox_opener(meta, s.grader_sandbox, images=self.images,
+                                         dataset_dir=self.dataset_dir)
             async with sem:
                 try:
                     result = await grade(meta, b"", open_sandbox=opener, timeout=s.grader_timeout_s)
@@ -92,8 +93,9 @@ class RolloutCheckSession:
                     images=self.images, harness=harness, concurrency=concurrency, progress=progress,
                 )
             save_report(report, output or self.run_dir.root / "rollout-check")
-            self.run_dir.events.emit(RolloutCheckFinished(rewarded=report.rewarded, rollouts=len(report.results),
-                                                          terminations=dict(report.terminations)))
+            self.run_dir.events.emit(RolloutCheckFinished(
+                rewarded=report.rewarded, rollouts=len(report.results), terminations=dict(report.terminations)
+            ))
             return report
         finally:
             self.run_dir.close()

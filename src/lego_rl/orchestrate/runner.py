@@ -31,7 +31,9 @@ def plan(rows: Sequence[TaskRow], samples_per_task: int, harness: str | None = N
         if harness:
             row = row.model_copy(update={"metadata": row.metadata.model_copy(update={"agent": harness})})
         for i in range(samples_per_task):
-            specs.append(RolloutSpec(row=row, rollout_id=f"{row.metadata.instance_id}-s{i}", group_index=g, index=i))
+            specs.append(
+                RolloutSpec(row=row, rollout_id=f"{row.metadata.instance_id}-s{i}", group_index=g, index=i)
+            )
     return specs
 
 
@@ -44,7 +46,9 @@ class RolloutRunner:
         self.ctx = ctx
         self.concurrency = concurrency
 
-    async def run(self, specs: Sequence[RolloutSpec], progress: ProgressFn | None = None) -> list[RolloutResult]:
+    async def run(
+        self, specs: Sequence[RolloutSpec], progress: ProgressFn | None = None
+    ) -> list[RolloutResult]:
         """Every spec's result, ordered by (group_index, index). generate() never raises for a failed
         rollout, so one bad task cannot cancel the others; cancelling ``run`` cancels them all."""
         dupes = sorted(i for i, n in Counter(spec.rollout_id for spec in specs).items() if n > 1)

@@ -229,8 +229,8 @@ class _Rollout:
             safe_name(self.rid), template_kwargs=s.template_kwargs, max_requests=min(caps),
             max_context=s.max_context_tokens, max_response_tokens=s.max_output_tokens,
         )
-        self.ctx.run.events.emit(SessionOpened(rollout_id=self.rid, session_id=session.id, max_requests=min(caps),
-                                               harness_options=self.harness_options))
+        self.ctx.run.events.emit(SessionOpened(rollout_id=self.rid, session_id=session.id,
+                                               max_requests=min(caps), harness_options=self.harness_options))
         return session
 
     async def _stages(self) -> tuple[TerminationReason, str]:
@@ -270,9 +270,10 @@ class _Rollout:
                 )
                 self.outcome = await self.harness.run(sb, request)
                 # Facts only: the termination reason is decided once, in rollout_finished.
-                self.ctx.run.events.emit(AgentExited(rollout_id=self.rid, cli_s=round(self.outcome.duration_s, 3),
-                                                     exit_code=self.outcome.exit_code,
-                                                     detail=self.outcome.detail[:300]))
+                self.ctx.run.events.emit(AgentExited(
+                    rollout_id=self.rid, cli_s=round(self.outcome.duration_s, 3), exit_code=self.outcome.exit_code,
+                    detail=self.outcome.detail[:300],
+                ))
                 try:
                     cli_files = await self.harness.artifacts(sb, request)
                 except (LegoError, OSError) as exc:
@@ -349,8 +350,9 @@ class _Rollout:
         try:
             self.session = self.ctx.sessions.close(self.session.id, out_dir=self.folder)
         except Exception as exc:  # noqa: BLE001 - recorded as an event with its traceback
-            self.ctx.run.events.emit(SessionCloseFailed(rollout_id=self.rid, error=f"{type(exc).__name__}: {exc}",
-                                                        traceback=traceback.format_exc()))
+            self.ctx.run.events.emit(SessionCloseFailed(
+                rollout_id=self.rid, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
+            ))
 
     async def _finish(self, reason: TerminationReason, detail: str, trace: str | None) -> RolloutResult:
         await self._close_session()

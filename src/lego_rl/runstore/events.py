@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from lego_rl.termination import TerminationReason
 
-StageName = Literal["harness_lookup", "sandbox_setup", "harness_install", "agent", "patch", "cleanup", "grading",
-                    "samples"]
+StageName = Literal[
+    "harness_lookup", "sandbox_setup", "harness_install", "agent", "patch", "cleanup", "grading", "samples"
+]
 StageStatus = Literal["ok", "failed", "interrupted"]
 """``failed``: the stage raised (the rollout's reason says why); ``interrupted``: cancelled (the guard)."""
 
@@ -154,8 +155,19 @@ class RolloutFinished(_RolloutEvent):
 
 
 RunEvent = Annotated[
-    RunStarted | RunResumed | LogRepaired | ServingReady | Baseline | RolloutCheckFinished | RolloutStarted
-    | StageFinished | HarnessReady | AgentExited | SessionOpened | SessionCloseFailed | ArtifactNotSaved
+    RunStarted
+    | RunResumed
+    | LogRepaired
+    | ServingReady
+    | Baseline
+    | RolloutCheckFinished
+    | RolloutStarted
+    | StageFinished
+    | HarnessReady
+    | AgentExited
+    | SessionOpened
+    | SessionCloseFailed
+    | ArtifactNotSaved
     | RolloutFinished,
     Field(discriminator="kind"),
 ]

@@ -98,4 +98,6 @@ def write_next_free(folder: str | Path, name: str, data: Content, *, limit: int 
 
 
 def _exists(path: Path, what: str) -> FileExistsError:
-    return FileExistsError(f"{what} {path} already exists; it is never overwritten (write elsewhere or move it away)")
+    return FileExistsError(
+        f"{what} {path} already exists; it is never overwritten (write elsewhere or move it away)"
+    )

@@ -95,8 +95,12 @@ class RunDir:
         layout = RunLayout(root, artifacts, run_log)
         if layout.holds_run() and not resume:
             what = layout.events if layout.events.exists() else layout.config()
-            raise ConfigError(f"{what} already exists: logs are never overwritten. Use a new RUN_ROOT (or a new "
-                              "RUN_LOG), or resume the run", parameter="paths.run_root", value=str(root))
+            raise ConfigError(
+                f"{what} already exists: logs are never overwritten. Use a new RUN_ROOT (or a new "
+                "RUN_LOG), or resume the run",
+                parameter="paths.run_root",
+                value=str(root),
+            )
         if resume and not layout.holds_run():
             raise ConfigError(f"nothing to resume in {root}", parameter="train.resume", value=str(root))
         root.mkdir(parents=True, exist_ok=True)

@@ -127,7 +127,7 @@ class MetricsLog:
 
 @dataclass(frozen=True)
 class Cursor:
-    """How far a reader got: the file's inode, the byte offset after the last line read, that line's number."""
+    """How far a reader got: the file's inode, the byte offset after the last line read and its number."""
 
     inode: int | None = None
     offset: int = 0
@@ -169,8 +169,9 @@ class JsonlFollower(Generic[T]):
             try:
                 record = self.parse(raw)
             except (ValidationError, ValueError) as exc:
-                raise RunLogError(f"{self.path}:{number}: not a valid record: {_short(exc)}",
-                                  path=self.path, line=number) from None
+                raise RunLogError(
+                    f"{self.path}:{number}: not a valid record: {_short(exc)}", path=self.path, line=number
+                ) from None
             self.cursor = Cursor(cur.inode, cur.offset + len(raw) + 1, number)
             yield record
         else:

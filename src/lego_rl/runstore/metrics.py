@@ -47,7 +47,9 @@ class StepMetrics(BaseModel):
     @model_validator(mode="after")
     def _ordered(self) -> StepMetrics:
         if self.finished_at < self.started_at:
-            raise ValueError(f"step {self.step} finished at {self.finished_at} before it started at {self.started_at}")
+            raise ValueError(
+                f"step {self.step} finished at {self.finished_at} before it started at {self.started_at}"
+            )
         return self
 
 

@@ -45,7 +45,12 @@ def task_sandbox_opener(
     """A function opening a fresh sandbox of the task's image, seeded with its repository, per call."""
 
     def open_plain() -> contextlib.AbstractAsyncContextManager[Sandbox]:
-        return create_sandbox(meta.image, provider=target.provider, images=images,
-                              provider_options=target.provider_options, **target.sandbox_options)
+        return create_sandbox(
+            meta.image,
+            provider=target.provider,
+            images=images,
+            provider_options=target.provider_options,
+            **target.sandbox_options,
+        )
 
     return seeded_opener(open_plain, meta, dataset_dir)
