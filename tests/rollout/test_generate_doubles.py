@@ -253,3 +253,23 @@ async def test_side_turns_are_trained_exactly_when_the_option_says(
     assert (side_call.output_ids in trained) is train_side_turns
     assert len(result.samples) == (2 if train_side_turns else 1)
     assert_nothing_running(stack.sessions)
+
+
+@pytest.mark.root
+async def test_a_bug_while_building_samples_is_internal_error_not_an_escape(
+    scripted_stack: Any, example_rows: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def buggy_build(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("TEST DOUBLE: build_samples hit a bug")
+
+    monkeypatch.setattr("lego_rl.rollout.generate.build_samples", buggy_build)
+    stack = await scripted_stack(["I will look."], score=False)
+    double = DoubleHarness(["main"])
+    ctx = make_context(
+        tmp_path / "run", stack.sessions, stack.url, NO_TOOLCHAIN, harness_for=harness_for(double)
+    )
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], "double"))
+    ctx.run.close()
+    assert result.termination is TerminationReason.INTERNAL_ERROR and result.samples == []
+    assert "build_samples hit a bug" in (the_finish(events_of(result, tmp_path / "run")).traceback or "")
+    assert_nothing_running(stack.sessions)

@@ -77,3 +77,13 @@ def test_the_run_store_is_the_bottom_layer() -> None:
         m for m in loaded if m != "lego_rl" and m.split(".")[1] not in ("runstore", "errors", "termination")
     ]
     assert outside == [], outside
+
+
+def test_metrics_rows_go_to_the_runs_metrics_log(tmp_path: Path) -> None:
+    from lego_rl.runstore import StepMetrics, follow_metrics
+
+    run = RunDir.open(tmp_path / "run", config={})
+    run.metrics.append(StepMetrics(step=0, started_at=1.0, finished_at=2.0, values={"loss": 0.5}))
+    run.close()
+    assert run.layout.metrics == tmp_path / "run" / "metrics.jsonl"
+    assert [row.step for row in follow_metrics(run.layout.metrics).read()] == [0]

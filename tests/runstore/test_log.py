@@ -3,6 +3,7 @@ line, rotation, truncation, a malformed line, resuming from a cursor."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -185,3 +186,24 @@ def test_metrics_rows_validate_and_follow(tmp_path: Path) -> None:
         StepMetrics.model_validate(
             {"step": 1, "started_at": 0, "finished_at": 1, "terminations": {"no_such_reason": 1}}
         )
+
+
+async def test_follow_yields_events_as_they_are_written(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+
+    async def write_later() -> None:
+        for n in range(3):
+            await asyncio.sleep(0.02)
+            log.emit(_started(n))
+
+    writer = asyncio.create_task(write_later())
+    got: list[str] = []
+    async with asyncio.timeout(5):
+        async for event in follow_events(path).follow(interval_s=0.01):
+            got.append(event.rollout_id)  # type: ignore[union-attr]
+            if len(got) == 3:
+                break
+    await writer
+    log.close()
+    assert got == ["r0", "r1", "r2"]

@@ -2,18 +2,23 @@
 
 Stages, each timed and logged to the run's event log, all under one whole-rollout guard deadline:
 
-1. open an adapter session (its id is the CLI's API key);
+1. look up the harness; open an adapter session (its id is the CLI's API key) with the config's limits,
+   narrowed by the harness's adapter options (its own request cap; the turn limit for a CLI without one);
 2. create the agent sandbox (at most ``boot_concurrency`` at a time) and prepare the workspace, snapshot;
 3. install the harness's CLI offline and run it with the agent time budget;
 4. capture the patch (workspace after minus before);
 5. grade it in a fresh sandbox of the same image;
-6. turn the session's turn records into Samples.
+6. turn the session's turn records into Samples (side turns too, when the trajectory options train them).
 
 Every artifact (CLI event log and files, sandbox commands, patch, grader output, turn records, samples) is
 written under the rollout's artifact folder *before* the sandbox is destroyed. Whatever happens, generate()
 returns a ``RolloutResult`` with exactly one termination reason; no exception escapes it, except
 cancellation (re-raised after cleanup) and a rollout id whose artifact folder already exists
 (``FileExistsError`` before anything starts: a caller's bug, since artifacts are never overwritten).
+
+The reason is decided once and written once, in the ``rollout_finished`` event. Our own errors
+(``lego_rl.errors``, OS errors) map to the failing stage's reason; any other exception is a bug in lego
+itself: ``internal_error``, with its traceback in that event.
 """
 
 from __future__ import annotations
@@ -373,6 +378,11 @@ class _Rollout:
             except TrajectoryError as exc:
                 if not is_infrastructure_failure(reason):
                     reason, detail = TerminationReason.ADAPTER_ERROR, f"samples: {exc}"
+            except Exception as exc:  # noqa: BLE001 - a bug in building samples: recorded, never raised
+                samples = []
+                if trace is None:
+                    reason, detail = TerminationReason.INTERNAL_ERROR, f"samples: {type(exc).__name__}: {exc}"
+                    trace = traceback.format_exc()
             self.timings["samples"] = round(time.monotonic() - start, 3)
             if samples and self.folder is not None:
                 try:
