@@ -52,3 +52,12 @@ def test_settings_have_no_defaults_of_their_own_for_config_values() -> None:
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
     }
     assert own == {"template_kwargs", "trajectory", "agent_user"}
+
+
+def test_what_the_adapter_captures_the_trajectory_requires() -> None:
+    off = settings_from_config(resolve(environ={}))
+    assert (off.trajectory.require_nucleus, off.trajectory.require_routing) == (False, False)
+    on = settings_from_config(
+        resolve(environ={}, overrides=["rollout.capture_nucleus=true", "rollout.use_rollout_routing_replay=true"])
+    )
+    assert (on.trajectory.require_nucleus, on.trajectory.require_routing) == (True, True)

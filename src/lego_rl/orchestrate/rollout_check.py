@@ -44,7 +44,11 @@ def settings_from_config(r: ResolvedConfig) -> RolloutSettings:
         max_requests_per_session=c.adapter.max_requests_per_session, prompt_template=c.agent.prompt,
         model_name=c.model.served_name, boot_concurrency=c.sandbox.boot_concurrency,
         template_kwargs=dict(c.model.chat_template_kwargs),
-        trajectory=TrajectoryOptions(fork_merge_max_response_tokens=c.rollout.fork_merge_max_response_tokens),
+        # What the adapter asks the engine for (nucleus spans, R3 routes) must be in every turn it records.
+        trajectory=TrajectoryOptions(
+            fork_merge_max_response_tokens=c.rollout.fork_merge_max_response_tokens,
+            require_nucleus=c.rollout.capture_nucleus, require_routing=c.rollout.use_rollout_routing_replay,
+        ),
     )
 
 
