@@ -18,7 +18,7 @@ def test_reference_defaults(workdir: Path) -> None:
     assert c.sandbox.memory_mb == 2048
     assert (c.adapter.bind_host, c.adapter.port) == ("0.0.0.0", 18091)
     assert (c.model.max_context_len, c.model.max_response_len) == (65536, 8192)
-    assert c.agent.autocompact_pct == 70
+    assert c.harness == {}
     assert (c.rollout.temperature, c.rollout.top_p, c.rollout.top_k) == (1.0, 0.95, -1)
     assert c.model.chat_template_kwargs == {"reasoning_effort": "medium"}
     assert c.train.global_batch_size == c.rollout.batch_size * c.rollout.samples_per_prompt
@@ -47,16 +47,27 @@ def test_derived_guard_follows_its_inputs(workdir: Path) -> None:
     assert r.config.rollout.guard_s == 5000
 
 
-def test_vime_alias_and_lego_name(workdir: Path) -> None:
+def test_vime_alias_and_lego_name_set_harness_options(workdir: Path) -> None:
     r = resolve(environ={"VIME_AGENT_CC_TARBALL": "/x/cc.tgz"})
-    assert r.config.agent.cc_tarball == "/x/cc.tgz"
-    assert r.source("agent.cc_tarball").detail == "$VIME_AGENT_CC_TARBALL"
+    assert r.config.harness == {"claude_code": {"cli_tarball": "/x/cc.tgz"}}
+    assert r.source("harness.claude_code.cli_tarball").detail == "$VIME_AGENT_CC_TARBALL"
     r = resolve(environ={"VIME_AGENT_CC_TARBALL": "/x/old.tgz", "LEGO_AGENT_CC_TARBALL": "/x/new.tgz"})
-    assert r.config.agent.cc_tarball == "/x/new.tgz"
+    assert r.harness_options("claude_code") == {"cli_tarball": "/x/new.tgz"}
+    # One variable, two harnesses; an empty harness variable is unset (as the plugins read it).
+    r = resolve(environ={"LEGO_AGENT_NODE_TARBALL": "/x/node.tar.xz", "LEGO_AGENT_CODEX_EXTRA_ARGS": ""})
+    assert r.config.harness == {"claude_code": {"node_tarball": "/x/node.tar.xz"},
+                                "codex": {"node_tarball": "/x/node.tar.xz"}}
 
 
-def test_every_reference_variable_maps_to_one_key(workdir: Path) -> None:
-    keys = [v.key for v in ENV_VARS]
+def test_opencode_tarball_keeps_its_old_name_as_an_alias(workdir: Path) -> None:
+    r = resolve(environ={"LEGO_AGENT_OPENCODE_TARBALL": "/x/old.tgz"})
+    assert r.harness_options("opencode") == {"native_tarball": "/x/old.tgz"}
+    r = resolve(environ={"LEGO_AGENT_OPENCODE_TARBALL": "/x/old.tgz", "VIME_AGENT_OPENCODE_NATIVE_TARBALL": "/x/n"})
+    assert r.harness_options("opencode") == {"native_tarball": "/x/n"}
+
+
+def test_every_reference_variable_maps_to_its_keys(workdir: Path) -> None:
+    keys = [k for v in ENV_VARS for k in v.keys]
     assert len(keys) == len(set(keys)), "two variables set the same key"
     for var in ENV_VARS:
         value = '{"A": "1"}' if var.json else {"int": "3", "float": "3", "bool": "1"}.get(
@@ -64,17 +75,19 @@ def test_every_reference_variable_maps_to_one_key(workdir: Path) -> None:
         if var.key == "sandbox.provider":
             value = "bwrap"
         if var.key in {"agent.default_harness", "agent.prompt", "adapter.public_host", "adapter.bind_host",
-                       "cluster.train_head", "cluster.gloo_socket_ifname", "agent.cc_extra_args",
-                       "agent.codex_extra_args", "agent.opencode_extra_args", "agent.sandbox_image_metadata_key"}:
+                       "cluster.train_head", "cluster.gloo_socket_ifname", "agent.sandbox_image_metadata_key"}:
             value = "x"
         r = resolve(environ={var.name: value})
-        assert str(r.source(var.key)).endswith(f"${var.name}"), var.name
+        for key in var.keys:
+            assert str(r.source(key)).endswith(f"${var.name}"), (var.name, key)
 
 
 def _kind(key: str) -> str:
     from lego_rl.config.schema import SECTIONS
 
-    section, field = key.split(".")
+    section, _, field = key.rpartition(".")
+    if section not in SECTIONS:
+        return "str"  # a harness option: kept as text, the plugin's model converts it
     text = str(SECTIONS[section].model_fields[field].annotation)
     return "bool" if "bool" in text else "int" if "int" in text else "float" if "float" in text else "str"
 

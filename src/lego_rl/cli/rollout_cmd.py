@@ -73,7 +73,9 @@ def rollout_check(
         sets += ['serving.backend="vllm"', "serving.urls=" + json.dumps(vllm_url)]
     try:
         r = load(config, sets)
-        errors = [f for f in run_checks(r) if f.severity == "error"]
+        from lego_rl.rollout.harnesses import harness_inventory
+
+        errors = [f for f in run_checks(r, harnesses=harness_inventory(r)) if f.severity == "error"]
         if errors:
             for f in errors:
                 err.print(f"[bold red]config:[/] {f.message} — {f.fix}", highlight=False)

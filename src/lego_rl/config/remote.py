@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from pathlib import Path
 
 import aiohttp
 
-from lego_rl.config.checks import Finding, error
+from lego_rl.config.findings import Finding, error
 from lego_rl.config.resolve import ResolvedConfig
 
 
@@ -39,7 +40,7 @@ def _ssh_ok(host: str, port: int, timeout: float) -> str | None:
 async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Finding]:
     c = r.config
     findings: list[Finding] = []
-    jobs: list[tuple[str, object]] = []
+    jobs: list[tuple[str, Awaitable[str | None]]] = []
     if c.serving.backend == "vllm":
         for url in c.serving.urls:
             jobs.append((f"serving {url}", _http_ok(url.rstrip("/") + "/health", timeout)))
@@ -51,7 +52,7 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
         for node in nodes:
             port = int(node.get("port", c.cluster.ssh_port))
             jobs.append((f"ssh {node['host']}:{port}", asyncio.to_thread(_ssh_ok, node["host"], port, timeout)))
-    results = await asyncio.gather(*(job for _, job in jobs))  # type: ignore[misc]
+    results = await asyncio.gather(*(job for _, job in jobs))
     for (what, _), reason in zip(jobs, results, strict=True):
         if reason is not None:
             findings.append(error("unreachable", f"{what}: {reason}",
