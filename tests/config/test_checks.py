@@ -160,3 +160,45 @@ def test_errors_sorted_before_warnings(base_toml: Path) -> None:
     severities = [f.severity for f in check(r)]
     assert severities == sorted(severities, key=lambda s: s != "error")
     assert severities[0] == "error"
+
+
+def test_row_without_eval_cmd_is_reported_like_rollout_check_rejects_it(base_toml: Path, workdir: Path) -> None:
+    from lego_rl.errors import TaskDataError
+    from lego_rl.rollout.session import RolloutCheckSession
+
+    row = json.loads((workdir / "tasks.jsonl").read_text())
+    del row["metadata"]["eval_cmd"]
+    (workdir / "tasks.jsonl").write_text((workdir / "tasks.jsonl").read_text() + json.dumps(row) + "\n")
+    r = resolve(base_toml, environ={})
+    [f] = [f for f in check(r) if f.code == "dataset_row"]
+    assert f.severity == "error" and "row 2: " in f.message and "metadata needs eval_cmd" in f.message
+    with pytest.raises(TaskDataError, match="row 2: .*metadata needs eval_cmd"):
+        RolloutCheckSession(r)
+
+
+def test_custom_row_keys_read_alike_by_validate_and_rollout_check(base_toml: Path, workdir: Path) -> None:
+    from lego_rl.rollout.session import RolloutCheckSession
+
+    row = {"messages": [{"role": "user", "content": "fix it"}], "id": "t1",
+           "info": {"instance_id": "t1", "docker_image": "img:1", "eval_cmd": "true", "problem_statement": "p"}}
+    (workdir / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    assert codes(base_toml).get("dataset_row") == "error"  # read with the default keys: no `prompt`
+    keys = ["rollout.input_key=messages", "rollout.label_key=id", "rollout.metadata_key=info",
+            "agent.sandbox_image_metadata_key=docker_image"]
+    assert codes(base_toml, *keys) == {}
+    r = resolve(base_toml, environ={}, overrides=keys)
+    session = RolloutCheckSession(r)
+    [loaded] = session.rows
+    assert (loaded.label, loaded.metadata.image) == ("t1", "img:1")
+    session.run_dir.close()
+    # The image named under the custom key is the one validate checks against images.json.
+    (workdir / "images.json").write_text(json.dumps({"other:1": {"rootfs": "/"}}))
+    assert codes(base_toml, *keys).get("images_missing") == "error"
+
+
+def test_many_bad_rows_are_counted(base_toml: Path, workdir: Path) -> None:
+    (workdir / "tasks.jsonl").write_text("{bad\n" * 8)
+    r = resolve(base_toml, environ={})
+    found = [f for f in check(r) if f.code.startswith("dataset_row")]
+    assert [f.code for f in found] == ["dataset_row"] * 5 + ["dataset_rows"]
+    assert "3 more bad rows (8 in all, 0 good)" in found[-1].message

@@ -115,8 +115,12 @@ def test_train_worker_list(workdir: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "pattern"),
     [
-        ("[rollout]\nbatch_sise = 2\n", r"lego.toml:2: unknown key `rollout.batch_sise`"),
-        ("[rolout]\nbatch_size = 2\n", r"lego.toml:1: unknown section \[rolout\]"),
+        ("[rollout]\nbatch_sise = 2\n", r"lego.toml:2: unknown key `rollout.batch_sise` \(did you mean "
+                                        r"`rollout.batch_size`\?\); known keys of \[rollout\]: prompt_data, "),
+        ("[rolout]\nbatch_size = 2\n", r"lego.toml:1: unknown section \[rolout\] \(did you mean `rollout`\?\)"),
+        ("[harnes.codex]\nversion = 2\n", r"lego.toml:1: unknown section \[harnes\] \(did you mean `harness`\?\)"),
+        ("[harness]\ncodex = 3\n", r"lego.toml:2: `harness.codex` must be a table"),
+        ("[harness.\"co dex\"]\nversion = 2\n", r"lego.toml:1: `harness.co dex` is not a harness name"),
         ("[rollout]\nbatch_size = \"two\"\n", r"lego.toml:2: rollout.batch_size: .*integer.*'two'"),
         ("[rollout\nbatch_size = 2\n", r"not valid TOML"),
         ("rollout = 3\n", r"`rollout` must be a table"),
@@ -139,10 +143,41 @@ def test_missing_config_file(workdir: Path) -> None:
         resolve(workdir / "nope.toml", environ={})
 
 
-@pytest.mark.parametrize("assignment", ["rollout.batch_size", "nosection.x=1", "rollout.nokey=1"])
-def test_bad_set(workdir: Path, assignment: str) -> None:
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("rollout.batch_size", "--set expects section.key=value"),
+        ("nosection.x=1", "unknown section `nosection`"),
+        ("rollout.nokey=1", "unknown key `rollout.nokey`"),
+        ("rollout.batchsize=4", r"unknown key `rollout.batchsize` \(did you mean `rollout.batch_size`\?\); "
+                                r"known keys of \[rollout\]"),
+        ("harness.codex=1", r"--set expects harness.<name>.<key>=value"),
+    ],
+)
+def test_bad_set(workdir: Path, assignment: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
         resolve(environ={}, overrides=[assignment])
+
+
+def test_set_harness_option_and_json_output(workdir: Path) -> None:
+    from lego_rl.config.resolve import config_json
+
+    r = resolve(environ={}, overrides=["harness.codex.version=\"0.1\"", "harness.codex.native_tarball=x.tgz"])
+    assert r.harness_options("codex") == {"version": "0.1", "native_tarball": str(workdir / "x.tgz")}
+    assert config_json(r)["harness"]["codex"]["version"] == {"value": "0.1",
+                                                             "source": '--set harness.codex.version="0.1"'}
+
+
+def test_config_imports_no_engine() -> None:
+    """The config knows no harness plugin, sandbox or engine: importing all of it loads none of them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, lego_rl.config.checks, lego_rl.config.remote, lego_rl.config.envmap; "
+            "print(sorted(m for m in sys.modules if m.startswith('lego_rl.') and not m.startswith("
+            "('lego_rl.config', 'lego_rl.errors', 'lego_rl.tasks'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_set_reads_toml_values_and_plain_text(workdir: Path) -> None:

@@ -161,7 +161,7 @@ ConfigT = TypeVar("ConfigT", bound=HarnessConfig)
 
 
 def options_error(
-    harness: str, exc: ValidationError, model: type[BaseModel], sources: Mapping[str, str]
+    harness: str, exc: ValidationError, model: type[BaseModel] | None, sources: Mapping[str, str]
 ) -> ConfigError:
     """A plugin model's ``ValidationError`` as one ``ConfigError`` naming ``harness.<name>.<key>``.
 
@@ -174,10 +174,11 @@ def options_error(
     key = loc[0] if loc else "?"
     parameter = ".".join([f"harness.{harness}", *loc]) if loc else f"harness.{harness}"
     if first["type"] == "extra_forbidden":
-        close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+        fields = list(model.model_fields) if model is not None else []
+        close = difflib.get_close_matches(key, fields, n=1)
         hint = f" (did you mean `harness.{harness}.{close[0]}`?)" if close else ""
-        known = ", ".join(model.model_fields)
-        message = f"unknown key `{parameter}`{hint}; known keys of [harness.{harness}]: {known}"
+        known = f"; known keys of [harness.{harness}]: {', '.join(fields)}" if fields else ""
+        message = f"unknown key `{parameter}`{hint}{known}"
     else:
         message = f"{parameter}: {first['msg']} (got {first.get('input')!r})"
     if len(errors) > 1:

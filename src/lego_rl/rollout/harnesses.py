@@ -41,11 +41,12 @@ def _handle(r: ResolvedConfig, name: str, env: Mapping[str, str], pm: pluggy.Plu
 
 
 def harness_factory(
-    r: ResolvedConfig, environ: Mapping[str, str] | None = None
+    r: ResolvedConfig, environ: Mapping[str, str] | None = None, pm: pluggy.PluginManager | None = None
 ) -> Callable[[str], HarnessHandle]:
-    """A cached lookup ``name -> HarnessHandle`` with the run's options (one plugin manager per run)."""
+    """A cached lookup ``name -> HarnessHandle`` with the run's options (one plugin manager per run,
+    loaded from the entry points unless given)."""
     env = dict(os.environ if environ is None else environ)
-    pm = get_plugin_manager(env)
+    pm = pm or get_plugin_manager(env)
 
     @cache
     def lookup(name: str) -> HarnessHandle:
@@ -54,12 +55,14 @@ def harness_factory(
     return lookup
 
 
-def harness_inventory(r: ResolvedConfig, environ: Mapping[str, str] | None = None) -> HarnessInventory:
+def harness_inventory(
+    r: ResolvedConfig, environ: Mapping[str, str] | None = None, pm: pluggy.PluginManager | None = None
+) -> HarnessInventory:
     """What ``lego validate`` needs to know about harness plugins: which are installed, and which
     options each refuses. Every installed harness's options are built, as a rollout would build them."""
     env = dict(os.environ if environ is None else environ)
     try:
-        pm = get_plugin_manager(env)
+        pm = pm or get_plugin_manager(env)
         installed = frozenset(info.harness.name for info in describe_all(pm))
     except HarnessError as exc:
         return HarnessInventory(installed=frozenset(), load_error=str(exc))
