@@ -27,7 +27,8 @@ async def _http_ok(url: str, timeout: float) -> str | None:
 
 
 def _ssh_ok(host: str, port: int, timeout: float) -> str | None:
-    from fabric import Connection  # fabric imports paramiko: keep it out of the CLI's start-up
+    # fabric imports paramiko: keep it out of the CLI's start-up. It ships no type hints.
+    from fabric import Connection  # type: ignore[import-untyped]
 
     try:
         with Connection(host, port=port, connect_timeout=timeout) as conn:
