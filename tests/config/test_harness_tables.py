@@ -179,3 +179,13 @@ def test_a_plugin_without_the_base_class_gets_its_validation_errors_named(base_t
     with pytest.raises(ConfigError, match=r"unknown key `harness.raw.verison`") as info:
         harness_factory(r, environ={}, pm=pm)("raw")
     assert info.value.where == "lego.toml:10"
+
+
+def test_the_documented_example_validates(workdir: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    example = doc.split("## Harness options", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    (workdir / "lego.toml").write_text(example)
+    r = resolve(workdir / "lego.toml", environ={})
+    lookup = harness_factory(r, environ={})
+    assert lookup("claude_code").options.max_thinking_tokens == 8192  # type: ignore[attr-defined]
+    assert lookup("codex").options.install_from == "native"  # type: ignore[attr-defined]

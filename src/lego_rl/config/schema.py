@@ -95,7 +95,7 @@ class AgentConfig(Section):
     prompt: str = DEFAULT_PROMPT
     """Agent instruction; `{problem_file}` and `{workdir}` are filled in. Official tests stay hidden."""
     sandbox_image_metadata_key: str = "image"
-    """Row metadata key naming the sandbox image (used by providers such as e2b)."""
+    """Row metadata key naming the task image (`metadata.<key>`), read by the row loader as its image."""
 
 
 class SandboxConfig(Section):
@@ -137,7 +137,7 @@ class RolloutConfig(Section):
     input_key: str = "prompt"
     """Row key of the prompt messages."""
     label_key: str = "label"
-    """Row key of the label."""
+    """Row key of the label (the task's instance id)."""
     metadata_key: str = "metadata"
     """Row key of the task metadata (image, workdir, eval_cmd, ...)."""
     batch_size: int = Field(default=2, ge=1)
