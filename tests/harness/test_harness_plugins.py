@@ -146,3 +146,15 @@ def test_config_maps_exactly_the_shipped_plugins_variables_into_their_tables() -
         for field in plugin.env_names:
             assert field in plugin.Config.model_fields, f"{name}: env_names names no option {field!r}"
     assert mapped == declared
+
+
+def test_a_plugin_class_without_its_options_model_is_named() -> None:
+    class NoConfig(HarnessPlugin):  # type: ignore[type-arg]
+        name = "noconfig"
+        protocol = "chat"
+        cli_package = "x"
+
+    pm = get_plugin_manager({"LEGO_LOAD_PLUGINS": ""})
+    pm.register(NoConfig(), name="noconfig")
+    with pytest.raises(HarnessError, match="'noconfig': its plugin class sets no Config"):
+        describe_all(pm)

@@ -184,7 +184,7 @@ def options_error(
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem(s) in [harness.{harness}])"
     return ConfigError(message, where=sources.get(key, f"[harness.{harness}]"), parameter=parameter,
-                       value=first.get("input"))  # fmt: skip
+                       value=first.get("input"))
 
 
 class HarnessPlugin(Generic[ConfigT]):
@@ -278,6 +278,8 @@ class HarnessPlugin(Generic[ConfigT]):
     # ---- hook implementations: answer for our own name only ---------------------------------------
     @hookimpl
     def lego_harness_describe(self) -> Harness:
+        if not hasattr(self, "Config"):
+            raise HarnessError(f"harness {self.name!r}: its plugin class sets no Config (its options model)")
         try:
             defaults = self.Config.model_validate({}).model_dump(mode="json")
         except ValidationError as exc:
