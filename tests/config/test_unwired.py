@@ -73,14 +73,17 @@ def test_shipped_lego_toml_sets_no_unwired_key() -> None:
 
 
 def _readers(section: str, field: str) -> list[str]:
-    """Files outside lego_rl.config that read ``section.field`` (directly or through a local alias of the
-    section, such as ``ro = cfg.rollout`` then ``ro.temperature``)."""
+    """Files outside lego_rl.config that read ``section.field``: directly, through a local alias of the
+    section (``ro = cfg.rollout`` then ``ro.temperature``), or through a value typed as the section's
+    model (``def f(s: SandboxConfig)`` then ``s.memory_mb``)."""
     found = []
+    model = SECTIONS[section].__name__
     for path in SRC.rglob("*.py"):
         if path.parent.name == "config" and path.parent.parent == SRC:
             continue
         text = path.read_text()
         aliases = set(re.findall(rf"\b(\w+) = \w+(?:\.config)?\.{section}\b", text))
+        aliases |= set(re.findall(rf"\b(\w+): {model}\b", text))
         if re.search(rf"\.{section}\.{field}\b", text) or any(
             re.search(rf"\b{a}\.{field}\b", text) for a in aliases
         ):
