@@ -9,7 +9,8 @@ Errors are split by the boundary they cross, so that each edge maps them once:
 * ``ProtocolError``: a client request to the adapter is malformed or unsupported (400-class).
 * ``SandboxError``: creating, using or destroying a sandbox failed (infrastructure).
 * ``HarnessError``: installing or launching a coding CLI failed (infrastructure).
-* ``GraderError``: the grader could not reach a verdict (infrastructure, not a reward of 0).
+* ``GraderError``: the grader could not reach a verdict (infrastructure, not a reward of 0). Carries
+  the ``output`` of the grader steps that ran.
 * ``TaskDataError``: a task row or dataset file is malformed; names the row and the reason.
 * ``TrajectoryError``: saved turn records cannot become training samples (inconsistent ids/logprobs,
   missing requested metadata). The rollout maps it to an infrastructure failure (``adapter_error``).
@@ -110,7 +111,15 @@ class HarnessError(LegoError):
 
 
 class GraderError(LegoError):
-    """The grader could not produce a verdict (infrastructure failure, not reward 0)."""
+    """The grader could not produce a verdict (infrastructure failure, not reward 0).
+
+    ``output`` is the log of every grader step that ran before the failure (as ``GradeResult.output``
+    is for a verdict), kept for the rollout's artifacts; empty when the failure came before any step.
+    """
+
+    def __init__(self, message: str, *, output: str = "") -> None:
+        self.output = output
+        super().__init__(message)
 
 
 class TrajectoryError(LegoError):

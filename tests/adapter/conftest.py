@@ -51,14 +51,14 @@ async def make_harness(
     clients: list[TestClient] = []
 
     async def make(script: Sequence[str] | Callable[[str, int], str] = ("Hello.",), *,
-                   context_limit: int = 32768, max_body_bytes: int = 8 * 1024 * 1024,
+                   max_context_tokens: int = 32768, max_body_bytes: int = 8 * 1024 * 1024,
                    sessions: Sequence[str] = ("sess-a",), score: bool = True, backend: Any = None,
                    **server_kw: Any) -> Harness:
         engine = backend or ScriptedPolicyEngine(tiny_model_dir, script, score=score)
         registry = SessionRegistry()
         for sid in sessions:
             registry.open(sid)
-        core = AdapterCore(renderer, engine, context_limit=context_limit, max_response_tokens=1024)
+        core = AdapterCore(renderer, engine, max_context_tokens=max_context_tokens, max_response_tokens=1024)
         server = AdapterServer(core, registry, max_body_bytes=max_body_bytes, **server_kw)
         client = TestClient(TestServer(server.app(), host="127.0.0.1"))
         await client.start_server()

@@ -127,9 +127,52 @@ async def test_count_tokens_uses_our_tokenizer_and_records_nothing(make_harness)
 
 
 async def test_context_limit_is_a_protocol_stop(make_harness) -> None:
-    h = await make_harness(context_limit=8)
+    h = await make_harness(max_context_tokens=8)
     r = await h.client.post("/v1/messages", json=body([{"role": "user", "content": "a long enough question"}]),
                             headers=KEY)
     msg = await r.json()
     assert r.status == 200 and msg["stop_reason"] == "model_context_window_exceeded" and msg["content"] == []
     assert h.engine.calls == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_stop_sequence_ends_the_text_and_is_reported(make_harness, stream: bool) -> None:
+    h = await make_harness(["Hello world. END and more text"])
+    r = await h.client.post("/v1/messages", json=body([{"role": "user", "content": "greet"}], stream=stream,
+                                                      stop_sequences=["never", "END"]), headers=KEY)
+    assert r.status == 200
+    reply = await r.text()  # a stream's headers come before the turn has run: read it all first
+    (rec,) = h.sessions.get("sess-a").records
+    (call,) = h.engine.calls
+    assert rec.output_ids == call.output_ids[: len(rec.output_ids)] and rec.text.endswith("END")
+    if not stream:
+        msg = json.loads(reply)
+        assert msg["content"] == [{"type": "text", "text": "Hello world."}]
+        assert (msg["stop_reason"], msg["stop_sequence"]) == ("stop_sequence", "END")
+        assert msg["usage"]["output_tokens"] == len(rec.output_ids)
+        return
+    events = parse_sse(reply)
+    delta = next(d for name, d in events if name == "message_delta")
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    texts = [d["delta"]["text"] for name, d in events if name == "content_block_delta"]
+    assert texts == ["Hello world."]
+
+
+@pytest.mark.parametrize(("stops", "needle", "param"), [
+    ("END", "stop_sequences: expected an array, got a string", "stop_sequences"),
+    (["ok", 7], "stop_sequences[1]: expected a string, got an integer", "stop_sequences[1]"),
+    ([""], "stop_sequences[0]: a stop sequence must not be empty", "stop_sequences[0]"),
+    (list("abcde"), "stop_sequences: at most 4 stop sequences are supported, got 5", "stop_sequences"),
+])
+async def test_invalid_stop_sequences_are_a_precise_400(
+    make_harness, stops: Any, needle: str, param: str
+) -> None:
+    b = body([{"role": "user", "content": "x"}], stop_sequences=stops)
+    with pytest.raises(ProtocolError) as exc:
+        parse(b)
+    assert exc.value.param == param
+    h = await make_harness()
+    r = await h.client.post("/v1/messages", json=b, headers=KEY)
+    assert r.status == 400
+    assert (await r.json())["error"] == {"type": "invalid_request_error", "message": needle}
+    assert h.engine.calls == [] and h.sessions.get("sess-a").records == []

@@ -117,3 +117,37 @@ async def test_parallel_results_out_of_order_are_restored_and_bridged(make_harne
     assert records[1].render_mode == "bridged"
     prompt = h.engine.tokenizer.decode(records[1].prompt_ids)
     assert prompt.index("a.txt") < prompt.index("/repo")  # results in call order, not arrival order
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_stop_ends_the_text_with_finish_reason_stop(make_harness, stream: bool) -> None:
+    h = await make_harness(["Hello world, and more text"])
+    b = body([{"role": "user", "content": "greet"}], stop="world", stream=stream)
+    r = await h.client.post("/v1/chat/completions", json=b, headers=AUTH)
+    assert r.status == 200
+    reply = await r.text()  # a stream's headers come before the turn has run: read it all first
+    (rec,) = h.sessions.get("sess-a").records
+    assert rec.stop_reason == "stop_sequence" and rec.text.endswith("world")
+    if not stream:
+        choice = json.loads(reply)["choices"][0]
+        assert (choice["message"]["content"], choice["finish_reason"]) == ("Hello", "stop")
+        return
+    chunks = [d for _, d in parse_sse(reply)[:-1]]
+    assert [c["choices"][0]["delta"].get("content") for c in chunks[1:-1]] == ["Hello"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(("stop", "needle", "param"), [
+    (7, "stop: expected a string or an array, got an integer", "stop"),
+    (["ok", None], "stop[1]: expected a string, got null", "stop[1]"),
+    ("", "stop: a stop sequence must not be empty", "stop"),
+    (["a", "b", "c", "d", "e"], "stop: at most 4 stop sequences are supported, got 5", "stop"),
+])
+async def test_invalid_stop_is_a_precise_400(make_harness, stop: Any, needle: str, param: str) -> None:
+    h = await make_harness()
+    r = await h.client.post("/v1/chat/completions", json=body([{"role": "user", "content": "x"}], stop=stop),
+                            headers=AUTH)
+    assert r.status == 400
+    error = (await r.json())["error"]
+    assert (error["message"], error["param"]) == (needle, param)
+    assert h.engine.calls == [] and h.sessions.get("sess-a").records == []

@@ -19,7 +19,13 @@ from lego_rl.adapter.core import AdapterCore, SamplingDefaults
 from lego_rl.adapter.sessions import Session, SessionRegistry
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.errors import ProtocolError, ProviderError
-from lego_rl.serving.protocol import GenerateResult, NucleusEntry, SamplingParams, WeightVersionSpan
+from lego_rl.serving.protocol import (
+    LOGPROB_TOLERANCE,
+    GenerateResult,
+    NucleusEntry,
+    SamplingParams,
+    WeightVersionSpan,
+)
 
 BASH = ToolSpec(name="bash", parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})
 ASK = [
@@ -59,7 +65,7 @@ class ReplyEngine:
 
 
 def make_core(renderer: ChatRenderer, engine: Any, **kw: Any) -> AdapterCore:
-    kw.setdefault("context_limit", 4096)
+    kw.setdefault("max_context_tokens", 4096)
     return AdapterCore(renderer, engine, verify_bridges=True, **kw)
 
 
@@ -131,7 +137,7 @@ async def test_max_tokens_clamped_to_remaining_context(tiny_model_dir: Path, ren
     spy = Spy(ScriptedPolicyEngine(tiny_model_dir, ["Short."] * 4, score=False))
     registry = SessionRegistry()
     prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
-    core = make_core(renderer, spy, context_limit=prompt_len + 10, max_response_tokens=64)
+    core = make_core(renderer, spy, max_context_tokens=prompt_len + 10, max_response_tokens=64)
     await core.run_turn(registry.open("a"), req(ASK, max_tokens=500))
     await core.run_turn(registry.open("b", max_response_tokens=7), req(ASK))
     await core.run_turn(registry.open("c", max_context=prompt_len + 3), req(ASK))
@@ -143,7 +149,7 @@ async def test_max_tokens_clamped_to_remaining_context(tiny_model_dir: Path, ren
 async def test_no_room_left_answers_context_limit_without_calling_the_engine(renderer: ChatRenderer) -> None:
     engine = ReplyEngine(GenerateResult(output_ids=[5], logprobs=[-1.0], finish_reason="stop"))
     prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
-    core = make_core(renderer, engine, context_limit=prompt_len)
+    core = make_core(renderer, engine, max_context_tokens=prompt_len)
     session = SessionRegistry().open("s")
     resp = await core.run_turn(session, req(ASK))
     assert (resp.stop, resp.text, resp.tool_calls, resp.prompt_tokens) == (
@@ -162,14 +168,14 @@ async def test_output_cut_by_the_window_marks_context_limit(renderer: ChatRender
     ids = renderer.encode("partial answer")
     engine = ReplyEngine(GenerateResult(output_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="length"))
     prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
-    core = make_core(renderer, engine, context_limit=prompt_len + len(ids))
+    core = make_core(renderer, engine, max_context_tokens=prompt_len + len(ids))
     session = SessionRegistry().open("s")
     resp = await core.run_turn(session, req(ASK))
     assert resp.stop == "max_tokens" and resp.text == "partial answer"
     assert session.termination == "context_limit"
     # A truncated output cannot be bridged: the next turn is a full render.
     echo = Message(role="assistant", content=resp.text)
-    core.context_limit = 4096
+    core.max_context_tokens = 4096
     await core.run_turn(session, req([*ASK, echo, Message(role="user", content="continue")]))
     assert session.records[-1].render_mode == "full"
 
@@ -185,6 +191,7 @@ def _reply(ids: list[int], lps: list[float], **kw: Any) -> GenerateResult:
         (_reply([5], [float("nan")]), "invalid logprob nan"),
         (_reply([5], [float("-inf")]), "invalid logprob -inf"),
         (_reply([5], [0.7]), "invalid logprob 0.7"),
+        (_reply([5], [math.nextafter(LOGPROB_TOLERANCE, 1)]), f"rounding up to {LOGPROB_TOLERANCE} allowed"),
         (_reply([10**6], [-0.1]), "token id 1000000 outside the vocabulary"),
         (_reply([], []), "no output tokens"),
         (
@@ -230,7 +237,7 @@ async def test_client_sampling_ignored_unless_honoured(tiny_model_dir: Path, ren
 
 def test_template_kwargs_precedence(renderer: ChatRenderer) -> None:
     core = AdapterCore(ChatRenderer(renderer.tokenizer, template_kwargs={"reasoning_effort": "high", "x": 1}),
-                       ReplyEngine(_reply([5], [-1.0])), context_limit=100)  # fmt: skip
+                       ReplyEngine(_reply([5], [-1.0])), max_context_tokens=100)  # fmt: skip
     session = SessionRegistry().open("s", template_kwargs={"reasoning_effort": "medium"})
     r = req(ASK, reasoning_effort="low", template_kwargs={"y": 2})
     assert core.template_kwargs(session, r) == {"reasoning_effort": "medium", "x": 1, "y": 2}
@@ -296,3 +303,123 @@ async def test_nucleus_and_routing_are_requested_kept_and_required(renderer: Cha
     with pytest.raises(ProviderError, match="no usable nucleus"):
         await bare.run_turn(failed, req(ASK))
     assert failed.infra_failure and failed.records == []
+
+
+# -- client stop sequences -----------------------------------------------------------------------------
+
+
+def first_prefix_containing(renderer: ChatRenderer, ids: list[int], needle: str) -> int:
+    """Oracle for the kept length, by linear scan: the shortest prefix whose text contains ``needle``."""
+    return next(k for k in range(1, len(ids) + 1) if needle in renderer.decode(ids[:k]))
+
+
+@pytest.mark.parametrize(
+    ("stop", "text_before", "kept_text"),
+    [
+        ("a be", "alph", "alpha be"),  # ends at a token boundary, spanning two tokens ("a" + " be")
+        ("a gam", "alpha bet", "alpha beta gamm"),  # ends inside the token "mm", which is kept whole
+    ],
+)
+async def test_stop_sequence_spanning_tokens_cuts_text_and_keeps_the_completing_token(
+    tiny_model_dir: Path, renderer: ChatRenderer, stop: str, text_before: str, kept_text: str
+) -> None:
+    engine = ScriptedPolicyEngine(tiny_model_dir, ["alpha beta gamma delta"])
+    core = make_core(renderer, engine)
+    session = SessionRegistry().open("s")
+    resp = await core.run_turn(session, req(ASK, stop=[stop, "never printed"]))
+    assert (resp.text, resp.stop, resp.stop_sequence) == (text_before, "stop_sequence", stop)
+
+    (call,) = engine.calls
+    k = first_prefix_containing(renderer, call.output_ids, stop)
+    assert stop not in renderer.decode(call.output_ids[: k - 1])
+    assert stop[0] not in renderer.decode(call.output_ids[k - 1 : k])  # the match spans several tokens
+    (rec,) = session.records
+    # Kept: exactly the sampled tokens with their logprobs and versions, up to the completing token.
+    assert (rec.output_ids, rec.logprobs) == (call.output_ids[:k], call.logprobs[:k])
+    assert rec.weight_versions == [0] * k and resp.completion_tokens == k < len(call.output_ids)
+    assert renderer.decode(rec.output_ids) == rec.text == kept_text
+    assert (rec.finish_reason, rec.stop_reason) == ("stop", "stop_sequence")
+    assert session.termination is None
+
+
+async def test_earliest_completed_stop_sequence_wins(tiny_model_dir: Path, renderer: ChatRenderer) -> None:
+    engine = ScriptedPolicyEngine(tiny_model_dir, ["one two three"] * 2)
+    core = make_core(renderer, engine)
+    # "two three" starts first, but "o t" completes first: an engine watching its output stops there.
+    resp = await core.run_turn(SessionRegistry().open("a"), req(ASK, stop=["two three", "o t"]))
+    assert (resp.text, resp.stop_sequence) == ("one tw", "o t")
+    # Two matches completing at the same character: the longer one (starting earlier) is reported.
+    resp = await core.run_turn(SessionRegistry().open("b"), req(ASK, stop=["wo", "two"]))
+    assert (resp.text, resp.stop_sequence) == ("one", "two")
+
+
+async def test_complete_tool_calls_before_a_stop_sequence_are_still_answered(
+    tiny_model_dir: Path, renderer: ChatRenderer
+) -> None:
+    text = tool_call_text("bash", {"cmd": "ls"}, before="Looking.") + "\nOBSERVATION: invented output"
+    core = make_core(renderer, ScriptedPolicyEngine(tiny_model_dir, [text]))
+    session = SessionRegistry().open("s")
+    resp = await core.run_turn(session, req(ASK, stop=["OBSERVATION:"]))
+    assert (resp.stop, resp.stop_sequence, resp.text) == ("tool_use", None, "Looking.")
+    assert [c.arguments for c in resp.tool_calls] == [{"cmd": "ls"}]
+    assert "invented" not in session.records[0].text  # tokens after the stop are not kept
+
+
+async def test_stop_sequence_inside_an_output_cut_by_the_window_is_not_a_context_limit(
+    renderer: ChatRenderer,
+) -> None:
+    ids = renderer.encode("partial END and more")
+    engine = ReplyEngine(GenerateResult(output_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="length"))
+    prompt_len = len(renderer.render_ids(ASK, [BASH], renderer.merged_kwargs()))
+    core = make_core(renderer, engine, max_context_tokens=prompt_len + len(ids))
+    session = SessionRegistry().open("s")
+    resp = await core.run_turn(session, req(ASK, stop=["END"]))
+    assert (resp.stop, resp.text) == ("stop_sequence", "partial")  # the parser trims the visible text
+    assert session.termination is None and session.records[0].finish_reason == "stop"
+
+
+async def test_stop_strings_go_to_the_engine_only_when_it_supports_them(
+    tiny_model_dir: Path, renderer: ChatRenderer
+) -> None:
+    spy = Spy(ScriptedPolicyEngine(tiny_model_dir, ["a b", "a b", "a b"], score=False))
+    registry = SessionRegistry()
+    await make_core(renderer, spy).run_turn(registry.open("x"), req(ASK, stop=["b"]))
+    vllm = SamplingDefaults(engine_stop_strings=True)
+    await make_core(renderer, spy, sampling=vllm).run_turn(registry.open("y"), req(ASK, stop=["b"]))
+    await make_core(renderer, spy, sampling=vllm).run_turn(registry.open("z"), req(ASK))
+    sent = [p.model_dump(exclude_none=True) for p in spy.params]  # what the serving client puts on the wire
+    assert ["stop" in s for s in sent] == [False, True, False]  # the embedded engine refuses `stop`
+    assert sent[1]["stop"] == ["b"] and sent[1]["include_stop_str_in_output"] is True
+
+
+async def test_an_engine_that_stopped_on_the_string_is_recorded_unchanged(renderer: ChatRenderer) -> None:
+    # What vLLM returns for `stop`: sampling ended with the token completing the string, no end-of-message.
+    ids = renderer.encode("Hello world. END")
+    engine = ReplyEngine(_reply(ids, [-0.25] * len(ids)))
+    core = make_core(renderer, engine, sampling=SamplingDefaults(engine_stop_strings=True))
+    session = SessionRegistry().open("s")
+    resp = await core.run_turn(session, req(ASK, stop=["END"]))
+    assert (resp.text, resp.stop, resp.stop_sequence) == ("Hello world.", "stop_sequence", "END")
+    assert session.records[0].output_ids == ids and resp.completion_tokens == len(ids)
+
+
+async def test_after_a_stop_the_next_turn_is_rendered_from_the_echo_and_starts_a_new_segment(
+    tiny_model_dir: Path, renderer: ChatRenderer
+) -> None:
+    from lego_rl.trajectory.manager import build_samples
+
+    engine = ScriptedPolicyEngine(tiny_model_dir, ["Hello world. END and more", "Fine."])
+    core = make_core(renderer, engine)
+    session = SessionRegistry().open("s")
+    first = await core.run_turn(session, req(ASK, stop=["END"]))
+    echo = Message(role="assistant", content=first.text)
+    await core.run_turn(session, req([*ASK, echo, Message(role="user", content="go on")]))
+    r1, r2 = session.records
+    assert r2.render_mode == "full" and "end-of-message" in (r2.fallback_reason or "")
+    prompt = renderer.decode(r2.prompt_ids)
+    assert "Hello world.<|im_end|>" in prompt and "END" not in prompt  # the model sees what the client saw
+    samples, _ = build_samples(session.records, rollout_id="r", group_index=0, index=0, reward=1.0)
+    assert len(samples) == 2
+    for sample, rec in zip(samples, (r1, r2), strict=True):
+        trained = [t for t, m in zip(sample.tokens, sample.loss_mask, strict=True) if m]
+        assert trained == rec.output_ids and sample.tokens == rec.prompt_ids + rec.output_ids

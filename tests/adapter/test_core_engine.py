@@ -28,7 +28,7 @@ async def test_two_turns_on_the_embedded_engine(tiny_model_dir: Path, renderer: 
     url = await server.start()
     try:
         async with ServingClient([url], vocab_size=len(renderer.tokenizer)) as client:
-            core = AdapterCore(renderer, client, context_limit=2048, max_response_tokens=24,
+            core = AdapterCore(renderer, client, max_context_tokens=2048, max_response_tokens=24,
                                sampling=SamplingDefaults(temperature=1.0, top_p=0.9, nucleus=True),
                                verify_bridges=True)  # fmt: skip
             session = SessionRegistry().open("engine-1", template_kwargs={"reasoning_effort": "low"})

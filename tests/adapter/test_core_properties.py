@@ -61,7 +61,7 @@ async def test_random_sessions_bridge_exactly(
 ) -> None:
     rng = random.Random(seed)
     engine = TextEngine(renderer)
-    core = AdapterCore(renderer, engine, context_limit=1 << 16, verify_bridges=True)
+    core = AdapterCore(renderer, engine, max_context_tokens=1 << 16, verify_bridges=True)
     session = SessionRegistry().open(f"prop-{seed}", template_kwargs={"reasoning_effort": "low"})
     kwargs = core.template_kwargs(session, CanonicalRequest(protocol="chat", messages=[]))
     history = [Message(role="system", content="sys"), Message(role="user", content="task")]

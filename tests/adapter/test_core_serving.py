@@ -52,7 +52,7 @@ async def test_tool_loop_over_http(serve: Any, tiny_model_dir: Path, renderer: C
     )
     url = await serve(engine.app())
     async with ServingClient([url], vocab_size=len(renderer.tokenizer)) as client:
-        core = AdapterCore(renderer, client, context_limit=4096, verify_bridges=True)
+        core = AdapterCore(renderer, client, max_context_tokens=4096, verify_bridges=True)
         session = SessionRegistry().open("http-1")
         first = await core.run_turn(
             session, CanonicalRequest(protocol="responses", messages=ASK, tools=[WRITE])
@@ -86,7 +86,7 @@ async def test_invalid_reply_over_http_fails_the_session(serve: Any, renderer: C
     app.router.add_post("/inference/v1/generate", bad)
     url = await serve(app)
     async with ServingClient([url], vocab_size=len(renderer.tokenizer)) as client:
-        core = AdapterCore(renderer, client, context_limit=4096)
+        core = AdapterCore(renderer, client, max_context_tokens=4096)
         session = SessionRegistry().open("http-bad")
         with pytest.raises(ProviderError) as err:
             await core.run_turn(session, CanonicalRequest(protocol="chat", messages=ASK))

@@ -29,7 +29,7 @@ async def test_bridged_session_is_one_exact_segment(tiny_model_dir: Path, render
         "Summary after compaction.",
     ]
     engine = ScriptedPolicyEngine(tiny_model_dir, script)
-    core = AdapterCore(renderer, engine, context_limit=8192, verify_bridges=True)
+    core = AdapterCore(renderer, engine, max_context_tokens=8192, verify_bridges=True)
     session = SessionRegistry().open("traj", template_kwargs={"reasoning_effort": "low"})
     history = [Message(role="system", content="agent"), Message(role="user", content="fix a.py")]
     for n in range(3):

@@ -136,7 +136,7 @@ async def test_truncated_output_is_incomplete_and_context_limit_completes(make_h
     r = await h.client.post("/v1/responses", json=body("go", max_output_tokens=4), headers=AUTH)
     resp = await r.json()
     assert resp["status"] == "incomplete" and resp["incomplete_details"] == {"reason": "max_output_tokens"}
-    h = await make_harness(context_limit=4)
+    h = await make_harness(max_context_tokens=4)
     r = await h.client.post("/v1/responses", json=body("a question that does not fit", stream=True), headers=AUTH)
     events = parse_sse(await r.text())
     assert events[-1][0] == "response.completed" and h.engine.calls == []
@@ -163,3 +163,14 @@ def test_codex_sub_agent_requests_are_side_requests(meta: Any, label: str | None
     headers = {} if meta is None else {"x-codex-turn-metadata": json.dumps(meta)}
     req = ResponsesDialect().parse_request(body("hi"), path="/v1/responses", query={}, headers=headers)
     assert req.side_label == label
+
+
+@pytest.mark.parametrize("stop", [["END"], "END"])
+async def test_stop_is_refused_because_the_responses_api_has_none(make_harness, stop: Any) -> None:
+    h = await make_harness()
+    r = await h.client.post("/v1/responses", json=body("hi", stop=stop), headers=AUTH)
+    assert r.status == 400
+    error = (await r.json())["error"]
+    assert error["param"] == "stop"
+    assert error["message"].startswith("stop: the Responses API has no stop parameter")
+    assert h.engine.calls == [] and h.sessions.get("sess-a").records == []

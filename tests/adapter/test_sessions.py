@@ -50,7 +50,7 @@ def test_open_rejects_bad_arguments(sid: str, kw: dict[str, int], needle: str) -
 
 async def test_sessions_are_isolated(tiny_model_dir: Path, renderer: ChatRenderer) -> None:
     engine = ScriptedPolicyEngine(tiny_model_dir, lambda prompt, i: f"answer {i}", score=False)
-    core = AdapterCore(renderer, engine, context_limit=2048)
+    core = AdapterCore(renderer, engine, max_context_tokens=2048)
     reg = SessionRegistry()
     a, b = reg.open("a"), reg.open("b", template_kwargs={"reasoning_effort": "high"})
     first = await core.run_turn(a, CanonicalRequest(protocol="chat", messages=ASK))
@@ -69,7 +69,7 @@ async def test_records_saved_on_close_never_overwritten(
     tmp_path: Path, tiny_model_dir: Path, renderer: ChatRenderer
 ) -> None:  # noqa: E501
     engine = ScriptedPolicyEngine(tiny_model_dir, ["one", "two"], score=False)
-    core = AdapterCore(renderer, engine, context_limit=2048)
+    core = AdapterCore(renderer, engine, max_context_tokens=2048)
     reg = SessionRegistry()
     s = reg.open("keep")
     await core.run_turn(s, CanonicalRequest(protocol="responses", messages=ASK))

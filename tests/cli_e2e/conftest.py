@@ -120,7 +120,7 @@ async def start_adapter(
         registry = SessionRegistry()
         for sid in sessions:
             registry.open(sid, **session_kw)
-        core = AdapterCore(renderer, client, context_limit=context_limit, max_response_tokens=max_response_tokens)
+        core = AdapterCore(renderer, client, max_context_tokens=context_limit, max_response_tokens=max_response_tokens)
         # A short keepalive puts SSE comment lines into every real CLI's streams (each turn takes longer
         # than 50 ms to score), proving each client's SSE parser skips them.
         runner = web.AppRunner(AdapterServer(core, registry, keepalive_s=keepalive_s).app(), access_log=None)

@@ -60,3 +60,14 @@ def test_help_reads_well() -> None:
     assert result.exit_code == 0 and "validate" in result.stdout
     result = runner.invoke(app, ["validate", "--help"])
     assert "Exit 0" in result.stdout and "--remote" in result.stdout
+
+
+def test_remote_on_the_shipped_config_needs_no_running_job(workdir: Path, monkeypatch) -> None:
+    """The shipped lego.toml names an adapter address that only exists while a job runs: `--remote` must not
+    report it (before launch nothing listens there)."""
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)
+    result = runner.invoke(app, ["validate", "-c", "lego.toml", "--remote", "--timeout", "2", "--json"])
+    assert result.exit_code in (0, 1), result.output
+    unreachable = [f["message"] for f in json.loads(result.stdout)["findings"] if f["code"] == "unreachable"]
+    assert unreachable == []

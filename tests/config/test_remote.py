@@ -1,4 +1,5 @@
-"""`--remote` checks against real loopback endpoints: a live health route, a closed port, a dead SSH port."""
+"""`--remote` checks against real loopback endpoints: a live health route, a closed port, a dead SSH port;
+and never the adapter, which only exists while a job runs."""
 
 from __future__ import annotations
 
@@ -46,6 +47,22 @@ async def test_remote_checks(base_toml: Path, workdir: Path) -> None:
     failed = " | ".join(f.message for f in findings)
     assert f"serving http://127.0.0.1:{dead}" in failed
     assert f"serving http://127.0.0.1:{live}" not in failed
-    assert f"adapter 127.0.0.1:{live}" not in failed
+    assert "adapter" not in failed
     assert "ssh 127.0.0.1" in failed
     assert all(f.severity == "error" for f in findings)
+
+
+async def test_remote_checks_pass_without_a_running_adapter(base_toml: Path) -> None:
+    """Before launch nothing listens on the adapter's port: that is not a finding (the job starts it)."""
+    r = resolve(base_toml, environ={}, overrides=[
+        "adapter.public_host=\"127.0.0.1\"", f"adapter.port={_closed_port()}", "adapter.bind_host=\"127.0.0.1\"",
+    ])
+    assert await remote_findings(r, timeout=2.0) == []
+
+
+async def test_remote_checks_skip_an_unreadable_cluster_file(base_toml: Path, workdir: Path) -> None:
+    """A malformed cluster.json is the offline checks' finding; the remote pass must not crash on it."""
+    cluster = workdir / "cluster.json"
+    cluster.write_text('{"nodes": [{"port": 22}]}')
+    r = resolve(base_toml, environ={}, overrides=[f"sandbox.cluster=\"{cluster}\""])
+    assert await remote_findings(r, timeout=2.0) == []

@@ -272,7 +272,7 @@ async def scripted_stack(tiny_model_dir: Path, renderer: Any) -> AsyncIterator[C
         cleanups.append(client.close)
         sessions = SessionRegistry()
         core = AdapterCore(
-            renderer, client, context_limit=context_limit, max_response_tokens=max_response_tokens
+            renderer, client, max_context_tokens=context_limit, max_response_tokens=max_response_tokens
         )
         _, url = await _listen(AdapterServer(core, sessions).app(), cleanups)
         return ScriptedStack(sessions, url, engine, engine_runner, core)

@@ -40,7 +40,7 @@ async def test_client_gone_mid_stream_is_one_quiet_log_line(renderer: Any, caplo
     engine = StalledEngine()
     sessions = SessionRegistry()
     sessions.open("sess-1")
-    core = AdapterCore(renderer, engine, context_limit=4096, max_response_tokens=16)
+    core = AdapterCore(renderer, engine, max_context_tokens=4096, max_response_tokens=16)
     runner = web.AppRunner(AdapterServer(core, sessions, keepalive_s=0.05).app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -44,7 +44,10 @@ async def test_prefix_cache_reuse_keeps_the_numbers(engine: EmbeddedEngine) -> N
                                    request_id="b", ignore_eos=True)
     assert engine.prefix_cache.hits == hits + 1
     recomputed = teacher_forced_logprobs(engine.model, turn2 + second.token_ids, len(turn2), 0.8)
-    assert (recomputed - torch.tensor(second.logprobs)).abs().max().item() < 1e-5
+    # Cached vs full-recompute attention differ only in fp32 kernel order: ~1e-5 at T=1 (RESULTS.md), scaled
+    # by 1/T because the logits are divided by T (1.05e-5 seen at T=0.8 on a 2-core CI machine). A wrong
+    # cache offset or stale entry shows up as errors of 1e-3 and more.
+    assert (recomputed - torch.tensor(second.logprobs)).abs().max().item() < 2e-5 / 0.8
 
 
 def test_recomputation_rejects_bad_arguments(tiny_model: Path) -> None:

@@ -22,6 +22,7 @@ from lego_rl.serving.errors import (
     TokenOutOfVocab,
     UnsupportedExtra,
 )
+from lego_rl.serving.protocol import LOGPROB_TOLERANCE
 from lego_rl.serving.validate import parse_reply, parse_version
 
 GOOD: dict[str, Any] = {
@@ -124,3 +125,11 @@ def test_routed_experts_decoded_and_split() -> None:
         parse(data, want_routed_experts=True, prompt_len=3)
     with pytest.raises(UnsupportedExtra):
         parse(GOOD, want_routed_experts=True)
+
+
+def test_logprob_tolerance_is_the_one_shared_limit_and_accepted_rounding_is_clamped() -> None:
+    at = mutated(lambda c: c["logprobs"]["content"][2].update(logprob=LOGPROB_TOLERANCE))
+    assert parse(at).logprobs[2] == 0.0  # rounding above 0 is accepted, then clamped
+    just_over = math.nextafter(LOGPROB_TOLERANCE, 1.0)
+    with pytest.raises(NonFiniteLogprob, match=f"rounding up to {LOGPROB_TOLERANCE} allowed"):
+        parse(mutated(lambda c: c["logprobs"]["content"][2].update(logprob=just_over)))

@@ -68,11 +68,12 @@ async def test_infrastructure_failures_are_grader_errors(opener: Opener, provide
     broken_official = TEST_PATCH.replace(" assert add(0, 0) == 0", " assert add(9, 9) == 0")
     with pytest.raises(GraderError, match="apply official test patch") as info:
         await grade(task_meta(test_patch=broken_official), FIX_PATCH, open_sandbox=opener, timeout=60)
-    assert "reset official test paths to HEAD: exit 0" in info.value.output  # type: ignore[attr-defined]
+    assert "reset official test paths to HEAD: exit 0" in info.value.output
     missing = ImageSpec(name="gone", rootfs="/nonexistent/rootfs", workdir=WORKDIR)
-    with pytest.raises(GraderError, match="grader sandbox failed for calc-1"):
+    with pytest.raises(GraderError, match="grader sandbox failed for calc-1") as gone:
         await grade(task_meta(), FIX_PATCH, open_sandbox=lambda: create_sandbox(missing, provider=provider, provider_options=provider_options(provider)),
                     timeout=60)
+    assert gone.value.output == ""  # no step ran
 
 
 async def test_f2p_script_row_with_pre_commands_round_trip(opener: Opener) -> None:

@@ -9,6 +9,7 @@ import pytest
 from trajectory_records import bridged, rec
 
 from lego_rl.errors import TrajectoryError
+from lego_rl.serving.protocol import LOGPROB_TOLERANCE
 from lego_rl.trajectory.manager import TrajectoryOptions, build_samples
 
 SYS = [100, 101]
@@ -67,6 +68,7 @@ def test_weight_versions_are_per_token_with_minus_one_on_context():
         ({"logprobs": [-0.1, -0.2]}, {}, "2 logprobs for 1 output ids"),
         ({"logprobs": [math.nan]}, {}, "not a finite value"),
         ({"logprobs": [0.5]}, {}, "not a finite value <= 0"),
+        ({"logprobs": [math.nextafter(LOGPROB_TOLERANCE, 1)]}, {}, f"up to {LOGPROB_TOLERANCE} allowed"),
     ],
 )
 def test_bad_or_missing_metadata_fails_with_a_precise_error(extra, opts, needle):
@@ -91,3 +93,8 @@ def test_records_from_two_sessions_or_out_of_order_are_refused():
 def test_text_sidecar_is_never_used_for_tokens():
     (s,), _ = run([rec(0, SYS, [10, 11], text="completely unrelated text")])
     assert s.tokens == SYS + [10, 11] and s.text == "completely unrelated text"
+
+
+def test_logprob_rounding_within_the_shared_tolerance_is_accepted():
+    (s,), _ = run([rec(0, SYS, [10, 11], logprobs=[-0.5, LOGPROB_TOLERANCE])])
+    assert s.rollout_logprobs[2:] == [-0.5, LOGPROB_TOLERANCE]

@@ -31,6 +31,7 @@ from lego_rl.adapter.dialect import (
     expect,
     get_field,
     positive_int,
+    stop_sequences,
 )
 from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.errors import ProtocolError
@@ -208,9 +209,7 @@ class AnthropicDialect(Dialect):
         messages = parse_messages(body.get("messages") if "messages" in body else _missing("messages"))
         if system:
             messages.insert(0, Message(role="system", content=system))
-        stops = get_field(body, "stop_sequences", list, "") or []
-        for i, stop in enumerate(stops):
-            expect(stop, str, f"stop_sequences[{i}]")
+        stops = stop_sequences(body.get("stop_sequences"), "stop_sequences", single_string=False)
         output_config = get_field(body, "output_config", dict, "") or {}
         thinking = get_field(body, "thinking", dict, "")
         return CanonicalRequest(
@@ -233,7 +232,8 @@ class AnthropicDialect(Dialect):
     def render_response(self, resp: CanonicalResponse, req: CanonicalRequest) -> dict[str, Any]:
         return {
             "id": resp.id, "type": "message", "role": "assistant", "model": resp.model or req.model,
-            "content": _blocks(resp), "stop_reason": STOP_REASONS[resp.stop], "stop_sequence": None,
+            "content": _blocks(resp), "stop_reason": STOP_REASONS[resp.stop],
+            "stop_sequence": resp.stop_sequence,
             "usage": {"input_tokens": resp.prompt_tokens, "output_tokens": resp.completion_tokens,
                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
         }
@@ -263,7 +263,7 @@ class AnthropicDialect(Dialect):
             events.append(SSEEvent("content_block_stop", {"type": "content_block_stop", "index": index}))
         events.append(SSEEvent("message_delta", {
             "type": "message_delta",
-            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
             "usage": {"output_tokens": resp.completion_tokens}}))
         events.append(SSEEvent("message_stop", {"type": "message_stop"}))
         return events

@@ -33,6 +33,7 @@ class CanonicalRequest(BaseModel):
     top_p: float | None = None
     top_k: int | None = None
     stop: list[str] = Field(default_factory=list)
+    """Client stop sequences (non-empty strings, at most ``adapter.stops.MAX_STOP_SEQUENCES``)."""
     stream: bool = False
     include_usage: bool = False
     reasoning_effort: str | None = None
@@ -54,6 +55,8 @@ class CanonicalResponse(BaseModel):
     reasoning: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
     stop: StopKind = "end_turn"
+    stop_sequence: str | None = None
+    """The client stop sequence that ended the output (set only when ``stop`` is ``stop_sequence``)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     parse_failures: int = 0

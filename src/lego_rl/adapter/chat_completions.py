@@ -31,6 +31,7 @@ from lego_rl.adapter.dialect import (
     get_field,
     parse_arguments,
     positive_int,
+    stop_sequences,
 )
 from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.errors import ProtocolError
@@ -120,16 +121,6 @@ def parse_tools(raw: Any) -> list[ToolSpec]:
     return tools
 
 
-def _stops(body: dict[str, Any]) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    expect(stop, list, "stop")
-    return [expect(s, str, f"stop[{i}]") for i, s in enumerate(stop)]
-
-
 def _side_label(messages: list[Message], tools: list[ToolSpec]) -> str | None:
     if not tools and messages and messages[0].role == "system" and messages[0].content.startswith(
             TITLE_PROMPT_PREFIX):
@@ -169,7 +160,7 @@ class ChatCompletionsDialect(Dialect):
             temperature=get_field(body, "temperature", (int, float), ""),
             top_p=get_field(body, "top_p", (int, float), ""),
             top_k=get_field(body, "top_k", int, ""),
-            stop=_stops(body),
+            stop=stop_sequences(body.get("stop"), "stop", single_string=True),
             stream=bool(get_field(body, "stream", bool, "")),
             include_usage=bool(get_field(options, "include_usage", bool, "stream_options")),
             reasoning_effort=get_field(body, "reasoning_effort", str, ""),

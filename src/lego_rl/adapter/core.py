@@ -14,7 +14,9 @@ returned ``CanonicalResponse`` in their protocol (JSON or SSE). One turn is:
 5. call the engine (``generate``) with ``logprobs=1`` and validate the reply: a count mismatch, a
    non-finite logprob or an unknown id fails the request with ``ProviderError`` and marks the session
    as an infrastructure failure;
-6. parse reasoning and tool calls from the sampled ids, record a ``TurnRecord``, remember the turn for
+6. end the output at the first client stop sequence (``lego_rl.adapter.stops``: the text is cut before
+   it, the recorded tokens end with the one that completes it);
+7. parse reasoning and tool calls from the sampled ids, record a ``TurnRecord``, remember the turn for
    the next bridge, and return the response.
 
 For prefix reuse to match, the echoed assistant turn must carry the tool-call ids this core issued
@@ -35,6 +37,7 @@ from typing import Any, Protocol
 
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopKind
 from lego_rl.adapter.sessions import Session
+from lego_rl.adapter.stops import find_stop, keep_prefix
 from lego_rl.chat.parsers import (
     ToolParserStyle,
     merge_assistant_runs,
@@ -45,7 +48,7 @@ from lego_rl.chat.parsers import (
 from lego_rl.chat.prefix import PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer, RenderError
 from lego_rl.errors import ProtocolError, ProviderError
-from lego_rl.serving.protocol import GenerateResult, SamplingParams
+from lego_rl.serving.protocol import LOGPROB_TOLERANCE, GenerateResult, SamplingParams
 from lego_rl.trajectory.records import TurnRecord
 
 
@@ -74,6 +77,12 @@ class SamplingDefaults:
     fails the request."""
     routed_experts: bool = False
     """Ask the engine for MoE routing (R3 replay); kept on the turn record."""
+    engine_stop_strings: bool = False
+    """Also send client stop sequences to the engine (vLLM's ``stop``; it matches them on its own
+    detokenized output, so not with ``--skip-tokenizer-init``) so sampling ends there instead of running
+    on to the end of the message. Off by default because lego's embedded engine refuses ``stop`` with a
+    400. The adapter cuts the output at the stop sequence either way, and an engine that stopped on the
+    string returns exactly the tokens the cut keeps, so both paths record the same thing."""
 
 
 _CALL_PREFIX = {"anthropic": "toolu_", "responses": "call_", "chat": "call_"}
@@ -82,8 +91,8 @@ _CALL_PREFIX = {"anthropic": "toolu_", "responses": "call_", "chat": "call_"}
 class AdapterCore:
     """Runs turns for every session of one served model.
 
-    ``context_limit`` is the model's window (prompt + output tokens); ``max_response_tokens`` caps one
-    call's output (``--rollout-max-response-len``). Sessions may lower both.
+    ``max_context_tokens`` is the model's window (prompt + output tokens); ``max_response_tokens`` caps
+    one call's output (``--rollout-max-response-len``). Sessions may lower both.
     """
 
     def __init__(
@@ -91,22 +100,22 @@ class AdapterCore:
         renderer: ChatRenderer,
         backend: GenerateBackend,
         *,
-        context_limit: int,
+        max_context_tokens: int,
         max_response_tokens: int = 8192,
         tool_parser: ToolParserStyle = "auto",
         sampling: SamplingDefaults | None = None,
         model_name: str = "lego",
         verify_bridges: bool = False,
     ) -> None:
-        if context_limit <= 0 or max_response_tokens <= 0:
+        if max_context_tokens <= 0 or max_response_tokens <= 0:
             raise ValueError(
-                f"context_limit ({context_limit}) and max_response_tokens ({max_response_tokens}) "
+                f"max_context_tokens ({max_context_tokens}) and max_response_tokens ({max_response_tokens}) "
                 "must be positive"
             )
         self.renderer = renderer
         self.backend = backend
         self.bridge = PrefixBridge(renderer, verify=verify_bridges)
-        self.context_limit = context_limit
+        self.max_context_tokens = max_context_tokens
         self.max_response_tokens = max_response_tokens
         self.tool_parser = tool_parser
         self.sampling = sampling or SamplingDefaults()
@@ -141,7 +150,7 @@ class AdapterCore:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
         clock.render_s = clock.elapsed()
 
-        window = min(self.context_limit, session.max_context or self.context_limit)
+        window = min(self.max_context_tokens, session.max_context or self.max_context_tokens)
         remaining = window - len(plan.prompt_ids)
         cap = min(self.max_response_tokens, session.max_response_tokens or self.max_response_tokens)
         if req.max_tokens is not None:
@@ -156,11 +165,18 @@ class AdapterCore:
         params = self._sampling_params(req, min(cap, remaining))
         result, versions = await self._generate(session, plan, params, clock)
         prefix = _CALL_PREFIX.get(req.protocol, "call_")
-        visible = self.renderer.decode(self.renderer.strip_end_of_message(result.output_ids))
+        visible_ids = self.renderer.strip_end_of_message(result.output_ids)
+        visible = self.renderer.decode(visible_ids)
+        matched = find_stop(visible_ids, visible, req.stop, self.renderer.decode) if req.stop else None
+        if matched is not None:
+            result, versions = keep_prefix(result, matched.n_tokens), versions[: matched.n_tokens]
+            visible = matched.text
         parsed = parse_turn(visible, req.tools, style=self.tool_parser, new_id=lambda: new_call_id(prefix))
         stop: StopKind = "end_turn"
         if parsed.tool_calls:
-            stop = "tool_use"
+            stop = "tool_use"  # complete calls before a stop sequence must still be answered by the client
+        elif matched is not None:
+            stop = "stop_sequence"
         elif result.finish_reason == "length":
             stop = "max_tokens"
             if params.max_tokens == remaining:  # the window, not the cap, cut this output short
@@ -171,6 +187,8 @@ class AdapterCore:
         session.records.append(record)
         # The chain node shares the record's id lists: long sessions keep one copy of each prompt.
         plan.prompt_ids = record.prompt_ids
+        # An output cut at a stop sequence lacks the end-of-message token, so the bridge will not
+        # extend it: the next turn is rendered from the echoed (cut) text and starts a new segment.
         self.bridge.commit(
             chain,
             plan,
@@ -187,6 +205,7 @@ class AdapterCore:
             reasoning=parsed.reasoning,
             tool_calls=parsed.tool_calls,
             stop=stop,
+            stop_sequence=matched.sequence if matched is not None and stop == "stop_sequence" else None,
             prompt_tokens=len(plan.prompt_ids),
             completion_tokens=len(result.output_ids),
             parse_failures=parsed.parse_failures,
@@ -217,6 +236,8 @@ class AdapterCore:
     def _sampling_params(self, req: CanonicalRequest, max_tokens: int) -> SamplingParams:
         s = self.sampling
         use_client = s.honour_client
+        # vLLM's own ``stop`` field (SamplingParams passes unknown fields through); only when asked for.
+        engine_stop: dict[str, Any] = {"stop": list(req.stop)} if s.engine_stop_strings and req.stop else {}
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=req.temperature if use_client and req.temperature is not None else s.temperature,
@@ -225,6 +246,7 @@ class AdapterCore:
             stop_token_ids=sorted(self.renderer.eos_ids),
             logprobs=1,
             skip_special_tokens=False,
+            **engine_stop,
         )
 
     def _validate(self, result: GenerateResult, params: SamplingParams) -> None:
@@ -236,10 +258,11 @@ class AdapterCore:
             raise ProviderError(f"engine returned {len(result.logprobs)} logprobs for {n} output tokens")
         if n > params.max_tokens:
             raise ProviderError(f"engine returned {n} tokens, more than max_tokens={params.max_tokens}")
-        bad = next((i for i, lp in enumerate(result.logprobs) if not math.isfinite(lp) or lp > 1e-6), None)
+        bad = next((i for i, lp in enumerate(result.logprobs) if not _valid_logprob(lp)), None)
         if bad is not None:
             raise ProviderError(
-                f"engine returned an invalid logprob {result.logprobs[bad]!r} at position {bad}"
+                f"engine returned an invalid logprob {result.logprobs[bad]!r} at position {bad} "
+                f"(must be finite and <= 0, rounding up to {LOGPROB_TOLERANCE} allowed)"
             )
         if self.sampling.nucleus and (result.nucleus is None or len(result.nucleus) != n):
             got = "none" if result.nucleus is None else f"{len(result.nucleus)} entries"
@@ -318,6 +341,10 @@ class _Clock:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
+
+
+def _valid_logprob(value: float) -> bool:
+    return math.isfinite(value) and value <= LOGPROB_TOLERANCE
 
 
 def _versions(result: GenerateResult) -> list[int]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NamedTuple
 
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, Protocol
+from lego_rl.adapter.stops import MAX_STOP_SEQUENCES
 from lego_rl.chat.messages import Message
 from lego_rl.errors import ProtocolError
 
@@ -149,6 +150,25 @@ def positive_int(obj: Mapping[str, Any], key: str, where: str = "", *, required:
         path = f"{where}.{key}" if where else key
         raise ProtocolError(f"{path}: must be a positive integer, got {value}", param=path)
     return value
+
+
+def stop_sequences(raw: Any, where: str, *, single_string: bool) -> list[str]:
+    """Client stop sequences: an array of non-empty strings (or one string where the protocol allows
+    it), at most ``MAX_STOP_SEQUENCES``. An empty string would match before the first character."""
+    if raw is None:
+        return []
+    if single_string and isinstance(raw, str):
+        items, paths = [raw], [where]
+    else:
+        items = expect(raw, (str, list) if single_string else list, where)
+        paths = [f"{where}[{i}]" for i in range(len(items))]
+    if len(items) > MAX_STOP_SEQUENCES:
+        raise ProtocolError(f"{where}: at most {MAX_STOP_SEQUENCES} stop sequences are supported, got "
+                            f"{len(items)}", param=where)
+    for item, path in zip(items, paths, strict=True):
+        if not expect(item, str, path):
+            raise ProtocolError(f"{path}: a stop sequence must not be empty", param=path)
+    return list(items)
 
 
 def parse_arguments(raw: Any, where: str) -> dict[str, Any]:

@@ -10,7 +10,9 @@ sequence with ``created``/``added``/deltas is sent).
 
 Refused with a 400 that names the feature: ``previous_response_id`` and ``store: true`` (nothing is
 stored), ``background``, ``conversation``, ``item_reference`` inputs, hosted tools (web search, file
-search, ...), non-text inputs, and ``POST /v1/responses/compact`` (server-side compaction).
+search, ...), non-text inputs, ``stop`` (the Responses API has no stop sequences; ignoring one would
+hand the client text past the point it asked to stop at), and ``POST /v1/responses/compact``
+(server-side compaction).
 A ``tool_search`` tool with ``execution: "client"`` is offered to the model as a plain function tool.
 Requests of Codex sub-agents (``x-codex-turn-metadata``) are side requests on their own chains.
 """
@@ -256,6 +258,9 @@ class ResponsesDialect(Dialect):
     ) -> CanonicalRequest:
         body = body_object(body)
         _refuse_stateful(body)
+        if body.get("stop") is not None:
+            raise ProtocolError("stop: the Responses API has no stop parameter (stop sequences exist in Chat "
+                                "Completions and Anthropic Messages); remove it", param="stop")
         if "input" not in body:
             raise ProtocolError("input: required field is missing", param="input")
         messages = parse_input(body["input"])

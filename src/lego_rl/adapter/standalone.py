@@ -62,7 +62,7 @@ def build_standalone(opts: StandaloneOptions) -> tuple[AdapterServer, Any]:
     context = opts.context_limit or model_context_limit(opts.model_dir)
     renderer = ChatRenderer.from_pretrained(opts.model_dir, template_kwargs=opts.template_kwargs)
     client = ServingClient([opts.serving_url], vocab_size=renderer.vocab_size)
-    core = AdapterCore(renderer, client, context_limit=context,
+    core = AdapterCore(renderer, client, max_context_tokens=context,
                        max_response_tokens=min(opts.max_response_tokens, context), model_name=opts.model_dir.name)
     registry = SessionRegistry()
     for sid in opts.sessions:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from lego_rl.cli.console import EXIT_INFRA, EXIT_USAGE, err
+from lego_rl.cli.console import EXIT_INFRA, EXIT_USAGE, err, fail
 
 
 def adapter(
@@ -39,23 +39,22 @@ def adapter(
         kwargs = f"not valid JSON ({exc})"
     if not isinstance(kwargs, dict):
         why = kwargs if isinstance(kwargs, str) else "expected a JSON object"
-        err.print(f"[bold red]error:[/] --template-kwargs: {why}", highlight=False)
+        fail(f"--template-kwargs: {why}")
         raise typer.Exit(EXIT_USAGE)
     if not open_sessions and not session:
-        err.print("[bold red]error:[/] no way to open a session: pass --open-sessions DIR or --session ID",
-                  highlight=False)
+        fail("no way to open a session: pass --open-sessions DIR or --session ID")
         raise typer.Exit(EXIT_USAGE)
     opts = StandaloneOptions(serving_url=serving_url, model_dir=model, host=host, port=port,
                              open_sessions=open_sessions, sessions=session, context_limit=context_limit or None,
                              max_response_tokens=max_response_tokens, template_kwargs=kwargs)
-    err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model})", highlight=False)
+    err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model})", markup=False, highlight=False)
     try:
         asyncio.run(serve_standalone(opts))
     except ConfigError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
     except OSError as exc:  # port in use, unreadable model files
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        fail(exc)
         raise typer.Exit(EXIT_INFRA) from None
     except KeyboardInterrupt:
         pass

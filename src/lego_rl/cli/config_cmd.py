@@ -9,8 +9,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from lego_rl.cli.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, out
+from lego_rl.cli.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, out
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
 from lego_rl.config.checks import Finding, run_checks
 from lego_rl.config.resolve import ResolvedConfig, config_json
@@ -32,7 +33,7 @@ def _findings_table(findings: list[Finding]) -> Table:
     table.add_column("what to do", ratio=2, style="cyan")
     for f in findings:
         mark = "[red]FAIL[/]" if f.severity == "error" else "[yellow]WARN[/]"
-        table.add_row(mark, f.code, f.message, f.fix)
+        table.add_row(mark, escape(f.code), escape(f.message), escape(f.fix))
     return table
 
 
@@ -49,9 +50,10 @@ def _section_table(r: ResolvedConfig, section: str, *, docs: bool) -> Table:
         value = _jsonable(getattr(model, name))
         shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
         style = "" if source.kind == "default" else "green"
-        row = [name, f"[{style}]{shown}[/]" if style else shown, str(source)]
+        # Values, sources and docs are data, not markup: a value "[bold]x" must print as written.
+        row = [Text(name), Text(shown, style=style), Text(str(source))]
         if docs:
-            row.append(" ".join((info.description or "").split()))
+            row.append(Text(" ".join((info.description or "").split())))
         table.add_row(*row)
     return table
 
@@ -63,7 +65,7 @@ def _resolve_or_exit(config: Any, overrides: list[str] | None, as_json: bool) ->
         if as_json:
             out.print_json(json.dumps({"ok": False, "error": str(exc), "parameter": exc.parameter}))
         else:
-            err.print(f"[bold red]config error:[/] {exc}", highlight=False)
+            fail(exc, label="config error")
         raise typer.Exit(EXIT_USAGE) from None
 
 
@@ -71,8 +73,9 @@ def validate(
     config: ConfigOpt = None,
     overrides: SetOpt = None,
     as_json: JsonOpt = False,
-    remote: Annotated[bool, typer.Option("--remote", help="Also check SSH to sandbox nodes, the adapter "
-                                         "address and serving health (network; each bounded by --timeout).")] = False,
+    remote: Annotated[bool, typer.Option("--remote", help="Also check what must exist before a launch: SSH to "
+                                         "the sandbox nodes of cluster.json and the health of configured vLLM "
+                                         "servers (network; each bounded by --timeout).")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds per network check with --remote.")] = 5.0,
     docs: Annotated[bool, typer.Option("--docs", help="Show what each key means.")] = False,
 ) -> None:
@@ -104,7 +107,8 @@ def validate(
         for section in SECTIONS:
             out.print(_section_table(r, section, docs=docs))
         verdict = "[bold green]OK[/]" if errors == 0 else f"[bold red]{errors} check(s) failed[/]"
-        out.print(f"{verdict}, {warnings} warning(s); config: {r.config_path or 'built-in defaults'}")
+        shown = escape(str(r.config_path or "built-in defaults"))
+        out.print(f"{verdict}, {warnings} warning(s); config: {shown}")
     raise typer.Exit(EXIT_OK if errors == 0 else EXIT_FAILED)
 
 
@@ -133,7 +137,7 @@ def env_table(as_json: JsonOpt = False) -> None:
     for col in ("variable", "alias", "key", "meaning"):
         table.add_column(col)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     out.print(table)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from lego_rl.cli.console import EXIT_INFRA, EXIT_USAGE, err, out
+from lego_rl.cli.console import EXIT_INFRA, EXIT_USAGE, err, escape, fail, out
 
 toolchain_app = typer.Typer(
     help="Host-side CLI artifacts that harness installs use offline.", no_args_is_help=True
@@ -16,9 +16,7 @@ toolchain_app = typer.Typer(
 
 
 def _fail(exc: Exception, code: int) -> typer.Exit:
-    from rich.markup import escape
-
-    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    fail(exc)
     return typer.Exit(code)
 
 
@@ -51,7 +49,9 @@ def harnesses(
         table.add_column(col)
     for i in infos:
         h = i.harness
-        table.add_row(h.name, h.version, h.protocol, h.cli_package, f"{i.package} {i.package_version}")
+        # Plugin metadata comes from third-party packages: shown literally, never read as markup.
+        table.add_row(*(escape(cell) for cell in (h.name, h.version, h.protocol, h.cli_package,
+                                                   f"{i.package} {i.package_version}")))
     out.print(table)
 
 
@@ -80,10 +80,9 @@ def toolchain_fetch(
     """Download every pinned npm tarball / platform archive / site tree and check it against the registry.
 
     Keeps going past a failed artifact, then names every failure and exits 3."""
-    from rich.markup import escape
-
     from lego_rl.errors import ConfigError, HarnessError
     from lego_rl.harness.fetch import fetch_toolchain
+    from lego_rl.harness.models import ToolchainPin
     from lego_rl.harness.plugins import describe_all, get_harness, get_plugin_manager
     from lego_rl.harness.toolchain import default_toolchain_dir
 
@@ -95,7 +94,7 @@ def toolchain_fetch(
         pins = [
             pin for name in names for pin in get_harness(name, overrides.get(name), pm=pm).toolchain_pins()
         ]
-        failures: list[tuple[object, Exception]] = []
+        failures: list[tuple[ToolchainPin, Exception]] = []
         results = asyncio.run(fetch_toolchain(pins, target, force=force, python=python, failures=failures))
     except ConfigError as exc:
         raise _fail(exc, EXIT_USAGE) from None
@@ -107,10 +106,11 @@ def toolchain_fetch(
         for entry, downloaded in results:
             state = "fetched" if downloaded else "up to date"
             size = f"{entry.size / 1e6:.1f} MB"
-            out.print(f"{state:>10}  {entry.name}@{entry.version}  {size}  {entry.file}", highlight=False)
-        out.print(f"toolchain: {target}", highlight=False)
-    for pin, exc in failures:
-        err.print(f"[bold red]failed:[/] {escape(getattr(pin, 'key', str(pin)))}: {escape(str(exc))}")
+            out.print(f"{state:>10}  {entry.name}@{entry.version}  {size}  {entry.file}", markup=False,
+                      highlight=False)
+        out.print(f"toolchain: {target}", markup=False, highlight=False)
+    for pin, problem in failures:
+        fail(f"{getattr(pin, 'key', str(pin))}: {problem}", label="failed")
     if failures:
         raise typer.Exit(EXIT_INFRA)
 

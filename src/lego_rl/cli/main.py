@@ -7,15 +7,16 @@ import sys
 import typer
 
 from lego_rl import __version__
-from lego_rl.cli.console import EXIT_USAGE, err
+from lego_rl.cli.console import EXIT_USAGE, fail
 from lego_rl.errors import ConfigError, TaskDataError
 
 app = typer.Typer(
     name="lego",
     help=(
         "Train coding agents with RL through their real CLIs.\n\n"
-        "Typical flow: write lego.toml, `lego validate -c lego.toml`, `lego rollout-check` on a few "
-        "tasks, then `lego train`, and watch it with `lego monitor`."
+        "Typical flow: turn a dataset into task rows with `lego tasks prepare`, import their images with "
+        "`lego images`, write lego.toml, check it with `lego validate -c lego.toml`, then run real rollouts "
+        "on a few tasks with `lego rollout-check`."
     ),
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -60,5 +61,5 @@ def main() -> None:
     try:
         app()
     except (ConfigError, TaskDataError) as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        fail(exc)
         sys.exit(EXIT_USAGE)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -38,5 +39,7 @@ def config_path(option: Path | None) -> Path | None:
     return default if default.is_file() else None
 
 
-def load(config: Path | None, overrides: list[str] | None) -> ResolvedConfig:
-    return resolve(config_path(config), overrides=overrides or [])
+def load(config: Path | None, overrides: list[str] | None,
+         typed: Mapping[str, tuple[Any, str]] | None = None) -> ResolvedConfig:
+    """Resolve with ``--set`` strings and, above them, typed options as ``{key: (value, "--option")}``."""
+    return resolve(config_path(config), overrides=overrides or [], typed_overrides=typed)

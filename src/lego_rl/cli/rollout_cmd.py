@@ -4,30 +4,59 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, out
+from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, escape, fail, out
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
 from lego_rl.config.checks import run_checks
 from lego_rl.errors import ConfigError, GraderError, TaskDataError
+
+if TYPE_CHECKING:
+    from lego_rl.rollout.generate import RolloutResult
+
+
+EXIT_NOTHING_RAN = 4
+"""Nothing was rolled out: with ``--baseline``, a task's unmodified image already passes its tests."""
+
+EXIT_CODES = f"""Exit codes:
+{EXIT_OK}  at least one sample earned reward 1;
+{EXIT_FAILED}  rollouts ran to a policy outcome and none earned reward (expected of a random model);
+{EXIT_USAGE}  the configuration, the data or the harness is unusable: nothing was started;
+{EXIT_INFRA}  infrastructure: every rollout failed in our infrastructure, or the baseline grader could not decide;
+{EXIT_NOTHING_RAN}  nothing was rolled out: with --baseline, a task already passes unmodified."""
+
+
+def exit_code(results: Sequence[RolloutResult]) -> int:
+    """The verdict of finished rollouts: rewarded, ran without reward, or only infrastructure failures.
+
+    Only a policy outcome says something about the model; a run whose every rollout failed in our own
+    infrastructure must not read as "ran, no reward" to a launcher that accepts that.
+    """
+    if any(res.reward is not None and res.reward >= 1.0 for res in results):
+        return EXIT_OK
+    if results and all(res.infrastructure_failure for res in results):
+        return EXIT_INFRA
+    return EXIT_FAILED
 
 
 def _fmt_s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _results_table(results: list) -> Table:
+def _results_table(results: Sequence[RolloutResult]) -> Table:
     harnesses = sorted({res.harness for res in results})
     one_harness = len(harnesses) == 1
     title = f"Rollouts ({harnesses[0]})" if one_harness else "Rollouts"
     # No vertical rules and ids never split: the table must read in an 80-column log as well.
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=escape(title), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("task#sample", no_wrap=True)
     if not one_harness:
         table.add_column("harness", no_wrap=True)
@@ -35,10 +64,12 @@ def _results_table(results: list) -> Table:
     for col in ("reward", "turns", "tokens", "agent s"):
         table.add_column(col, justify="right", no_wrap=True)
     for res in results:
-        term = f"[red]{res.termination.value}[/]" if res.infrastructure_failure else res.termination.value
-        reward = "-" if res.reward is None else (f"[green]{res.reward:g}[/]" if res.reward >= 1 else f"{res.reward:g}")
-        row = [f"{res.instance_id}#{res.index}", *([] if one_harness else [res.harness]), term, reward,
-               str(res.turns), str(res.sampled_tokens), _fmt_s(res.timings.get("agent"))]
+        # Ids and harness names come from the dataset: Text, so "[x]" in an id is shown, not read as markup.
+        term = Text(res.termination.value, style="red" if res.infrastructure_failure else "")
+        reward = Text("-" if res.reward is None else f"{res.reward:g}",
+                      style="green" if res.reward is not None and res.reward >= 1 else "")
+        row = [Text(f"{res.instance_id}#{res.index}"), *([] if one_harness else [Text(res.harness)]), term, reward,
+               Text(str(res.turns)), Text(str(res.sampled_tokens)), Text(_fmt_s(res.timings.get("agent")))]
         table.add_row(*row)
     return table
 
@@ -60,54 +91,56 @@ def rollout_check(
     concurrency: Annotated[int, typer.Option(min=1, help="Rollouts in flight at once.")] = 4,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run real rollouts (CLI in a sandbox, adapter, engine, grader) over a dataset, without training.
-
-    Saves tokens, loss masks, logprobs and per-rollout outcomes, and every artifact under RUN_ROOT.
-    Exit 0 when at least one sample earned reward 1; 1 when none did (or a baseline already passes);
-    2 when the configuration or the data is unusable; 3 when the baseline grader itself failed.
-    """
-    sets = list(overrides or [])
+    """Run real rollouts (CLI in a sandbox, adapter, engine, grader) over a dataset, without training."""
+    # Typed options reach the resolver as values (never re-parsed from `--set` text, where a backslash in a
+    # path is an escape). `--harness` becomes the run's default harness so that the same check that refuses
+    # `--set agent.default_harness=nosuch` refuses it, before the engine or a sandbox starts.
+    typed: dict[str, tuple[Any, str]] = {}
     if data is not None:
-        sets.append(f'rollout.prompt_data="{data.resolve()}"')
+        typed["rollout.prompt_data"] = (str(data), "--data")
     if vllm_url:
-        sets += ['serving.backend="vllm"', "serving.urls=" + json.dumps(vllm_url)]
+        typed["serving.backend"] = ("vllm", "--vllm-url")
+        typed["serving.urls"] = (list(vllm_url), "--vllm-url")
+    if harness is not None:
+        typed["agent.default_harness"] = (harness, "--harness")
     try:
-        r = load(config, sets)
+        r = load(config, overrides, typed)
         from lego_rl.rollout.harnesses import harness_inventory
 
         errors = [f for f in run_checks(r, harnesses=harness_inventory(r)) if f.severity == "error"]
         if errors:
             for f in errors:
-                err.print(f"[bold red]config:[/] {f.message} — {f.fix}", highlight=False)
+                given = ", ".join(f"{key} from {r.source(key)}" for key in f.keys if r.is_explicit(key))
+                fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
             err.print("run `lego validate` for the full picture")
             raise typer.Exit(EXIT_USAGE)
         from lego_rl.rollout.session import RolloutCheckSession
 
         session = RolloutCheckSession(r, ids=ids)
     except (ConfigError, TaskDataError) as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
     if baseline:
         try:
             passing = asyncio.run(session.baseline(progress_console=None if as_json else err))
         except GraderError as exc:
             session.run_dir.close()
-            err.print(f"[bold red]baseline:[/] the grader could not decide: {exc}", highlight=False)
+            fail(f"the grader could not decide: {exc}", label="baseline")
             raise typer.Exit(EXIT_INFRA) from None
         if passing:
             session.run_dir.close()
-            err.print(f"[bold red]baseline:[/] already solved without any change: {', '.join(passing)}")
-            raise typer.Exit(EXIT_FAILED)
+            fail(f"already solved without any change, nothing rolled out: {', '.join(passing)}", label="baseline")
+            raise typer.Exit(EXIT_NOTHING_RAN)
     total = len(session.rows) * samples
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, disable=as_json, transient=False) as bar:
         task = bar.add_task("rollouts", total=total)
 
-        def on_progress(event: str, spec, result) -> None:  # type: ignore[no-untyped-def]
-            if event == "finished":
+        def on_progress(event: str, spec: object, result: RolloutResult | None) -> None:
+            if event == "finished" and result is not None:
                 bar.advance(task)
-                bar.update(task, description=f"rollouts  {result.instance_id}#{result.index}: "
-                           f"{result.termination.value}")
+                bar.update(task, description=escape(f"rollouts  {result.instance_id}#{result.index}: "
+                                                    f"{result.termination.value}"))
 
         report = asyncio.run(session.run(samples=samples, harness=harness, concurrency=concurrency,
                                          output=output, progress=on_progress))
@@ -118,8 +151,17 @@ def rollout_check(
     else:
         out.print(_results_table(report.results))
         counts = ", ".join(f"{k} {v}" for k, v in report.terminations.most_common())
-        out.print(f"{report.rewarded}/{len(report.results)} rewarded; {counts}. Artifacts: {session.run_dir.root}")
-    raise typer.Exit(EXIT_OK if report.rewarded else EXIT_FAILED)
+        out.print(f"{report.rewarded}/{len(report.results)} rewarded; {counts}. Artifacts: {session.run_dir.root}",
+                  markup=False, highlight=False)
+    raise typer.Exit(exit_code(report.results))
+
+
+rollout_check.__doc__ = f"""{rollout_check.__doc__}
+
+Saves tokens, loss masks, logprobs and per-rollout outcomes, and every artifact under RUN_ROOT.
+
+{EXIT_CODES}
+"""
 
 
 def register(app: typer.Typer) -> None:

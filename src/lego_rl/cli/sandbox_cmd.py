@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_USAGE, err, out
+from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_USAGE, err, escape, fail, out
 
 sandbox_app = typer.Typer(help="Sandboxes: providers, a debugging shell command, leak listing and cleanup.",
                           no_args_is_help=True)
@@ -25,7 +25,7 @@ JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    fail(message)
     return typer.Exit(code)
 
 
@@ -40,7 +40,7 @@ def providers(as_json: JsonOut = False) -> None:
         return
     table = Table("name", "implementation", title="sandbox providers", title_justify="left")
     for name, target in known.items():
-        table.add_row(name, target)
+        table.add_row(escape(name), escape(target))
     out.print(table)
 
 
@@ -113,9 +113,12 @@ def ls(provider: ProviderOpt = "bwrap", state_dir: StateOpt = None, as_json: Jso
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    table = Table("id", "state", "owner pid", "age s", "image", title=f"{provider} sandboxes", title_justify="left")
+    table = Table("id", "state", "owner pid", "age s", "image", title=escape(f"{provider} sandboxes"),
+                  title_justify="left")
     for r in rows:
-        table.add_row(r["id"], r["state"], str(r.get("owner_pid") or "-"), f"{r.get('age_s', 0):.0f}", r["image"])
+        # Ids and image names come from the provider's state on disk: shown literally, never read as markup.
+        cells = (r["id"], r["state"], str(r.get("owner_pid") or "-"), f"{r.get('age_s', 0):.0f}", r["image"])
+        table.add_row(*(escape(str(cell)) for cell in cells))
     out.print(table)
 
 
@@ -159,7 +162,7 @@ def gc(
             raise _fail(f"`lego sandbox gc` knows bwrap and sunabako, not {provider!r}", EXIT_USAGE)
     except SandboxError as exc:
         raise _fail(str(exc), EXIT_INFRA) from None
-    out.print(f"removed {len(removed)} sandbox(es)" + (": " + ", ".join(removed) if removed else ""))
+    out.print(f"removed {len(removed)} sandbox(es)" + (": " + ", ".join(removed) if removed else ""), markup=False)
 
 
 def register(app: typer.Typer) -> None:

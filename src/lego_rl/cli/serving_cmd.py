@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from lego_rl.cli.console import EXIT_USAGE, err, out
+from lego_rl.cli.console import EXIT_USAGE, err, fail, out
 
 model_app = typer.Typer(help="Build and inspect local models.", no_args_is_help=True)
 
@@ -25,9 +25,9 @@ def model_tiny(
     try:
         path = build_tiny_model(out_dir, seed=seed, force=force, moe=moe)
     except ConfigError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
-    out.print(str(path), highlight=False)
+    out.print(str(path), markup=False, highlight=False)
 
 
 def serve(
@@ -58,10 +58,10 @@ def serve(
                            max_model_len=max_model_len or None, threads=threads or None,
                            return_routed_experts=return_routed_experts))
     except ConfigError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
     except OSError as exc:  # port in use, unreadable files
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        fail(exc)
         raise typer.Exit(EXIT_INFRA) from None
     except KeyboardInterrupt:
         pass
@@ -75,7 +75,7 @@ async def _serve(model: Path, host: str, port: int, **engine_kw: object) -> None
 
     server = EmbeddedServer(model, host=host, port=port, **engine_kw)
     await server.start()
-    err.print(f"lego serve: {model} on {server.url} (POST /inference/v1/generate)", highlight=False)
+    err.print(f"lego serve: {model} on {server.url} (POST /inference/v1/generate)", markup=False, highlight=False)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -1,4 +1,4 @@
-"""`lego prepare`, `lego images` and `lego tasks check`: task data from dataset files to gradable tasks.
+"""`lego tasks prepare`, `lego images` and `lego tasks check`: task data from dataset files to gradable tasks.
 
 Exit codes (see console.py): 0 ok; 1 negative verdict (an image failed to import, a task is not
 gradable); 2 bad input (bad rows, unknown ids, missing files); 3 infrastructure (a grader sandbox).
@@ -15,9 +15,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, out
+from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, escape, fail, out
 
-tasks_app = typer.Typer(help="Inspect and validate prepared task rows.", no_args_is_help=True)
+tasks_app = typer.Typer(help="Task rows: convert a dataset into them, prove each is gradable.", no_args_is_help=True)
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 IdsOpt = Annotated[
     list[str] | None,
@@ -32,17 +32,17 @@ def _ids(values: list[str] | None) -> list[str] | None:
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    fail(message)
     return typer.Exit(code)
 
 
 def _issues_table(issues: list[Any], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     table.add_column("row", justify="right")
     table.add_column("instance_id")
     table.add_column("reason", overflow="fold")
     for i in issues:
-        table.add_row(str(i.row), i.instance_id or "-", i.reason)
+        table.add_row(str(i.row), escape(i.instance_id or "-"), escape(i.reason))
     return table
 
 
@@ -87,7 +87,8 @@ def prepare(
         summary = Table(title="lego prepare", title_justify="left")
         for col in ("output", "tasks", "images", "bad rows"):
             summary.add_column(col)
-        summary.add_row(str(output) if written else "(not written)", str(written), str(images), str(len(result.issues)))
+        summary.add_row(escape(str(output)) if written else "(not written)", str(written), str(images),
+                        str(len(result.issues)))
         out.print(summary)
     if result.issues and not skip_bad:
         raise _fail(f"{len(result.issues)} bad rows; nothing written (fix them, or pass --skip-bad)")
@@ -129,7 +130,7 @@ def images(
         def step(o: Any) -> None:
             bar.advance(job)
             if o.status == "failed":
-                bar.console.print(f"[red]failed[/] {o.image}: {o.error}", highlight=False)
+                bar.console.print(f"[red]failed[/] {escape(f'{o.image}: {o.error}')}", highlight=False)
 
         report = asyncio.run(import_images(wanted, root=root, output=output, search_dirs=source,
                                            fix_path=fix_root_path, on_progress=step))
@@ -137,7 +138,7 @@ def images(
     if as_json:
         out.print_json(json.dumps({"output": str(output), "outcomes": [vars(o) for o in report.outcomes]}))
     else:
-        table = Table(title=f"lego images -> {output}", title_justify="left")
+        table = Table(title=escape(f"lego images -> {output}"), title_justify="left")
         for col in ("imported", "reused", "failed", "images.json entries"):
             table.add_column(col)
         table.add_row(*(str(report.count(s)) for s in ("imported", "reused", "failed")), str(len(report.mapping)))
@@ -172,7 +173,7 @@ def check(
     except TaskDataError as exc:
         raise _fail(str(exc)) from None
     options = _key_values(provider_option or [])
-    with err.status(f"checking {len(rows)} tasks with {provider}", spinner="dots") if not as_json else _null():
+    with err.status(escape(f"checking {len(rows)} tasks with {provider}"), spinner="dots") if not as_json else _null():
         checks = asyncio.run(check_tasks(rows, provider=provider, images=mapping, timeout=timeout,
                                          provider_options=options, dataset_dir=data.resolve().parent))
     if as_json:
@@ -183,7 +184,8 @@ def check(
             table.add_column(col, overflow="fold")
         for c in checks:
             color = {"gradable": "green", "not gradable": "yellow", "grader error": "red"}[c.verdict]
-            table.add_row(c.instance_id, c.baseline, c.reference, f"[{color}]{c.verdict}[/] {c.detail}")
+            table.add_row(escape(c.instance_id), escape(c.baseline), escape(c.reference),
+                          f"[{color}]{c.verdict}[/] {escape(c.detail)}")
         out.print(table)
     verdicts = {c.verdict for c in checks}
     raise typer.Exit(EXIT_INFRA if "grader error" in verdicts else EXIT_FAILED if "not gradable" in verdicts else EXIT_OK)
@@ -211,7 +213,7 @@ class _null:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `lego prepare`, `lego images` and `lego tasks ...` to the `lego` app."""
-    app.command("prepare")(prepare)
+    """Add `lego tasks ...` and `lego images` to the `lego` app."""
+    tasks_app.command("prepare")(prepare)
     app.command("images")(images)
     app.add_typer(tasks_app, name="tasks")

@@ -36,7 +36,7 @@ def row_keys(r: ResolvedConfig) -> RowKeys:
 def _keys_fix(r: ResolvedConfig) -> str:
     moved = [k for k in ("rollout.input_key", "rollout.label_key", "rollout.metadata_key",
                          "agent.sandbox_image_metadata_key") if r.is_explicit(k)]
-    return "fix the row or regenerate the file with `lego prepare`" + (
+    return "fix the row or regenerate the file with `lego tasks prepare`" + (
         f" (rows are read with {', '.join(f'{k}={r.source(k)}' for k in moved)})" if moved else "")
 
 
@@ -44,7 +44,7 @@ def scan_dataset(r: ResolvedConfig) -> DatasetScan:
     path = Path(r.config.rollout.prompt_data or "")
     if not path.is_file():
         return DatasetScan(findings=[error("missing_file", f"{KEY} names {path}, which does not exist",
-                                           "prepare it with `lego prepare` or set PROMPT_DATA", KEY)])
+                                           "prepare it with `lego tasks prepare` or set PROMPT_DATA", KEY)])
     try:
         loaded = load_tasks(path, row_keys(r))
     except TaskDataError as exc:
@@ -58,10 +58,10 @@ def scan_dataset(r: ResolvedConfig) -> DatasetScan:
         more = len(loaded.issues) - MAX_ROW_ERRORS
         findings.append(error("dataset_rows", f"{path}: {more} more bad rows ({len(loaded.issues)} in all, "
                               f"{len(loaded.rows)} good)",
-                              "run `lego tasks check` or regenerate the file with `lego prepare`", KEY))
+                              "run `lego tasks check` or regenerate the file with `lego tasks prepare`", KEY))
     if not loaded.rows and not loaded.issues:
-        findings.append(error("dataset_empty", f"{path} holds no task rows", "prepare tasks with `lego prepare`",
-                              KEY))
+        findings.append(error("dataset_empty", f"{path} holds no task rows",
+                              "prepare tasks with `lego tasks prepare`", KEY))
     return DatasetScan(
         images={row.metadata.image for row in loaded.rows},
         agents={row.metadata.agent for row in loaded.rows if row.metadata.agent},

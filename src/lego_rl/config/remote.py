@@ -1,5 +1,8 @@
-"""Checks that touch the network, run by ``lego validate --remote`` only, each within a timeout:
-SSH to every sandbox node, the adapter's advertised address, and the serving engines' health."""
+"""Checks that touch the network, run by ``lego validate --remote`` only, each within a timeout.
+
+They test what must already exist before a launch: the health of every configured vLLM server and SSH to
+every sandbox node of cluster.json. Never the adapter: the job itself starts it, so before launch its
+address answering would mean another job holds the port, not that this one is ready."""
 
 from __future__ import annotations
 
@@ -27,8 +30,7 @@ async def _http_ok(url: str, timeout: float) -> str | None:
 
 
 def _ssh_ok(host: str, port: int, timeout: float) -> str | None:
-    # fabric imports paramiko: keep it out of the CLI's start-up. It ships no type hints.
-    from fabric import Connection  # type: ignore[import-untyped]
+    from fabric import Connection  # fabric imports paramiko: keep it out of the CLI's start-up
 
     try:
         with Connection(host, port=port, connect_timeout=timeout) as conn:
@@ -38,6 +40,18 @@ def _ssh_ok(host: str, port: int, timeout: float) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
+def _cluster_nodes(r: ResolvedConfig) -> list[tuple[str, int]]:
+    """``(host, port)`` of every node in ``sandbox.cluster``; an unreadable file is the offline checks' finding."""
+    c = r.config
+    if not c.sandbox.cluster or not Path(c.sandbox.cluster).is_file():
+        return []
+    try:
+        nodes = json.loads(Path(c.sandbox.cluster).read_text()).get("nodes", [])
+        return [(str(node["host"]), int(node.get("port", c.cluster.ssh_port))) for node in nodes]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+
+
 async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Finding]:
     c = r.config
     findings: list[Finding] = []
@@ -45,14 +59,8 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
     if c.serving.backend == "vllm":
         for url in c.serving.urls:
             jobs.append((f"serving {url}", _http_ok(url.rstrip("/") + "/health", timeout)))
-    host = c.adapter.public_host
-    if host not in ("auto", "0.0.0.0"):
-        jobs.append((f"adapter {host}:{c.adapter.port}", _http_ok(f"http://{host}:{c.adapter.port}/health", timeout)))
-    if c.sandbox.cluster and Path(c.sandbox.cluster).is_file():
-        nodes = json.loads(Path(c.sandbox.cluster).read_text()).get("nodes", [])
-        for node in nodes:
-            port = int(node.get("port", c.cluster.ssh_port))
-            jobs.append((f"ssh {node['host']}:{port}", asyncio.to_thread(_ssh_ok, node["host"], port, timeout)))
+    for host, port in _cluster_nodes(r):
+        jobs.append((f"ssh {host}:{port}", asyncio.to_thread(_ssh_ok, host, port, timeout)))
     results = await asyncio.gather(*(job for _, job in jobs))
     for (what, _), reason in zip(jobs, results, strict=True):
         if reason is not None:

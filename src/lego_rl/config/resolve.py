@@ -302,9 +302,15 @@ def resolve(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Sequence[str] = (),
+    typed_overrides: Mapping[str, tuple[Any, str]] | None = None,
     now: _dt.datetime | None = None,
 ) -> ResolvedConfig:
-    """Resolve the configuration from every layer; raise ``ConfigError`` with a precise location."""
+    """Resolve the configuration from every layer; raise ``ConfigError`` with a precise location.
+
+    ``typed_overrides`` maps ``section.key`` to ``(value, option)`` for a CLI's typed options (``--data``
+    → ``rollout.prompt_data``): the value is taken as given, never re-parsed from a ``--set`` string (where
+    a backslash in a path would be read as an escape), and wins over ``overrides``.
+    """
     environ = os.environ if environ is None else environ
     values: dict[tuple[str, str], Any] = {}
     sources: dict[tuple[str, str], Source] = {}
@@ -324,6 +330,14 @@ def resolve(
             value = _resolve_path_value(value, Path.cwd())
         values[(section, key)] = value
         sources[(section, key)] = Source("cli", f"--set {assignment}")
+    for target, (value, option) in (typed_overrides or {}).items():
+        section, _, key = target.partition(".")
+        if section not in SECTIONS or key not in SECTIONS[section].model_fields:
+            raise ConfigError(f"{option} targets unknown key `{target}`", where=option, parameter=target)
+        if is_path_key(section, key):
+            value = _resolve_path_value(value, Path.cwd())
+        values[(section, key)] = value
+        sources[(section, key)] = Source("cli", option)
     cfg = _build(values, sources)
     flat = {f"{s}.{k}": src for (s, k), src in sources.items()}
     explicit = set(flat)

@@ -1,5 +1,3 @@
-# Hook specifications are signatures only: pluggy never runs their bodies, so none returns a value.
-# mypy: disable-error-code="empty-body"
 """Hook specifications of a lego harness plugin (pluggy project ``lego_rl``).
 
 Every hook but ``lego_harness_describe`` takes the harness ``name`` first and is ``firstresult``:

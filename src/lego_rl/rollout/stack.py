@@ -86,7 +86,7 @@ async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
         )
         ro = cfg.rollout
         core = AdapterCore(
-            renderer, client, context_limit=cfg.model.max_context_len, max_response_tokens=cfg.model.max_response_len,
+            renderer, client, max_context_tokens=cfg.model.max_context_len, max_response_tokens=cfg.model.max_response_len,
             tool_parser=cfg.serving.tool_call_parser,  # type: ignore[arg-type]
             sampling=SamplingDefaults(temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                                       nucleus=ro.capture_nucleus, routed_experts=ro.use_rollout_routing_replay),

@@ -72,7 +72,8 @@ class ProcessGroup:
         feed = stdin if isinstance(stdin, bytes) else None
         proc = await asyncio.create_subprocess_exec(
             *argv,
-            stdin=asyncio.subprocess.PIPE if feed is not None else (stdin or asyncio.subprocess.DEVNULL),
+            stdin=(asyncio.subprocess.PIPE if isinstance(stdin, bytes)
+                   else stdin or asyncio.subprocess.DEVNULL),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
@@ -81,7 +82,7 @@ class ProcessGroup:
         self._procs.add(proc)
         out, err = bytearray(), bytearray()
         assert proc.stdout is not None and proc.stderr is not None
-        readers = [
+        readers: list[asyncio.Future[bool | None]] = [
             asyncio.ensure_future(_drain(proc.stdout, out, max_output)),
             asyncio.ensure_future(_drain(proc.stderr, err, max_output)),
         ]

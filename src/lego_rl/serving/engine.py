@@ -66,7 +66,7 @@ class EmbeddedEngine:
         self.device = torch.device(device)
         self.model, self.config, eos = load_model(self.model_dir, self.device, dtype)
         self.vocab_size = int(self.config.vocab_size)
-        self.max_model_len = int(max_model_len or getattr(self.config, "max_position_embeddings", 4096))
+        self.max_model_len = max_model_len or int(getattr(self.config, "max_position_embeddings", 4096))
         self.eos_ids = eos
         self.name = name or self.model_dir.name
         self.max_batch = max_batch
@@ -375,12 +375,3 @@ class EmbeddedEngine:
         self._batch.add(kv_of(cache), len(req.prompt))
         req.out.record(sample_rows(logits, [req.row])[0], version)
 
-
-def embedded_server(model_dir: str | Path, **kw: Any) -> Any:
-    """``async with embedded_server(model_dir) as url:`` serves the model on 127.0.0.1 at a free port.
-
-    Keyword arguments go to ``EmbeddedEngine`` (``max_batch``, ``threads``, ...) or the server (``port``).
-    """
-    from lego_rl.serving.server import embedded_server as serve
-
-    return serve(model_dir, **kw)

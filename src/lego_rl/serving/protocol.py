@@ -11,6 +11,8 @@ recomputation): the log-probability of the sampled token under the distribution 
 *after temperature scaling and before top-k/top-p truncation*, i.e. ``log_softmax(logits / T)``.
 This is what vLLM returns with ``--logprobs-mode processed_logprobs`` when no top-k/top-p is active and
 what a trainer can recompute from a teacher-forced forward pass without knowing the truncation.
+A logprob is at most 0; ``LOGPROB_TOLERANCE`` is the one allowance for rounding above it, used by every
+check of sampled-token logprobs (serving reply, adapter turn, trajectory record).
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 FinishReason = Literal["stop", "length", "abort"]
+
+LOGPROB_TOLERANCE = 1e-4
+"""Largest positive logprob accepted as float rounding of ``log p <= 0``; anything above is refused.
+
+A kernel that rounds ``x`` and ``logsumexp(x)`` separately can report the most likely token slightly
+above 0: by one float32 ulp of the scaled logit, which is 6.1e-5 for ``|logit / T|`` in [512, 1024)
+(e.g. logits near 60 at T=0.1). 1e-4 covers that (a probability error of 0.01%, nothing for an
+importance ratio), while every real fault (a probability sent in place of its log, a raw logit, a flipped
+sign) is orders of magnitude larger. One constant for every check, so a value the serving client passes
+is never refused later by the adapter or the trajectory. The serving client then clamps accepted values
+to 0, so above it every logprob is <= 0."""
 
 
 class SamplingParams(BaseModel):

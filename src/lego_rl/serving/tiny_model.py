@@ -165,18 +165,18 @@ def _write_model(out: Path, vocab_size: int, ids: dict[str, int], seed: int, moe
         Qwen3MoeForCausalLM,
     )
 
-    config_cls, model_cls = (Qwen3MoeConfig, Qwen3MoeForCausalLM) if moe else (Qwen3Config, Qwen3ForCausalLM)
-    config = config_cls(
+    shape = dict(
         vocab_size=vocab_size,  # exactly the tokenizer's size: no id the tokenizer cannot decode
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
         **MODEL_SHAPE,
-        **(MOE_SHAPE if moe else {}),
     )
+    config = Qwen3MoeConfig(**shape, **MOE_SHAPE) if moe else Qwen3Config(**shape)
     config.dtype = "float32"
     torch.manual_seed(seed)
-    model = model_cls(config).to(torch.float32).eval()
+    model = Qwen3MoeForCausalLM(config) if isinstance(config, Qwen3MoeConfig) else Qwen3ForCausalLM(config)
+    model = model.float().eval()
     model.save_pretrained(str(out), safe_serialization=True)
     # Only stop ids here: vLLM takes sampling defaults from generation_config.json, and we want none.
     GenerationConfig(

@@ -21,7 +21,7 @@ from lego_rl.serving.errors import (
     TokenOutOfVocab,
     UnsupportedExtra,
 )
-from lego_rl.serving.protocol import GenerateResult, NucleusEntry, WeightVersionSpan
+from lego_rl.serving.protocol import LOGPROB_TOLERANCE, GenerateResult, NucleusEntry, WeightVersionSpan
 
 INITIAL_VERSION_LABEL = "default"
 """vLLM's label for the weights it started with; lego maps it to version 0."""
@@ -106,10 +106,10 @@ def _logprobs(choice: dict[str, Any], ids: list[int], ctx: dict[str, Any]) -> li
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise NonFiniteLogprob(f"logprob at position {pos} is {value!r}, not a number", **ctx)
         value = float(value)
-        if not math.isfinite(value) or value > 1e-6:
-            raise NonFiniteLogprob(f"logprob at position {pos} is {value!r} (must be finite and <= 0)",
-                                   **ctx)
-        out.append(min(value, 0.0))
+        if not math.isfinite(value) or value > LOGPROB_TOLERANCE:
+            raise NonFiniteLogprob(f"logprob at position {pos} is {value!r} (must be finite and <= 0, "
+                                   f"rounding up to {LOGPROB_TOLERANCE} allowed)", **ctx)
+        out.append(min(value, 0.0))  # rounding above 0 is clamped: a probability is at most 1
     return out
 
 

@@ -37,7 +37,8 @@ def load_model(model_dir: Path, device: torch.device, dtype: str) -> tuple[Any, 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
+    # Typed as the Module it is: transformers types its `to` override as a function still wanting `self`.
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=_DTYPES[dtype], local_files_only=True, attn_implementation="sdpa"
     )
     model.to(device).eval()

@@ -202,6 +202,4 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
             what = "grader failed"
         else:
             what = f"grader crashed ({type(exc).__name__})"
-        failure = GraderError(f"{what} for {meta.instance_id}: {exc}")
-        failure.output = log.text  # type: ignore[attr-defined]  # full log for the rollout's artifacts
-        raise failure from exc
+        raise GraderError(f"{what} for {meta.instance_id}: {exc}", output=log.text) from exc

@@ -26,7 +26,8 @@ def _prompt_text(prompt: Any) -> str | None:
 
 def normalize_f2p_row(raw: dict[str, Any]) -> dict[str, Any]:
     """Return ``raw`` in TaskRow shape when it is an f2p_script row; other rows pass through unchanged."""
-    meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    raw_meta = raw.get("metadata")
+    meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
     env = raw.get("remote_env_info", meta.get("remote_env_info"))
     if env is None:
         return raw

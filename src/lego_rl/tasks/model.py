@@ -107,7 +107,7 @@ class TaskMetadata(BaseModel):
 
 
 class TaskRow(BaseModel):
-    """One training/evaluation task, as written by ``lego prepare`` and read by the rollout."""
+    """One training/evaluation task, as written by ``lego tasks prepare`` and read by the rollout."""
 
     model_config = ConfigDict(extra="forbid")
     prompt: list[Message] = Field(min_length=1)

@@ -9,10 +9,8 @@ from __future__ import annotations
 import math
 
 from lego_rl.errors import TrajectoryError
+from lego_rl.serving.protocol import LOGPROB_TOLERANCE
 from lego_rl.trajectory.records import TurnRecord
-
-LOGPROB_TOLERANCE = 1e-4
-"""Largest positive logprob accepted (float rounding of log(1)); anything above is a broken record."""
 
 
 def _fail(rec: TurnRecord, message: str) -> TrajectoryError:
@@ -28,8 +26,11 @@ def check_record(rec: TurnRecord, *, require_nucleus: bool = False, require_rout
     # sum() propagates nan/inf, so one C-level pass finds broken values; only then look for them.
     if n and not (math.isfinite(sum(rec.logprobs)) and max(rec.logprobs) <= LOGPROB_TOLERANCE):
         bad = next((x for x in rec.logprobs if not (math.isfinite(x) and x <= LOGPROB_TOLERANCE)), None)
-        raise _fail(rec, f"logprob {bad!r} is not a finite value <= 0" if bad is not None
-                     else "logprobs are so negative that their sum overflows")
+        if bad is None:
+            raise _fail(rec, "logprobs are so negative that their sum overflows")
+        raise _fail(
+            rec, f"logprob {bad!r} is not a finite value <= 0 (rounding up to {LOGPROB_TOLERANCE} allowed)"
+        )
     if n and min(rec.output_ids) < 0:
         raise _fail(rec, f"negative output token id {min(rec.output_ids)}")
     if rec.weight_versions and len(rec.weight_versions) != n:
