@@ -164,7 +164,7 @@ def test_errors_sorted_before_warnings(base_toml: Path) -> None:
 
 def test_row_without_eval_cmd_is_reported_like_rollout_check_rejects_it(base_toml: Path, workdir: Path) -> None:
     from lego_rl.errors import TaskDataError
-    from lego_rl.rollout.session import RolloutCheckSession
+    from lego_rl.orchestrate.check_session import RolloutCheckSession
 
     row = json.loads((workdir / "tasks.jsonl").read_text())
     del row["metadata"]["eval_cmd"]
@@ -177,7 +177,7 @@ def test_row_without_eval_cmd_is_reported_like_rollout_check_rejects_it(base_tom
 
 
 def test_custom_row_keys_read_alike_by_validate_and_rollout_check(base_toml: Path, workdir: Path) -> None:
-    from lego_rl.rollout.session import RolloutCheckSession
+    from lego_rl.orchestrate.check_session import RolloutCheckSession
 
     row = {"messages": [{"role": "user", "content": "fix it"}], "id": "t1",
            "info": {"instance_id": "t1", "docker_image": "img:1", "eval_cmd": "true", "problem_statement": "p"}}

@@ -9,7 +9,7 @@ no reader outside ``lego_rl.config``; an unlisted one must have one).
 
 from __future__ import annotations
 
-TRAINER = "the training loop (`lego train`, not written yet) reads it"
+TRAINER = "the training loop (not written yet) reads it"
 RAY = "Ray cluster mode (the orchestrate package's Ray actors) reads it"
 VLLM = "lego starts the vLLM servers itself (today they are started outside lego)"
 
@@ -47,7 +47,7 @@ UNWIRED: dict[str, str] = {
     "cluster.gloo_socket_ifname": RAY,
     "cluster.start_ray": RAY,
     "cluster.ray_address": RAY,
-    "monitor.refresh_s": "`lego monitor` exists",
-    "monitor.kl_warn": "`lego monitor` exists",
+    "monitor.refresh_s": "the run monitor (not written yet) reads it",
+    "monitor.kl_warn": "the run monitor (not written yet) reads it",
 }
 """``section.key`` → what will read it (completes "it has no effect until ...")."""

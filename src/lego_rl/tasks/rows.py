@@ -1,15 +1,14 @@
 """Reading and writing task JSONL: every bad row is reported with its row number and reason.
 
 ``load_tasks`` never stops at the first bad line: it returns the good rows and one ``RowIssue`` per
-bad one, so an operator fixes a dataset in one pass. ``write_tasks`` is atomic (temp file in the same
-directory, then ``os.replace``): a reader never sees a half-written JSONL.
+bad one, so an operator fixes a dataset in one pass. ``write_tasks`` is atomic (the run store's
+``replace_file``: temp file in the same directory, then a rename): a reader never sees a half-written
+JSONL.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lego_rl.errors import TaskDataError
+from lego_rl.runstore.files import replace_file
 from lego_rl.tasks.f2p import normalize_f2p_row
 from lego_rl.tasks.model import TaskRow
 
@@ -189,19 +189,8 @@ def check_ids_unique(ids: Sequence[str] | None) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same directory and ``os.replace``."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` atomically, replacing the file (a converted dataset is rewritten whole)."""
+    replace_file(path, text)
 
 
 def write_tasks(path: str | Path, rows: Iterable[TaskRow]) -> int:
