@@ -115,7 +115,9 @@ def rollout_check(
         typed["agent.default_harness"] = (harness, "--harness")
     try:
         r = load(config, overrides, typed)
-        errors = [f for f in run_checks(r) if f.severity == "error"]
+        from lego_rl.rollout.harnesses import harness_inventory
+
+        errors = [f for f in run_checks(r, harnesses=harness_inventory(r)) if f.severity == "error"]
         if errors:
             for f in errors:
                 given = ", ".join(f"{key} from {r.source(key)}" for key in f.keys if r.is_explicit(key))

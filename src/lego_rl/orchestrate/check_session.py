@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lego_rl.config.dataset_scan import row_keys
 from lego_rl.config.resolve import ResolvedConfig, config_json
 from lego_rl.errors import GraderError
 from lego_rl.images.importer import load_images_json
@@ -38,7 +39,8 @@ class RolloutCheckSession:
         c = r.config
         data = Path(c.rollout.prompt_data or "")
         check_ids_unique(ids)
-        loaded = finish_selection(load_tasks(data), list(ids) if ids else None, source=str(data))
+        rows = load_tasks(data, row_keys(r))  # the keys `lego validate` reads the rows with
+        loaded = finish_selection(rows, list(ids) if ids else None, source=str(data))
         loaded.raise_on_issues(str(data))
         self.rows = loaded.rows
         self.dataset_dir = data.resolve().parent
