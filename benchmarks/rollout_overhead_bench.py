@@ -106,7 +106,7 @@ async def one_rollout(i: int, root: Path, tiny: Path, renderer: Any, row: Any) -
                 guard_s=420,
                 max_turns=6,
                 max_context_tokens=60000,
-                max_output_tokens=1024,
+                max_response_tokens=1024,
             ),
             run=run,
             sessions=sessions,

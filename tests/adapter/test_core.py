@@ -140,7 +140,7 @@ async def test_max_tokens_clamped_to_remaining_context(tiny_model_dir: Path, ren
     core = make_core(renderer, spy, max_context_tokens=prompt_len + 10, max_response_tokens=64)
     await core.run_turn(registry.open("a"), req(ASK, max_tokens=500))
     await core.run_turn(registry.open("b", max_response_tokens=7), req(ASK))
-    await core.run_turn(registry.open("c", max_context=prompt_len + 3), req(ASK))
+    await core.run_turn(registry.open("c", max_context_tokens=prompt_len + 3), req(ASK))
     await core.run_turn(registry.open("d"), req(ASK, max_tokens=5))
     assert [p.max_tokens for p in spy.params] == [10, 7, 3, 5]
     assert all(p.logprobs == 1 and p.stop_token_ids == sorted(renderer.eos_ids) for p in spy.params)

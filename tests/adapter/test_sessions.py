@@ -18,7 +18,7 @@ ASK = [Message(role="user", content="hello")]
 
 def test_open_get_close_and_rejections() -> None:
     reg = SessionRegistry()
-    s = reg.open("r-1", template_kwargs={"reasoning_effort": "low"}, max_requests=3, max_context=100)
+    s = reg.open("r-1", template_kwargs={"reasoning_effort": "low"}, max_requests=3, max_context_tokens=100)
     assert reg.get("r-1") is s and "r-1" in reg and reg.open_ids() == ["r-1"]
     for missing, word in ((None, "no session"), ("", "no session"), ("r-2", "unknown session 'r-2'")):
         with pytest.raises(ProtocolError, match=word) as err:
@@ -40,7 +40,7 @@ def test_open_get_close_and_rejections() -> None:
         ("a b", {}, "whitespace"),
         ("a/b", {}, "'/'"),
         ("ok", {"max_requests": 0}, "max_requests must be positive, got 0"),
-        ("ok", {"max_context": -5}, "max_context must be positive, got -5"),
+        ("ok", {"max_context_tokens": -5}, "max_context_tokens must be positive, got -5"),
     ],
 )
 def test_open_rejects_bad_arguments(sid: str, kw: dict[str, int], needle: str) -> None:

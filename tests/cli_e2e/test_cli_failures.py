@@ -39,7 +39,7 @@ async def test_unknown_session_ends_each_cli_with_the_adapters_message(start_ada
 
 async def test_full_context_window_ends_claude_code_and_codex(start_adapter, cli_path, tmp_path: Path) -> None:
     """A first turn larger than the session's window: no engine call, a protocol stop, and the CLI ends."""
-    adapter = await start_adapter(["never used"], sessions=("sess-1",), max_context=64)
+    adapter = await start_adapter(["never used"], sessions=("sess-1",), max_context_tokens=64)
     claude = await run_claude(adapter, cli_path, tmp_path / "claude")
     assert not claude.timed_out, claude.stdout[-2000:]
     final = result_event(claude.stdout)

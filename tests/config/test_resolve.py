@@ -17,7 +17,7 @@ def test_reference_defaults(workdir: Path) -> None:
     assert c.sandbox.boot_concurrency == 2
     assert c.sandbox.memory_mb == 2048
     assert (c.adapter.bind_host, c.adapter.port) == ("0.0.0.0", 18091)
-    assert (c.model.max_context_len, c.model.max_response_len) == (65536, 8192)
+    assert (c.model.max_context_tokens, c.model.max_response_tokens) == (65536, 8192)
     assert c.harness == {}
     assert (c.rollout.temperature, c.rollout.top_p, c.rollout.top_k) == (1.0, 0.95, -1)
     assert c.model.chat_template_kwargs == {"reasoning_effort": "medium"}

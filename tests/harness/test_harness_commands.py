@@ -30,7 +30,7 @@ def request(**kw: object) -> RunRequest:
         time_budget_s=60,
         max_turns=7,
         max_context_tokens=32768,
-        max_output_tokens=1024,
+        max_response_tokens=1024,
     )
     return RunRequest(**(base | kw))  # type: ignore[arg-type]
 

@@ -305,7 +305,7 @@ def settings_for_tests(**overrides: Any) -> RolloutSettings:
         "guard_s": 420.0,
         "max_turns": 6,
         "max_context_tokens": 60000,
-        "max_output_tokens": 1024,
+        "max_response_tokens": 1024,
         "agent_sandbox": SandboxTarget(provider, provider_options, sandbox_options),
         "grader_sandbox": SandboxTarget(grader_provider, provider_options, sandbox_options),
         **overrides,

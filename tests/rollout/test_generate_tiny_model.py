@@ -41,8 +41,8 @@ def tiny_overrides(run_root: Path, harness: str) -> list[str]:
     return [
         *images,
         f'paths.run_root="{run_root}"',
-        "model.max_response_len=64",
-        "model.max_context_len=32768",
+        "model.max_response_tokens=64",
+        "model.max_context_tokens=32768",
         "adapter.port=0",
         "serving.port=0",
         f"agent.time_budget_s={BUDGET_S[harness]}",

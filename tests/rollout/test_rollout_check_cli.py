@@ -101,7 +101,7 @@ def test_rollout_check_cli_exit_code_follows_the_reward(
         "--set",
         "adapter.port=0",
         "--set",
-        "model.max_response_len=1024",
+        "model.max_response_tokens=1024",
         "--set",
         "agent.time_budget_s=180",
     ]

@@ -150,7 +150,7 @@ class AdapterCore:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
         clock.render_s = clock.elapsed()
 
-        window = min(self.max_context_tokens, session.max_context or self.max_context_tokens)
+        window = min(self.max_context_tokens, session.max_context_tokens or self.max_context_tokens)
         remaining = window - len(plan.prompt_ids)
         cap = min(self.max_response_tokens, session.max_response_tokens or self.max_response_tokens)
         if req.max_tokens is not None:

@@ -34,14 +34,14 @@ class Session:
 
     ``template_kwargs`` are merged over the core's ``CHAT_TEMPLATE_KWARGS`` on every turn of this session
     (per-sample options such as ``reasoning_effort``). ``max_requests`` caps the model calls (main and side);
-    ``max_context`` caps prompt + output tokens per call below the core's context window;
+    ``max_context_tokens`` caps prompt + output tokens per call below the core's context window;
     ``max_response_tokens`` caps one call's output below the core's limit.
     """
 
     id: str
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_requests: int | None = None
-    max_context: int | None = None
+    max_context_tokens: int | None = None
     max_response_tokens: int | None = None
     opened_at: float = field(default_factory=time.time)
     state: SessionState = "open"
@@ -106,7 +106,7 @@ class SessionRegistry:
         *,
         template_kwargs: dict[str, Any] | None = None,
         max_requests: int | None = None,
-        max_context: int | None = None,
+        max_context_tokens: int | None = None,
         max_response_tokens: int | None = None,
     ) -> Session:
         """Open a new session named ``session_id`` (the bearer token the CLI will send)."""
@@ -116,7 +116,7 @@ class SessionRegistry:
             raise ValueError(f"session {session_id!r} already exists (ids are single use)")
         for name, value in (
             ("max_requests", max_requests),
-            ("max_context", max_context),
+            ("max_context_tokens", max_context_tokens),
             ("max_response_tokens", max_response_tokens),
         ):
             if value is not None and value <= 0:
@@ -125,7 +125,7 @@ class SessionRegistry:
             id=session_id,
             template_kwargs=dict(template_kwargs or {}),
             max_requests=max_requests,
-            max_context=max_context,
+            max_context_tokens=max_context_tokens,
             max_response_tokens=max_response_tokens,
         )
         self._sessions[session_id] = session

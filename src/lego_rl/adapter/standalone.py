@@ -34,14 +34,14 @@ class StandaloneOptions:
     port: int = 18091
     open_sessions: Path | None = None
     sessions: Sequence[str] = ()
-    context_limit: int | None = None
+    max_context_tokens: int | None = None
     """Prompt + output tokens per call; None reads ``max_position_embeddings`` from the model config."""
     max_response_tokens: int = 8192
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
-def model_context_limit(model_dir: Path) -> int:
+def model_max_context_tokens(model_dir: Path) -> int:
     """The model's own window (``max_position_embeddings`` of config.json), else a default."""
     cfg = Path(model_dir) / "config.json"
     if not cfg.is_file():
@@ -59,7 +59,7 @@ def build_standalone(opts: StandaloneOptions) -> tuple[AdapterServer, Any]:
     if opts.open_sessions is not None and opts.open_sessions.exists() and not opts.open_sessions.is_dir():
         raise ConfigError(f"--open-sessions {opts.open_sessions} exists and is not a directory",
                           parameter="--open-sessions", value=str(opts.open_sessions))
-    context = opts.context_limit or model_context_limit(opts.model_dir)
+    context = opts.max_context_tokens or model_max_context_tokens(opts.model_dir)
     renderer = ChatRenderer.from_pretrained(opts.model_dir, template_kwargs=opts.template_kwargs)
     client = ServingClient([opts.serving_url], vocab_size=renderer.vocab_size)
     core = AdapterCore(renderer, client, max_context_tokens=context,

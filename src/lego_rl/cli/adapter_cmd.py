@@ -19,7 +19,7 @@ def adapter(
     session: list[str] = typer.Option([], "--session", help="Open this session id at start (repeatable)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(18091, help="Port to bind."),
-    context_limit: int = typer.Option(0, min=0, help="Prompt + output tokens per call (0: the model's window)."),
+    max_context_tokens: int = typer.Option(0, min=0, help="Prompt + output tokens per call (0: the model's window)."),
     max_response_tokens: int = typer.Option(8192, min=1, help="Most output tokens per call."),
     template_kwargs: str = typer.Option("{}", "--template-kwargs", help="JSON object of chat-template kwargs."),
 ) -> None:
@@ -45,7 +45,7 @@ def adapter(
         fail("no way to open a session: pass --open-sessions DIR or --session ID")
         raise typer.Exit(EXIT_USAGE)
     opts = StandaloneOptions(serving_url=serving_url, model_dir=model, host=host, port=port,
-                             open_sessions=open_sessions, sessions=session, context_limit=context_limit or None,
+                             open_sessions=open_sessions, sessions=session, max_context_tokens=max_context_tokens or None,
                              max_response_tokens=max_response_tokens, template_kwargs=kwargs)
     err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model})", markup=False, highlight=False)
     try:

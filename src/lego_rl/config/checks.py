@@ -122,11 +122,11 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
 @check
 def response_fits_context(r: ResolvedConfig) -> Iterator[Finding]:
     m = r.config.model
-    if m.max_response_len > m.max_context_len:
+    if m.max_response_tokens > m.max_context_tokens:
         yield error(
             "response_len",
-            f"model.max_response_len={m.max_response_len} exceeds model.max_context_len={m.max_context_len}",
-            "lower MAX_RESPONSE_LEN or raise MAX_CONTEXT_LEN", "model.max_response_len", "model.max_context_len",
+            f"model.max_response_tokens={m.max_response_tokens} exceeds model.max_context_tokens={m.max_context_tokens}",
+            "lower MAX_RESPONSE_LEN or raise MAX_CONTEXT_LEN", "model.max_response_tokens", "model.max_context_tokens",
         )
 
 

@@ -28,9 +28,9 @@ class ModelConfig(Section):
     checkpoint: str = "lego:tiny"
     """HF checkpoint directory of the policy (weights, tokenizer, chat template). `lego:tiny` builds the
     offline tiny Qwen3-architecture test model on first use and caches it."""
-    max_context_len: int = Field(default=65536, gt=0)
+    max_context_tokens: int = Field(default=65536, gt=0)
     """Context window in tokens for a whole multi-turn trajectory; passed to the CLIs and the adapter."""
-    max_response_len: int = Field(default=8192, gt=0)
+    max_response_tokens: int = Field(default=8192, gt=0)
     """Maximum output tokens per model turn; the adapter clamps it to what remains of the context."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the chat template on every turn (JSON object)."""

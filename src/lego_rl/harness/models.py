@@ -84,7 +84,7 @@ class RunRequest(BaseModel):
     """Wall-clock budget of the CLI process; past it the run ends as timed out."""
     max_turns: int = Field(default=40, ge=1)
     max_context_tokens: int = Field(default=65536, ge=1024)
-    max_output_tokens: int = Field(default=8192, ge=1)
+    max_response_tokens: int = Field(default=8192, ge=1)
     user: str = "agent"
     """Sandbox user the CLI runs as."""
     artifacts_dir: Path | None = None

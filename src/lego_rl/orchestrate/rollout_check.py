@@ -40,7 +40,7 @@ def settings_from_config(r: ResolvedConfig) -> RolloutSettings:
         grader_sandbox=SandboxTarget(grader_provider, provider_options(r, grader_provider), per_sandbox),
         default_harness=c.agent.default_harness, agent_time_budget_s=c.agent.time_budget_s,
         grader_timeout_s=c.grader.timeout_s, guard_s=c.rollout.guard_s or 0.0, max_turns=c.agent.max_turns,
-        max_context_tokens=c.model.max_context_len, max_output_tokens=c.model.max_response_len,
+        max_context_tokens=c.model.max_context_tokens, max_response_tokens=c.model.max_response_tokens,
         max_requests_per_session=c.adapter.max_requests_per_session, prompt_template=c.agent.prompt,
         model_name=c.model.served_name, boot_concurrency=c.sandbox.boot_concurrency,
         template_kwargs=dict(c.model.chat_template_kwargs),

@@ -232,7 +232,7 @@ class _Rollout:
             caps.append(s.max_turns)
         session = self.ctx.sessions.open(
             safe_name(self.rid), template_kwargs=s.template_kwargs, max_requests=min(caps),
-            max_context=s.max_context_tokens, max_response_tokens=s.max_output_tokens,
+            max_context_tokens=s.max_context_tokens, max_response_tokens=s.max_response_tokens,
         )
         self.ctx.run.events.emit(SessionOpened(rollout_id=self.rid, session_id=session.id,
                                                max_requests=min(caps), harness_options=self.harness_options))
@@ -270,7 +270,7 @@ class _Rollout:
                     prompt=s.prompt_template.format(problem=self.meta.problem_statement, workdir=self.meta.workdir,
                                                     problem_file=DEFAULT_PROBLEM_PATH),
                     workdir=self.meta.workdir, time_budget_s=s.agent_time_budget_s, max_turns=s.max_turns,
-                    max_context_tokens=s.max_context_tokens, max_output_tokens=s.max_output_tokens,
+                    max_context_tokens=s.max_context_tokens, max_response_tokens=s.max_response_tokens,
                     user=s.agent_user, artifacts_dir=self.folder,
                 )
                 self.outcome = await self.harness.run(sb, request)

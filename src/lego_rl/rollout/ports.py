@@ -51,7 +51,7 @@ class AdapterSessions(Protocol):
         *,
         template_kwargs: dict[str, Any] | None = None,
         max_requests: int | None = None,
-        max_context: int | None = None,
+        max_context_tokens: int | None = None,
         max_response_tokens: int | None = None,
     ) -> SessionView: ...
 

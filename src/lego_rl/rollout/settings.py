@@ -28,7 +28,7 @@ class RolloutSettings:
     """Whole-rollout deadline (sandbox setup + agent + grading)."""
     max_turns: int
     max_context_tokens: int
-    max_output_tokens: int
+    max_response_tokens: int
     max_requests_per_session: int
     """Model calls one adapter session serves; a harness's adapter options may lower it, never raise it."""
     prompt_template: str

@@ -74,7 +74,7 @@ async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
             dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
             engine = EmbeddedServer(directory, host=cfg.serving.host, port=cfg.serving.port, device=device,
                                     dtype=dtype, max_batch=cfg.serving.max_batch_size,
-                                    max_model_len=cfg.model.max_context_len)
+                                    max_model_len=cfg.model.max_context_tokens)
             await stack.enter_async_context(engine)
             urls = [engine.url]
         else:
@@ -86,7 +86,7 @@ async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
         )
         ro = cfg.rollout
         core = AdapterCore(
-            renderer, client, max_context_tokens=cfg.model.max_context_len, max_response_tokens=cfg.model.max_response_len,
+            renderer, client, max_context_tokens=cfg.model.max_context_tokens, max_response_tokens=cfg.model.max_response_tokens,
             tool_parser=cfg.serving.tool_call_parser,  # type: ignore[arg-type]
             sampling=SamplingDefaults(temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                                       nucleus=ro.capture_nucleus, routed_experts=ro.use_rollout_routing_replay),

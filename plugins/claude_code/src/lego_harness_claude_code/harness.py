@@ -140,7 +140,7 @@ class ClaudeCodeHarness(HarnessPlugin[ClaudeCodeConfig]):
             # --dangerously-skip-permissions refuses to run as root unless told it is sandboxed.
             "IS_SANDBOX": "1",
             "MAX_THINKING_TOKENS": str(o.max_thinking_tokens),
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(request.max_output_tokens),
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(request.max_response_tokens),
             "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(request.max_context_tokens),
             "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(o.autocompact_pct),
             "CLAUDE_CODE_MAX_RETRIES": str(o.max_retries),

@@ -122,7 +122,7 @@ class OpenCodeHarness(HarnessPlugin[OpenCodeConfig]):
                             "tool_call": True,
                             "limit": {
                                 "context": request.max_context_tokens,
-                                "output": request.max_output_tokens,
+                                "output": request.max_response_tokens,
                             },
                         }
                     },

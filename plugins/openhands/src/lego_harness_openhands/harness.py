@@ -118,7 +118,7 @@ class OpenHandsHarness(HarnessPlugin[OpenHandsConfig]):
         run = {
             "model": request.model, "base_url": request.base_url.rstrip("/") + "/v1", "api_key": request.session_id,
             "prompt": request.prompt, "workdir": request.workdir, "max_turns": request.max_turns,
-            "max_context_tokens": request.max_context_tokens, "max_output_tokens": request.max_output_tokens,
+            "max_context_tokens": request.max_context_tokens, "max_response_tokens": request.max_response_tokens,
             "num_retries": o.num_retries,
         }  # fmt: skip
         env = self._env(o, home)

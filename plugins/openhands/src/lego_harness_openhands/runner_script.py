@@ -26,7 +26,7 @@ def main(path: str) -> int:
         retry_min_wait=1,
         retry_max_wait=4,
         max_input_tokens=run["max_context_tokens"],
-        max_output_tokens=run["max_output_tokens"],
+        max_output_tokens=run["max_response_tokens"],
     )
     tools = [Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)]
     error: dict[str, object] = {}
