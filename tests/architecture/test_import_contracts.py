@@ -211,6 +211,15 @@ def test_an_indirect_http_import_makes_train_impure(package_copy: Path) -> None:
     assert "lego_rl.trajectory.sample -> aiohttp" in result.stdout
 
 
+def test_rollout_reading_the_config_breaks_its_contract(package_copy: Path) -> None:
+    # rollout sits above config, so the floors allow it; the narrower rule is what keeps the projection in one place.
+    plant(package_copy, "lego_rl.rollout.generate", "from lego_rl.config.schema import LegoConfig  # planted")
+    assert lint_imports("layers", pythonpath=package_copy).returncode == 0
+    result = lint_imports("rollout-no-config", pythonpath=package_copy)
+    assert result.returncode != 0
+    assert "lego_rl.rollout.generate -> lego_rl.config.schema" in result.stdout
+
+
 def test_a_new_top_level_module_needs_a_floor(package_copy: Path) -> None:
     plant(package_copy, "lego_rl.scheduler", "")
     result = lint_imports("layers", pythonpath=package_copy)

@@ -9,7 +9,7 @@ import pytest
 
 from lego_rl.config.checks import Finding, run_checks
 from lego_rl.config.resolve import ResolvedConfig, resolve
-from lego_rl.rollout.harnesses import harness_inventory
+from lego_rl.orchestrate.harnesses import harness_inventory
 
 
 def check(r: ResolvedConfig, environ: dict[str, str] | None = None) -> list[Finding]:

@@ -12,7 +12,7 @@ from lego_rl.config.resolve import resolve
 from lego_rl.config.schema import SECTIONS
 from lego_rl.config.unwired import UNWIRED
 from lego_rl.errors import ConfigError
-from lego_rl.rollout.harnesses import harness_inventory
+from lego_rl.orchestrate.harnesses import harness_inventory
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "lego_rl"
 REPO = SRC.parents[1]

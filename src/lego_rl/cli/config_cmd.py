@@ -86,7 +86,7 @@ def validate(
     configuration could not be read.
     """
     r = _resolve_or_exit(config, overrides, as_json)
-    from lego_rl.rollout.harnesses import harness_inventory
+    from lego_rl.orchestrate.harnesses import harness_inventory
 
     findings = run_checks(r, harnesses=harness_inventory(r))
     if remote:

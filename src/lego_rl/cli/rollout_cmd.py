@@ -115,7 +115,7 @@ def rollout_check(
         typed["agent.default_harness"] = (harness, "--harness")
     try:
         r = load(config, overrides, typed)
-        from lego_rl.rollout.harnesses import harness_inventory
+        from lego_rl.orchestrate.harnesses import harness_inventory
 
         errors = [f for f in run_checks(r, harnesses=harness_inventory(r)) if f.severity == "error"]
         if errors:

@@ -20,7 +20,7 @@ from lego_rl.orchestrate.rollout_check import (
     settings_from_config,
 )
 from lego_rl.orchestrate.runner import ProgressFn
-from lego_rl.rollout.stack import serving_stack
+from lego_rl.orchestrate.stack import serving_stack
 from lego_rl.runstore import RunDir
 from lego_rl.runstore.events import Baseline, RolloutCheckFinished, ServingReady
 from lego_rl.sandbox.base import ImageSpec

@@ -19,9 +19,9 @@ from lego_rl.config.resolve import ResolvedConfig
 from lego_rl.harness.toolchain import Toolchain
 from lego_rl.orchestrate.runner import ProgressFn, RolloutRunner, plan
 from lego_rl.rollout.generate import RolloutContext, RolloutResult
-from lego_rl.rollout.harnesses import harness_factory
+from lego_rl.orchestrate.harnesses import harness_factory
 from lego_rl.rollout.settings import RolloutSettings
-from lego_rl.rollout.stack import Stack
+from lego_rl.orchestrate.stack import Stack
 from lego_rl.runstore import RunDir, write_new
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.swe.task_sandbox import SandboxTarget
