@@ -58,6 +58,29 @@ def _section_table(r: ResolvedConfig, section: str, *, docs: bool) -> Table:
     return table
 
 
+def _harness_tables(r: ResolvedConfig) -> list[Table]:
+    """One table per ``[harness.<name>]`` that sets anything: its options are the plugin's, validated by it
+    (a refused one is a finding above), so they are shown as set, with their sources."""
+    tables = []
+    for name, options in sorted(r.config.harness.items()):
+        table = Table(title=escape(f"[harness.{name}]"), title_justify="left", expand=True)
+        table.add_column("key", style="bold", no_wrap=True)
+        table.add_column("value", overflow="fold", ratio=2)
+        table.add_column("source", style="dim", ratio=1)
+        for key, value in options.items():
+            shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
+            table.add_row(Text(key), Text(shown, style="green"), Text(str(r.source(f"harness.{name}.{key}"))))
+        tables.append(table)
+    return tables
+
+
+def _print_config(r: ResolvedConfig, *, docs: bool) -> None:
+    for section in SECTIONS:
+        out.print(_section_table(r, section, docs=docs))
+    for table in _harness_tables(r):
+        out.print(table)
+
+
 def _resolve_or_exit(config: Any, overrides: list[str] | None, as_json: bool) -> ResolvedConfig:
     try:
         return load(config, overrides)
@@ -104,8 +127,7 @@ def validate(
     else:
         if findings:
             out.print(_findings_table(findings))
-        for section in SECTIONS:
-            out.print(_section_table(r, section, docs=docs))
+        _print_config(r, docs=docs)
         verdict = "[bold green]OK[/]" if errors == 0 else f"[bold red]{errors} check(s) failed[/]"
         shown = escape(str(r.config_path or "built-in defaults"))
         out.print(f"{verdict}, {warnings} warning(s); config: {shown}")
@@ -120,8 +142,7 @@ def show(config: ConfigOpt = None, overrides: SetOpt = None, as_json: JsonOpt = 
     if as_json:
         out.print_json(json.dumps(config_json(r)))
         return
-    for section in SECTIONS:
-        out.print(_section_table(r, section, docs=docs))
+    _print_config(r, docs=docs)
 
 
 @config_app.command("env")
@@ -129,10 +150,12 @@ def env_table(as_json: JsonOpt = False) -> None:
     """List every environment variable lego reads, the key it sets and that key's default."""
     from lego_rl.config.envmap import ENV_VARS
 
-    rows = [(v.name, ", ".join(v.aliases), v.key, v.meaning) for v in ENV_VARS]
     if as_json:
-        out.print_json(json.dumps([dict(zip(("name", "aliases", "key", "meaning"), row, strict=True)) for row in rows]))
+        out.print_json(json.dumps([{"name": v.name, "aliases": list(v.aliases), "key": v.key, "keys": list(v.keys),
+                                    "meaning": v.meaning} for v in ENV_VARS]))
         return
+    # One variable may set several keys (the Node tarball of two harnesses): show them all.
+    rows = [(v.name, ", ".join(v.aliases), ", ".join(v.keys), v.meaning) for v in ENV_VARS]
     table = Table(title="Environment variables (also: LEGO_<SECTION>_<KEY> for every key)", expand=True)
     for col in ("variable", "alias", "key", "meaning"):
         table.add_column(col)
