@@ -52,3 +52,19 @@ def test_toolchain_fetch_usage_errors_exit_2(
     res = runner.invoke(app, ["toolchain", "fetch", "--dir", str(tmp_path), *args])
     assert res.exit_code == 2
     assert message in res.output.replace("\n", " ")
+
+
+def test_toolchain_fetch_reads_the_harness_table(runner: CliRunner, tmp_path, monkeypatch) -> None:
+    """The pins come from the options the run will use: a refused value in lego.toml's [harness.codex] stops
+    the fetch naming its line; --option wins over the table and is named as the source instead."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lego.toml").write_text('[harness.codex]\ninstall_from = "zip"\n')
+    res = runner.invoke(app, ["toolchain", "fetch", "--dir", str(tmp_path / "tc"), "-H", "codex"])
+    text = res.output.replace("\n", " ")
+    assert res.exit_code == 2, text
+    assert "harness.codex.install_from" in text and "lego.toml:2" in text
+    res = runner.invoke(app, ["toolchain", "fetch", "--dir", str(tmp_path / "tc"), "-H", "codex",
+                              "-o", "codex.install_from=tar"])
+    text = res.output.replace("\n", " ")
+    assert res.exit_code == 2 and "--option codex.install_from=tar" in text and "lego.toml:2" not in text
+    assert not (tmp_path / "tc").exists()

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from lego_rl.cli.console import EXIT_INFRA, EXIT_USAGE, err, escape, fail, out
+from lego_rl.cli.options import ConfigOpt, SetOpt, load
 
 toolchain_app = typer.Typer(
     help="Host-side CLI artifacts that harness installs use offline.", no_args_is_help=True
@@ -76,24 +77,28 @@ def toolchain_fetch(
         help="Harness option HARNESS.KEY=VALUE (JSON or text), e.g. codex.install_from=npm.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the fetched lockfile entries as JSON."),
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
 ) -> None:
     """Download every pinned npm tarball / platform archive / site tree and check it against the registry.
 
+    The pins come from each harness's options as the run will see them: its `[harness.<name>]` table in
+    lego.toml, LEGO_AGENT_* variables, `--set harness.<name>.<key>=...`, then `--option` on top.
     Keeps going past a failed artifact, then names every failure and exits 3."""
     from lego_rl.errors import ConfigError, HarnessError
     from lego_rl.harness.fetch import fetch_toolchain
     from lego_rl.harness.models import ToolchainPin
-    from lego_rl.harness.plugins import describe_all, get_harness, get_plugin_manager
+    from lego_rl.harness.plugins import describe_all, get_plugin_manager
     from lego_rl.harness.toolchain import default_toolchain_dir
+    from lego_rl.orchestrate.harnesses import harness_factory
 
     target = folder or default_toolchain_dir()
     try:
+        r = load(config, overrides, typed=_parse_options(option or []))
         pm = get_plugin_manager()
         names = harness or [i.harness.name for i in describe_all(pm)]
-        overrides = _parse_options(option or [])
-        pins = [
-            pin for name in names for pin in get_harness(name, overrides.get(name), pm=pm).toolchain_pins()
-        ]
+        lookup = harness_factory(r, pm=pm)
+        pins = [pin for name in names for pin in lookup(name).toolchain_pins()]
         failures: list[tuple[ToolchainPin, Exception]] = []
         results = asyncio.run(fetch_toolchain(pins, target, force=force, python=python, failures=failures))
     except ConfigError as exc:
@@ -115,10 +120,12 @@ def toolchain_fetch(
         raise typer.Exit(EXIT_INFRA)
 
 
-def _parse_options(items: list[str]) -> dict[str, dict[str, object]]:
+def _parse_options(items: list[str]) -> dict[str, tuple[object, str]]:
+    """``--option codex.install_from=npm`` as a typed override of ``harness.codex.install_from`` (JSON, else
+    text), recorded with the option as its source."""
     from lego_rl.errors import ConfigError
 
-    parsed: dict[str, dict[str, object]] = {}
+    parsed: dict[str, tuple[object, str]] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         harness, dot, field = key.partition(".")
@@ -128,7 +135,7 @@ def _parse_options(items: list[str]) -> dict[str, dict[str, object]]:
             value: object = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
-        parsed.setdefault(harness, {})[field] = value
+        parsed[f"harness.{key}"] = (value, f"--option {item}")
     return parsed
 
 

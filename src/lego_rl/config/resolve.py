@@ -332,7 +332,14 @@ def resolve(
         sources[(section, key)] = Source("cli", f"--set {assignment}")
     for target, (value, option) in (typed_overrides or {}).items():
         section, _, key = target.partition(".")
-        if section not in SECTIONS or key not in SECTIONS[section].model_fields:
+        if section == HARNESS:
+            # harness.<name>.<key>: the plugin validates the key later, as for the file and --set.
+            name, dot, key = key.partition(".")
+            if not dot or not key:
+                raise ConfigError(f"{option} expects {HARNESS}.<name>.<key>, got `{target}`", where=option,
+                                  parameter=target)
+            section = f"{HARNESS}.{_harness_name(name, option)}"
+        elif section not in SECTIONS or key not in SECTIONS[section].model_fields:
             raise ConfigError(f"{option} targets unknown key `{target}`", where=option, parameter=target)
         if is_path_key(section, key):
             value = _resolve_path_value(value, Path.cwd())
