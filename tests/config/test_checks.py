@@ -202,3 +202,21 @@ def test_many_bad_rows_are_counted(base_toml: Path, workdir: Path) -> None:
     found = [f for f in check(r) if f.code.startswith("dataset_row")]
     assert [f.code for f in found] == ["dataset_row"] * 5 + ["dataset_rows"]
     assert "3 more bad rows (8 in all, 0 good)" in found[-1].message
+
+
+def test_unmapped_images_without_images_json_are_an_error(workdir: Path) -> None:
+    """Without images.json a rollout can open only "host" or an absolute rootfs: any other image name in the
+    dataset fails every rollout at sandbox_setup, so validate refuses it up front (it used to warn that the
+    host root would be used, which is not what happens)."""
+    (workdir / "images.json").unlink()
+    path = workdir / "lego.toml"
+    path.write_text('[sandbox]\nprovider = "bwrap"\n\n[rollout]\nprompt_data = "tasks.jsonl"\n')
+    findings = check(resolve(path, environ={}))
+    [finding] = [f for f in findings if f.code == "images_unmapped"]
+    assert finding.severity == "error" and "img:1" in finding.message
+    # The same dataset naming the host root (or an absolute rootfs directory) needs no mapping.
+    row = json.loads((workdir / "tasks.jsonl").read_text())
+    for image in ("host", str(workdir)):
+        row["metadata"]["image"] = image
+        (workdir / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+        assert "images_unmapped" not in {f.code for f in check(resolve(path, environ={}))}, image

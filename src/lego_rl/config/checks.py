@@ -300,8 +300,14 @@ def image_findings(r: ResolvedConfig, scan: DatasetScan) -> Iterator[Finding]:
         return
     if not images_path.exists() and c.sandbox.provider == "bwrap" and c.sandbox.rootfs is None \
             and not r.is_explicit("sandbox.images"):
-        yield warning("images_host_root", "no images.json: bwrap sandboxes will use the host root filesystem",
-                      "run `lego images` to import task images", "sandbox.images")
+        # Without a mapping a rollout can only open "host" or an absolute rootfs directory
+        # (sandbox.factory.resolve_image); any other image name fails every one of its rollouts at setup.
+        unmapped = sorted(i for i in images_used if i != "host" and not (Path(i).is_absolute() and Path(i).is_dir()))
+        if unmapped:
+            shown = ", ".join(unmapped[:5]) + (f" and {len(unmapped) - 5} more" if len(unmapped) > 5 else "")
+            yield error("images_unmapped", f"the dataset names image(s) {shown}, but there is no images.json at "
+                        f"{images_path}: their rollouts would all end in sandbox_setup",
+                        "run `lego images` to import the task images, or set sandbox.images", "sandbox.images")
         return
     mapping, bad = _read_json(images_path, "sandbox.images")
     if bad:
