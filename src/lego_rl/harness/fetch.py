@@ -210,7 +210,7 @@ async def _fetch_pypi_tree(folder: Path, pin: ToolchainPin, python: str | None) 
         _pack_tree(site, folder / rel, "site")
     return LockEntry(
         kind="pypi", name=pin.name, version=pin.version, file=rel, integrity=sha512_integrity(folder / rel),
-        size=(folder / rel).stat().st_size, fetched_at=now_iso(),
+        size=(folder / rel).stat().st_size, fetched_at=now_iso(), python_version=pin.python_version,
         source=f"pip install --target with {interp} (each wheel checked against PyPI's sha256)",
     )  # fmt: skip
 
