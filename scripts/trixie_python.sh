@@ -7,9 +7,9 @@
 #   lego toolchain fetch --python scripts/trixie_python.sh
 #
 # The rootfs's /usr and /etc are mounted read-only: sandboxes use the same tree as their lower layer, so
-# nothing may write into it. Shared with the host: the network and its DNS settings, /tmp, the current
-# directory (read-write), each --ro PATH and a script named as the first argument (read-only), and the
-# host's pip cache. Nothing else of the host is visible. Needs bwrap and the rootfs
+# nothing may write into it. Shared with the host: the network with its DNS settings and CA certificates,
+# /tmp, the current directory (read-write), each --ro PATH and a script named as the first argument
+# (read-only), and the host's pip cache. Nothing else of the host is visible. Needs bwrap and the rootfs
 # (${LEGO_ROOTFS_TRIXIE_CACHE:-/var/cache/lego-rl/rootfs-trixie}).
 set -euo pipefail
 
@@ -39,11 +39,18 @@ case "${cwd}" in
     /|/tmp|/tmp/*) ;;  # / is the rootfs; /tmp is shared whole
     *) shared+=("rw:${cwd}") ;;
 esac
+for cert in "${PIP_CERT:-}" "${SSL_CERT_FILE:-}" "${REQUESTS_CA_BUNDLE:-}"; do
+    case "${cert}" in ""|/etc/*|/usr/*) ;; *) [[ -f "${cert}" ]] && shared+=("ro:$(realpath "${cert}")") ;; esac
+done
 cache="${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/pip"
 [[ -d "${cache}" ]] && shared+=("rw:$(realpath "${cache}")")
 
+# The host's network settings come along: DNS, and its CA bundle (a TLS-inspecting proxy's certificate
+# is trusted there, not in the fresh rootfs).
+bundle=/etc/ssl/certs/ca-certificates.crt
 args=(--ro-bind "${ROOTFS}/usr" /usr --ro-bind "${ROOTFS}/etc" /etc
       --ro-bind-try /etc/resolv.conf /etc/resolv.conf --ro-bind-try /etc/hosts /etc/hosts
+      --ro-bind-try "${bundle}" "${bundle}"
       --dev /dev --proc /proc --tmpfs /run --bind /tmp /tmp)
 for link in bin lib lib64 sbin; do  # merged /usr: these are symlinks into it
     [[ -L "${ROOTFS}/${link}" ]] && args+=(--symlink "$(readlink "${ROOTFS}/${link}")" "/${link}")
