@@ -196,7 +196,8 @@ async def _fetch_pypi_tree(folder: Path, pin: ToolchainPin, python: str | None) 
     if interp is None:
         raise HarnessError(
             f"{pin.key} is installed for Python {target}; building its site tree needs python{target} on the "
-            "host (or pass --python)"
+            "host, or --python naming one (in a lego-rl checkout, scripts/trixie_python.sh runs the trixie "
+            "rootfs's python3.13)"
         )
     (folder / "pypi").mkdir(parents=True, exist_ok=True)
     rel = f"pypi/{pin.name}-{pin.version}-py{target}-site.tgz"
