@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import base64
 import ctypes
+import dataclasses
 import os
 import re
 import statistics
@@ -56,12 +57,16 @@ async def one_rollout(i: int, root: Path, tiny: Path, renderer: Any, row: Any) -
     from lego_rl.adapter.core import AdapterCore
     from lego_rl.adapter.server import AdapterServer
     from lego_rl.adapter.sessions import SessionRegistry
+    from lego_rl.config.resolve import resolve
     from lego_rl.harness.plugins import get_harness, get_plugin_manager
     from lego_rl.harness.toolchain import Toolchain
     from lego_rl.images.importer import load_images_json
-    from lego_rl.rollout.generate import RolloutContext, RolloutSettings, RolloutSpec, generate
-    from lego_rl.rollout.rundir import RunDir, read_events
+    from lego_rl.orchestrate.rollout_check import settings_from_config
+    from lego_rl.rollout.generate import RolloutContext, RolloutSpec, generate
+    from lego_rl.runstore import RunDir, read_events
+    from lego_rl.runstore.events import AgentExited
     from lego_rl.serving.client import ServingClient
+    from lego_rl.swe.task_sandbox import SandboxTarget
 
     fix = base64.b64encode((EXAMPLES / "src/median/fix/stats/center.py").read_bytes()).decode()
     call = tool_call_text(
@@ -92,9 +97,10 @@ async def one_rollout(i: int, root: Path, tiny: Path, renderer: Any, row: Any) -
         pm = get_plugin_manager({})
         run = RunDir.open(root / f"run-{i}", config={"bench": True})
         ctx = RolloutContext(
-            settings=RolloutSettings(
-                provider="bwrap",
-                sandbox_options={"network": "host"},
+            settings=dataclasses.replace(
+                settings_from_config(resolve(environ={})),
+                agent_sandbox=SandboxTarget("bwrap", {}, {"network": "host"}),
+                grader_sandbox=SandboxTarget("bwrap", {}, {"network": "host"}),
                 agent_time_budget_s=180,
                 grader_timeout_s=60,
                 guard_s=420,
@@ -121,7 +127,7 @@ async def one_rollout(i: int, root: Path, tiny: Path, renderer: Any, row: Any) -
             await runner.cleanup()
     if result.reward != 1.0:
         sys.exit(f"rollout {i} did not score 1: {result.termination} {result.detail}")
-    cli = next(e["cli_s"] for e in read_events(run.events.path) if e["kind"] == "agent_exited")
+    cli = next(e.cli_s for e in read_events(run.events.path) if isinstance(e, AgentExited))
     tests = eval_seconds((result.artifacts / "grader.log").read_text())
     return {
         **result.timings,

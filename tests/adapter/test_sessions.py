@@ -67,7 +67,7 @@ async def test_sessions_are_isolated(tiny_model_dir: Path, renderer: ChatRendere
 
 async def test_records_saved_on_close_never_overwritten(
     tmp_path: Path, tiny_model_dir: Path, renderer: ChatRenderer
-) -> None:  # noqa: E501
+) -> None:
     engine = ScriptedPolicyEngine(tiny_model_dir, ["one", "two"], score=False)
     core = AdapterCore(renderer, engine, max_context_tokens=2048)
     reg = SessionRegistry()
@@ -83,7 +83,7 @@ async def test_records_saved_on_close_never_overwritten(
 
     other = reg.open("clash")
     turn_records_path(tmp_path / "turns", "clash").write_text("precious\n")
-    with pytest.raises(LegoError, match="refusing to overwrite"):
+    with pytest.raises(FileExistsError, match="turn records .*clash.turns.jsonl already exists"):
         reg.close("clash", out_dir=tmp_path / "turns")
     assert turn_records_path(tmp_path / "turns", "clash").read_text() == "precious\n"
     assert other.state == "open" and reg.get("clash") is other  # a failed save leaves the session open

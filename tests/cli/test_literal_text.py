@@ -30,7 +30,8 @@ def test_config_error_keeps_the_section_name(workdir: Path) -> None:
     (workdir / "lego.toml").write_text("[rollout]\nbatchsize = 1\n")
     code, _, err = invoke("validate", "-c", "lego.toml")
     assert code == 2
-    assert "unknown key `rollout.batchsize`; known keys of [rollout]:" in err
+    assert ("unknown key `rollout.batchsize` (did you mean `rollout.batch_size`?); "
+            "known keys of [rollout]:") in err
 
 
 def test_sandbox_error_keeps_the_pip_extra(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,8 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     row = {"prompt": [{"role": "user", "content": "fix it"}], "label": "t1",
-           "metadata": {"instance_id": "t1", "image": "img:1", "workdir": "/testbed", "eval_cmd": "true"}}
+           "metadata": {"instance_id": "t1", "image": "img:1", "workdir": "/testbed", "eval_cmd": "true",
+                        "problem_statement": "fix it"}}
     (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")
     (tmp_path / "images.json").write_text(json.dumps({"img:1": {"rootfs": "/", "workdir": "/testbed", "env": {}}}))
     return tmp_path

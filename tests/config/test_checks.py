@@ -7,13 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from lego_rl.config.checks import run_checks
-from lego_rl.config.resolve import resolve
+from lego_rl.config.checks import Finding, run_checks
+from lego_rl.config.resolve import ResolvedConfig, resolve
+from lego_rl.rollout.harnesses import harness_inventory
+
+
+def check(r: ResolvedConfig, environ: dict[str, str] | None = None) -> list[Finding]:
+    """The checks as `lego validate` runs them, with the installed harness plugins."""
+    return run_checks(r, harnesses=harness_inventory(r, environ=environ or {}))
 
 
 def codes(path: Path | None, *overrides: str, environ: dict[str, str] | None = None) -> dict[str, str]:
     r = resolve(path, environ=environ or {}, overrides=list(overrides))
-    return {f.code: f.severity for f in run_checks(r)}
+    return {f.code: f.severity for f in check(r, environ)}
 
 
 def test_base_config_is_clean(base_toml: Path) -> None:
@@ -29,8 +35,9 @@ def test_base_config_is_clean(base_toml: Path) -> None:
           "train.data_parallel=1", "cluster.gpus_per_node=8"], "parallelism"),
         (["train.tensor_parallel=2", "cluster.gpus_per_node=2"], "parallelism_backend"),
         (["model.max_response_len=70000"], "response_len"),
-        (["agent.autocompact_pct=100"], "compaction_pct"),
-        (["agent.autocompact_pct=0"], "compaction_pct"),
+        (["harness.claude_code.autocompact_pct=101"], "harness_options"),
+        (["harness.claude_code.autocompact_pct=0"], "harness_options"),
+        (["harness.nosuch.version=\"1\""], "harness_unknown"),
         (["rollout.guard_s=1000"], "timeouts_guard"),
         (["sandbox.lifetime_s=1500"], "timeouts_lifetime"),
         (["rollout.temperature=-1"], "temperature"),
@@ -45,7 +52,7 @@ def test_base_config_is_clean(base_toml: Path) -> None:
         (["sandbox.provider=\"sunabako\""], "sunabako_memory"),
         (["model.checkpoint=\"/nonexistent/ckpt\""], "checkpoint"),
         (["model.checkpoint=\"lego:huge\""], "checkpoint"),
-        (["agent.cc_tarball=\"/nonexistent/cc.tgz\""], "missing_file"),
+        (["harness.claude_code.cli_tarball=\"/nonexistent/cc.tgz\""], "missing_file"),
         (["rollout.prompt_data=\"/nonexistent/train.jsonl\""], "missing_file"),
         (["train.resume=true"], "resume_nothing"),
     ],
@@ -61,7 +68,7 @@ def test_harness_must_be_installed(base_toml: Path, workdir: Path) -> None:
     row["metadata"]["agent"] = "another_missing_cli"
     (workdir / "tasks.jsonl").write_text(json.dumps(row) + "\n")
     r = resolve(base_toml, environ={})
-    messages = [f.message for f in run_checks(r) if f.code == "harness_missing"]
+    messages = [f.message for f in check(r) if f.code == "harness_missing"]
     assert any("another_missing_cli" in m and "metadata.agent" in m for m in messages)
     row["metadata"]["agent"] = "codex"
     (workdir / "tasks.jsonl").write_text(json.dumps(row) + "\n")
@@ -135,9 +142,9 @@ def test_dataset_rows_reported_with_row_numbers(base_toml: Path, workdir: Path) 
     good = (workdir / "tasks.jsonl").read_text()
     (workdir / "tasks.jsonl").write_text(good + "{broken\n" + json.dumps({"prompt": "x", "metadata": {}}) + "\n")
     r = resolve(base_toml, environ={})
-    messages = [f.message for f in run_checks(r) if f.code == "dataset_row"]
-    assert any("row 2: not valid JSON" in m for m in messages)
-    assert any("row 3: `metadata.image` is missing" in m for m in messages)
+    messages = [f.message for f in check(r) if f.code == "dataset_row"]
+    assert any("row 2: invalid JSON" in m for m in messages)
+    assert any("row 3: " in m and "metadata.image: Field required" in m for m in messages)
 
 
 def test_run_root_holding_a_run(base_toml: Path, workdir: Path) -> None:
@@ -150,6 +157,48 @@ def test_run_root_holding_a_run(base_toml: Path, workdir: Path) -> None:
 
 def test_errors_sorted_before_warnings(base_toml: Path) -> None:
     r = resolve(base_toml, environ={}, overrides=["rollout.temperature=0", "rollout.top_k=0"])
-    severities = [f.severity for f in run_checks(r)]
+    severities = [f.severity for f in check(r)]
     assert severities == sorted(severities, key=lambda s: s != "error")
     assert severities[0] == "error"
+
+
+def test_row_without_eval_cmd_is_reported_like_rollout_check_rejects_it(base_toml: Path, workdir: Path) -> None:
+    from lego_rl.errors import TaskDataError
+    from lego_rl.orchestrate.check_session import RolloutCheckSession
+
+    row = json.loads((workdir / "tasks.jsonl").read_text())
+    del row["metadata"]["eval_cmd"]
+    (workdir / "tasks.jsonl").write_text((workdir / "tasks.jsonl").read_text() + json.dumps(row) + "\n")
+    r = resolve(base_toml, environ={})
+    [f] = [f for f in check(r) if f.code == "dataset_row"]
+    assert f.severity == "error" and "row 2: " in f.message and "metadata needs eval_cmd" in f.message
+    with pytest.raises(TaskDataError, match="row 2: .*metadata needs eval_cmd"):
+        RolloutCheckSession(r)
+
+
+def test_custom_row_keys_read_alike_by_validate_and_rollout_check(base_toml: Path, workdir: Path) -> None:
+    from lego_rl.orchestrate.check_session import RolloutCheckSession
+
+    row = {"messages": [{"role": "user", "content": "fix it"}], "id": "t1",
+           "info": {"instance_id": "t1", "docker_image": "img:1", "eval_cmd": "true", "problem_statement": "p"}}
+    (workdir / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    assert codes(base_toml).get("dataset_row") == "error"  # read with the default keys: no `prompt`
+    keys = ["rollout.input_key=messages", "rollout.label_key=id", "rollout.metadata_key=info",
+            "agent.sandbox_image_metadata_key=docker_image"]
+    assert codes(base_toml, *keys) == {}
+    r = resolve(base_toml, environ={}, overrides=keys)
+    session = RolloutCheckSession(r)
+    [loaded] = session.rows
+    assert (loaded.label, loaded.metadata.image) == ("t1", "img:1")
+    session.run_dir.close()
+    # The image named under the custom key is the one validate checks against images.json.
+    (workdir / "images.json").write_text(json.dumps({"other:1": {"rootfs": "/"}}))
+    assert codes(base_toml, *keys).get("images_missing") == "error"
+
+
+def test_many_bad_rows_are_counted(base_toml: Path, workdir: Path) -> None:
+    (workdir / "tasks.jsonl").write_text("{bad\n" * 8)
+    r = resolve(base_toml, environ={})
+    found = [f for f in check(r) if f.code.startswith("dataset_row")]
+    assert [f.code for f in found] == ["dataset_row"] * 5 + ["dataset_rows"]
+    assert "3 more bad rows (8 in all, 0 good)" in found[-1].message

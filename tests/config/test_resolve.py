@@ -18,7 +18,7 @@ def test_reference_defaults(workdir: Path) -> None:
     assert c.sandbox.memory_mb == 2048
     assert (c.adapter.bind_host, c.adapter.port) == ("0.0.0.0", 18091)
     assert (c.model.max_context_len, c.model.max_response_len) == (65536, 8192)
-    assert c.agent.autocompact_pct == 70
+    assert c.harness == {}
     assert (c.rollout.temperature, c.rollout.top_p, c.rollout.top_k) == (1.0, 0.95, -1)
     assert c.model.chat_template_kwargs == {"reasoning_effort": "medium"}
     assert c.train.global_batch_size == c.rollout.batch_size * c.rollout.samples_per_prompt
@@ -47,16 +47,27 @@ def test_derived_guard_follows_its_inputs(workdir: Path) -> None:
     assert r.config.rollout.guard_s == 5000
 
 
-def test_vime_alias_and_lego_name(workdir: Path) -> None:
+def test_vime_alias_and_lego_name_set_harness_options(workdir: Path) -> None:
     r = resolve(environ={"VIME_AGENT_CC_TARBALL": "/x/cc.tgz"})
-    assert r.config.agent.cc_tarball == "/x/cc.tgz"
-    assert r.source("agent.cc_tarball").detail == "$VIME_AGENT_CC_TARBALL"
+    assert r.config.harness == {"claude_code": {"cli_tarball": "/x/cc.tgz"}}
+    assert r.source("harness.claude_code.cli_tarball").detail == "$VIME_AGENT_CC_TARBALL"
     r = resolve(environ={"VIME_AGENT_CC_TARBALL": "/x/old.tgz", "LEGO_AGENT_CC_TARBALL": "/x/new.tgz"})
-    assert r.config.agent.cc_tarball == "/x/new.tgz"
+    assert r.harness_options("claude_code") == {"cli_tarball": "/x/new.tgz"}
+    # One variable, two harnesses; an empty harness variable is unset (as the plugins read it).
+    r = resolve(environ={"LEGO_AGENT_NODE_TARBALL": "/x/node.tar.xz", "LEGO_AGENT_CODEX_EXTRA_ARGS": ""})
+    assert r.config.harness == {"claude_code": {"node_tarball": "/x/node.tar.xz"},
+                                "codex": {"node_tarball": "/x/node.tar.xz"}}
 
 
-def test_every_reference_variable_maps_to_one_key(workdir: Path) -> None:
-    keys = [v.key for v in ENV_VARS]
+def test_opencode_tarball_keeps_its_old_name_as_an_alias(workdir: Path) -> None:
+    r = resolve(environ={"LEGO_AGENT_OPENCODE_TARBALL": "/x/old.tgz"})
+    assert r.harness_options("opencode") == {"native_tarball": "/x/old.tgz"}
+    r = resolve(environ={"LEGO_AGENT_OPENCODE_TARBALL": "/x/old.tgz", "VIME_AGENT_OPENCODE_NATIVE_TARBALL": "/x/n"})
+    assert r.harness_options("opencode") == {"native_tarball": "/x/n"}
+
+
+def test_every_reference_variable_maps_to_its_keys(workdir: Path) -> None:
+    keys = [k for v in ENV_VARS for k in v.keys]
     assert len(keys) == len(set(keys)), "two variables set the same key"
     for var in ENV_VARS:
         value = '{"A": "1"}' if var.json else {"int": "3", "float": "3", "bool": "1"}.get(
@@ -64,17 +75,19 @@ def test_every_reference_variable_maps_to_one_key(workdir: Path) -> None:
         if var.key == "sandbox.provider":
             value = "bwrap"
         if var.key in {"agent.default_harness", "agent.prompt", "adapter.public_host", "adapter.bind_host",
-                       "cluster.train_head", "cluster.gloo_socket_ifname", "agent.cc_extra_args",
-                       "agent.codex_extra_args", "agent.opencode_extra_args", "agent.sandbox_image_metadata_key"}:
+                       "cluster.train_head", "cluster.gloo_socket_ifname", "agent.sandbox_image_metadata_key"}:
             value = "x"
         r = resolve(environ={var.name: value})
-        assert str(r.source(var.key)).endswith(f"${var.name}"), var.name
+        for key in var.keys:
+            assert str(r.source(key)).endswith(f"${var.name}"), (var.name, key)
 
 
 def _kind(key: str) -> str:
     from lego_rl.config.schema import SECTIONS
 
-    section, field = key.split(".")
+    section, _, field = key.rpartition(".")
+    if section not in SECTIONS:
+        return "str"  # a harness option: kept as text, the plugin's model converts it
     text = str(SECTIONS[section].model_fields[field].annotation)
     return "bool" if "bool" in text else "int" if "int" in text else "float" if "float" in text else "str"
 
@@ -102,8 +115,12 @@ def test_train_worker_list(workdir: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "pattern"),
     [
-        ("[rollout]\nbatch_sise = 2\n", r"lego.toml:2: unknown key `rollout.batch_sise`"),
-        ("[rolout]\nbatch_size = 2\n", r"lego.toml:1: unknown section \[rolout\]"),
+        ("[rollout]\nbatch_sise = 2\n", r"lego.toml:2: unknown key `rollout.batch_sise` \(did you mean "
+                                        r"`rollout.batch_size`\?\); known keys of \[rollout\]: prompt_data, "),
+        ("[rolout]\nbatch_size = 2\n", r"lego.toml:1: unknown section \[rolout\] \(did you mean `rollout`\?\)"),
+        ("[harnes.codex]\nversion = 2\n", r"lego.toml:1: unknown section \[harnes\] \(did you mean `harness`\?\)"),
+        ("[harness]\ncodex = 3\n", r"lego.toml:2: `harness.codex` must be a table"),
+        ("[harness.\"co dex\"]\nversion = 2\n", r"lego.toml:1: `harness.co dex` is not a harness name"),
         ("[rollout]\nbatch_size = \"two\"\n", r"lego.toml:2: rollout.batch_size: .*integer.*'two'"),
         ("[rollout\nbatch_size = 2\n", r"not valid TOML"),
         ("rollout = 3\n", r"`rollout` must be a table"),
@@ -126,10 +143,44 @@ def test_missing_config_file(workdir: Path) -> None:
         resolve(workdir / "nope.toml", environ={})
 
 
-@pytest.mark.parametrize("assignment", ["rollout.batch_size", "nosection.x=1", "rollout.nokey=1"])
-def test_bad_set(workdir: Path, assignment: str) -> None:
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("rollout.batch_size", "--set expects section.key=value"),
+        ("nosection.x=1", "unknown section `nosection`"),
+        ("rollout.nokey=1", "unknown key `rollout.nokey`"),
+        ("rollout.batchsize=4", r"unknown key `rollout.batchsize` \(did you mean `rollout.batch_size`\?\); "
+                                r"known keys of \[rollout\]"),
+        ("harness.codex=1", r"--set expects harness.<name>.<key>=value"),
+    ],
+)
+def test_bad_set(workdir: Path, assignment: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
         resolve(environ={}, overrides=[assignment])
+
+
+def test_set_harness_option_and_json_output(workdir: Path) -> None:
+    from lego_rl.config.resolve import config_json
+
+    r = resolve(environ={}, overrides=["harness.codex.version=\"0.1\"", "harness.codex.native_tarball=x.tgz"])
+    assert r.harness_options("codex") == {"version": "0.1", "native_tarball": str(workdir / "x.tgz")}
+    assert config_json(r)["harness"]["codex"]["version"] == {"value": "0.1",
+                                                             "source": '--set harness.codex.version="0.1"'}
+
+
+def test_config_imports_no_engine() -> None:
+    """The config knows no harness plugin, sandbox or engine: importing all of it loads none of them (the
+    import contracts say the same statically; this is what actually gets loaded)."""
+    import subprocess
+    import sys
+
+    engines = ("harness", "sandbox", "serving", "adapter", "chat", "trajectory", "rollout", "orchestrate",
+               "train", "swe", "images")
+    code = ("import sys, lego_rl.config.checks, lego_rl.config.remote, lego_rl.config.envmap; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[:2][-1] in {engines!r} "
+            "and m.startswith('lego_rl.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_set_reads_toml_values_and_plain_text(workdir: Path) -> None:

@@ -88,9 +88,29 @@ def test_bad_extra_envs_name_the_variable(value: str, message: str) -> None:
 
 
 def test_unknown_config_key_is_refused_with_its_name() -> None:
-    with pytest.raises(ConfigError, match="Extra inputs") as info:
+    with pytest.raises(ConfigError, match=r"unknown key `harness.opencode.tiltle` \(did you mean "
+                       r"`harness.opencode.title`\?\); known keys of \[harness.opencode\]: version, ") as info:
         harness("opencode", tiltle="typo")
     assert info.value.parameter == "harness.opencode.tiltle"
+
+
+def test_options_handed_to_the_wrong_plugin_are_named() -> None:
+    codex_options = harness("codex").options
+    from lego_rl.errors import HarnessError
+
+    with pytest.raises(HarnessError, match="CodexConfig, not its OpenCodeConfig"):
+        PM.hook.lego_harness_toolchain(harness="opencode", options=codex_options)  # type: ignore[union-attr]
+
+
+def test_extra_args_as_a_shell_line_and_numeric_envs_from_config() -> None:
+    h = harness("codex", extra_args="--a 'b c'", extra_envs={"N": 8192})
+    assert h.options.extra_args == ["--a", "b c"] and h.options.extra_envs == {"N": "8192"}
+    with pytest.raises(ConfigError, match="harness.codex.extra_args: .*cannot split") as info:
+        harness("codex", extra_args="--a 'unterminated")
+    assert info.value.parameter == "harness.codex.extra_args"
+    with pytest.raises(ConfigError) as info:
+        harness("codex", extra_envs={"FLAG": True})
+    assert info.value.parameter == "harness.codex.extra_envs.FLAG"
 
 
 def test_tarball_variables_select_the_install_path(tmp_path: Path) -> None:

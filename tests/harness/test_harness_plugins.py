@@ -128,3 +128,33 @@ def test_broken_and_misspelled_plugins_are_named(tmp_path: Path, monkeypatch: py
     assert [i.harness.name for i in describe_all(get_plugin_manager({"LEGO_LOAD_PLUGINS": "codex"}))] == [
         "codex"
     ]
+
+
+def test_config_maps_exactly_the_shipped_plugins_variables_into_their_tables() -> None:
+    """The config lists the four plugins' LEGO_AGENT_* variables (so its precedence holds for them);
+    they must be the variables the plugins themselves read, onto the same option."""
+    from lego_rl.config.envmap import ENV_VARS
+
+    mapped = {(v.name, key) for v in ENV_VARS if v.name.startswith("LEGO_AGENT_") for key in v.keys
+              if key.startswith("harness.")}
+    pm = get_plugin_manager({})
+    declared = set()
+    for name in SHIPPED:
+        plugin = pm.get_plugin(name)
+        assert isinstance(plugin, HarnessPlugin)
+        declared |= {(f"LEGO_AGENT_{suffix}", f"harness.{name}.{field}") for field, suffix in plugin.env_names.items()}
+        for field in plugin.env_names:
+            assert field in plugin.Config.model_fields, f"{name}: env_names names no option {field!r}"
+    assert mapped == declared
+
+
+def test_a_plugin_class_without_its_options_model_is_named() -> None:
+    class NoConfig(HarnessPlugin):  # type: ignore[type-arg]
+        name = "noconfig"
+        protocol = "chat"
+        cli_package = "x"
+
+    pm = get_plugin_manager({"LEGO_LOAD_PLUGINS": ""})
+    pm.register(NoConfig(), name="noconfig")
+    with pytest.raises(HarnessError, match="'noconfig': its plugin class sets no Config"):
+        describe_all(pm)

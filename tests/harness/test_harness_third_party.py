@@ -40,11 +40,11 @@ PLUGIN = dedent('''
         version: str = "1.0.0"
 
 
-    class ThrowawayHarness(HarnessPlugin):
+    class ThrowawayHarness(HarnessPlugin[ThrowawayConfig]):
         name: ClassVar[str] = "throwaway"
         protocol: ClassVar[Literal["chat"]] = "chat"
         cli_package: ClassVar[str] = "throwaway-cli"
-        Config: ClassVar[type[HarnessConfig]] = ThrowawayConfig
+        Config = ThrowawayConfig
         env_names: ClassVar[dict[str, str]] = {"extra_args": "THROWAWAY_EXTRA_ARGS"}
 
         def toolchain(self, options: Any) -> list[ToolchainPin]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import shutil
@@ -47,8 +48,10 @@ from lego_rl.adapter.sessions import SessionRegistry
 from lego_rl.harness.plugins import get_harness, get_plugin_manager
 from lego_rl.harness.toolchain import Toolchain
 from lego_rl.images.importer import load_images_json
-from lego_rl.rollout.generate import RolloutContext, RolloutSettings, RolloutSpec
-from lego_rl.rollout.rundir import RunDir
+from lego_rl.rollout.generate import RolloutContext, RolloutSpec
+from lego_rl.rollout.ports import AdapterSessions
+from lego_rl.rollout.settings import RolloutSettings
+from lego_rl.runstore import RunDir
 from lego_rl.serving.client import ServingClient
 from lego_rl.tasks.model import TaskRow
 from lego_rl.tasks.rows import load_tasks
@@ -282,35 +285,53 @@ async def scripted_stack(tiny_model_dir: Path, renderer: Any) -> AsyncIterator[C
         await cleanup()
 
 
-def make_context(
-    run_root: Path,
-    sessions: SessionRegistry,
-    adapter_url: str,
-    toolchain: Toolchain,
-    *,
-    environ: dict[str, str] | None = None,
-    **settings: Any,
-) -> RolloutContext:
-    """A RolloutContext over the example tasks; ``settings`` override RolloutSettings fields."""
-    base: dict[str, Any] = {
-        "provider": "bwrap",
-        "sandbox_options": {"network": "host"},
+def settings_for_tests(**overrides: Any) -> RolloutSettings:
+    """RolloutSettings from the config's defaults (through the real projection), sized for tests.
+
+    ``provider``, ``grader_provider``, ``provider_options`` and ``sandbox_options`` describe the sandboxes;
+    every other keyword overrides a RolloutSettings field.
+    """
+    from lego_rl.config.resolve import resolve
+    from lego_rl.orchestrate.rollout_check import settings_from_config
+    from lego_rl.swe.task_sandbox import SandboxTarget
+
+    provider = overrides.pop("provider", "bwrap")
+    grader_provider = overrides.pop("grader_provider", None) or provider
+    provider_options = overrides.pop("provider_options", {})
+    sandbox_options = overrides.pop("sandbox_options", {"network": "host"})
+    fields: dict[str, Any] = {
         "agent_time_budget_s": 180.0,
         "grader_timeout_s": 60.0,
         "guard_s": 420.0,
         "max_turns": 6,
         "max_context_tokens": 60000,
         "max_output_tokens": 1024,
+        "agent_sandbox": SandboxTarget(provider, provider_options, sandbox_options),
+        "grader_sandbox": SandboxTarget(grader_provider, provider_options, sandbox_options),
+        **overrides,
     }
-    base.update(settings)
+    return dataclasses.replace(settings_from_config(resolve(environ={})), **fields)
+
+
+def make_context(
+    run_root: Path,
+    sessions: AdapterSessions,
+    adapter_url: str,
+    toolchain: Toolchain,
+    *,
+    environ: dict[str, str] | None = None,
+    harness_for: Callable[[str], Any] | None = None,
+    **settings: Any,
+) -> RolloutContext:
+    """A RolloutContext over the example tasks; ``settings`` as for ``settings_for_tests``."""
     env = dict(environ or {})
     pm = get_plugin_manager(env)
     return RolloutContext(
-        settings=RolloutSettings(**base),
+        settings=settings_for_tests(**settings),
         run=RunDir.open(run_root, config={"test": True}),
         sessions=sessions,
         adapter_url=adapter_url,
-        harness_for=lambda name: get_harness(name, environ=env, pm=pm),
+        harness_for=harness_for or (lambda name: get_harness(name, environ=env, pm=pm)),
         toolchain=toolchain,
         images=load_images_json(EXAMPLES / "images.json"),
         dataset_dir=EXAMPLES,

@@ -19,7 +19,8 @@ from test_generate_scripted import policy_writing
 
 from lego_rl.harness.toolchain import Toolchain
 from lego_rl.rollout.generate import RolloutResult, generate
-from lego_rl.rollout.rundir import read_events
+from lego_rl.runstore import read_events
+from lego_rl.runstore.events import RolloutFinished, StageFinished
 from lego_rl.termination import TerminationReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
@@ -37,8 +38,8 @@ def assert_ended(result: RolloutResult, reason: TerminationReason, run_root: Pat
     for name in ("outcome.json", *saved):
         assert name in names, (name, sorted(names))
     assert json.loads((folder / "outcome.json").read_text())["termination"] == reason.value
-    finished = [e for e in read_events(run_root / "events.jsonl") if e["kind"] == "rollout_finished"]
-    assert [e["termination"] for e in finished] == [reason.value]
+    finished = [e for e in read_events(run_root / "events.jsonl") if isinstance(e, RolloutFinished)]
+    assert [e.termination for e in finished] == [reason]
 
 
 async def test_sandbox_killed_mid_run_is_sandbox_lost(
@@ -202,7 +203,7 @@ async def test_guard_expiring_mid_run_is_guard_timeout(
     ctx.run.close()
     assert_ended(result, TerminationReason.GUARD_TIMEOUT, tmp_path / "run", "commands-agent.jsonl")
     assert "25 s" in result.detail and result.reward is None
-    stages = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e["kind"] == "stage"]
-    assert [(e["stage"], e["status"]) for e in stages][-2:] == [("agent", "interrupted"), ("cleanup", "ok")]
+    stages = [e for e in read_events(tmp_path / "run" / "events.jsonl") if isinstance(e, StageFinished)]
+    assert [(e.stage, e.status) for e in stages][-2:] == [("agent", "interrupted"), ("cleanup", "ok")]
     assert sum(result.timings.values()) < 60
     assert_nothing_running(stack.sessions)

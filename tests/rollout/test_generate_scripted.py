@@ -20,7 +20,8 @@ from support.scripted_engine import tool_call_text
 
 from lego_rl.adapter.sessions import load_turn_records
 from lego_rl.rollout.generate import STAGES, RolloutResult, generate
-from lego_rl.rollout.rundir import read_events
+from lego_rl.runstore import read_events
+from lego_rl.runstore.events import RolloutFinished, StageFinished
 from lego_rl.termination import TerminationReason
 from lego_rl.trajectory.sample import load_samples
 
@@ -96,10 +97,12 @@ def assert_artifacts(result: RolloutResult, harness: str, run_root: Path) -> Non
     assert commands and all(c["sandbox"] == "agent" for c in commands)
     assert (folder / f"{harness}-events.jsonl").stat().st_size > 0
 
-    events = [e for e in read_events(run_root / "events.jsonl") if e.get("rollout_id") == result.rollout_id]
-    kinds = [e["kind"] for e in events]
+    events = [
+        e for e in read_events(run_root / "events.jsonl") if getattr(e, "rollout_id", None) == result.rollout_id
+    ]
+    kinds = [e.kind for e in events]
     assert kinds[0] == "rollout_started" and kinds[-1] == "rollout_finished", kinds
-    stages = {e["stage"]: e for e in events if e["kind"] == "stage"}
+    stages = {e.stage: e for e in events if isinstance(e, StageFinished)}
     for stage in (
         "harness_lookup",
         "sandbox_setup",
@@ -109,9 +112,11 @@ def assert_artifacts(result: RolloutResult, harness: str, run_root: Path) -> Non
         "cleanup",
         "grading",
     ):
-        assert stages[stage]["status"] == "ok" and stages[stage]["duration_s"] >= 0, stage
+        assert stages[stage].status == "ok" and stages[stage].duration_s >= 0, stage
     assert set(result.timings) == set(STAGES)
-    assert events[-1]["termination"] == result.termination.value
+    # One decision, written once: only rollout_finished names a termination reason.
+    assert isinstance(events[-1], RolloutFinished) and events[-1].termination is result.termination
+    assert [e.kind for e in events if "termination" in type(e).model_fields] == ["rollout_finished"]
 
 
 CASES = [

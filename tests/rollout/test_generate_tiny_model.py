@@ -14,7 +14,7 @@ from conftest import EXAMPLES, REPO, assert_nothing_running, interfaces, missing
 
 from lego_rl.cli.options import load
 from lego_rl.harness import Toolchain, get_harness, get_plugin_manager
-from lego_rl.rollout.rundir import read_events
+from lego_rl.runstore import read_events
 from lego_rl.termination import POLICY_OUTCOMES, TerminationReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
@@ -62,7 +62,7 @@ def tiny_overrides(run_root: Path, harness: str, toolchain: Toolchain) -> list[s
 async def test_tiny_model_reaches_a_policy_termination(
     harness: str, toolchain: Toolchain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lego_rl.rollout.session import RolloutCheckSession
+    from lego_rl.orchestrate.check_session import RolloutCheckSession
 
     assert interfaces() == ["lo"]
     monkeypatch.chdir(REPO)  # lego.toml's relative paths (examples, toolchain) are the repository's
@@ -82,6 +82,6 @@ async def test_tiny_model_reaches_a_policy_termination(
     outcomes = [json.loads(line) for line in (out / "outcomes.jsonl").read_text().splitlines()]
     assert [o["termination"] for o in outcomes] == [result.termination.value]
     assert (out / "samples.jsonl").is_file()
-    kinds = [e["kind"] for e in read_events(tmp_path / "run" / "events.jsonl")]
+    kinds = [e.kind for e in read_events(tmp_path / "run" / "events.jsonl")]
     assert kinds[:2] == ["run_started", "serving_ready"] and kinds[-1] == "rollout_check_finished"
     assert_nothing_running()

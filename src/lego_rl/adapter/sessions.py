@@ -13,15 +13,14 @@ infrastructure failure: the rollout is then excluded from training, and later re
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from lego_rl.chat.prefix import ChainState
-from lego_rl.errors import LegoError, ProtocolError
+from lego_rl.errors import ProtocolError
+from lego_rl.runstore.files import write_new
 from lego_rl.trajectory.export import load_turn_records  # noqa: F401  (re-exported: the saved-records reader)
 from lego_rl.trajectory.records import TurnRecord
 
@@ -179,20 +178,6 @@ def turn_records_path(out_dir: Path, session_id: str) -> Path:
 
 
 def save_turn_records(session: Session, out_dir: Path) -> Path:
-    """Write the session's turn records as JSONL, atomically, refusing to overwrite an existing file."""
-    path = turn_records_path(out_dir, session.id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        raise LegoError(f"turn records {path} already exist; refusing to overwrite them")
-    fd, tmp = tempfile.mkstemp(prefix=f".{session.id}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for record in session.records:
-                fh.write(record.model_dump_json() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        # link() fails if the target appeared meanwhile, unlike replace(): no silent overwrite.
-        os.link(tmp, path)
-    finally:
-        os.unlink(tmp)
-    return path
+    """Write the session's turn records as JSONL, atomically; an existing file is ``FileExistsError``."""
+    text = "".join(record.model_dump_json() + "\n" for record in session.records)
+    return write_new(turn_records_path(out_dir, session.id), text, what="turn records")

@@ -86,7 +86,9 @@ def validate(
     configuration could not be read.
     """
     r = _resolve_or_exit(config, overrides, as_json)
-    findings = run_checks(r)
+    from lego_rl.rollout.harnesses import harness_inventory
+
+    findings = run_checks(r, harnesses=harness_inventory(r))
     if remote:
         from lego_rl.config.remote import remote_findings
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -18,6 +19,7 @@ from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, er
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
 from lego_rl.config.checks import run_checks
 from lego_rl.errors import ConfigError, GraderError, TaskDataError
+from lego_rl.runstore.events import Baseline
 
 if TYPE_CHECKING:
     from lego_rl.rollout.generate import RolloutResult
@@ -74,6 +76,14 @@ def _results_table(results: Sequence[RolloutResult]) -> Table:
     return table
 
 
+def _print_baseline(event: Baseline) -> None:
+    if event.error is not None:
+        verdict, why = "[red]grader error[/]", event.error
+    else:
+        verdict, why = ("[red]passes (bad)[/]" if event.solved else "[green]fails (good)[/]"), event.reason
+    err.print(f"baseline {escape(event.instance_id)}: {verdict} — {escape(why)}", highlight=False)
+
+
 def rollout_check(
     config: ConfigOpt = None,
     overrides: SetOpt = None,
@@ -105,14 +115,16 @@ def rollout_check(
         typed["agent.default_harness"] = (harness, "--harness")
     try:
         r = load(config, overrides, typed)
-        errors = [f for f in run_checks(r) if f.severity == "error"]
+        from lego_rl.rollout.harnesses import harness_inventory
+
+        errors = [f for f in run_checks(r, harnesses=harness_inventory(r)) if f.severity == "error"]
         if errors:
             for f in errors:
                 given = ", ".join(f"{key} from {r.source(key)}" for key in f.keys if r.is_explicit(key))
                 fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
             err.print("run `lego validate` for the full picture")
             raise typer.Exit(EXIT_USAGE)
-        from lego_rl.rollout.session import RolloutCheckSession
+        from lego_rl.orchestrate.check_session import RolloutCheckSession
 
         session = RolloutCheckSession(r, ids=ids)
     except (ConfigError, TaskDataError) as exc:
@@ -120,7 +132,7 @@ def rollout_check(
         raise typer.Exit(EXIT_USAGE) from None
     if baseline:
         try:
-            passing = asyncio.run(session.baseline(progress_console=None if as_json else err))
+            passing = asyncio.run(session.baseline(on_result=None if as_json else _print_baseline))
         except GraderError as exc:
             session.run_dir.close()
             fail(f"the grader could not decide: {exc}", label="baseline")

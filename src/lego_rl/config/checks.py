@@ -4,33 +4,27 @@ Each check is a named pure-ish function of the resolved config returning ``Findi
 all findings are collected, so the operator sees every problem at once. A message quotes the values
 involved; ``fix`` names the key (or variable) to change. Checks that touch the network live in
 ``remote.py`` and run only with ``--remote``.
+
+The config knows no harness plugin: what the harness checks need (installed names, options the plugins
+refused) comes in as a ``HarnessInventory`` built by the caller (``lego_rl.rollout.harnesses``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
-from lego_rl.config.resolve import ResolvedConfig, trainer_devices
-from lego_rl.config.schema import REASONING_PARSERS, TOOL_CALL_PARSERS
+from lego_rl.config.dataset_scan import DatasetScan, scan_dataset
+from lego_rl.config.findings import Finding, Severity, error, warning
+from lego_rl.config.resolve import ResolvedConfig, did_you_mean, is_path_key, trainer_devices
+from lego_rl.config.schema import HARNESS, REASONING_PARSERS, SECTIONS, TOOL_CALL_PARSERS
+from lego_rl.config.unwired import UNWIRED
+from lego_rl.errors import ConfigError
 
-Severity = Literal["error", "warning"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    severity: Severity
-    message: str
-    fix: str
-    keys: tuple[str, ...] = field(default_factory=tuple)
-
-    def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "keys": list(self.keys)}
-
+__all__ = ["CHECKS", "Finding", "HarnessInventory", "Severity", "error", "run_checks", "warning"]
 
 Check = Callable[[ResolvedConfig], Iterator[Finding]]
 CHECKS: list[Check] = []
@@ -41,12 +35,16 @@ def check(fn: Check) -> Check:
     return fn
 
 
-def error(code: str, message: str, fix: str, *keys: str) -> Finding:
-    return Finding(code, "error", message, fix, keys)
+@dataclass(frozen=True)
+class HarnessInventory:
+    """What the caller found out about harness plugins (see ``lego_rl.rollout.harnesses``)."""
 
-
-def warning(code: str, message: str, fix: str, *keys: str) -> Finding:
-    return Finding(code, "warning", message, fix, keys)
+    installed: frozenset[str]
+    """Names of the installed harnesses."""
+    load_error: str | None = None
+    """Why the plugins could not be loaded at all (then ``installed`` is empty)."""
+    option_errors: tuple[ConfigError, ...] = ()
+    """One error per harness whose plugin refused its ``[harness.<name>]`` options."""
 
 
 @check
@@ -61,6 +59,41 @@ def global_batch(r: ResolvedConfig) -> Iterator[Finding]:
             f"(rollout.batch_size={ro.batch_size} × rollout.samples_per_prompt={ro.samples_per_prompt})",
             f"set train.global_batch_size (GLOBAL_BATCH_SIZE) to a divisor of {produced}, or unset it",
             "train.global_batch_size", "rollout.batch_size", "rollout.samples_per_prompt",
+        )
+
+
+@check
+def group_size(r: ResolvedConfig) -> Iterator[Finding]:
+    n = r.config.rollout.samples_per_prompt
+    if n == 1:
+        yield warning(
+            "group_size_one",
+            "rollout.samples_per_prompt=1: every GRPO group holds one rollout, so every advantage is zero "
+            "and training learns nothing",
+            "set rollout.samples_per_prompt (SAMPLES_PER_PROMPT) to 2 or more (8 is common)",
+            "rollout.samples_per_prompt",
+        )
+
+
+def _default(section: str, key: str) -> Any:
+    info = SECTIONS[section].model_fields[key]
+    return info.get_default(call_default_factory=True)
+
+
+@check
+def not_implemented(r: ResolvedConfig) -> Iterator[Finding]:
+    """A key nothing reads yet (``unwired.UNWIRED``) set to anything but its default is refused."""
+    for key, until in UNWIRED.items():
+        section, field = key.split(".")
+        value = getattr(getattr(r.config, section), field)
+        default = _default(section, field)
+        if not r.is_explicit(key) or value == default:
+            continue
+        shown = "**********" if hasattr(value, "get_secret_value") else json.dumps(value, default=str)
+        yield error(
+            "not_implemented",
+            f"not implemented yet: {key} = {shown} (from {r.source(key)}) — it has no effect until {until}",
+            f"remove it, or set it back to its default {json.dumps(default, default=str)}", key,
         )
 
 
@@ -94,16 +127,6 @@ def response_fits_context(r: ResolvedConfig) -> Iterator[Finding]:
             "response_len",
             f"model.max_response_len={m.max_response_len} exceeds model.max_context_len={m.max_context_len}",
             "lower MAX_RESPONSE_LEN or raise MAX_CONTEXT_LEN", "model.max_response_len", "model.max_context_len",
-        )
-
-
-@check
-def compaction(r: ResolvedConfig) -> Iterator[Finding]:
-    pct = r.config.agent.autocompact_pct
-    if not 0 < pct < 100:
-        yield error(
-            "compaction_pct", f"agent.autocompact_pct={pct} is outside (0, 100)",
-            "set agent.autocompact_pct to a percentage such as 70", "agent.autocompact_pct",
         )
 
 
@@ -170,7 +193,8 @@ def is_moe(r: ResolvedConfig) -> bool:
     if r.config.model.moe is not None:
         return r.config.model.moe
     cfg = _checkpoint_config(r) or {}
-    return any(int(cfg.get(k) or 0) > 1 for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    counts = (cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    return any(isinstance(n, int) and n > 1 for n in counts)
 
 
 @check
@@ -229,13 +253,6 @@ def _read_json(path: Path, key: str) -> tuple[object | None, Finding | None]:
         return None, error("bad_file", f"{key}: {path} is not valid JSON ({exc})", f"fix or regenerate {path}", key)
 
 
-def dataset_images(r: ResolvedConfig) -> tuple[set[str], list[Finding]]:
-    """Images used by the dataset rows, and findings about the dataset file itself."""
-    from lego_rl.config.dataset_scan import scan_dataset
-
-    return scan_dataset(r)
-
-
 @check
 def files(r: ResolvedConfig) -> Iterator[Finding]:
     c = r.config
@@ -264,14 +281,19 @@ def files(r: ResolvedConfig) -> Iterator[Finding]:
                 if missing:
                     yield error("cluster_json", f"{c.sandbox.cluster}: node {i} lacks {', '.join(missing)}",
                                 "give every node a name and a host", "sandbox.cluster")
-    for key in ("node_tarball", "cc_tarball", "cc_native_tarball", "codex_tarball", "codex_native_tarball",
-                "opencode_tarball"):
-        value = getattr(c.agent, key)
-        if value and not Path(value).is_file():
-            yield error("missing_file", f"agent.{key} names {value}, which does not exist",
-                        "run `lego toolchain fetch` or point the variable at the tarball", f"agent.{key}")
-    images_used, dataset_findings = dataset_images(r)
-    yield from dataset_findings
+    for name, table in sorted(c.harness.items()):
+        for key, value in table.items():
+            if is_path_key(f"{HARNESS}.{name}", key) and isinstance(value, str) and value \
+                    and not Path(value).exists():
+                yield error("missing_file", f"{HARNESS}.{name}.{key} names {value} (from "
+                            f"{r.source(f'{HARNESS}.{name}.{key}')}), which does not exist",
+                            "run `lego toolchain fetch`, or point it at the file", f"{HARNESS}.{name}.{key}")
+
+
+def image_findings(r: ResolvedConfig, scan: DatasetScan) -> Iterator[Finding]:
+    """Every image the dataset uses must be mapped in images.json (and, locally, its rootfs exist)."""
+    c = r.config
+    images_used = scan.images
     images_path = Path(c.sandbox.images) if c.sandbox.images else None
     needs_mapping = c.sandbox.provider in ("sunabako", "bwrap") and images_used
     if images_path is None or not needs_mapping:
@@ -308,28 +330,34 @@ def files(r: ResolvedConfig) -> Iterator[Finding]:
                         "scripts/build_rootfs.sh)", "sandbox.images")
 
 
-@check
-def harnesses(r: ResolvedConfig) -> Iterator[Finding]:
-    """The default harness and every row's ``metadata.agent`` must be installed harness plugins."""
-    from lego_rl.config.dataset_scan import scan_dataset_full
-    from lego_rl.errors import HarnessError
-    from lego_rl.harness.plugins import describe_all, get_plugin_manager
-
-    try:
-        installed = {info.harness.name for info in describe_all(get_plugin_manager())}
-    except HarnessError as exc:
-        yield error("harness_plugins", f"harness plugins cannot be loaded: {exc}",
+def harness_findings(r: ResolvedConfig, inventory: HarnessInventory, scan: DatasetScan) -> Iterator[Finding]:
+    """The default harness, every row's ``metadata.agent`` and every ``[harness.<name>]`` table must name an
+    installed harness, and each table must be accepted by its plugin."""
+    if inventory.load_error is not None:
+        yield error("harness_plugins", f"harness plugins cannot be loaded: {inventory.load_error}",
                     "fix or uninstall the named package (`pip uninstall ...`)", "agent.default_harness")
         return
-    _, used, _ = scan_dataset_full(r)
-    wanted = {r.config.agent.default_harness: "agent.default_harness"} | {n: "rollout.prompt_data" for n in used}
-    known = ", ".join(sorted(installed)) or "none"
+    installed = sorted(inventory.installed)
+    known = ", ".join(installed) or "none"
+    wanted = {r.config.agent.default_harness: "agent.default_harness"}
+    wanted |= {n: "rollout.prompt_data" for n in scan.agents}
     for name, key in sorted(wanted.items()):
-        if name not in installed:
+        if name not in inventory.installed:
             where = "the default harness" if key == "agent.default_harness" else "used by the dataset's metadata.agent"
-            yield error("harness_missing", f"harness {name!r} ({where}) is not installed; installed: {known}",
+            yield error("harness_missing", f"harness {name!r} ({where}) is not installed; installed: {known}"
+                        + did_you_mean(name, installed),
                         "pip install its plugin (the built-in four: scripts/install_plugins.sh) or change "
                         + ("SWE_AGENT" if key == "agent.default_harness" else "the rows' metadata.agent"), key)
+    for name in sorted(set(r.config.harness) - inventory.installed):
+        sources = sorted({str(r.source(f"{HARNESS}.{name}.{k}")) for k in r.config.harness[name]})
+        hint = did_you_mean(name, installed, f"{HARNESS}.")
+        yield error("harness_unknown", f"[{HARNESS}.{name}] (from {', '.join(sources)}) configures a harness "
+                    f"that is not installed{hint}; installed: {known}",
+                    f"rename the table to an installed harness, or install the plugin for {name!r}",
+                    f"{HARNESS}.{name}")
+    for exc in inventory.option_errors:
+        yield error("harness_options", str(exc), f"fix {exc.parameter} (`lego harnesses` shows its defaults)",
+                    exc.parameter or HARNESS)
 
 
 @check
@@ -346,7 +374,12 @@ def run_root(r: ResolvedConfig) -> Iterator[Finding]:
                     "point RUN_ROOT at the run to continue, or unset train.resume", "train.resume")
 
 
-def run_checks(r: ResolvedConfig, extra: list[Check] | None = None) -> list[Finding]:
-    """Run every check; errors first, then warnings, each in check order."""
+def run_checks(
+    r: ResolvedConfig, *, harnesses: HarnessInventory, extra: list[Check] | None = None
+) -> list[Finding]:
+    """Run every check; errors first, then warnings, each in check order. ``harnesses`` comes from the
+    caller that can load plugins (``lego_rl.rollout.harnesses.harness_inventory``)."""
     findings = [f for fn in [*CHECKS, *(extra or [])] for f in fn(r)]
+    scan = scan_dataset(r)  # once: the dataset, its images and its harnesses are checked from one read
+    findings += [*scan.findings, *image_findings(r, scan), *harness_findings(r, harnesses, scan)]
     return sorted(findings, key=lambda f: f.severity != "error")

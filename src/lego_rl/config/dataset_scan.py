@@ -1,66 +1,69 @@
-"""A light pass over the task rows for ``lego validate``: does the file parse, which images and harnesses
-does it use. Full row validation belongs to ``lego_rl.tasks``; this only reads what the checks need."""
+"""The dataset as ``lego validate`` sees it: read by the rollout's own row loader (``lego_rl.tasks.rows``)
+with the config's row keys, so a row ``validate`` accepts is a row ``rollout-check`` runs, and a row it
+rejects is named with its row number and the loader's reason (a missing ``metadata.eval_cmd``, a bad
+prompt, a duplicate instance id)."""
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from lego_rl.config.checks import Finding, error
+from lego_rl.config.findings import Finding, error
 from lego_rl.config.resolve import ResolvedConfig
+from lego_rl.errors import TaskDataError
+from lego_rl.tasks.rows import RowKeys, load_tasks
 
 MAX_ROW_ERRORS = 5
+KEY = "rollout.prompt_data"
 
 
-def scan_dataset(r: ResolvedConfig) -> tuple[set[str], list[Finding]]:
-    images, _, findings = scan_dataset_full(r)
-    return images, findings
+@dataclass(frozen=True)
+class DatasetScan:
+    images: set[str] = field(default_factory=set)
+    """Images the good rows use (``metadata.image`` after the image key is applied)."""
+    agents: set[str] = field(default_factory=set)
+    """Harness names the good rows ask for in ``metadata.agent``."""
+    findings: list[Finding] = field(default_factory=list)
 
 
-def scan_dataset_full(r: ResolvedConfig) -> tuple[set[str], set[str], list[Finding]]:
-    """(images used, harness names used by rows' ``metadata.agent``, findings)."""
+def row_keys(r: ResolvedConfig) -> RowKeys:
+    """The config's ``rollout.*_key`` / ``agent.sandbox_image_metadata_key`` as the loader's ``RowKeys``."""
+    ro = r.config.rollout
+    return RowKeys(input=ro.input_key, label=ro.label_key, metadata=ro.metadata_key,
+                   image=r.config.agent.sandbox_image_metadata_key)
+
+
+def _keys_fix(r: ResolvedConfig) -> str:
+    moved = [k for k in ("rollout.input_key", "rollout.label_key", "rollout.metadata_key",
+                         "agent.sandbox_image_metadata_key") if r.is_explicit(k)]
+    return "fix the row or regenerate the file with `lego tasks prepare`" + (
+        f" (rows are read with {', '.join(f'{k}={r.source(k)}' for k in moved)})" if moved else "")
+
+
+def scan_dataset(r: ResolvedConfig) -> DatasetScan:
     path = Path(r.config.rollout.prompt_data or "")
-    key = "rollout.prompt_data"
     if not path.is_file():
-        return set(), set(), [error("missing_file", f"{key} names {path}, which does not exist",
-                             "prepare it with `lego tasks prepare` or set PROMPT_DATA", key)]
-    images: set[str] = set()
-    agents: set[str] = set()
-    findings: list[Finding] = []
-    meta_key = r.config.rollout.metadata_key
-    image_key = r.config.agent.sandbox_image_metadata_key
-    rows = 0
-    with path.open() as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            rows += 1
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                findings.append(error("dataset_row", f"{path} row {number}: not valid JSON ({exc.msg})",
-                                      "fix or regenerate the row with `lego tasks prepare`", key))
-                continue
-            meta = row.get(meta_key) if isinstance(row, dict) else None
-            if not isinstance(meta, dict):
-                findings.append(error("dataset_row", f"{path} row {number}: `{meta_key}` must be an object",
-                                      "regenerate the dataset with `lego tasks prepare`", key))
-                continue
-            if not isinstance(row.get(r.config.rollout.input_key), list | str):
-                findings.append(error("dataset_row", f"{path} row {number}: no prompt under "
-                                      f"`{r.config.rollout.input_key}`", "set rollout.input_key or fix the row", key))
-            if isinstance(meta.get("agent"), str) and meta["agent"]:
-                agents.add(meta["agent"])
-            image = meta.get(image_key)
-            if isinstance(image, str) and image:
-                images.add(image)
-            else:
-                findings.append(error("dataset_row", f"{path} row {number}: `{meta_key}.{image_key}` is missing",
-                                      "every row needs the task image", key))
-            if len(findings) >= MAX_ROW_ERRORS:
-                findings.append(error("dataset_rows", f"{path}: stopped after {MAX_ROW_ERRORS} bad rows",
-                                      "run `lego tasks prepare` to regenerate the file", key))
-                break
-    if rows == 0 and not findings:
-        findings.append(error("dataset_empty", f"{path} holds no task rows", "prepare tasks with `lego tasks prepare`", key))
-    return images, agents, findings
+        return DatasetScan(findings=[error("missing_file", f"{KEY} names {path}, which does not exist",
+                                           "prepare it with `lego tasks prepare` or set PROMPT_DATA", KEY)])
+    try:
+        loaded = load_tasks(path, row_keys(r))
+    except TaskDataError as exc:
+        return DatasetScan(findings=[error("dataset_file", str(exc), "check the file and its permissions",
+                                           KEY)])
+    findings = [
+        error("dataset_row", f"{path} row {issue.row}: {issue.reason}", _keys_fix(r), KEY)
+        for issue in loaded.issues[:MAX_ROW_ERRORS]
+    ]
+    if len(loaded.issues) > MAX_ROW_ERRORS:
+        more = len(loaded.issues) - MAX_ROW_ERRORS
+        findings.append(error("dataset_rows", f"{path}: {more} more bad rows ({len(loaded.issues)} in all, "
+                              f"{len(loaded.rows)} good)",
+                              "run `lego tasks check` or regenerate the file with `lego tasks prepare`", KEY))
+    if not loaded.rows and not loaded.issues:
+        findings.append(error("dataset_empty", f"{path} holds no task rows",
+                              "prepare tasks with `lego tasks prepare`", KEY))
+    return DatasetScan(
+        images={row.metadata.image for row in loaded.rows},
+        agents={row.metadata.agent for row in loaded.rows if row.metadata.agent},
+        findings=findings,
+    )

@@ -7,6 +7,12 @@ Two kinds are accepted:
   accepted as aliases of our ``LEGO_AGENT_*`` / ``LEGO_*`` names: they are our users' migration path.
 * The generic form ``LEGO_<SECTION>_<KEY>`` for every key (``LEGO_TRAIN_LR=2e-6``).
 
+The ``LEGO_AGENT_*`` variables of the four shipped harnesses set keys of their ``[harness.<name>]``
+tables (``LEGO_AGENT_CODEX_EXTRA_ARGS`` → ``harness.codex.extra_args``); one variable may set a key of
+several harnesses (``LEGO_AGENT_NODE_TARBALL``). They are the plugins' ``env_names`` (a test keeps the two
+in step), listed here so that the config's precedence (file < environment < ``--set``) holds for them.
+An empty harness variable counts as unset, as the plugins read it.
+
 A JSON-valued variable (``*_EXTRA_ENVS``, ``CHAT_TEMPLATE_KWARGS``) is parsed here; a malformed value is a
 ``ConfigError`` naming the variable.
 """
@@ -26,11 +32,32 @@ from lego_rl.errors import ConfigError
 class EnvVar:
     name: str
     key: str
-    """``section.field``."""
+    """``section.field``, or ``harness.<name>.<option>``."""
     meaning: str
     aliases: tuple[str, ...] = ()
     json: bool = False
     list_sep: str | None = None
+    also: tuple[str, ...] = ()
+    """Further keys the same value sets (a Node tarball shared by two harnesses)."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key, *self.also)
+
+
+def _agent(suffix: str, key: str, meaning: str, *, json: bool = False, also: tuple[str, ...] = (),
+           aliases: tuple[str, ...] = ()) -> EnvVar:
+    """A harness variable ``LEGO_AGENT_<suffix>``, also read as the reference example's
+    ``VIME_AGENT_<suffix>`` (which wins over older ``aliases``, and loses to the ``LEGO_`` name)."""
+    names = (*aliases, f"VIME_AGENT_{suffix}")
+    return EnvVar(f"LEGO_AGENT_{suffix}", key, meaning, names, json=json, also=also)
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``rollout.batch_size`` → (``rollout``, ``batch_size``); ``harness.codex.version`` → (``harness.codex``,
+    ``version``)."""
+    section, _, field = key.rpartition(".")
+    return section, field
 
 
 ENV_VARS: tuple[EnvVar, ...] = (
@@ -44,29 +71,33 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("ADAPTER_PUBLIC_HOST", "adapter.public_host", "Routable address advertised to sandboxes."),
     EnvVar("ADAPTER_BIND_HOST", "adapter.bind_host", "Adapter listening address."),
     EnvVar("ADAPTER_PORT", "adapter.port", "Adapter listening port."),
-    EnvVar("LEGO_AGENT_NODE_TARBALL", "agent.node_tarball", "Host-side Node 22 tarball.",
-           ("VIME_AGENT_NODE_TARBALL",)),
-    EnvVar("LEGO_AGENT_CC_TARBALL", "agent.cc_tarball", "Claude Code npm tarball.", ("VIME_AGENT_CC_TARBALL",)),
-    EnvVar("LEGO_AGENT_CC_NATIVE_TARBALL", "agent.cc_native_tarball", "Claude Code platform archive.",
-           ("VIME_AGENT_CC_NATIVE_TARBALL",)),
-    EnvVar("LEGO_AGENT_CC_EXTRA_ARGS", "agent.cc_extra_args", "Claude CLI flags.", ("VIME_AGENT_CC_EXTRA_ARGS",)),
-    EnvVar("LEGO_AGENT_CC_EXTRA_ENVS", "agent.cc_extra_envs", "JSON overrides of the Claude CLI environment.",
-           ("VIME_AGENT_CC_EXTRA_ENVS",), json=True),
-    EnvVar("LEGO_AGENT_CODEX_TARBALL", "agent.codex_tarball", "Codex npm tarball.", ("VIME_AGENT_CODEX_TARBALL",)),
-    EnvVar("LEGO_AGENT_CODEX_NATIVE_TARBALL", "agent.codex_native_tarball", "Codex platform archive.",
-           ("VIME_AGENT_CODEX_NATIVE_TARBALL",)),
-    EnvVar("LEGO_AGENT_CODEX_EXTRA_ARGS", "agent.codex_extra_args", "Extra Codex CLI settings.",
-           ("VIME_AGENT_CODEX_EXTRA_ARGS",)),
-    EnvVar("LEGO_AGENT_CODEX_EXTRA_ENVS", "agent.codex_extra_envs", "JSON overrides of the Codex environment.",
-           ("VIME_AGENT_CODEX_EXTRA_ENVS",), json=True),
-    EnvVar("LEGO_AGENT_OPENCODE_TARBALL", "agent.opencode_tarball", "OpenCode npm tarball.",
-           ("VIME_AGENT_OPENCODE_TARBALL",)),
-    EnvVar("LEGO_AGENT_OPENCODE_EXTRA_ARGS", "agent.opencode_extra_args", "Extra OpenCode flags.",
-           ("VIME_AGENT_OPENCODE_EXTRA_ARGS",)),
-    EnvVar("LEGO_AGENT_OPENCODE_EXTRA_ENVS", "agent.opencode_extra_envs", "JSON overrides of the OpenCode env.",
-           ("VIME_AGENT_OPENCODE_EXTRA_ENVS",), json=True),
-    EnvVar("LEGO_AGENT_OPENHANDS_EXTRA_ENVS", "agent.openhands_extra_envs", "JSON overrides of the OpenHands env.",
-           ("VIME_AGENT_OPENHANDS_EXTRA_ENVS",), json=True),
+    _agent("NODE_TARBALL", "harness.claude_code.node_tarball", "Host-side Node 22 tarball (npm path).",
+           also=("harness.codex.node_tarball",)),
+    _agent("CC_TARBALL", "harness.claude_code.cli_tarball", "Claude Code npm tarball."),
+    _agent("CC_NATIVE_TARBALL", "harness.claude_code.native_tarball", "Claude Code platform archive."),
+    _agent("CC_EXTRA_ARGS", "harness.claude_code.extra_args", "Claude CLI flags."),
+    _agent("CC_EXTRA_ENVS", "harness.claude_code.extra_envs", "JSON overrides of the Claude CLI environment.",
+           json=True),
+    _agent("CC_VERSION", "harness.claude_code.version", "Claude Code version to install."),
+    _agent("CODEX_TARBALL", "harness.codex.cli_tarball", "Codex npm tarball."),
+    _agent("CODEX_NATIVE_TARBALL", "harness.codex.native_tarball", "Codex platform archive."),
+    _agent("CODEX_EXTRA_ARGS", "harness.codex.extra_args", "Extra Codex CLI settings."),
+    _agent("CODEX_EXTRA_ENVS", "harness.codex.extra_envs", "JSON overrides of the Codex environment.",
+           json=True),
+    _agent("CODEX_VERSION", "harness.codex.version", "Codex version to install."),
+    _agent("OPENCODE_NATIVE_TARBALL", "harness.opencode.native_tarball", "OpenCode platform archive.",
+           aliases=("VIME_AGENT_OPENCODE_TARBALL", "LEGO_AGENT_OPENCODE_TARBALL")),
+    _agent("OPENCODE_PLUGIN_TREE", "harness.opencode.plugin_tree", "Packed @opencode-ai/plugin tree."),
+    _agent("OPENCODE_EXTRA_ARGS", "harness.opencode.extra_args", "Extra OpenCode flags."),
+    _agent("OPENCODE_EXTRA_ENVS", "harness.opencode.extra_envs", "JSON overrides of the OpenCode env.",
+           json=True),
+    _agent("OPENCODE_VERSION", "harness.opencode.version", "OpenCode version to install."),
+    _agent("OPENHANDS_SITE_TREE", "harness.openhands.site_tree", "Packed OpenHands site-packages tree."),
+    _agent("OPENHANDS_PYTHON", "harness.openhands.python", "Python interpreter inside the sandbox image."),
+    _agent("OPENHANDS_EXTRA_ARGS", "harness.openhands.extra_args", "Extra OpenHands runner arguments."),
+    _agent("OPENHANDS_EXTRA_ENVS", "harness.openhands.extra_envs", "JSON overrides of the OpenHands env.",
+           json=True),
+    _agent("OPENHANDS_VERSION", "harness.openhands.version", "OpenHands SDK version to install."),
     EnvVar("LEGO_AGENT_SANDBOX_IMAGE_METADATA_KEY", "agent.sandbox_image_metadata_key",
            "Row metadata key naming the sandbox image.", ("VIME_AGENT_SANDBOX_IMAGE_METADATA_KEY",)),
     EnvVar("LEGO_FORK_MERGE_MAX_RESPONSE_TOKENS", "rollout.fork_merge_max_response_tokens",
@@ -97,7 +128,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("E2B_API_KEY", "sandbox.e2b_api_key", "E2B API key."),
 )
 
-_BY_KEY: dict[str, EnvVar] = {v.key: v for v in ENV_VARS}
+_BY_KEY: dict[str, EnvVar] = {key: v for v in ENV_VARS for key in v.keys}
 
 
 def generic_name(section: str, field: str) -> str:
@@ -105,12 +136,15 @@ def generic_name(section: str, field: str) -> str:
 
 
 def _is_json_field(section: str, field: str) -> bool:
+    if section not in SECTIONS:  # a harness option: the EnvVar says
+        return False
     annotation = str(SECTIONS[section].model_fields[field].annotation)
     return annotation.startswith("dict")
 
 
 def _is_list_field(section: str, field: str) -> bool:
-    return str(SECTIONS[section].model_fields[field].annotation).startswith("list")
+    # Harness options stay text: the plugin's model splits ``extra_args`` like a shell line.
+    return section in SECTIONS and str(SECTIONS[section].model_fields[field].annotation).startswith("list")
 
 
 def parse_env_value(var: str, raw: str, section: str, field: str) -> Any:
@@ -136,7 +170,8 @@ def parse_env_value(var: str, raw: str, section: str, field: str) -> Any:
     if _is_list_field(section, field):
         sep = known.list_sep if known and known.list_sep else ","
         return [item.strip() for item in raw.split(sep) if item.strip()]
-    if raw == "" and str(SECTIONS[section].model_fields[field].annotation).endswith("None"):
+    optional = section in SECTIONS and str(SECTIONS[section].model_fields[field].annotation).endswith("None")
+    if raw == "" and optional:
         return None
     return raw
 
@@ -149,9 +184,11 @@ def read_env(environ: Mapping[str, str]) -> dict[tuple[str, str], tuple[str, Any
     """
     found: dict[tuple[str, str], tuple[str, Any]] = {}
     for var in ENV_VARS:
-        section, field = var.key.split(".")
-        for name in (*var.aliases, var.name):  # later names win
-            if name in environ:
+        for key in var.keys:
+            section, field = split_key(key)
+            for name in (*var.aliases, var.name):  # later names win
+                if name not in environ or (section not in SECTIONS and environ[name] == ""):
+                    continue
                 found[(section, field)] = (name, parse_env_value(name, environ[name], section, field))
     for section, model in SECTIONS.items():
         for field in model.model_fields:

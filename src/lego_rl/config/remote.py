@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from lego_rl.config.checks import Finding, error
+from lego_rl.config.findings import Finding, error
 from lego_rl.config.resolve import ResolvedConfig
 
 

@@ -3,11 +3,16 @@
 ``resolve()`` is the one place the order is decided. Every value remembers where it came from
 (``Source``), so ``lego validate`` can show it and an error can point at the line that caused it.
 After the layers are merged, one explicit ``derive()`` fills the keys whose defaults depend on others.
+
+``[harness.<name>]`` tables go through the same layers key by key (section ``harness.<name>``), but are
+not validated here: their keys belong to the harness plugin, which the config does not know. The caller
+that loads plugins validates them (``rollout.harnesses``) and names the source recorded here.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
 import os
 import re
 import tomllib
@@ -19,7 +24,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from lego_rl.config.envmap import read_env
-from lego_rl.config.schema import SECTIONS, LegoConfig
+from lego_rl.config.schema import HARNESS, SECTIONS, LegoConfig
 from lego_rl.errors import ConfigError
 
 SourceKind = Literal["default", "file", "env", "cli", "derived"]
@@ -50,6 +55,10 @@ class ResolvedConfig:
     def is_explicit(self, key: str) -> bool:
         return key in self.explicit
 
+    def harness_options(self, name: str) -> dict[str, Any]:
+        """The ``[harness.<name>]`` table (file < environment < ``--set``), unvalidated; empty when unset."""
+        return dict(self.config.harness.get(name, {}))
+
 
 _TABLE_RE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]\s*(#.*)?$")
 _KEY_RE = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]+\")\s*=")
@@ -77,9 +86,37 @@ def _resolve_path_value(value: Any, base: Path) -> Any:
 _PATH_KEYS = {
     "model.checkpoint", "sandbox.cluster", "sandbox.images", "sandbox.rootfs", "rollout.prompt_data",
     "paths.data_root", "paths.run_root", "paths.artifacts", "paths.run_log", "paths.toolchain_dir",
-    "agent.node_tarball", "agent.cc_tarball", "agent.cc_native_tarball", "agent.codex_tarball",
-    "agent.codex_native_tarball", "agent.opencode_tarball",
 }
+HARNESS_PATH_SUFFIXES = ("_tarball", "_tree", "_path", "_dir")
+"""A harness option named like this is a host path (``native_tarball``, ``site_tree``): relative values are
+taken from lego.toml's folder like every other path. The config cannot see the plugins' models, so a
+naming rule decides; docs/plugins.md tells plugin authors."""
+_HARNESS_NAME_RE = re.compile(r"[A-Za-z0-9_\-]+")
+
+
+def is_path_key(section: str, key: str) -> bool:
+    if section.startswith(f"{HARNESS}."):
+        return key.endswith(HARNESS_PATH_SUFFIXES)
+    return f"{section}.{key}" in _PATH_KEYS
+
+
+def did_you_mean(word: str, choices: Sequence[str], prefix: str = "") -> str:
+    """`` (did you mean `rollout.batch_size`?)`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean `{prefix}{close[0]}`?)" if close else ""
+
+
+def _unknown_key(section: str, key: str) -> str:
+    known = SECTIONS[section].model_fields
+    return (f"unknown key `{section}.{key}`{did_you_mean(key, list(known), f'{section}.')}; "
+            f"known keys of [{section}]: {', '.join(known)}")
+
+
+def _harness_name(name: str, where: str) -> str:
+    if not _HARNESS_NAME_RE.fullmatch(name):
+        raise ConfigError(f"`{HARNESS}.{name}` is not a harness name (letters, digits, _ and -)",
+                          where=where, parameter=f"{HARNESS}.{name}")
+    return name
 
 
 def load_toml(path: Path) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Source]]:
@@ -100,10 +137,13 @@ def load_toml(path: Path) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, s
     base = path.resolve().parent
     for section, table in data.items():
         where = f"{path}:{lines.get((section, ''), lines.get(('', section), 1))}"
+        if section == HARNESS:
+            _load_harness_tables(table, path, lines, values, sources)
+            continue
         if section not in SECTIONS:
             raise ConfigError(
-                f"unknown section [{section}]; known sections: {', '.join(SECTIONS)}", where=where,
-                parameter=section,
+                f"unknown section [{section}]{did_you_mean(section, [*SECTIONS, HARNESS])}; known sections: "
+                f"{', '.join([*SECTIONS, f'{HARNESS}.<name>'])}", where=where, parameter=section,
             )
         if not isinstance(table, dict):
             raise ConfigError(f"`{section}` must be a table ([{section}]), got a {type(table).__name__}",
@@ -112,15 +152,42 @@ def load_toml(path: Path) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, s
         for key, value in table.items():
             line = lines.get((section, key), lines.get((section, ""), 1))
             if key not in model.model_fields:
-                raise ConfigError(
-                    f"unknown key `{section}.{key}`; known keys of [{section}]: {', '.join(model.model_fields)}",
-                    where=f"{path}:{line}", parameter=f"{section}.{key}",
-                )
-            if f"{section}.{key}" in _PATH_KEYS:
+                raise ConfigError(_unknown_key(section, key), where=f"{path}:{line}",
+                                  parameter=f"{section}.{key}")
+            if is_path_key(section, key):
                 value = _resolve_path_value(value, base)
             values[(section, key)] = value
             sources[(section, key)] = Source("file", f"{path.name}:{line}")
     return values, sources
+
+
+def _load_harness_tables(
+    tables: Any,
+    path: Path,
+    lines: dict[tuple[str, str], int],
+    values: dict[tuple[str, str], Any],
+    sources: dict[tuple[str, str], Source],
+) -> None:
+    """``[harness.<name>]`` tables: every key kept as (``harness.<name>``, key) with its line."""
+    top = lines.get((HARNESS, ""), 1)
+    if not isinstance(tables, dict):
+        raise ConfigError(f"`{HARNESS}` must hold one table per harness ([{HARNESS}.<name>])",
+                          where=f"{path}:{top}", parameter=HARNESS)
+    base = path.resolve().parent
+    for name, table in tables.items():
+        section = f"{HARNESS}.{name}"
+        head = lines.get((section, ""), lines.get((HARNESS, name), top))
+        _harness_name(name, f"{path}:{head}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"`{section}` must be a table ([{section}]), got a {type(table).__name__}",
+                              where=f"{path}:{head}", parameter=section)
+        for key, value in table.items():
+            # A key inside the table, or a sub-table such as [harness.codex.extra_envs].
+            line = lines.get((section, key), lines.get((f"{section}.{key}", ""), head))
+            if is_path_key(section, key):
+                value = _resolve_path_value(value, base)
+            values[(section, key)] = value
+            sources[(section, key)] = Source("file", f"{path.name}:{line}")
 
 
 def parse_set(assignment: str) -> tuple[str, str, Any]:
@@ -129,14 +196,20 @@ def parse_set(assignment: str) -> tuple[str, str, Any]:
     if not sep or "." not in target:
         raise ConfigError(f"--set expects section.key=value, got {assignment!r}", where="--set")
     section, _, key = target.strip().partition(".")
-    if section not in SECTIONS:
-        raise ConfigError(f"unknown section `{section}` in --set {assignment!r}; known: {', '.join(SECTIONS)}",
-                          where="--set", parameter=target)
-    if key not in SECTIONS[section].model_fields:
+    if section == HARNESS:
+        name, dot, key = key.partition(".")
+        if not dot or not key:
+            raise ConfigError(f"--set expects {HARNESS}.<name>.<key>=value, got {assignment!r}",
+                              where="--set", parameter=target)
+        section = f"{HARNESS}.{_harness_name(name, '--set')}"
+    elif section not in SECTIONS:
+        hint = did_you_mean(section, [*SECTIONS, HARNESS])
         raise ConfigError(
-            f"unknown key `{target}` in --set; known keys of [{section}]: {', '.join(SECTIONS[section].model_fields)}",
-            where="--set", parameter=target,
+            f"unknown section `{section}` in --set {assignment!r}{hint}; "
+            f"known: {', '.join([*SECTIONS, f'{HARNESS}.<name>'])}", where="--set", parameter=target,
         )
+    elif key not in SECTIONS[section].model_fields:
+        raise ConfigError(f"{_unknown_key(section, key)} (in --set)", where="--set", parameter=target)
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -154,7 +227,11 @@ def _describe_error(err: Mapping[str, Any]) -> str:
 def _build(values: dict[tuple[str, str], Any], sources: dict[tuple[str, str], Source]) -> LegoConfig:
     nested: dict[str, dict[str, Any]] = {}
     for (section, key), value in values.items():
-        nested.setdefault(section, {})[key] = value
+        top, dot, name = section.partition(".")
+        if top == HARNESS and dot:
+            nested.setdefault(HARNESS, {}).setdefault(name, {})[key] = value
+        else:
+            nested.setdefault(section, {})[key] = value
     try:
         return LegoConfig.model_validate(nested)
     except ValidationError as exc:
@@ -192,11 +269,12 @@ def derive(cfg: LegoConfig, sources: dict[str, Source], *, now: _dt.datetime | N
         candidate = data_root / "cluster.json"
         if candidate.exists():
             put("sandbox", "cluster", str(candidate), "$DATA_ROOT/cluster.json")
-    if cfg.rollout.guard_s is None:
+    guard = cfg.rollout.guard_s
+    if guard is None:
         guard = cfg.agent.time_budget_s + cfg.grader.timeout_s + cfg.rollout.guard_slack_s
         put("rollout", "guard_s", guard, "agent.time_budget_s + grader.timeout_s + rollout.guard_slack_s")
     if cfg.sandbox.lifetime_s is None:
-        put("sandbox", "lifetime_s", cfg.rollout.guard_s + 300.0, "rollout.guard_s + 300")
+        put("sandbox", "lifetime_s", guard + 300.0, "rollout.guard_s + 300")
     if cfg.train.global_batch_size is None:
         put("train", "global_batch_size", cfg.rollout.batch_size * cfg.rollout.samples_per_prompt,
             "rollout.batch_size × rollout.samples_per_prompt")
@@ -242,13 +320,13 @@ def resolve(
         values.update(file_values)
         sources.update(file_sources)
     for (section, key), (var, value) in read_env(environ).items():
-        if f"{section}.{key}" in _PATH_KEYS:
+        if is_path_key(section, key):
             value = _resolve_path_value(value, Path.cwd())
         values[(section, key)] = value
         sources[(section, key)] = Source("env", f"${var}")
     for assignment in overrides:
         section, key, value = parse_set(assignment)
-        if f"{section}.{key}" in _PATH_KEYS:
+        if is_path_key(section, key):
             value = _resolve_path_value(value, Path.cwd())
         values[(section, key)] = value
         sources[(section, key)] = Source("cli", f"--set {assignment}")
@@ -256,7 +334,7 @@ def resolve(
         section, _, key = target.partition(".")
         if section not in SECTIONS or key not in SECTIONS[section].model_fields:
             raise ConfigError(f"{option} targets unknown key `{target}`", where=option, parameter=target)
-        if target in _PATH_KEYS:
+        if is_path_key(section, key):
             value = _resolve_path_value(value, Path.cwd())
         values[(section, key)] = value
         sources[(section, key)] = Source("cli", option)
@@ -287,4 +365,9 @@ def config_json(r: ResolvedConfig) -> dict[str, dict[str, Any]]:
         if hasattr(value, "get_secret_value"):
             value = "**********"
         data.setdefault(section, {})[key] = {"value": value, "source": str(r.source(f"{section}.{key}"))}
+    for name, table in sorted(r.config.harness.items()):
+        data.setdefault(HARNESS, {})[name] = {
+            key: {"value": value, "source": str(r.source(f"{HARNESS}.{name}.{key}"))}
+            for key, value in table.items()
+        }
     return data

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 TOOL_CALL_PARSERS = ("qwen3_coder", "hermes")
 REASONING_PARSERS = ("qwen3", "none")
+InfraFailurePolicy = Literal["exclude", "zero_reward"]
 DEFAULT_PROMPT = (
     "Read the problem statement in {problem_file}. Edit the source code in {workdir} to fix it, run the "
     "relevant tests to check your change, and finish with a short summary of what you changed."
@@ -83,46 +84,18 @@ class AdapterConfig(Section):
 
 
 class AgentConfig(Section):
+    """Harness-neutral agent settings; each harness's own options live in its `[harness.<name>]` table."""
+
     default_harness: str = "claude_code"
     """Harness used when a row's `metadata.agent` is unset (claude_code, codex, opencode, openhands)."""
     time_budget_s: float = Field(default=1200.0, gt=0)
     """Wall-clock budget of the coding CLI per rollout."""
     max_turns: int = Field(default=40, ge=1)
     """Turn limit passed to the CLI."""
-    autocompact_pct: float = 70.0
-    """Context fill percentage at which the CLI compacts its history; must be in (0, 100)."""
-    max_thinking_tokens: int = Field(default=4096, ge=0)
-    """Thinking budget passed to CLIs that take one."""
     prompt: str = DEFAULT_PROMPT
     """Agent instruction; `{problem_file}` and `{workdir}` are filled in. Official tests stay hidden."""
-    node_tarball: str | None = None
-    """Host-side Node 22 tarball uploaded into each sandbox (default: from the toolchain folder)."""
-    cc_tarball: str | None = None
-    """Claude Code npm tarball (default: from the toolchain folder)."""
-    cc_native_tarball: str | None = None
-    """Claude Code platform archive; takes precedence over Node + npm."""
-    cc_extra_args: str = "--max-turns 40 --tools Bash,Read,Edit,Write,Glob,Grep --disable-slash-commands"
-    """Claude CLI flags."""
-    cc_extra_envs: dict[str, str] = Field(default_factory=dict)
-    """JSON overrides merged over the Claude CLI environment (context/output/thinking limits are derived)."""
-    codex_tarball: str | None = None
-    """Codex npm tarball (with Node)."""
-    codex_native_tarball: str | None = None
-    """Codex platform archive @openai/codex@0.162.1-linux-x64; Node is not needed then."""
-    codex_extra_args: str = ""
-    """Extra `codex exec` flags."""
-    codex_extra_envs: dict[str, str] = Field(default_factory=dict)
-    """JSON overrides merged over the Codex environment."""
-    opencode_tarball: str | None = None
-    """OpenCode npm tarball."""
-    opencode_extra_args: str = ""
-    """Extra `opencode run` flags."""
-    opencode_extra_envs: dict[str, str] = Field(default_factory=dict)
-    """JSON overrides merged over the OpenCode environment."""
-    openhands_extra_envs: dict[str, str] = Field(default_factory=dict)
-    """JSON overrides merged over the OpenHands runner environment."""
     sandbox_image_metadata_key: str = "image"
-    """Row metadata key naming the sandbox image (used by providers such as e2b)."""
+    """Row metadata key naming the task image (`metadata.<key>`), read by the row loader as its image."""
 
 
 class SandboxConfig(Section):
@@ -164,7 +137,7 @@ class RolloutConfig(Section):
     input_key: str = "prompt"
     """Row key of the prompt messages."""
     label_key: str = "label"
-    """Row key of the label."""
+    """Row key of the label (the task's instance id)."""
     metadata_key: str = "metadata"
     """Row key of the task metadata (image, workdir, eval_cmd, ...)."""
     batch_size: int = Field(default=2, ge=1)
@@ -198,7 +171,7 @@ class TrainConfig(Section):
     """Policy loss: token-level GRPO or sequence-level GSPO."""
     num_rollout: int = Field(default=1, ge=1)
     """Rollout steps (each followed by one policy update)."""
-    global_batch_size: int | None = None
+    global_batch_size: int | None = Field(default=None, ge=1)
     """Samples per optimizer step (default rollout batch × samples per prompt)."""
     micro_batch_tokens: int = Field(default=16384, ge=1)
     """Token budget of one micro-batch."""
@@ -206,7 +179,7 @@ class TrainConfig(Section):
     """Megatron tensor-parallel size."""
     pipeline_parallel: int = Field(default=1, ge=1)
     """Megatron pipeline-parallel size."""
-    data_parallel: int | None = None
+    data_parallel: int | None = Field(default=None, ge=1)
     """Data-parallel size (default trainer GPUs / (TP × PP))."""
     lr: float = Field(default=1e-6, gt=0)
     """Learning rate."""
@@ -216,7 +189,7 @@ class TrainConfig(Section):
     """Upper ratio clip ε."""
     use_score_centering: bool = False
     """Score-centering REINFORCE objective; needs rollout.capture_nucleus."""
-    infra_failure_policy: Literal["exclude", "zero_reward"] = "exclude"
+    infra_failure_policy: InfraFailurePolicy = "exclude"
     """What infrastructure-failed rollouts do: excluded from statistics and loss, or kept with reward 0."""
     resume: bool = False
     """Continue the run already in paths.run_root instead of refusing to touch it."""
@@ -277,9 +250,17 @@ class LegoConfig(BaseModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
+    harness: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """`[harness.<name>]` tables as given (file < environment < --set), key by key. The config knows no
+    harness plugin: each table is validated by its plugin's own options model where harnesses are loaded
+    (``lego validate``, the rollout), and an unknown harness name is a ``lego validate`` finding."""
 
+
+HARNESS = "harness"
+"""The table of per-harness tables; not a ``Section``: its keys are the plugins' to define."""
 
 SECTIONS: dict[str, type[Section]] = {
     name: info.annotation  # type: ignore[misc]
     for name, info in LegoConfig.model_fields.items()
+    if name != HARNESS
 }

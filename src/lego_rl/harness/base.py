@@ -1,20 +1,27 @@
 """``HarnessPlugin``: an optional base class that turns the name-dispatched hooks into plain methods.
 
-A plugin subclasses it, sets the ``ClassVar``s, and overrides ``install``, ``verify`` and
-``command`` (plus ``classify`` if its event log shows a turn limit). The hook implementations here
+A plugin subclasses ``HarnessPlugin[MyConfig]``, sets ``Config = MyConfig`` and the ``ClassVar``s, and
+overrides ``install``, ``verify`` and ``command`` (plus ``classify`` if its event log shows a turn
+limit); those methods receive ``options`` typed as its own ``MyConfig``. The hook implementations here
 answer only for ``self.name`` and return None for any other harness, as the specs require.
 Writing the hooks by hand instead is equally supported (see docs/plugins.md).
+
+Options come from ``[harness.<name>]`` in lego.toml (the config resolves file, environment and
+``--set`` into that table and passes it as ``overrides``) and, for callers without a config (``lego
+toolchain fetch``), from the plugin's own ``env_names`` variables. Either way the plugin's model is
+the only validator, and an error names ``harness.<name>.<key>``.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import shlex
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from lego_rl.errors import ConfigError, HarnessError
 from lego_rl.harness.hookspecs import hookimpl
@@ -100,9 +107,32 @@ class HarnessConfig(BaseModel):
     version: str
     """CLI version to install (must match a pin the toolchain holds)."""
     extra_args: list[str] = []
-    """Appended to the command line, overriding a default flag of the same name."""
+    """Appended to the command line, overriding a default flag of the same name. A string is split like
+    a shell line (``extra_args = "--max-turns 40"``), as the ``*_EXTRA_ARGS`` variables are."""
     extra_envs: dict[str, str] = {}
-    """Merged over the CLI environment last."""
+    """Merged over the CLI environment last; numbers are turned into strings."""
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _split_shell_line(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot split into arguments: {exc}") from None
+        return value
+
+    @field_validator("extra_envs", mode="before")
+    @classmethod
+    def _numbers_as_text(cls, value: Any) -> Any:
+        # An environment holds text; a TOML `CLAUDE_CODE_MAX_OUTPUT_TOKENS = 8192` means "8192". A bool
+        # has no one spelling ("true"? "1"?), so it stays an error.
+        if isinstance(value, dict):
+            return {
+                k: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+                for k, v in value.items()
+            }
+        return value
 
 
 class ArchiveOrNpmConfig(HarnessConfig):
@@ -127,14 +157,50 @@ class ArchiveOrNpmConfig(HarnessConfig):
         return self
 
 
-class HarnessPlugin:
-    """Base for one harness. Register an *instance* through the entry point group ``lego_rl.harnesses``."""
+ConfigT = TypeVar("ConfigT", bound=HarnessConfig)
+
+
+def options_error(
+    harness: str, exc: ValidationError, model: type[BaseModel] | None, sources: Mapping[str, str]
+) -> ConfigError:
+    """A plugin model's ``ValidationError`` as one ``ConfigError`` naming ``harness.<name>.<key>``.
+
+    An unknown key gets the model's closest field as a suggestion; ``sources`` maps a field to where
+    its value came from (a variable), else the error points at ``[harness.<name>]``.
+    """
+    errors = exc.errors()
+    first = errors[0]
+    loc = [str(part) for part in first["loc"]]
+    key = loc[0] if loc else "?"
+    parameter = ".".join([f"harness.{harness}", *loc]) if loc else f"harness.{harness}"
+    if first["type"] == "extra_forbidden":
+        fields = list(model.model_fields) if model is not None else []
+        close = difflib.get_close_matches(key, fields, n=1)
+        hint = f" (did you mean `harness.{harness}.{close[0]}`?)" if close else ""
+        known = f"; known keys of [harness.{harness}]: {', '.join(fields)}" if fields else ""
+        message = f"unknown key `{parameter}`{hint}{known}"
+    else:
+        message = f"{parameter}: {first['msg']} (got {first.get('input')!r})"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem(s) in [harness.{harness}])"
+    return ConfigError(message, where=sources.get(key, f"[harness.{harness}]"), parameter=parameter,
+                       value=first.get("input"))
+
+
+class HarnessPlugin(Generic[ConfigT]):
+    """Base for one harness. Register an *instance* through the entry point group ``lego_rl.harnesses``.
+
+    Generic over its options model: ``class MyHarness(HarnessPlugin[MyConfig])`` with ``Config = MyConfig``
+    gives every method below ``options: MyConfig``.
+    """
 
     name: ClassVar[str]
     protocol: ClassVar[AdapterProtocol]
     cli_package: ClassVar[str]
     summary: ClassVar[str] = ""
-    Config: ClassVar[type[HarnessConfig]] = HarnessConfig
+    # Not a ClassVar: a ClassVar cannot name the type variable, and this is what types ``options``.
+    Config: type[ConfigT]
+    """The plugin's options model: the ``[harness.<name>]`` table in lego.toml, validated."""
     env_names: ClassVar[dict[str, str]] = {}
     """Config field -> ``LEGO_AGENT_<suffix>`` suffix (JSON fields ``extra_envs`` are parsed as JSON)."""
     enforces_turn_limit: ClassVar[bool] = True
@@ -143,22 +209,22 @@ class HarnessPlugin:
     """Whether the CLI mishandles non-streamed (JSON) replies, so the adapter must always stream."""
 
     # ---- methods a subclass overrides -------------------------------------------------------------
-    def toolchain(self, options: Any) -> list[ToolchainPin]:
+    def toolchain(self, options: ConfigT) -> list[ToolchainPin]:
         raise NotImplementedError
 
-    async def install(self, sandbox: Sandbox, toolchain: Toolchain, options: Any) -> str:
+    async def install(self, sandbox: Sandbox, toolchain: Toolchain, options: ConfigT) -> str:
         raise NotImplementedError
 
-    async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
+    async def verify(self, sandbox: Sandbox, options: ConfigT, user: str) -> str:
         raise NotImplementedError
 
-    def command(self, request: RunRequest, options: Any) -> CommandSpec:
+    def command(self, request: RunRequest, options: ConfigT) -> CommandSpec:
         raise NotImplementedError
 
     def classify(self, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome:
         return outcome
 
-    def adapter_options(self, options: Any) -> dict[str, Any]:
+    def adapter_options(self, options: ConfigT) -> dict[str, Any]:
         """Protocol and the quirks the capability flags imply; subclasses add their own keys."""
         return {
             "protocol": self.protocol,
@@ -172,8 +238,12 @@ class HarnessPlugin:
     def capabilities(self) -> dict[str, bool]:
         return {"enforces_turn_limit": self.enforces_turn_limit, "streams_only": self.streams_only}
 
-    def options(self, overrides: Mapping[str, Any], environ: Mapping[str, str]) -> HarnessConfig:
-        """Environment first, then config values over it, then validation naming the bad key."""
+    def options(self, overrides: Mapping[str, Any], environ: Mapping[str, str]) -> ConfigT:
+        """Environment first, then config values over it, then validation naming the bad key.
+
+        Through lego's config the overrides already hold the ``LEGO_AGENT_*`` variables the config
+        maps (with the config's precedence: file < environment < ``--set``); reading them here too is
+        for callers without a config, and gives the same value."""
         raw: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for field, suffix in self.env_names.items():
@@ -194,19 +264,24 @@ class HarnessPlugin:
         try:
             return self.Config.model_validate(raw)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            key = str(first["loc"][0]) if first["loc"] else "?"
-            raise ConfigError(
-                f"harness.{self.name}.{key}: {first['msg']} (got {first.get('input')!r})",
-                where=sources.get(key, f"[harness.{self.name}]"),
-                parameter=f"harness.{self.name}.{key}", value=first.get("input"),
-            ) from exc  # fmt: skip
+            raise options_error(self.name, exc, self.Config, sources) from exc
+
+    def _own(self, options: object) -> ConfigT:
+        """``options`` as this plugin's model; anything else is a host bug, named rather than guessed."""
+        if not isinstance(options, self.Config):
+            raise HarnessError(
+                f"harness {self.name!r} was handed options of type {type(options).__name__}, not its "
+                f"{self.Config.__name__} (options must come from its lego_harness_options hook)"
+            )
+        return options
 
     # ---- hook implementations: answer for our own name only ---------------------------------------
     @hookimpl
     def lego_harness_describe(self) -> Harness:
+        if not hasattr(self, "Config"):
+            raise HarnessError(f"harness {self.name!r}: its plugin class sets no Config (its options model)")
         try:
-            defaults = self.Config().model_dump(mode="json")
+            defaults = self.Config.model_validate({}).model_dump(mode="json")
         except ValidationError as exc:
             raise HarnessError(
                 f"harness {self.name!r}: its Config must give every field a default ({exc})"
@@ -223,28 +298,28 @@ class HarnessPlugin:
         return self.options(overrides, environ) if harness == self.name else None
 
     @hookimpl
-    def lego_harness_toolchain(self, harness: str, options: Any) -> list[ToolchainPin] | None:
-        return self.toolchain(options) if harness == self.name else None
+    def lego_harness_toolchain(self, harness: str, options: object) -> list[ToolchainPin] | None:
+        return self.toolchain(self._own(options)) if harness == self.name else None
 
     @hookimpl
-    def lego_harness_adapter_options(self, harness: str, options: Any) -> dict[str, Any] | None:
-        return self.adapter_options(options) if harness == self.name else None
+    def lego_harness_adapter_options(self, harness: str, options: object) -> dict[str, Any] | None:
+        return self.adapter_options(self._own(options)) if harness == self.name else None
 
     @hookimpl
     def lego_harness_install(
-        self, harness: str, sandbox: Sandbox, toolchain: Toolchain, options: Any
+        self, harness: str, sandbox: Sandbox, toolchain: Toolchain, options: object
     ) -> Awaitable[str] | None:
-        return self.install(sandbox, toolchain, options) if harness == self.name else None
+        return self.install(sandbox, toolchain, self._own(options)) if harness == self.name else None
 
     @hookimpl
     def lego_harness_verify(
-        self, harness: str, sandbox: Sandbox, options: Any, user: str
+        self, harness: str, sandbox: Sandbox, options: object, user: str
     ) -> Awaitable[str] | None:
-        return self.verify(sandbox, options, user) if harness == self.name else None
+        return self.verify(sandbox, self._own(options), user) if harness == self.name else None
 
     @hookimpl
-    def lego_harness_command(self, harness: str, request: RunRequest, options: Any) -> CommandSpec | None:
-        return self.command(request, options) if harness == self.name else None
+    def lego_harness_command(self, harness: str, request: RunRequest, options: object) -> CommandSpec | None:
+        return self.command(request, self._own(options)) if harness == self.name else None
 
     @hookimpl
     def lego_harness_classify(

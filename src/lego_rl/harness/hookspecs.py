@@ -48,14 +48,16 @@ def lego_harness_options(harness: str, overrides: Mapping[str, Any], environ: Ma
     firstresult: the owning plugin answers; others return None.
 
     :param harness: harness name.
-    :param overrides: values from lego's config (``[harness.<name>]``), already parsed from TOML.
+    :param overrides: the ``[harness.<name>]`` table of lego's config, resolved (lego.toml < mapped
+        variables < ``--set``) and parsed from TOML; empty when the operator set nothing.
     :param environ: the process environment, for ``LEGO_AGENT_*`` (and old ``VIME_AGENT_*``) variables.
     :returns: the plugin's own pydantic config model instance.
 
     Use in harness plugins:
-        Validate strictly: raise ``lego_rl.errors.ConfigError`` naming the variable or key on bad
-        input (a malformed ``*_EXTRA_ENVS`` JSON, an unknown key). Config values win over the
-        environment.
+        Validate strictly with your own model: raise ``lego_rl.errors.ConfigError`` with
+        ``parameter="harness.<name>.<key>"`` on bad input (a malformed ``*_EXTRA_ENVS`` JSON, an
+        unknown key), or let the model's ``ValidationError`` escape (lego names the key). Config
+        values win over the environment. ``HarnessPlugin`` does all of this.
     """
 
 

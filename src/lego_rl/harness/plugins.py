@@ -20,10 +20,11 @@ from importlib.metadata import entry_points
 from typing import Any
 
 import pluggy
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from lego_rl.errors import ConfigError, HarnessError
 from lego_rl.harness import hookspecs
+from lego_rl.harness.base import options_error
 from lego_rl.harness.hookspecs import PROJECT
 from lego_rl.harness.models import CommandSpec, Harness, HarnessOutcome, RunRequest, ToolchainPin
 from lego_rl.harness.runner import DefaultRunner
@@ -189,14 +190,21 @@ def get_harness(
     environ: Mapping[str, str] | None = None,
     pm: pluggy.PluginManager | None = None,
 ) -> HarnessHandle:
-    """Look up ``name`` (e.g. a row's ``metadata.agent``) and validate its options."""
+    """Look up ``name`` (e.g. a row's ``metadata.agent``) and validate its options.
+
+    ``overrides`` is the ``[harness.<name>]`` table; a refused option raises ``ConfigError`` naming
+    ``harness.<name>.<key>``."""
     env = os.environ if environ is None else environ
     pm = pm or get_plugin_manager(env)
     infos = {i.harness.name: i for i in describe_all(pm)}
     if name not in infos:
         known = ", ".join(sorted(infos)) or "none (install the plugins: scripts/install_plugins.sh)"
         raise ConfigError(f"unknown harness {name!r}; installed: {known}", parameter="agent", value=name)
-    options = pm.hook.lego_harness_options(harness=name, overrides=dict(overrides or {}), environ=env)
+    try:
+        options = pm.hook.lego_harness_options(harness=name, overrides=dict(overrides or {}), environ=env)
+    except ValidationError as exc:
+        # A plugin written without the base class may let its model's error escape: name the key all the same.
+        raise options_error(name, exc, None, {}) from exc
     if options is None:
         raise HarnessError(f"harness {name!r} implements no options hook")
     return HarnessHandle(pm, infos[name], options)

@@ -6,7 +6,6 @@ hook wins, and every other harness only has to build its ``CommandSpec``.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import shlex
 import time
@@ -19,30 +18,12 @@ from pydantic import BaseModel
 from lego_rl.errors import HarnessError
 from lego_rl.harness.hookspecs import hookimpl
 from lego_rl.harness.models import CommandSpec, HarnessOutcome, RunRequest
+from lego_rl.runstore.files import write_next_free
 from lego_rl.sandbox.base import Sandbox
 
 # Exit statuses meaning the CLI never ran or died from a signal: infrastructure, not the policy.
 _NOT_RUN = {126: "not executable", 127: "command not found"}
 _GRACE_S = 15.0
-
-
-def save_new(folder: Path, name: str, data: str | bytes) -> Path:
-    """Write ``folder/name`` atomically without ever replacing an existing file (adds ``.1``, ``.2`` ...)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    raw = data.encode() if isinstance(data, str) else data
-    stem, dot, ext = name.partition(".")
-    for n in range(1000):
-        candidate = folder / (name if n == 0 else f"{stem}.{n}{dot}{ext}")
-        tmp = folder / f".{candidate.name}.{os.getpid()}.tmp"
-        tmp.write_bytes(raw)
-        try:
-            os.link(tmp, candidate)  # atomic and fails if the name exists: never overwrites
-            return candidate
-        except FileExistsError:
-            continue
-        finally:
-            tmp.unlink(missing_ok=True)
-    raise HarnessError(f"more than 1000 files named like {name} in {folder}")
 
 
 async def write_spec_files(sb: Sandbox, spec: CommandSpec) -> None:
@@ -131,7 +112,8 @@ class DefaultRunner:
                 update={"detail": f"{refined.detail} [event log truncated by the sandbox]"}
             )
         if request.artifacts_dir is not None:
-            path = save_new(Path(request.artifacts_dir), f"{harness}-events.jsonl", refined.event_log)
-            save_new(Path(request.artifacts_dir), f"{harness}-command.txt", shlex.join(spec.argv) + "\n")
+            folder = Path(request.artifacts_dir)
+            path = write_next_free(folder, f"{harness}-events.jsonl", refined.event_log)
+            write_next_free(folder, f"{harness}-command.txt", shlex.join(spec.argv) + "\n")
             refined = refined.model_copy(update={"event_log_path": path})
         return refined

@@ -2,18 +2,23 @@
 
 Stages, each timed and logged to the run's event log, all under one whole-rollout guard deadline:
 
-1. open an adapter session (its id is the CLI's API key);
+1. look up the harness; open an adapter session (its id is the CLI's API key) with the config's limits,
+   narrowed by the harness's adapter options (its own request cap; the turn limit for a CLI without one);
 2. create the agent sandbox (at most ``boot_concurrency`` at a time) and prepare the workspace, snapshot;
 3. install the harness's CLI offline and run it with the agent time budget;
 4. capture the patch (workspace after minus before);
 5. grade it in a fresh sandbox of the same image;
-6. turn the session's turn records into Samples.
+6. turn the session's turn records into Samples (side turns too, when the trajectory options train them).
 
 Every artifact (CLI event log and files, sandbox commands, patch, grader output, turn records, samples) is
 written under the rollout's artifact folder *before* the sandbox is destroyed. Whatever happens, generate()
 returns a ``RolloutResult`` with exactly one termination reason; no exception escapes it, except
 cancellation (re-raised after cleanup) and a rollout id whose artifact folder already exists
 (``FileExistsError`` before anything starts: a caller's bug, since artifacts are never overwritten).
+
+The reason is decided once and written once, in the ``rollout_finished`` event. Our own errors
+(``lego_rl.errors``, OS errors) map to the failing stage's reason; any other exception is a bug in lego
+itself: ``internal_error``, with its traceback in that event.
 """
 
 from __future__ import annotations
@@ -22,27 +27,40 @@ import asyncio
 import contextlib
 import json
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lego_rl.adapter.sessions import Session, SessionRegistry, save_turn_records
 from lego_rl.errors import GraderError, LegoError, TrajectoryError
 from lego_rl.harness.models import HarnessOutcome, RunRequest
 from lego_rl.harness.plugins import HarnessHandle
 from lego_rl.harness.toolchain import Toolchain
+from lego_rl.rollout.ports import AdapterSessions, SessionView
 from lego_rl.rollout.recording import RecordingSandbox
-from lego_rl.rollout.rundir import RunDir, safe_name, write_new
-from lego_rl.termination import TerminationReason, is_infrastructure_failure
+from lego_rl.rollout.settings import RolloutSettings
+from lego_rl.runstore import RunDir, safe_name, write_new
+from lego_rl.runstore.events import (
+    AgentExited,
+    ArtifactNotSaved,
+    HarnessReady,
+    RolloutFinished,
+    RolloutStarted,
+    SessionCloseFailed,
+    SessionOpened,
+    StageFinished,
+    StageName,
+    StageStatus,
+)
 from lego_rl.sandbox.base import ImageSpec, Sandbox
-from lego_rl.sandbox.factory import create_sandbox
 from lego_rl.swe.grader import GradeResult, grade
 from lego_rl.swe.patch import capture_patch, take_snapshot
-from lego_rl.swe.seed import seeded_opener
+from lego_rl.swe.task_sandbox import SandboxOpener, SandboxTarget, task_sandbox_opener
 from lego_rl.swe.workspace import DEFAULT_PROBLEM_PATH, prepare_workspace
 from lego_rl.tasks.model import TaskRow
-from lego_rl.trajectory.manager import TrajectoryOptions, build_samples
+from lego_rl.termination import TerminationReason, is_infrastructure_failure
+from lego_rl.trajectory.manager import build_samples
 from lego_rl.trajectory.sample import Sample, save_samples
 
 STAGES = ("harness_lookup", "sandbox_setup", "harness_install", "agent", "patch", "cleanup", "grading", "samples")
@@ -51,53 +69,27 @@ closing the adapter session (turn records saved)."""
 
 
 @dataclass
-class RolloutSettings:
-    """The slice of the resolved config a rollout needs (kept plain so tests can build one)."""
-
-    provider: str = "bwrap"
-    grader_provider: str | None = None
-    provider_options: dict[str, Any] = field(default_factory=dict)
-    """Constructor options of the agent's provider."""
-    grader_provider_options: dict[str, Any] | None = None
-    """Constructor options of the grader's provider when it differs (None: the agent's options)."""
-    sandbox_options: dict[str, Any] = field(default_factory=dict)
-    """Per-sandbox options for ``provider.create`` (memory_mb, network, ...)."""
-    default_harness: str = "claude_code"
-    agent_time_budget_s: float = 1200.0
-    grader_timeout_s: float = 180.0
-    guard_s: float = 1680.0
-    max_turns: int = 40
-    max_context_tokens: int = 65536
-    max_output_tokens: int = 8192
-    max_requests_per_session: int = 500
-    prompt_template: str = "{problem}"
-    model_name: str = "lego-policy"
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    agent_user: str = "agent"
-    trajectory: TrajectoryOptions = field(default_factory=TrajectoryOptions)
-
-    def options_for(self, provider: str) -> dict[str, Any]:
-        """Provider options for ``provider``: a grader on another provider gets its own (sunabako's
-        options mean nothing to bwrap and are refused by it)."""
-        if provider == self.provider or self.grader_provider_options is None:
-            return self.provider_options
-        return self.grader_provider_options
-
-
-@dataclass
 class RolloutContext:
     """What many rollouts share: settings, run directory, adapter sessions, images, harnesses."""
 
     settings: RolloutSettings
     run: RunDir
-    sessions: SessionRegistry
+    sessions: AdapterSessions
     adapter_url: str
     """Adapter root as reachable from inside the sandboxes (``http://127.0.0.1:18091``)."""
     harness_for: Callable[[str], HarnessHandle]
     toolchain: Toolchain
     images: Mapping[str, ImageSpec] | None = None
     dataset_dir: Path | None = None
-    boot: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2))
+    boot: asyncio.Semaphore | None = None
+    """Gate on agent sandbox creation; None: one of ``settings.boot_concurrency`` slots is made."""
+
+    def __post_init__(self) -> None:
+        if self.boot is None:
+            self.boot = asyncio.Semaphore(max(1, self.settings.boot_concurrency))
+
+    def opener(self, row: TaskRow, target: SandboxTarget) -> SandboxOpener:
+        return task_sandbox_opener(row.metadata, target, images=self.images, dataset_dir=self.dataset_dir)
 
 
 @dataclass
@@ -157,21 +149,24 @@ class _Rollout:
         self.timings: dict[str, float] = {}
         self._cleanup_t0: float | None = None
         self.folder: Path | None = None
-        self.session: Session | None = None
+        self.session: SessionView | None = None
+        self._session_closed = False
         self.sandboxes: list[RecordingSandbox] = []
         self.patch: bytes | None = None
         self.grade_result: GradeResult | None = None
         self.outcome: HarnessOutcome | None = None
         self.harness: HarnessHandle | None = None
+        self.harness_options: dict[str, Any] = {}
 
-    def emit(self, kind: str, **fields: Any) -> None:
-        self.ctx.run.events.emit(kind, rollout_id=self.spec.rollout_id, **fields)
+    @property
+    def rid(self) -> str:
+        return self.spec.rollout_id
 
     @contextlib.asynccontextmanager
-    async def stage(self, name: str, on_error: TerminationReason) -> AsyncIterator[None]:
+    async def stage(self, name: StageName, on_error: TerminationReason) -> AsyncIterator[None]:
         """Time a stage; map our own errors raised inside it to ``on_error`` (or a finer default)."""
         start = time.monotonic()
-        status = "ok"
+        status: StageStatus = "ok"
         try:
             yield
         except _Failure:
@@ -183,34 +178,36 @@ class _Rollout:
         except OSError as exc:
             status = "failed"
             raise _Failure(on_error, f"{name}: {type(exc).__name__}: {exc}") from exc
-        except BaseException:  # the guard's cancellation (or a bug): the stage did not finish
+        except Exception:  # a bug: run() records it as internal_error with its traceback
+            status = "failed"
+            raise
+        except BaseException:  # the guard's cancellation: the stage did not finish
             status = "interrupted"
             raise
         finally:
             self.timings[name] = round(time.monotonic() - start, 3)
-            self.emit("stage", stage=name, status=status, duration_s=self.timings[name])
+            self.ctx.run.events.emit(StageFinished(rollout_id=self.rid, stage=name, status=status,
+                                                   duration_s=self.timings[name]))
 
     def save(self, name: str, data: str | bytes) -> None:
         if self.folder is not None:
-            write_new(self.folder / name, data)
+            write_new(self.folder / name, data, what="rollout artifact")
 
-    def opener(self, provider: str) -> Callable[[], contextlib.AbstractAsyncContextManager[Sandbox]]:
-        s = self.ctx.settings
-
-        options = s.options_for(provider)
-
-        def open_plain() -> Any:
-            return create_sandbox(self.meta.image, provider=provider, images=self.ctx.images,
-                                  provider_options=options, **s.sandbox_options)
-
-        return seeded_opener(open_plain, self.meta, self.ctx.dataset_dir)
+    def save_or_log(self, name: str, data: str | bytes) -> None:
+        """Save an artifact whose loss must not end the rollout; a failure is an event, not silence."""
+        try:
+            self.save(name, data)
+        except OSError as exc:
+            self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name=name,
+                                                      error=f"{type(exc).__name__}: {exc}"))
 
     async def run(self) -> RolloutResult:
         s = self.ctx.settings
-        self.folder = self.ctx.run.rollout_dir(self.spec.rollout_id)
-        self.emit("rollout_started", instance_id=self.meta.instance_id, harness=self.harness_name,
-                  group_index=self.spec.group_index, index=self.spec.index)
-        reason, detail = TerminationReason.COMPLETED, ""
+        self.folder = self.ctx.run.rollout_dir(self.rid)
+        self.ctx.run.events.emit(RolloutStarted(rollout_id=self.rid, instance_id=self.meta.instance_id,
+                                                harness=self.harness_name, group_index=self.spec.group_index,
+                                                index=self.spec.index))
+        reason, detail, trace = TerminationReason.COMPLETED, "", None
         try:
             async with asyncio.timeout(s.guard_s):
                 reason, detail = await self._stages()
@@ -219,8 +216,27 @@ class _Rollout:
         except TimeoutError:
             reason, detail = TerminationReason.GUARD_TIMEOUT, f"whole-rollout guard of {s.guard_s:g} s expired"
         except Exception as exc:  # noqa: BLE001 - a bug must not take the run down; it is recorded
-            reason, detail = TerminationReason.ADAPTER_ERROR, f"internal error: {type(exc).__name__}: {exc}"
-        return await self._finish(reason, detail)
+            reason, detail = TerminationReason.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}"
+            trace = traceback.format_exc()
+        return await self._finish(reason, detail, trace)
+
+    def _open_session(self) -> SessionView:
+        """The adapter session, with the config's limits narrowed by what the harness asks of the adapter:
+        its own request cap (OpenCode's ``max_requests``), and the turn limit for a CLI that cannot
+        enforce one itself (Codex: ``enforce_turn_limit``)."""
+        s = self.ctx.settings
+        caps = [s.max_requests_per_session]
+        if isinstance(self.harness_options.get("max_requests"), int):
+            caps.append(self.harness_options["max_requests"])
+        if self.harness_options.get("enforce_turn_limit"):
+            caps.append(s.max_turns)
+        session = self.ctx.sessions.open(
+            safe_name(self.rid), template_kwargs=s.template_kwargs, max_requests=min(caps),
+            max_context=s.max_context_tokens, max_response_tokens=s.max_output_tokens,
+        )
+        self.ctx.run.events.emit(SessionOpened(rollout_id=self.rid, session_id=session.id,
+                                               max_requests=min(caps), harness_options=self.harness_options))
+        return session
 
     async def _stages(self) -> tuple[TerminationReason, str]:
         s = self.ctx.settings
@@ -230,14 +246,12 @@ class _Rollout:
             stack.push_async_callback(self._close_session)
             async with self.stage("harness_lookup", TerminationReason.HARNESS_INSTALL):
                 self.harness = self.ctx.harness_for(self.harness_name)
+                self.harness_options = self.harness.adapter_options()
             async with self.stage("sandbox_setup", TerminationReason.SANDBOX_SETUP):
-                self.session = self.ctx.sessions.open(
-                    safe_name(self.spec.rollout_id), template_kwargs=s.template_kwargs,
-                    max_requests=s.max_requests_per_session, max_context=s.max_context_tokens,
-                    max_response_tokens=s.max_output_tokens,
-                )
+                self.session = self._open_session()
+                assert self.ctx.boot is not None
                 async with self.ctx.boot:
-                    inner = await stack.enter_async_context(self.opener(s.provider)())
+                    inner = await stack.enter_async_context(self.ctx.opener(self.spec.row, s.agent_sandbox)())
                 sb = RecordingSandbox(inner, "agent")
                 self.sandboxes.append(sb)
                 stack.push_async_callback(self._save_sandbox_artifacts, sb)
@@ -248,7 +262,8 @@ class _Rollout:
             async with self.stage("harness_install", TerminationReason.HARNESS_INSTALL):
                 await self.harness.install(sb, self.ctx.toolchain)
                 version = await self.harness.verify(sb, s.agent_user)
-                self.emit("harness_ready", harness=self.harness_name, version=version)
+                self.ctx.run.events.emit(HarnessReady(rollout_id=self.rid, harness=self.harness_name,
+                                                      version=version))
             async with self.stage("agent", TerminationReason.SANDBOX_LOST):
                 request = RunRequest(
                     session_id=self.session.id, base_url=self.ctx.adapter_url, model=s.model_name,
@@ -259,11 +274,19 @@ class _Rollout:
                     user=s.agent_user, artifacts_dir=self.folder,
                 )
                 self.outcome = await self.harness.run(sb, request)
-                self.emit("agent_exited", cli_s=round(self.outcome.duration_s, 3), exit_code=self.outcome.exit_code,
-                          outcome=self.outcome.kind, detail=self.outcome.detail[:300])
-                with contextlib.suppress(LegoError, OSError):
-                    for name, data in (await self.harness.artifacts(sb, request)).items():
-                        self.save(f"cli-{safe_name(name)}", data)
+                # Facts only: the termination reason is decided once, in rollout_finished.
+                self.ctx.run.events.emit(AgentExited(
+                    rollout_id=self.rid, cli_s=round(self.outcome.duration_s, 3), exit_code=self.outcome.exit_code,
+                    detail=self.outcome.detail[:300],
+                ))
+                try:
+                    cli_files = await self.harness.artifacts(sb, request)
+                except (LegoError, OSError) as exc:
+                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name="cli-*",
+                                                              error=f"{type(exc).__name__}: {exc}"))
+                    cli_files = {}
+                for name, data in cli_files.items():
+                    self.save_or_log(f"cli-{safe_name(name)}", data)
             reason, detail = self._policy_outcome()
             if self.outcome is not None and self.outcome.crashed and not await _alive(sb):
                 reason, detail = TerminationReason.SANDBOX_LOST, f"the agent sandbox died during the run: {detail}"
@@ -275,7 +298,7 @@ class _Rollout:
         async with self.stage("grading", TerminationReason.GRADER_ERROR):
             try:
                 self.grade_result = await grade(self.meta, self.patch or b"",
-                                                open_sandbox=self.opener(s.grader_provider or s.provider),
+                                                open_sandbox=self.ctx.opener(self.spec.row, s.grader_sandbox),
                                                 timeout=s.grader_timeout_s)
             except GraderError as exc:
                 self.save("grader.log", getattr(exc, "output", "") or str(exc))
@@ -287,8 +310,9 @@ class _Rollout:
 
     def _policy_outcome(self) -> tuple[TerminationReason, str]:
         """Termination from the CLI's outcome and the adapter session, most telling first."""
-        out, session = self.outcome, self.session
-        assert out is not None and session is not None
+        out = self.outcome
+        assert out is not None and self.session is not None
+        session = self.ctx.sessions.get(self.session.id)
         if session.infra_failure:
             return TerminationReason.ENGINE_ERROR, f"adapter session failed: {session.infra_failure}"
         if out.crashed:
@@ -314,32 +338,39 @@ class _Rollout:
     async def _cleanup_finished(self) -> None:
         if self._cleanup_t0 is not None:
             self.timings["cleanup"] = round(time.monotonic() - self._cleanup_t0, 3)
-            self.emit("stage", stage="cleanup", status="ok", duration_s=self.timings["cleanup"])
+            self.ctx.run.events.emit(StageFinished(rollout_id=self.rid, stage="cleanup", status="ok",
+                                                   duration_s=self.timings["cleanup"]))
 
     async def _save_sandbox_artifacts(self, sb: RecordingSandbox) -> None:
-        with contextlib.suppress(OSError):
-            self.save(f"commands-{sb.label}.jsonl", sb.jsonl())
+        self.save_or_log(f"commands-{sb.label}.jsonl", sb.jsonl())
         if self.outcome is not None and self.outcome.event_log and self.outcome.event_log_path is None:
-            with contextlib.suppress(OSError):
-                self.save("cli-events.jsonl", self.outcome.event_log)
+            self.save_or_log("cli-events.jsonl", self.outcome.event_log)
 
     async def _close_session(self) -> None:
-        if self.session is not None and self.session.id in self.ctx.sessions.open_ids():
-            self.ctx.sessions.close(self.session.id)
-            if self.folder is not None:
-                save_turn_records(self.session, self.folder)
+        """Close the session once, saving its turn records; a failure is logged, never raised (the
+        records we hold are still turned into samples, and the rollout's outcome stands)."""
+        if self.session is None or self._session_closed:
+            return
+        self._session_closed = True
+        try:
+            self.session = self.ctx.sessions.close(self.session.id, out_dir=self.folder)
+        except Exception as exc:  # noqa: BLE001 - recorded as an event with its traceback
+            self.ctx.run.events.emit(SessionCloseFailed(
+                rollout_id=self.rid, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()
+            ))
 
-    async def _finish(self, reason: TerminationReason, detail: str) -> RolloutResult:
-        with contextlib.suppress(Exception):
-            await self._close_session()
+    async def _finish(self, reason: TerminationReason, detail: str, trace: str | None) -> RolloutResult:
+        await self._close_session()
         reward = self.grade_result.reward if self.grade_result is not None else None
         samples: list[Sample] = []
-        records = self.session.main_records() if self.session is not None else []
+        # Main and side turns: the trajectory options decide whether side turns are trained.
+        records = list(self.session.records) if self.session is not None else []
+        main_turns = sum(1 for r in records if r.kind == "main")
         if records:
             start = time.monotonic()
             try:
                 samples, _ = build_samples(
-                    records, rollout_id=self.spec.rollout_id, group_index=self.spec.group_index,
+                    records, rollout_id=self.rid, group_index=self.spec.group_index,
                     index=self.spec.index, reward=reward, termination=reason,
                     metadata={"instance_id": self.meta.instance_id, "harness": self.harness_name},
                     options=self.ctx.settings.trajectory,
@@ -347,19 +378,30 @@ class _Rollout:
             except TrajectoryError as exc:
                 if not is_infrastructure_failure(reason):
                     reason, detail = TerminationReason.ADAPTER_ERROR, f"samples: {exc}"
+            except Exception as exc:  # noqa: BLE001 - a bug in building samples: recorded, never raised
+                samples = []
+                if trace is None:
+                    reason, detail = TerminationReason.INTERNAL_ERROR, f"samples: {type(exc).__name__}: {exc}"
+                    trace = traceback.format_exc()
             self.timings["samples"] = round(time.monotonic() - start, 3)
             if samples and self.folder is not None:
-                save_samples(samples, self.folder / "samples.jsonl")
+                try:
+                    save_samples(samples, self.folder / "samples.jsonl")
+                except OSError as exc:
+                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name="samples.jsonl",
+                                                              error=f"{type(exc).__name__}: {exc}"))
         result = RolloutResult(
-            rollout_id=self.spec.rollout_id, instance_id=self.meta.instance_id, harness=self.harness_name,
+            rollout_id=self.rid, instance_id=self.meta.instance_id, harness=self.harness_name,
             termination=reason, reward=reward, samples=samples, timings=self.timings, artifacts=self.folder,
-            detail=detail, turns=len(records), sampled_tokens=sum(len(r.output_ids) for r in records),
+            detail=detail, turns=main_turns, sampled_tokens=sum(len(r.output_ids) for r in records),
             group_index=self.spec.group_index, index=self.spec.index,
         )
-        with contextlib.suppress(OSError):
-            self.save("outcome.json", json.dumps(result.summary(), indent=2))
-        self.emit("rollout_finished", termination=reason.value, reward=reward, detail=detail[:500],
-                  infrastructure_failure=result.infrastructure_failure, timings=self.timings, turns=result.turns)
+        self.save_or_log("outcome.json", json.dumps(result.summary(), indent=2))
+        self.ctx.run.events.emit(RolloutFinished(
+            rollout_id=self.rid, termination=reason, reward=reward, detail=detail[:500],
+            infrastructure_failure=result.infrastructure_failure, timings=self.timings, turns=result.turns,
+            traceback=trace,
+        ))
         return result
 
 

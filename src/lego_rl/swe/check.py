@@ -11,9 +11,8 @@ from typing import Any, Literal
 
 from lego_rl.errors import GraderError
 from lego_rl.sandbox.base import ImageSpec
-from lego_rl.sandbox.factory import create_sandbox
 from lego_rl.swe.grader import grade
-from lego_rl.swe.seed import seeded_opener
+from lego_rl.swe.task_sandbox import SandboxTarget, task_sandbox_opener
 from lego_rl.tasks.model import TaskRow
 
 Verdict = Literal["gradable", "not gradable", "grader error"]
@@ -35,14 +34,14 @@ class TaskCheck:
 
 async def check_task(row: TaskRow, *, provider: str = "bwrap", images: Mapping[str, ImageSpec] | None = None,
                      provider_options: Mapping[str, Any] | None = None, timeout: float = 180.0,
-                     dataset_dir: Path | None = None) -> TaskCheck:
-    """``dataset_dir`` resolves a row's relative ``repo_archive`` (tasks whose repository ships beside them)."""
+                     dataset_dir: Path | None = None,
+                     sandbox_options: Mapping[str, Any] | None = None) -> TaskCheck:
+    """``dataset_dir`` resolves a row's relative ``repo_archive`` (tasks whose repository ships beside them);
+    ``sandbox_options`` (memory_mb, network) should be the ones the rollouts use, so a task checked here
+    is graded the same way in training."""
     meta = row.metadata
-
-    def plain() -> Any:
-        return create_sandbox(meta.image, provider=provider, images=images, provider_options=provider_options)
-
-    opener = seeded_opener(plain, meta, dataset_dir)
+    target = SandboxTarget(provider, provider_options or {}, sandbox_options or {})
+    opener = task_sandbox_opener(meta, target, images=images, dataset_dir=dataset_dir)
 
     iid = meta.instance_id
     try:

@@ -1,15 +1,14 @@
 """Reading and writing task JSONL: every bad row is reported with its row number and reason.
 
 ``load_tasks`` never stops at the first bad line: it returns the good rows and one ``RowIssue`` per
-bad one, so an operator fixes a dataset in one pass. ``write_tasks`` is atomic (temp file in the same
-directory, then ``os.replace``): a reader never sees a half-written JSONL.
+bad one, so an operator fixes a dataset in one pass. ``write_tasks`` is atomic (the run store's
+``replace_file``: temp file in the same directory, then a rename): a reader never sees a half-written
+JSONL.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +17,47 @@ from typing import Any
 from pydantic import ValidationError
 
 from lego_rl.errors import TaskDataError
+from lego_rl.runstore.files import replace_file
 from lego_rl.tasks.f2p import normalize_f2p_row
 from lego_rl.tasks.model import TaskRow
+
+
+@dataclass(frozen=True)
+class RowKeys:
+    """Where a dataset keeps the parts of a row (``rollout.input_key``, ``rollout.label_key``,
+    ``rollout.metadata_key``, ``agent.sandbox_image_metadata_key``). The defaults are the row model's own
+    names; other names are read into them, so the rest of lego sees one shape."""
+
+    input: str = "prompt"
+    label: str = "label"
+    metadata: str = "metadata"
+    image: str = "image"
+    """Key inside the metadata naming the task image."""
+
+    def canonical(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """``raw`` with its parts under the row model's names (unchanged when the keys are the defaults).
+
+        A dataset that keeps its own column under a model name (say a ``prompt`` beside ``input_key =
+        "messages"``) would otherwise be silently overwritten; it is an error instead."""
+        if self == RowKeys():
+            return raw
+        out = dict(raw)
+        for model_key, key in (("prompt", self.input), ("label", self.label), ("metadata", self.metadata)):
+            if key == model_key:
+                continue
+            if model_key in raw:
+                raise TaskDataError(f"the row has both `{key}` (read as {model_key}) and `{model_key}`")
+            if key in out:
+                out[model_key] = out.pop(key)
+        meta = out.get("metadata")
+        if self.image != "image" and isinstance(meta, dict):
+            if "image" in meta:
+                raise TaskDataError(f"metadata has both `{self.image}` (read as image) and `image`")
+            meta = dict(meta)
+            if self.image in meta:
+                meta["image"] = meta.pop(self.image)
+            out["metadata"] = meta
+        return out
 
 
 @dataclass(frozen=True)
@@ -54,28 +92,33 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_row(raw: Any) -> TaskRow:
-    """A decoded JSON object to a ``TaskRow``; f2p_script rows in their native shape are accepted too."""
+def parse_row(raw: Any, keys: RowKeys | None = None) -> TaskRow:
+    """A decoded JSON object to a ``TaskRow``; f2p_script rows in their native shape are accepted too.
+
+    ``keys`` names the row's parts when the dataset does not use the model's names."""
     if not isinstance(raw, dict):
         raise TaskDataError(f"expected a JSON object, got {type(raw).__name__}")
     try:
-        return TaskRow.model_validate(normalize_f2p_row(raw))
+        return TaskRow.model_validate(normalize_f2p_row((keys or RowKeys()).canonical(raw)))
     except ValidationError as exc:
         raise TaskDataError(describe_validation_error(exc)) from None
 
 
-def _guess_id(raw: Any) -> str | None:
+def _guess_id(raw: Any, keys: RowKeys) -> str | None:
     if isinstance(raw, dict):
-        meta = raw.get("metadata")
+        meta = raw.get(keys.metadata)
         if isinstance(meta, dict) and isinstance(meta.get("instance_id"), str):
             return meta["instance_id"]
-        if isinstance(raw.get("label"), str):
-            return raw["label"]
+        if isinstance(raw.get(keys.label), str):
+            return raw[keys.label]
     return None
 
 
-def load_tasks(path: str | Path) -> LoadResult:
-    """Read a task JSONL. Blank lines are skipped; duplicate instance ids are issues too."""
+def load_tasks(path: str | Path, keys: RowKeys | None = None) -> LoadResult:
+    """Read a task JSONL. Blank lines are skipped; duplicate instance ids are issues too.
+
+    ``keys`` (from the config's ``rollout.*_key`` settings) says where each row keeps its parts."""
+    keys = keys or RowKeys()
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -92,9 +135,9 @@ def load_tasks(path: str | Path) -> LoadResult:
             result.issues.append(RowIssue(lineno, f"invalid JSON: {exc.msg} at column {exc.colno}"))
             continue
         try:
-            row = parse_row(raw)
+            row = parse_row(raw, keys)
         except TaskDataError as exc:
-            result.issues.append(RowIssue(lineno, str(exc), _guess_id(raw)))
+            result.issues.append(RowIssue(lineno, str(exc), _guess_id(raw, keys)))
             continue
         iid = row.metadata.instance_id
         if iid in seen:
@@ -146,19 +189,8 @@ def check_ids_unique(ids: Sequence[str] | None) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same directory and ``os.replace``."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` atomically, replacing the file (a converted dataset is rewritten whole)."""
+    replace_file(path, text)
 
 
 def write_tasks(path: str | Path, rows: Iterable[TaskRow]) -> int:

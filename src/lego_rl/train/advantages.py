@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from lego_rl.errors import TrajectoryError
 from lego_rl.termination import INFRASTRUCTURE_FAILURES, TerminationReason
@@ -36,6 +37,26 @@ class AdmissionPolicy(BaseModel):
     excluded: frozenset[TerminationReason] = INFRASTRUCTURE_FAILURES
     """Termination reasons whose rollouts are left out of advantages and loss (default: all
     infrastructure failures; policy outcomes are never excluded by default)."""
+    zero_reward: frozenset[TerminationReason] = frozenset()
+    """Termination reasons whose rollouts are admitted with reward 0, whatever reward they carry
+    (``train.infra_failure_policy = "zero_reward"``: infrastructure failures count as failed attempts)."""
+
+    @model_validator(mode="after")
+    def _one_treatment_per_reason(self) -> AdmissionPolicy:
+        both = self.excluded & self.zero_reward
+        if both:
+            raise ValueError(f"reasons both excluded and zero-rewarded: {sorted(r.value for r in both)}")
+        return self
+
+
+def admission_policy(infra_failure_policy: Literal["exclude", "zero_reward"]) -> AdmissionPolicy:
+    """``train.infra_failure_policy`` as an ``AdmissionPolicy``: infrastructure failures are either
+    excluded from statistics and loss, or kept as failed attempts with reward 0."""
+    if infra_failure_policy == "exclude":
+        return AdmissionPolicy(excluded=INFRASTRUCTURE_FAILURES)
+    if infra_failure_policy == "zero_reward":
+        return AdmissionPolicy(excluded=frozenset(), zero_reward=INFRASTRUCTURE_FAILURES)
+    raise ValueError(f"unknown infra_failure_policy {infra_failure_policy!r}; expected exclude or zero_reward")
 
 
 class AdmissionReport(BaseModel):
@@ -48,6 +69,8 @@ class AdmissionReport(BaseModel):
     excluded_samples: int = 0
     excluded_reasons: list[str] = Field(default_factory=list)
     """The policy in force (sorted reason names), so a report says what was excluded and why."""
+    zero_rewarded_rollouts: dict[str, int] = Field(default_factory=dict)
+    """Rollouts admitted with reward 0 by ``AdmissionPolicy.zero_reward``, per termination reason."""
 
 
 def _by_rollout(samples: Sequence[Sample]) -> dict[str, list[int]]:
@@ -75,21 +98,29 @@ def admit(
     policy = policy or AdmissionPolicy()
     report = AdmissionReport(excluded_reasons=sorted(r.value for r in policy.excluded))
     excluded: set[str] = set()
+    zeroed: set[str] = set()
     for rid, idx in _by_rollout(samples).items():
         head = samples[idx[0]]
         if head.termination is None:
             raise TrajectoryError(f"rollout {rid!r} has no termination reason; every rollout needs one")
+        reason = head.termination.value
         if head.termination in policy.excluded:
-            reason = head.termination.value
             report.excluded_rollouts[reason] = report.excluded_rollouts.get(reason, 0) + 1
             report.excluded_samples += len(idx)
             excluded.add(rid)
             continue
-        if head.reward is None:
-            raise TrajectoryError(f"rollout {rid!r} ({head.termination.value}) is admitted but has no reward")
+        if head.termination in policy.zero_reward:
+            report.zero_rewarded_rollouts[reason] = report.zero_rewarded_rollouts.get(reason, 0) + 1
+            zeroed.add(rid)
+        elif head.reward is None:
+            raise TrajectoryError(f"rollout {rid!r} ({reason}) is admitted but has no reward")
         report.admitted_rollouts += 1
         report.admitted_samples += len(idx)
-    return [s for s in samples if s.rollout_id not in excluded], report
+    return [
+        s.model_copy(update={"reward": 0.0}) if s.rollout_id in zeroed else s
+        for s in samples
+        if s.rollout_id not in excluded
+    ], report
 
 
 class GroupStats(BaseModel):

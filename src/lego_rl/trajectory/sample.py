@@ -8,24 +8,24 @@ also per token; context positions carry empty lists. Prompt routing snapshots (R
 into the token stream, because a prompt's routes can differ between turns even for identical token
 prefixes: each turn's snapshot stays a separate record that covers ``tokens[:prompt_len]``.
 
-Files are written atomically (temp file, fsync, then a hard link that refuses to replace an existing
-path), so a reader never sees a half-written file and an existing file is never overwritten.
+Files are written with the run store's ``write_new`` (temp file, fsync, then a hard link that refuses to
+replace an existing path), so a reader never sees a half-written file and an existing file is never
+overwritten.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lego_rl.errors import TrajectoryError
+from lego_rl.runstore.files import write_new
 from lego_rl.termination import TerminationReason
 
 SampleFormat = Literal["jsonl", "parquet"]
@@ -168,44 +168,25 @@ def _format_of(path: Path, fmt: SampleFormat | None) -> SampleFormat:
     raise ValueError(f"cannot tell the sample format of {path}: use a .jsonl or .parquet suffix or pass fmt")
 
 
-def _publish(tmp: str, path: Path) -> None:
-    """Make the finished temp file visible at ``path`` without ever replacing an existing file."""
-    try:
-        os.link(tmp, path)  # atomic, and fails with FileExistsError instead of overwriting
-    except FileExistsError:
-        raise FileExistsError(f"{path} already exists; saved samples are never overwritten") from None
-    finally:
-        os.unlink(tmp)
-
-
 def save_samples(samples: Iterable[Sample], path: str | Path, *, fmt: SampleFormat | None = None) -> Path:
     """Write ``samples`` to ``path`` (JSON lines or parquet) atomically; refuse to overwrite."""
     path = Path(path)
     kind = _format_of(path, fmt)
-    if path.exists():
-        raise FileExistsError(f"{path} already exists; saved samples are never overwritten")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            if kind == "jsonl":
-                for s in samples:
-                    fh.write(s.model_dump_json().encode())
-                    fh.write(b"\n")
-            else:
-                rows = []
-                for s in samples:
-                    row = s.model_dump(mode="json")
-                    row["metadata"] = json.dumps(row["metadata"], sort_keys=True)
-                    rows.append(row)
-                pq.write_table(pa.Table.from_pylist(rows, schema=PARQUET_SCHEMA), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    _publish(tmp, path)
-    return path
+
+    def fill(fh: BinaryIO) -> None:
+        if kind == "jsonl":
+            for s in samples:
+                fh.write(s.model_dump_json().encode())
+                fh.write(b"\n")
+            return
+        rows = []
+        for s in samples:
+            row = s.model_dump(mode="json")
+            row["metadata"] = json.dumps(row["metadata"], sort_keys=True)
+            rows.append(row)
+        pq.write_table(pa.Table.from_pylist(rows, schema=PARQUET_SCHEMA), fh)
+
+    return write_new(path, fill, what="saved samples")
 
 
 def load_samples(path: str | Path, *, fmt: SampleFormat | None = None) -> list[Sample]:

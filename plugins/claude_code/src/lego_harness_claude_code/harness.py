@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
+from lego_rl.harness import CommandSpec, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
 from lego_rl.harness.base import ArchiveOrNpmConfig, merge_flag_args, safe_id
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
 from lego_rl.harness.models import ToolchainPin
@@ -74,12 +74,12 @@ class ClaudeCodeConfig(ArchiveOrNpmConfig):
     """API retries per request; the CLI's own default backs off for minutes on a dead adapter."""
 
 
-class ClaudeCodeHarness(HarnessPlugin):
+class ClaudeCodeHarness(HarnessPlugin[ClaudeCodeConfig]):
     name: ClassVar[str] = "claude_code"
     protocol: ClassVar[Literal["anthropic"]] = "anthropic"
     cli_package: ClassVar[str] = CLI
     summary: ClassVar[str] = "Claude Code, claude -p with the six code tools"
-    Config: ClassVar[type[HarnessConfig]] = ClaudeCodeConfig
+    Config = ClaudeCodeConfig
     env_names: ClassVar[dict[str, str]] = {
         "native_tarball": "CC_NATIVE_TARBALL", "cli_tarball": "CC_TARBALL", "node_tarball": "NODE_TARBALL",
         "extra_args": "CC_EXTRA_ARGS", "extra_envs": "CC_EXTRA_ENVS", "version": "CC_VERSION",
@@ -97,15 +97,13 @@ class ClaudeCodeHarness(HarnessPlugin):
         return [node_binary(o.node_version), f"{self._home(o)}/node_modules/{CLI}/cli-wrapper.cjs"]
 
     # ---- hooks ------------------------------------------------------------------------------------
-    def toolchain(self, options: Any) -> list[ToolchainPin]:
-        o: ClaudeCodeConfig = options
+    def toolchain(self, o: ClaudeCodeConfig) -> list[ToolchainPin]:
         native = npm_pin("native", NATIVE, o.version, KNOWN)
         if o.install_from == "native":
             return [native]
         return [node_pin(o.node_version), npm_pin("cli", CLI, o.version, KNOWN), native]
 
-    async def install(self, sandbox: Sandbox, toolchain: Toolchain, options: Any) -> str:
-        o: ClaudeCodeConfig = options
+    async def install(self, sandbox: Sandbox, toolchain: Toolchain, o: ClaudeCodeConfig) -> str:
         native = npm_pin("native", NATIVE, o.version, KNOWN)
         if o.install_from == "native":
             path = toolchain.resolve(native, override=o.native_tarball)
@@ -117,15 +115,13 @@ class ClaudeCodeHarness(HarnessPlugin):
             await install_npm_package(sandbox, toolchain, self._home(o), native, tarball=o.native_tarball)
         return self.launcher(o)[-1]
 
-    async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
-        o: ClaudeCodeConfig = options
+    async def verify(self, sandbox: Sandbox, o: ClaudeCodeConfig, user: str) -> str:
         env = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
         return await version_of(
             sandbox, [*self.launcher(o), "--version"], user=user, expect=o.version, env=env
         )
 
-    def command(self, request: RunRequest, options: Any) -> CommandSpec:
-        o: ClaudeCodeConfig = options
+    def command(self, request: RunRequest, o: ClaudeCodeConfig) -> CommandSpec:
         defaults = [
             "-p", request.prompt, "--output-format", "stream-json", "--verbose",
             "--max-turns", str(request.max_turns), "--tools", ",".join(o.tools),

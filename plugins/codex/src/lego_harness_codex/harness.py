@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
+from lego_rl.harness import CommandSpec, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
 from lego_rl.harness.base import ArchiveOrNpmConfig, safe_id
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
 from lego_rl.harness.models import ToolchainPin
@@ -67,12 +67,12 @@ class CodexConfig(ArchiveOrNpmConfig):
     """Passed as ``--disable <feature>`` each."""
 
 
-class CodexHarness(HarnessPlugin):
+class CodexHarness(HarnessPlugin[CodexConfig]):
     name: ClassVar[str] = "codex"
     protocol: ClassVar[Literal["responses"]] = "responses"
     cli_package: ClassVar[str] = CLI
     summary: ClassVar[str] = "OpenAI Codex CLI, codex exec --json over the Responses API"
-    Config: ClassVar[type[HarnessConfig]] = CodexConfig
+    Config = CodexConfig
     env_names: ClassVar[dict[str, str]] = {
         "native_tarball": "CODEX_NATIVE_TARBALL", "cli_tarball": "CODEX_TARBALL", "node_tarball": "NODE_TARBALL",
         "extra_args": "CODEX_EXTRA_ARGS", "extra_envs": "CODEX_EXTRA_ENVS", "version": "CODEX_VERSION",
@@ -98,14 +98,12 @@ class CodexHarness(HarnessPlugin):
     def _native_pin(self, o: CodexConfig) -> ToolchainPin:
         return npm_pin("native", CLI, f"{o.version}-linux-x64", KNOWN)
 
-    def toolchain(self, options: Any) -> list[ToolchainPin]:
-        o: CodexConfig = options
+    def toolchain(self, o: CodexConfig) -> list[ToolchainPin]:
         if o.install_from == "native":
             return [self._native_pin(o)]
         return [node_pin(o.node_version), npm_pin("cli", CLI, o.version, KNOWN), self._native_pin(o)]
 
-    async def install(self, sandbox: Sandbox, toolchain: Toolchain, options: Any) -> str:
-        o: CodexConfig = options
+    async def install(self, sandbox: Sandbox, toolchain: Toolchain, o: CodexConfig) -> str:
         if o.install_from == "native":
             path = toolchain.resolve(self._native_pin(o), override=o.native_tarball)
             await install_archive(sandbox, path, self._home(o), integrity=cached_integrity(path))
@@ -128,15 +126,13 @@ class CodexHarness(HarnessPlugin):
             )
         return self.launcher(o)[-1]
 
-    async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
-        o: CodexConfig = options
+    async def verify(self, sandbox: Sandbox, o: CodexConfig, user: str) -> str:
         env = {"CODEX_HOME": "/var/tmp/lego-codex-verify", "HOME": "/var/tmp/lego-codex-verify"}
         return await version_of(
             sandbox, [*self.launcher(o), "--version"], user=user, expect=o.version, env=env
         )
 
-    def command(self, request: RunRequest, options: Any) -> CommandSpec:
-        o: CodexConfig = options
+    def command(self, request: RunRequest, o: CodexConfig) -> CommandSpec:
         settings = {
             "model_provider": PROVIDER,
             f"model_providers.{PROVIDER}.name": PROVIDER,

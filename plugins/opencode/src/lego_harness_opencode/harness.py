@@ -65,12 +65,12 @@ class OpenCodeConfig(HarnessConfig):
     """Adapter cap on requests per session: a CLI that loops must still end."""
 
 
-class OpenCodeHarness(HarnessPlugin):
+class OpenCodeHarness(HarnessPlugin[OpenCodeConfig]):
     name: ClassVar[str] = "opencode"
     protocol: ClassVar[Literal["chat"]] = "chat"
     cli_package: ClassVar[str] = CLI
     summary: ClassVar[str] = "OpenCode, opencode run over Chat Completions"
-    Config: ClassVar[type[HarnessConfig]] = OpenCodeConfig
+    Config = OpenCodeConfig
     env_names: ClassVar[dict[str, str]] = {
         "native_tarball": "OPENCODE_NATIVE_TARBALL", "plugin_tree": "OPENCODE_PLUGIN_TREE",
         "extra_args": "OPENCODE_EXTRA_ARGS", "extra_envs": "OPENCODE_EXTRA_ENVS", "version": "OPENCODE_VERSION",
@@ -88,11 +88,10 @@ class OpenCodeHarness(HarnessPlugin):
                             integrity=KNOWN.get((PLUGIN, o.version)), with_dependencies=True)  # fmt: skip
         return native, tree
 
-    def toolchain(self, options: Any) -> list[ToolchainPin]:
+    def toolchain(self, options: OpenCodeConfig) -> list[ToolchainPin]:
         return list(self._pins(options))
 
-    async def install(self, sandbox: Sandbox, toolchain: Toolchain, options: Any) -> str:
-        o: OpenCodeConfig = options
+    async def install(self, sandbox: Sandbox, toolchain: Toolchain, o: OpenCodeConfig) -> str:
         native, tree = self._pins(o)
         path = toolchain.resolve(native, override=o.native_tarball)
         await install_archive(sandbox, path, f"{self._home(o)}/cli", integrity=cached_integrity(path))
@@ -100,8 +99,7 @@ class OpenCodeHarness(HarnessPlugin):
         await install_archive(sandbox, path, f"{self._home(o)}/plugin", integrity=cached_integrity(path))
         return f"{self._home(o)}/cli/bin/opencode"
 
-    async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
-        o: OpenCodeConfig = options
+    async def verify(self, sandbox: Sandbox, o: OpenCodeConfig, user: str) -> str:
         env = {"HOME": "/tmp/lego-opencode-verify", "OPENCODE_DISABLE_AUTOUPDATE": "1"}
         return await version_of(sandbox, [f"{self._home(o)}/cli/bin/opencode", "--version"], user=user,
                                 expect=o.version, env=env)  # fmt: skip
@@ -137,8 +135,7 @@ class OpenCodeHarness(HarnessPlugin):
             "agent": {"build": {"steps": request.max_turns, "tools": dict.fromkeys(o.disabled_tools, False)}},
         }
 
-    def command(self, request: RunRequest, options: Any) -> CommandSpec:
-        o: OpenCodeConfig = options
+    def command(self, request: RunRequest, o: OpenCodeConfig) -> CommandSpec:
         home = f"/tmp/lego-opencode-{safe_id(request.session_id)}"
         cfg = f"{home}/.config/opencode"
         env = {
@@ -193,7 +190,7 @@ class OpenCodeHarness(HarnessPlugin):
             for p in res.stdout.split()
         }
 
-    def adapter_options(self, options: Any) -> dict[str, Any]:
+    def adapter_options(self, options: OpenCodeConfig) -> dict[str, Any]:
         # A JSON (non-SSE) reply makes it loop at ~10 requests/s: always stream, and cap requests.
         return {**super().adapter_options(options), "max_requests": options.max_requests}
 

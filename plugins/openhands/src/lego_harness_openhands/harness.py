@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -54,12 +54,12 @@ class OpenHandsConfig(HarnessConfig):
     """LLM retries on an adapter error before the conversation fails."""
 
 
-class OpenHandsHarness(HarnessPlugin):
+class OpenHandsHarness(HarnessPlugin[OpenHandsConfig]):
     name: ClassVar[str] = "openhands"
     protocol: ClassVar[Literal["chat"]] = "chat"
     cli_package: ClassVar[str] = SDK
     summary: ClassVar[str] = "OpenHands SDK conversation (Python >= 3.12 in the sandbox)"
-    Config: ClassVar[type[HarnessConfig]] = OpenHandsConfig
+    Config = OpenHandsConfig
     env_names: ClassVar[dict[str, str]] = {
         "site_tree": "OPENHANDS_SITE_TREE", "python": "OPENHANDS_PYTHON",
         "extra_args": "OPENHANDS_EXTRA_ARGS", "extra_envs": "OPENHANDS_EXTRA_ENVS", "version": "OPENHANDS_VERSION",
@@ -76,7 +76,7 @@ class OpenHandsHarness(HarnessPlugin):
             python_version=o.python_version, companions=(f"{TOOLS}=={o.version}",),
         )  # fmt: skip
 
-    def toolchain(self, options: Any) -> list[ToolchainPin]:
+    def toolchain(self, options: OpenHandsConfig) -> list[ToolchainPin]:
         return [self._pin(options)]
 
     def _env(self, o: OpenHandsConfig, home: str) -> dict[str, str]:
@@ -87,8 +87,7 @@ class OpenHandsHarness(HarnessPlugin):
             "HOME": home,
         }
 
-    async def install(self, sandbox: Sandbox, toolchain: Toolchain, options: Any) -> str:
-        o: OpenHandsConfig = options
+    async def install(self, sandbox: Sandbox, toolchain: Toolchain, o: OpenHandsConfig) -> str:
         found = await python_version(sandbox, o.python)
         want = tuple(int(x) for x in o.python_version.split("."))
         if found != want:
@@ -107,8 +106,7 @@ class OpenHandsHarness(HarnessPlugin):
         await sh(sandbox, f"chmod a+r {self._home(o)}/{RUNNER}", what="openhands runner permissions")
         return f"{self._home(o)}/{RUNNER}"
 
-    async def verify(self, sandbox: Sandbox, options: Any, user: str) -> str:
-        o: OpenHandsConfig = options
+    async def verify(self, sandbox: Sandbox, o: OpenHandsConfig, user: str) -> str:
         code = (
             "import importlib.metadata as m, openhands.sdk, openhands.tools.terminal;"
             f"print('{SDK}', m.version('{SDK}'))"
@@ -116,8 +114,7 @@ class OpenHandsHarness(HarnessPlugin):
         return await version_of(sandbox, [o.python, "-c", code], user=user, expect=o.version,
                                 env=self._env(o, "/tmp/lego-openhands-verify"))  # fmt: skip
 
-    def command(self, request: RunRequest, options: Any) -> CommandSpec:
-        o: OpenHandsConfig = options
+    def command(self, request: RunRequest, o: OpenHandsConfig) -> CommandSpec:
         home = f"/tmp/lego-openhands-{safe_id(request.session_id)}"
         run = {
             "model": request.model, "base_url": request.base_url.rstrip("/") + "/v1", "api_key": request.session_id,

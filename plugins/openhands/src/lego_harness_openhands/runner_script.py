@@ -29,7 +29,7 @@ def main(path: str) -> int:
         max_output_tokens=run["max_output_tokens"],
     )
     tools = [Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)]
-    error = {}
+    error: dict[str, object] = {}
 
     def on_event(event):
         data = json.loads(event.model_dump_json())

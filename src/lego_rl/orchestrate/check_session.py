@@ -1,27 +1,36 @@
 """One rollout-check run, from a resolved config: loads the tasks and images, opens the run directory,
 starts the serving stack and drives ``run_rollout_check``. Kept apart from the CLI so tests and
-notebooks can run it without typer."""
+notebooks can run it without typer. It prints nothing: progress goes to the run's event log and to
+the caller's callbacks, and the CLI renders it."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rich.console import Console
-
+from lego_rl.config.dataset_scan import row_keys
 from lego_rl.config.resolve import ResolvedConfig, config_json
 from lego_rl.errors import GraderError
 from lego_rl.images.importer import load_images_json
-from lego_rl.rollout.check import CheckReport, ProgressFn, run_rollout_check, save_report, settings_from_config
-from lego_rl.rollout.rundir import RunDir
+from lego_rl.orchestrate.rollout_check import (
+    CheckReport,
+    run_rollout_check,
+    save_report,
+    settings_from_config,
+)
+from lego_rl.orchestrate.runner import ProgressFn
 from lego_rl.rollout.stack import serving_stack
+from lego_rl.runstore import RunDir
+from lego_rl.runstore.events import Baseline, RolloutCheckFinished, ServingReady
 from lego_rl.sandbox.base import ImageSpec
-from lego_rl.sandbox.factory import create_sandbox
 from lego_rl.swe.grader import grade
-from lego_rl.swe.seed import seeded_opener
+from lego_rl.swe.task_sandbox import task_sandbox_opener
+from lego_rl.tasks.model import TaskRow
 from lego_rl.tasks.rows import check_ids_unique, finish_selection, load_tasks
+
+BaselineFn = Callable[[Baseline], None]
+"""Called with each task's baseline verdict as it is logged."""
 
 
 class RolloutCheckSession:
@@ -30,7 +39,8 @@ class RolloutCheckSession:
         c = r.config
         data = Path(c.rollout.prompt_data or "")
         check_ids_unique(ids)
-        loaded = finish_selection(load_tasks(data), list(ids) if ids else None, source=str(data))
+        rows = load_tasks(data, row_keys(r))  # the keys `lego validate` reads the rows with
+        loaded = finish_selection(rows, list(ids) if ids else None, source=str(data))
         loaded.raise_on_issues(str(data))
         self.rows = loaded.rows
         self.dataset_dir = data.resolve().parent
@@ -44,32 +54,31 @@ class RolloutCheckSession:
             run_log=Path(c.paths.run_log) if c.paths.run_log else None,
         )
 
-    async def baseline(self, progress_console: Console | None = None) -> list[str]:
-        """Grade every unmodified task; the ids that already pass (useless for training)."""
+    async def baseline(self, on_result: BaselineFn | None = None) -> list[str]:
+        """Grade every unmodified task; the ids that already pass (useless for training).
+
+        Each verdict is logged as a ``baseline`` event and handed to ``on_result``.
+        """
         s = settings_from_config(self.r)
         passing: list[str] = []
-        sem = asyncio.Semaphore(self.r.config.sandbox.boot_concurrency)
+        sem = asyncio.Semaphore(s.boot_concurrency)
 
-        async def one(row) -> None:  # type: ignore[no-untyped-def]
+        def report(event: Baseline) -> None:
+            self.run_dir.events.emit(event)
+            if on_result is not None:
+                on_result(event)
+
+        async def one(row: TaskRow) -> None:
             meta = row.metadata
-
-            provider = s.grader_provider or s.provider
-
-            def open_plain():  # type: ignore[no-untyped-def]
-                return create_sandbox(meta.image, provider=provider, images=self.images,
-                                      provider_options=s.options_for(provider), **s.sandbox_options)
-
+            opener = task_sandbox_opener(meta, s.grader_sandbox, images=self.images,
+                                         dataset_dir=self.dataset_dir)
             async with sem:
                 try:
-                    result = await grade(meta, b"", open_sandbox=seeded_opener(open_plain, meta, self.dataset_dir),
-                                         timeout=s.grader_timeout_s)
+                    result = await grade(meta, b"", open_sandbox=opener, timeout=s.grader_timeout_s)
                 except GraderError as exc:
-                    self.run_dir.events.emit("baseline", instance_id=meta.instance_id, error=str(exc)[:500])
+                    report(Baseline(instance_id=meta.instance_id, error=str(exc)[:500]))
                     raise
-            self.run_dir.events.emit("baseline", instance_id=meta.instance_id, solved=result.solved, reason=result.reason)
-            if progress_console is not None:
-                verdict = "[red]passes (bad)[/]" if result.solved else "[green]fails (good)[/]"
-                progress_console.print(f"baseline {meta.instance_id}: {verdict} — {result.reason}")
+            report(Baseline(instance_id=meta.instance_id, solved=result.solved, reason=result.reason))
             if result.solved:
                 passing.append(meta.instance_id)
 
@@ -80,14 +89,15 @@ class RolloutCheckSession:
                   progress: ProgressFn | None = None) -> CheckReport:
         try:
             async with serving_stack(self.r.config) as stack:
-                self.run_dir.events.emit("serving_ready", adapter=stack.adapter_url, serving=stack.serving_urls)
+                self.run_dir.events.emit(ServingReady(adapter=stack.adapter_url, serving=stack.serving_urls))
                 report = await run_rollout_check(
                     self.r, stack, self.run_dir, self.rows, samples_per_task=samples, dataset_dir=self.dataset_dir,
                     images=self.images, harness=harness, concurrency=concurrency, progress=progress,
                 )
             save_report(report, output or self.run_dir.root / "rollout-check")
-            self.run_dir.events.emit("rollout_check_finished", rewarded=report.rewarded, rollouts=len(report.results),
-                                 terminations=json.dumps(dict(report.terminations)))
+            self.run_dir.events.emit(RolloutCheckFinished(
+                rewarded=report.rewarded, rollouts=len(report.results), terminations=dict(report.terminations)
+            ))
             return report
         finally:
             self.run_dir.close()

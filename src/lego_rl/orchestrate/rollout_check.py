@@ -3,50 +3,58 @@
 It is the first real job an operator runs: it proves the chain task row → CLI → adapter → engine →
 patch → grader → samples works for these tasks, saves tokens, loss masks, logprobs and outcomes, and
 succeeds only when at least one sample earned reward 1 (the reference example's contract).
+
+``settings_from_config`` is the one projection of the resolved config into ``RolloutSettings``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lego_rl.config.resolve import ResolvedConfig
 from lego_rl.harness.toolchain import Toolchain
-from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSettings, RolloutSpec, generate
+from lego_rl.orchestrate.runner import ProgressFn, RolloutRunner, plan
+from lego_rl.rollout.generate import RolloutContext, RolloutResult
 from lego_rl.rollout.harnesses import harness_factory
-from lego_rl.rollout.rundir import RunDir, write_new
+from lego_rl.rollout.settings import RolloutSettings
 from lego_rl.rollout.stack import Stack
+from lego_rl.runstore import RunDir, write_new
 from lego_rl.sandbox.base import ImageSpec
+from lego_rl.swe.task_sandbox import SandboxTarget
 from lego_rl.tasks.model import TaskRow
 from lego_rl.trajectory.manager import TrajectoryOptions
 from lego_rl.trajectory.sample import save_samples
 
-ProgressFn = Callable[[str, RolloutSpec, RolloutResult | None], None]
-"""Called with ``("started", spec, None)`` and ``("finished", spec, result)``."""
-
 
 def settings_from_config(r: ResolvedConfig) -> RolloutSettings:
+    """Everything a rollout reads from the config, read here once."""
     c = r.config
+    per_sandbox = {"memory_mb": c.sandbox.memory_mb, "network": c.sandbox.network}
+    grader_provider = c.grader.provider or c.sandbox.provider
     return RolloutSettings(
-        provider=c.sandbox.provider, grader_provider=c.grader.provider,
-        provider_options=provider_options(r, c.sandbox.provider),
-        grader_provider_options=provider_options(r, c.grader.provider or c.sandbox.provider),
-        sandbox_options={"memory_mb": c.sandbox.memory_mb, "network": c.sandbox.network},
+        agent_sandbox=SandboxTarget(c.sandbox.provider, provider_options(r, c.sandbox.provider), per_sandbox),
+        grader_sandbox=SandboxTarget(grader_provider, provider_options(r, grader_provider), per_sandbox),
         default_harness=c.agent.default_harness, agent_time_budget_s=c.agent.time_budget_s,
         grader_timeout_s=c.grader.timeout_s, guard_s=c.rollout.guard_s or 0.0, max_turns=c.agent.max_turns,
         max_context_tokens=c.model.max_context_len, max_output_tokens=c.model.max_response_len,
         max_requests_per_session=c.adapter.max_requests_per_session, prompt_template=c.agent.prompt,
-        model_name=c.model.served_name,
-        trajectory=TrajectoryOptions(fork_merge_max_response_tokens=c.rollout.fork_merge_max_response_tokens),
+        model_name=c.model.served_name, boot_concurrency=c.sandbox.boot_concurrency,
+        template_kwargs=dict(c.model.chat_template_kwargs),
+        # What the adapter asks the engine for (nucleus spans, R3 routes) must be in every turn it records.
+        trajectory=TrajectoryOptions(
+            fork_merge_max_response_tokens=c.rollout.fork_merge_max_response_tokens,
+            require_nucleus=c.rollout.capture_nucleus, require_routing=c.rollout.use_rollout_routing_replay,
+        ),
     )
 
 
 def provider_options(r: ResolvedConfig, provider: str) -> dict[str, object]:
-    """Constructor options of ``provider`` from the config (only the providers that take them)."""
+    """Constructor options of ``provider`` from the config (only the providers that take them; sunabako's
+    options mean nothing to bwrap and are refused by it)."""
     c = r.config
     if provider == "sunabako":
         opts: dict[str, object] = {"allow_test_memory": bool(c.sandbox.allow_test_memory)}
@@ -71,17 +79,6 @@ class CheckReport:
         return Counter(r.termination.value for r in self.results)
 
 
-def plan(rows: Sequence[TaskRow], samples_per_task: int, harness: str | None) -> list[RolloutSpec]:
-    """One spec per (task, sample); group_index is the task's position, index the sample number."""
-    specs = []
-    for g, row in enumerate(rows):
-        if harness:
-            row = row.model_copy(update={"metadata": row.metadata.model_copy(update={"agent": harness})})
-        for i in range(samples_per_task):
-            specs.append(RolloutSpec(row=row, rollout_id=f"{row.metadata.instance_id}-s{i}", group_index=g, index=i))
-    return specs
-
-
 async def run_rollout_check(
     r: ResolvedConfig,
     stack: Stack,
@@ -98,24 +95,10 @@ async def run_rollout_check(
     ctx = RolloutContext(
         settings=settings_from_config(r), run=run, sessions=stack.sessions, adapter_url=stack.adapter_url,
         harness_for=harness_factory(r), toolchain=Toolchain(Path(r.config.paths.toolchain_dir or "")),
-        images=images, dataset_dir=dataset_dir, boot=asyncio.Semaphore(r.config.sandbox.boot_concurrency),
+        images=images, dataset_dir=dataset_dir,
     )
-    ctx.settings.template_kwargs = dict(r.config.model.chat_template_kwargs)
-    report = CheckReport()
-    gate = asyncio.Semaphore(max(1, concurrency))
-
-    async def one(spec: RolloutSpec) -> None:
-        async with gate:
-            if progress:
-                progress("started", spec, None)
-            result = await generate(ctx, spec)
-            report.results.append(result)
-            if progress:
-                progress("finished", spec, result)
-
-    await asyncio.gather(*(one(spec) for spec in plan(rows, samples_per_task, harness)))
-    report.results.sort(key=lambda res: (res.group_index, res.index))
-    return report
+    runner = RolloutRunner(ctx, concurrency=concurrency)
+    return CheckReport(await runner.run(plan(rows, samples_per_task, harness), progress))
 
 
 def save_report(report: CheckReport, output: Path) -> Path:
@@ -124,5 +107,6 @@ def save_report(report: CheckReport, output: Path) -> Path:
     samples = [s for res in report.results for s in res.samples]
     if samples:
         save_samples(samples, output / "samples.jsonl")
-    write_new(output / "outcomes.jsonl", "".join(json.dumps(res.summary()) + "\n" for res in report.results))
+    write_new(output / "outcomes.jsonl", "".join(json.dumps(res.summary()) + "\n" for res in report.results),
+              what="rollout outcomes")
     return output

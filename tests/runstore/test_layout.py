@@ -6,12 +6,13 @@ from pathlib import Path
 import pytest
 
 from lego_rl.errors import ConfigError
-from lego_rl.rollout.rundir import RunDir, read_events, safe_name, write_new
+from lego_rl.runstore import RunDir, read_events, safe_name, write_new
+from lego_rl.runstore.events import StageFinished
 
 
 def test_open_records_config_and_refuses_second_run(tmp_path: Path) -> None:
     run = RunDir.open(tmp_path / "run", config={"a": 1})
-    run.events.emit("stage", rollout_id="r1", stage="agent")
+    run.events.emit(StageFinished(rollout_id="r1", stage="agent", status="ok", duration_s=1.0))
     run.close()
     assert json.loads((tmp_path / "run" / "config.json").read_text()) == {"a": 1}
     with pytest.raises(ConfigError, match="never overwritten"):
@@ -22,9 +23,9 @@ def test_open_records_config_and_refuses_second_run(tmp_path: Path) -> None:
 def test_resume_appends_and_keeps_old_config(tmp_path: Path) -> None:
     RunDir.open(tmp_path / "run", config={"a": 1}).close()
     run = RunDir.open(tmp_path / "run", config={"a": 2}, resume=True)
-    run.events.emit("stage", stage="x")
+    run.events.emit(StageFinished(rollout_id="r1", stage="agent", status="ok", duration_s=1.0))
     run.close()
-    kinds = [e["kind"] for e in read_events(tmp_path / "run" / "events.jsonl")]
+    kinds = [e.kind for e in read_events(tmp_path / "run" / "events.jsonl")]
     assert kinds == ["run_started", "run_resumed", "stage"]
     assert json.loads((tmp_path / "run" / "config.resume-1.json").read_text()) == {"a": 2}
     with pytest.raises(ConfigError, match="nothing to resume"):
@@ -50,13 +51,39 @@ def test_artifacts_never_overwritten(tmp_path: Path) -> None:
         run.rollout_dir("task/1#0")
 
 
-def test_torn_last_line_skipped(tmp_path: Path) -> None:
+def test_torn_last_line_not_yet_an_event(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
-    log.write_text('{"kind": "a"}\n{"kind": "b"')
-    assert [e["kind"] for e in read_events(log)] == ["a"]
+    log.write_text('{"kind": "run_started", "ts": 1, "root": "r"}\n{"kind": "b"')
+    assert [e.kind for e in read_events(log)] == ["run_started"]
 
 
 def test_safe_name() -> None:
     assert safe_name("../../etc") == "_.._etc"
     assert safe_name("") == "_"
 
+
+def test_the_run_store_is_the_bottom_layer() -> None:
+    """Importing it loads no other lego_rl package than errors and termination (monitor reads only it)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, lego_rl.runstore; print(sorted(m for m in sys.modules if m.startswith('lego_rl')))"
+    loaded = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", probe], check=True, capture_output=True, text=True
+        ).stdout.replace("'", '"')
+    )
+    outside = [
+        m for m in loaded if m != "lego_rl" and m.split(".")[1] not in ("runstore", "errors", "termination")
+    ]
+    assert outside == [], outside
+
+
+def test_metrics_rows_go_to_the_runs_metrics_log(tmp_path: Path) -> None:
+    from lego_rl.runstore import StepMetrics, follow_metrics
+
+    run = RunDir.open(tmp_path / "run", config={})
+    run.metrics.append(StepMetrics(step=0, started_at=1.0, finished_at=2.0, values={"loss": 0.5}))
+    run.close()
+    assert run.layout.metrics == tmp_path / "run" / "metrics.jsonl"
+    assert [row.step for row in follow_metrics(run.layout.metrics).read()] == [0]

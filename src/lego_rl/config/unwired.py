@@ -1,0 +1,53 @@
+"""Config keys that nothing reads yet, and what will read them.
+
+A key listed here is accepted (a launcher written for the reference example sets many of them), but
+until the named feature lands it changes nothing, so ``lego validate`` refuses a non-default value
+instead of letting an operator believe it took effect. Wiring a key means deleting its line here;
+``tests/config/test_unwired.py`` keeps this list honest against the source tree (a listed key must have
+no reader outside ``lego_rl.config``; an unlisted one must have one).
+"""
+
+from __future__ import annotations
+
+TRAINER = "the training loop (not written yet) reads it"
+RAY = "Ray cluster mode (the orchestrate package's Ray actors) reads it"
+VLLM = "lego starts the vLLM servers itself (today they are started outside lego)"
+
+UNWIRED: dict[str, str] = {
+    "serving.reasoning_parser": "the adapter takes its reasoning parser from the config (today it always "
+                                "parses qwen3 <think> blocks)",
+    "serving.disable_cuda_graph": VLLM,
+    "serving.cuda_graph_max_batch": VLLM,
+    "sandbox.lifetime_s": "the sandbox providers take a hard lifetime (today a sandbox lives until closed)",
+    "sandbox.rootfs": "the rollout passes a default root filesystem to bwrap (today an image without an "
+                      "images.json entry is refused)",
+    "grader.max_output_kb": "the grader cuts its saved output (today it keeps all of it)",
+    "rollout.batch_size": TRAINER + " (rollout-check runs every row)",
+    "rollout.samples_per_prompt": TRAINER + " (rollout-check takes -n/--samples)",
+    "rollout.max_staleness": "the asynchronous scheduler admits rollouts by weight version",
+    "train.backend": TRAINER,
+    "train.algorithm": TRAINER,
+    "train.num_rollout": TRAINER,
+    "train.global_batch_size": TRAINER,
+    "train.micro_batch_tokens": TRAINER,
+    "train.tensor_parallel": TRAINER + " with the Megatron backend",
+    "train.pipeline_parallel": TRAINER + " with the Megatron backend",
+    "train.data_parallel": TRAINER,
+    "train.lr": TRAINER,
+    "train.clip_low": TRAINER,
+    "train.clip_high": TRAINER,
+    "train.use_score_centering": TRAINER,
+    "train.infra_failure_policy": TRAINER + " (through lego_rl.train.advantages.admission_policy)",
+    "cluster.trainer_nodes": RAY,
+    "cluster.gpus_per_node": RAY,
+    "cluster.train_head": RAY,
+    "cluster.train_workers": RAY,
+    "cluster.ssh_port": "the sunabako provider takes a default SSH port (today only `lego validate --remote` "
+                        "reads it)",
+    "cluster.gloo_socket_ifname": RAY,
+    "cluster.start_ray": RAY,
+    "cluster.ray_address": RAY,
+    "monitor.refresh_s": "the run monitor (not written yet) reads it",
+    "monitor.kl_warn": "the run monitor (not written yet) reads it",
+}
+"""``section.key`` → what will read it (completes "it has no effect until ...")."""

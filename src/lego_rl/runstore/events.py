@@ -1,0 +1,186 @@
+"""Typed run events: one pydantic model per ``kind``, one JSON object per line of ``events.jsonl``.
+
+Writers build a model (a typo in a field name fails at once, ``extra="forbid"``) and readers get the same
+model back, discriminated by ``kind``, so the monitor and resume never guess at free strings. A rollout's
+termination reason is decided once and appears only in ``rollout_finished``: the events before it carry
+facts (exit code, stage status), never a competing classification.
+
+Adding a kind: a model here and its name in ``RunEvent``. Renaming a field breaks old logs: add a new
+field instead and keep reading the old one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from lego_rl.termination import TerminationReason
+
+StageName = Literal[
+    "harness_lookup", "sandbox_setup", "harness_install", "agent", "patch", "cleanup", "grading", "samples"
+]
+StageStatus = Literal["ok", "failed", "interrupted"]
+"""``failed``: the stage raised (the rollout's reason says why); ``interrupted``: cancelled (the guard)."""
+
+
+def _now() -> float:
+    return round(time.time(), 3)
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ts: float = Field(default_factory=_now)
+    """Wall-clock time of the event (Unix seconds, ms precision)."""
+
+
+class RunStarted(_Event):
+    kind: Literal["run_started"] = "run_started"
+    root: str
+
+
+class RunResumed(_Event):
+    kind: Literal["run_resumed"] = "run_resumed"
+    root: str
+
+
+class LogRepaired(_Event):
+    """The log ended in a torn line (a crash mid-write) when it was reopened for appending. The fragment
+    was cut off so that new events start on their own line; its text is kept here."""
+
+    kind: Literal["log_repaired"] = "log_repaired"
+    fragment: str
+
+
+class ServingReady(_Event):
+    kind: Literal["serving_ready"] = "serving_ready"
+    adapter: str
+    serving: list[str]
+
+
+class Baseline(_Event):
+    """One task graded unmodified (``rollout-check --baseline``): it must fail, or its reward says nothing."""
+
+    kind: Literal["baseline"] = "baseline"
+    instance_id: str
+    solved: bool | None = None
+    """None when the grader could not decide (``error`` says why)."""
+    reason: str = ""
+    error: str | None = None
+
+
+class RolloutCheckFinished(_Event):
+    kind: Literal["rollout_check_finished"] = "rollout_check_finished"
+    rewarded: int
+    rollouts: int
+    terminations: dict[str, int]
+
+
+class _RolloutEvent(_Event):
+    rollout_id: str
+
+
+class RolloutStarted(_RolloutEvent):
+    kind: Literal["rollout_started"] = "rollout_started"
+    instance_id: str
+    harness: str
+    group_index: int = 0
+    index: int = 0
+
+
+class StageFinished(_RolloutEvent):
+    kind: Literal["stage"] = "stage"
+    stage: StageName
+    status: StageStatus
+    duration_s: float
+
+
+class HarnessReady(_RolloutEvent):
+    kind: Literal["harness_ready"] = "harness_ready"
+    harness: str
+    version: str
+
+
+class AgentExited(_RolloutEvent):
+    """The CLI process ended: what was observed, not why the rollout ended (``rollout_finished`` decides)."""
+
+    kind: Literal["agent_exited"] = "agent_exited"
+    cli_s: float
+    exit_code: int | None
+    """None when it was killed at the time budget."""
+    detail: str = ""
+    """The harness's account of the exit, in words (cut to 300 characters)."""
+
+
+class SessionOpened(_RolloutEvent):
+    """The adapter session was opened with these limits (the config's, narrowed by the harness's options)."""
+
+    kind: Literal["session_opened"] = "session_opened"
+    session_id: str
+    max_requests: int | None
+    harness_options: dict[str, object] = Field(default_factory=dict)
+    """What the harness asked of the adapter (``HarnessHandle.adapter_options()``)."""
+
+
+class SessionCloseFailed(_RolloutEvent):
+    """Closing the adapter session (and saving its turn records) raised: the records may be missing."""
+
+    kind: Literal["session_close_failed"] = "session_close_failed"
+    error: str
+    traceback: str
+
+
+class ArtifactNotSaved(_RolloutEvent):
+    """An artifact could not be written to the rollout's folder (disk full, CLI files unreadable...)."""
+
+    kind: Literal["artifact_not_saved"] = "artifact_not_saved"
+    name: str
+    error: str
+
+
+class RolloutFinished(_RolloutEvent):
+    """The one place a rollout's termination reason is written."""
+
+    kind: Literal["rollout_finished"] = "rollout_finished"
+    termination: TerminationReason
+    reward: float | None
+    detail: str = ""
+    infrastructure_failure: bool
+    timings: dict[str, float] = Field(default_factory=dict)
+    turns: int = 0
+    traceback: str | None = None
+    """For ``internal_error``: where the bug is."""
+
+
+RunEvent = Annotated[
+    RunStarted
+    | RunResumed
+    | LogRepaired
+    | ServingReady
+    | Baseline
+    | RolloutCheckFinished
+    | RolloutStarted
+    | StageFinished
+    | HarnessReady
+    | AgentExited
+    | SessionOpened
+    | SessionCloseFailed
+    | ArtifactNotSaved
+    | RolloutFinished,
+    Field(discriminator="kind"),
+]
+"""Any event of the run log, told apart by its ``kind``."""
+
+EVENTS: TypeAdapter[RunEvent] = TypeAdapter(RunEvent)
+
+
+def parse_event(line: str | bytes) -> RunEvent:
+    """One log line as its typed event; ``pydantic.ValidationError`` for an unknown kind or bad field."""
+    return EVENTS.validate_json(line)
+
+
+def event_kinds() -> list[str]:
+    """Every ``kind`` a run log may hold."""
+    return sorted(EVENTS.json_schema()["discriminator"]["mapping"])

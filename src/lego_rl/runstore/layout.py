@@ -1,0 +1,134 @@
+"""The run directory: everything a run writes, append-only.
+
+Layout under ``RUN_ROOT``::
+
+    config.json              resolved configuration with each value's source (config.resume-N.json on resume)
+    events.jsonl             append-only event log, one typed event per line (``RUN_LOG``; runstore.events)
+    metrics.jsonl            one row per optimizer step (runstore.metrics; written by the trainer)
+    sandboxes/<rollout_id>/  per-rollout artifacts, saved *before* sandbox cleanup (``SUNABAKO_ARTIFACTS``):
+                             CLI logs, sandbox commands, patch, grader output, turn records, outcome.json
+                             and the rollout's training samples (samples.jsonl)
+
+Samples live with their rollout, not in a folder of their own: a rollout's samples, turn records and
+outcome are read together, and a run that rolls out without training has no steps to file them under.
+
+Nothing here is ever overwritten: a second writer of an existing artifact gets ``FileExistsError``, a log
+is only opened for appending, and a run root that already holds a run is refused unless resuming.
+``lego monitor`` reads only this directory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lego_rl.errors import ConfigError
+from lego_rl.runstore.events import RunResumed, RunStarted
+from lego_rl.runstore.files import write_new
+from lego_rl.runstore.log import EventLog, MetricsLog
+
+_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def safe_name(name: str) -> str:
+    """A file-system safe version of ``name`` (rollout ids, task ids)."""
+    cleaned = "".join(ch if ch in _SAFE else "_" for ch in name).strip(".")
+    return cleaned or "_"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where each part of a run lives; pure paths, nothing is created. ``artifacts`` and ``events`` can be
+    moved elsewhere (``paths.artifacts``, ``paths.run_log``)."""
+
+    root: Path
+    artifacts_dir: Path | None = None
+    run_log: Path | None = None
+
+    @property
+    def artifacts(self) -> Path:
+        return self.artifacts_dir or self.root / "sandboxes"
+
+    @property
+    def events(self) -> Path:
+        return self.run_log or self.root / "events.jsonl"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    def config(self, resume: int = 0) -> Path:
+        """``config.json``, or the config of the ``resume``-th resume."""
+        return self.root / ("config.json" if resume == 0 else f"config.resume-{resume}.json")
+
+    def rollout(self, rollout_id: str) -> Path:
+        """A rollout's artifact folder."""
+        return self.artifacts / safe_name(rollout_id)
+
+    def holds_run(self) -> bool:
+        return self.config().exists() or self.events.exists()
+
+
+class RunDir:
+    """A run's directory, opened for writing."""
+
+    def __init__(self, layout: RunLayout) -> None:
+        self.layout = layout
+        self.root = layout.root
+        self.artifacts = layout.artifacts
+        self.events = EventLog(layout.events)
+        self._metrics: MetricsLog | None = None
+
+    @classmethod
+    def open(
+        cls,
+        root: Path,
+        *,
+        config: dict[str, Any],
+        resume: bool = False,
+        artifacts: Path | None = None,
+        run_log: Path | None = None,
+    ) -> RunDir:
+        """Create (or, with ``resume``, reopen) a run directory and record the resolved config."""
+        layout = RunLayout(root, artifacts, run_log)
+        if layout.holds_run() and not resume:
+            what = layout.events if layout.events.exists() else layout.config()
+            raise ConfigError(
+                f"{what} already exists: logs are never overwritten. Use a new RUN_ROOT (or a new "
+                "RUN_LOG), or resume the run",
+                parameter="paths.run_root",
+                value=str(root),
+            )
+        if resume and not layout.holds_run():
+            raise ConfigError(f"nothing to resume in {root}", parameter="train.resume", value=str(root))
+        root.mkdir(parents=True, exist_ok=True)
+        n = 0
+        if resume:
+            n = 1
+            while layout.config(n).exists():
+                n += 1
+        write_new(layout.config(n), json.dumps(config, indent=2, default=str), what="run config")
+        run = cls(layout)
+        run.events.emit(RunResumed(root=str(root)) if resume else RunStarted(root=str(root)))
+        return run
+
+    @property
+    def metrics(self) -> MetricsLog:
+        """The per-step metrics log, opened for appending on first use."""
+        if self._metrics is None:
+            self._metrics = MetricsLog(self.layout.metrics)
+        return self._metrics
+
+    def rollout_dir(self, rollout_id: str) -> Path:
+        """A fresh artifact directory for one rollout; an existing one is an error, never reused."""
+        path = self.layout.rollout(rollout_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(exist_ok=False)
+        return path
+
+    def close(self) -> None:
+        self.events.close()
+        if self._metrics is not None:
+            self._metrics.close()
