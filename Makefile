@@ -40,12 +40,14 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	touch $(STAMP)
 
 # Real components the suite runs against: vLLM (CPU build, own venv), the coding CLIs from npm/PyPI,
-# and a debootstrap root filesystem for sandbox tests. Each script caches its result.
+# and two debootstrap root filesystems for sandbox tests: bookworm, and trixie for OpenHands (Python 3.13;
+# its interpreter also builds the OpenHands site trees, so it comes before the CLIs and the toolchain).
+# Each script caches its result.
 test-deps: setup
 	scripts/setup_vllm.sh
-	scripts/setup_clis.sh
 	scripts/build_rootfs.sh
-	scripts/build_rootfs_py312.sh
+	scripts/build_rootfs_trixie.sh
+	scripts/setup_clis.sh
 	scripts/setup_tasks.sh
 	LEGO=$(LEGO) scripts/setup_toolchain.sh
 

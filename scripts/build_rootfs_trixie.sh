@@ -5,19 +5,20 @@
 #
 #   scripts/build_rootfs_trixie.sh     # -> ${LEGO_ROOTFS_TRIXIE_CACHE:-/var/cache/lego-rl/rootfs-trixie}
 #
-# Tasks on this tree run the openhands harness with `python = "python3.13"` and `python_version = "3.13"`
-# (its site tree is built for that minor version: `lego toolchain fetch -o openhands.python_version=3.13`).
-# Packages: python3 (full stdlib: graders run unittest/pytest), git, patch, tmux (the OpenHands terminal tool
-# runs in tmux), ca-certificates. Idempotent and cached like scripts/build_rootfs.sh: a stamp names the
-# package set, the build goes to a sibling temp dir renamed into place only when complete. Needs root,
-# debootstrap >= 1.0.128 (knows trixie) and a Debian mirror (about 2 min, ~230 MB).
+# The openhands harness defaults to this tree's python3.13. Its Python also serves the host
+# (scripts/trixie_python.sh): the OpenHands site trees are pip-installed by this interpreter, so the host
+# needs no Python 3.13. Packages: python3 (full stdlib: graders run unittest/pytest), python3-pip (builds
+# those site trees; `pip install --target` only), git, patch, tmux (the OpenHands terminal tool runs in
+# tmux), ca-certificates. Idempotent and cached like scripts/build_rootfs.sh: a stamp names the package
+# set, the build goes to a sibling temp dir renamed into place only when complete. Needs root,
+# debootstrap >= 1.0.128 (knows trixie) and a Debian mirror (about 3 min, ~250 MB).
 set -euo pipefail
 
 DEST="${LEGO_ROOTFS_TRIXIE_CACHE:-/var/cache/lego-rl/rootfs-trixie}"
 MIRROR="${LEGO_ROOTFS_MIRROR:-http://deb.debian.org/debian}"
 SUITE=trixie
 PYTHON=python3.13
-PACKAGES="python3,git,patch,tmux,ca-certificates"
+PACKAGES="python3,python3-pip,git,patch,tmux,ca-certificates"
 STAMP_NAME=".lego-rootfs-stamp"
 STAMP="suite=${SUITE} packages=${PACKAGES} version=1"
 
@@ -47,6 +48,7 @@ rm -rf "${tmp}"/var/cache/apt/archives/*.deb "${tmp}"/var/lib/apt/lists/* \
 # Translations are a large share of the tree, and sunabako copies the whole rootfs on every create.
 find "${tmp}/usr/share/locale" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
 chroot "${tmp}" "${PYTHON}" -c 'import unittest, sqlite3, ssl'  # graders' runner; the SDK's stdlib needs
+chroot "${tmp}" "${PYTHON}" -m pip --version >/dev/null
 mkdir -p "${tmp}/testbed" "${tmp}/workspace"
 chmod 1777 "${tmp}/tmp"
 printf '%s' "${STAMP}" > "${tmp}/${STAMP_NAME}"

@@ -8,12 +8,14 @@
 #   $LEGO_CLI_DIR/claude/node_modules/.bin/claude        npm @anthropic-ai/claude-code
 #   $LEGO_CLI_DIR/codex/node_modules/.bin/codex          npm @openai/codex (+ linux-x64 native package)
 #   $LEGO_CLI_DIR/opencode/node_modules/.bin/opencode    npm opencode-ai
-#   $LEGO_CLI_DIR/openhands/bin/python                   Python 3.12 venv with openhands-sdk + -tools
+#   $LEGO_CLI_DIR/openhands/bin/python                   trixie's python3.13 (scripts/trixie_python.sh)
+#                                                        with openhands-sdk + -tools in openhands/site
 #
 # Idempotent and cached: each part carries a stamp naming its package and version; a matching stamp
 # means nothing to do. Each part is built in a sibling temp dir that is renamed into place only when
 # complete, so an interrupted install never leaves a tree that looks finished.
-# Needs node/npm (Node 20 is enough), the npm registry, PyPI and Python 3.12 ($LEGO_PYTHON312).
+# Needs node/npm (Node 20 is enough), the npm registry, PyPI, bwrap and the Debian trixie rootfs of
+# scripts/build_rootfs_trixie.sh (its python3.13 and pip run the SDK; the host needs no Python 3.13).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,16 +24,6 @@ CLAUDE_VERSION="${LEGO_CLAUDE_CODE_VERSION:-2.1.332}"
 CODEX_VERSION="${LEGO_CODEX_VERSION:-0.162.1}"
 OPENCODE_VERSION="${LEGO_OPENCODE_VERSION:-1.18.33}"
 OPENHANDS_VERSION="${LEGO_OPENHANDS_VERSION:-1.58.2}"
-# The first Python 3.12 that actually runs (a pyenv shim on PATH may exist but refuse to run).
-PY312="${LEGO_PYTHON312:-}"
-if [[ -z "${PY312}" ]]; then
-    for cand in /root/.pyenv/versions/3.12.*/bin/python3.12 "$(command -v python3.12 || true)"; do
-        if [[ -n "${cand}" ]] && "${cand}" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
-            PY312="${cand}"
-            break
-        fi
-    done
-fi
 STAMP_NAME=".lego-cli-stamp"
 
 mkdir -p "${DEST}"
@@ -75,19 +67,27 @@ npm_part codex "@openai/codex@${CODEX_VERSION}+linux-x64" \
     "@openai/codex@${CODEX_VERSION}" "@openai/codex-linux-x64@npm:@openai/codex@${CODEX_VERSION}-linux-x64"
 npm_part opencode "opencode-ai@${OPENCODE_VERSION}" "opencode-ai@${OPENCODE_VERSION}"
 
-oh_stamp="openhands-sdk==${OPENHANDS_VERSION} openhands-tools==${OPENHANDS_VERSION}"
+# The SDK runs on the trixie rootfs's Python, as the openhands harness does inside a sandbox; its site
+# tree is pip-installed by that same interpreter, so every binary wheel matches it.
+oh_stamp="openhands-sdk==${OPENHANDS_VERSION} openhands-tools==${OPENHANDS_VERSION} python3.13 (trixie rootfs)"
 if up_to_date openhands "${oh_stamp}"; then
     echo "openhands up to date: ${oh_stamp}"
 else
-    [[ -n "${PY312}" && -x "${PY312}" ]] || { echo "setup_clis.sh: Python 3.12 not found (set LEGO_PYTHON312)" >&2; exit 2; }
-    # A venv hard-codes its own path, so it is built at its final place; the stamp, written last,
-    # is what marks it finished (tests and this script trust nothing without it).
-    rm -rf --one-file-system "${DEST}/openhands"
-    "${PY312}" -m venv "${DEST}/openhands"
-    "${DEST}/openhands/bin/pip" install --quiet --disable-pip-version-check \
-        "openhands-sdk==${OPENHANDS_VERSION}" "openhands-tools==${OPENHANDS_VERSION}"
-    echo "${oh_stamp}" >"${DEST}/openhands/${STAMP_NAME}"
-    echo "installed openhands: ${oh_stamp}"
+    tmp="$(mktemp -d "${DEST}/openhands.tmp.XXXXXX")"
+    # Compiled here (pip's default): the tree is read-only where it runs, and litellm is slow to compile.
+    (cd "${tmp}" && nice "${here}/scripts/trixie_python.sh" -m pip install --quiet \
+        --disable-pip-version-check --target site \
+        "openhands-sdk==${OPENHANDS_VERSION}" "openhands-tools==${OPENHANDS_VERSION}")
+    mkdir "${tmp}/bin"
+    # It finds its site tree through its own path, so the tree still works after the rename below.
+    cat >"${tmp}/bin/python" <<EOF
+#!/bin/sh
+# Written by scripts/setup_clis.sh: the OpenHands SDK on the trixie rootfs's python3.13.
+site="\$(dirname "\$(dirname "\$(readlink -f "\$0")")")/site"
+PYTHONPATH="\${site}" exec "${here}/scripts/trixie_python.sh" --ro "\${site}" -- "\$@"
+EOF
+    chmod 0755 "${tmp}/bin/python"
+    finish openhands "${oh_stamp}" "${tmp}"
 fi
 
 echo "CLIs ready under ${DEST}"

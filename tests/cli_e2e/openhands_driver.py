@@ -1,4 +1,4 @@
-"""Drive the OpenHands SDK (its own Python 3.12 venv) against an OpenAI-compatible URL, for the e2e tests.
+"""Drive the OpenHands SDK (trixie's python3.13, scripts/setup_clis.sh) against an OpenAI-compatible URL.
 
 usage: python openhands_driver.py URL SESSION WORKDIR PROMPT [--stream]
 Prints one JSON line at the end: {"finished": bool, "last_agent_text": str}. Exit 0 when the

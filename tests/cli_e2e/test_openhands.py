@@ -1,4 +1,4 @@
-"""The OpenHands SDK (real, from PyPI, Python 3.12) through the adapter's Chat Completions front end."""
+"""The OpenHands SDK (real, from PyPI, on trixie's Python 3.13) through the Chat Completions front end."""
 
 from __future__ import annotations
 

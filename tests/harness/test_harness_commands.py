@@ -180,7 +180,7 @@ def test_opencode_config_and_flags() -> None:
 
 def test_openhands_runner_gets_its_settings_from_a_file() -> None:
     spec = harness("openhands").command(request())
-    assert spec.argv[0] == "python3.12" and spec.argv[1].endswith("lego_openhands_runner.py")
+    assert spec.argv[0] == "python3.13" and spec.argv[1].endswith("lego_openhands_runner.py")
     run = json.loads(spec.files[spec.argv[2]])
     assert run["base_url"] == "http://127.0.0.1:18091/v1" and run["api_key"] == "sess-42"
     assert run["max_turns"] == 7 and run["model"] == "qwen-tiny"

@@ -6,9 +6,10 @@ The end-to-end runs against the real adapter live with generate() (lead's tests)
 
 from __future__ import annotations
 
-import glob
 import json
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,9 @@ from lego_rl.harness.toolchain import default_toolchain_dir
 from lego_rl.sandbox import ImageSpec
 
 pytestmark = pytest.mark.slow
+
+ROOTFS_TRIXIE = Path(os.environ.get("LEGO_ROOTFS_TRIXIE_CACHE", "/var/cache/lego-rl/rootfs-trixie"))
+"""The OpenHands SDK needs Python >= 3.12 in the sandbox: the trixie rootfs (python3.13, the plugin's default)."""
 
 
 def request(budget: float) -> RunRequest:
@@ -45,9 +49,6 @@ async def installed(
         missing(f"no harness toolchain at {folder}: run scripts/setup_toolchain.sh")
     handle = get_harness(name, overrides or {}, environ={}, pm=get_plugin_manager({}))
     sb = await make_sandbox(image)
-    if image is not None and image.rootfs is None:
-        # Test-only: the host image's Python 3.12 lives under root's 0700 home; open it in this overlay.
-        await sb.exec(["chmod", "755", "/root"], check=True)
     await handle.install(sb, Toolchain(folder))
     return handle, sb
 
@@ -88,11 +89,10 @@ async def test_opencode_uses_the_lego_provider_and_is_ended_by_its_budget(make_s
 
 
 async def test_openhands_runner_reports_the_dead_adapter(make_sandbox: MakeSandbox) -> None:
-    pythons = sorted(glob.glob("/root/.pyenv/versions/3.12.*/bin/python3.12"))
-    if not pythons:
-        missing("no host Python 3.12 under /root/.pyenv (the sandbox borrows it through the host image)")
-    image = ImageSpec(name="host", rootfs=None, workdir="/testbed")
-    handle, sb = await installed(make_sandbox, "openhands", {"python": pythons[-1]}, image)
+    if not (ROOTFS_TRIXIE / ".lego-rootfs-stamp").is_file():
+        missing(f"no trixie rootfs at {ROOTFS_TRIXIE}: run scripts/build_rootfs_trixie.sh")
+    image = ImageSpec(name="trixie", rootfs=str(ROOTFS_TRIXIE), workdir="/testbed")
+    handle, sb = await installed(make_sandbox, "openhands", {}, image)
     assert await handle.verify(sb, "agent") == "openhands-sdk 1.58.2"
     out = await handle.run(sb, request(150))
     assert out.kind == "adapter_error" and "LLMServiceUnavailableError" in out.detail

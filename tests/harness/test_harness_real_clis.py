@@ -75,7 +75,7 @@ async def test_openhands_refuses_an_image_without_its_python(
 ) -> None:
     handle = get_harness("openhands", {"python": "python3"}, environ={}, pm=get_plugin_manager({}))
     sb = await make_sandbox()  # the bookworm test rootfs has Python 3.11 only
-    with pytest.raises(HarnessError, match=r"needs Python 3.12 in the sandbox .* 'python3' is 3.11"):
+    with pytest.raises(HarnessError, match=r"needs Python 3.13 in the sandbox .* 'python3' is 3.11"):
         await handle.install(sb, toolchain)
 
 

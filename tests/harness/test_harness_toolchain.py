@@ -16,7 +16,7 @@ from harness_helpers import Registry, make_tgz, sri, start_registry
 from lego_rl.errors import ConfigError, HarnessError
 from lego_rl.harness import Toolchain, ToolchainPin
 from lego_rl.harness.fetch import fetch_toolchain
-from lego_rl.harness.toolchain import LOCKFILE, Lockfile, sha512_integrity
+from lego_rl.harness.toolchain import LOCKFILE, LockEntry, Lockfile, sha512_integrity
 
 
 @pytest.fixture
@@ -137,3 +137,32 @@ async def test_fetch_keeps_going_and_reports_every_failure(registry: Registry, t
     [(pin, exc)] = failures
     assert pin.name == "missing" and "npm registry has no missing@1.0.0" in str(exc)
     assert list(Lockfile.load(tmp_path / "tc").entries) == ["npm:good@1.0.0"]
+
+
+async def test_a_site_tree_for_one_python_does_not_stand_in_for_another(tmp_path: Path) -> None:
+    """Binary wheels load on one minor version: a tree fetched for 3.12 is not current for a 3.13 pin
+    (it was, under one key per package version, and a 3.13 sandbox got the 3.12 tree)."""
+    folder = tmp_path / "tc"
+    tree = make_tgz(tmp_path / "site.tgz", {"sdk/__init__.py": ""}, top="site")
+    (folder / "pypi").mkdir(parents=True)
+    (folder / "pypi" / "sdk-1.0-py3.12-site.tgz").write_bytes(tree.read_bytes())
+    pins = {v: ToolchainPin(role="site", kind="pypi", name="sdk", version="1.0", with_dependencies=True,
+                            python_version=v) for v in ("3.12", "3.13")}  # fmt: skip
+    entry = LockEntry(kind="pypi", name="sdk", version="1.0", file="pypi/sdk-1.0-py3.12-site.tgz",
+                      integrity=sri(tree.read_bytes()), size=tree.stat().st_size, source="test",
+                      fetched_at="2026-01-01T00:00:00Z", python_version="3.12")  # fmt: skip
+    Lockfile(entries={entry.key: entry}).save(folder)
+    assert entry.key == pins["3.12"].key == "pypi:sdk@1.0+py3.12" != pins["3.13"].key
+    assert Lockfile.load(folder).entries == {"pypi:sdk@1.0+py3.12": entry}
+    tc = Toolchain(folder)
+    assert tc.resolve(pins["3.12"]) == (folder / entry.file).resolve()
+    with pytest.raises(HarnessError, match=r"pypi:sdk@1.0\+py3.13 .*is not in the toolchain"):
+        tc.resolve(pins["3.13"])
+    # fetch skips the current 3.12 tree and builds the 3.13 one (here with an interpreter that is missing).
+    failures: list[tuple[ToolchainPin, Exception]] = []
+    [(kept, fetched)] = await fetch_toolchain(
+        list(pins.values()), folder, python=str(tmp_path / "no-python3.13"), failures=failures
+    )
+    assert kept == entry and not fetched
+    [(pin, exc)] = failures
+    assert pin == pins["3.13"] and "no-python3.13" in str(exc)

@@ -196,7 +196,8 @@ async def _fetch_pypi_tree(folder: Path, pin: ToolchainPin, python: str | None) 
     if interp is None:
         raise HarnessError(
             f"{pin.key} is installed for Python {target}; building its site tree needs python{target} on the "
-            "host (or pass --python)"
+            "host, or --python naming one (in a lego-rl checkout, scripts/trixie_python.sh runs the trixie "
+            "rootfs's python3.13)"
         )
     (folder / "pypi").mkdir(parents=True, exist_ok=True)
     rel = f"pypi/{pin.name}-{pin.version}-py{target}-site.tgz"
@@ -210,7 +211,7 @@ async def _fetch_pypi_tree(folder: Path, pin: ToolchainPin, python: str | None) 
         _pack_tree(site, folder / rel, "site")
     return LockEntry(
         kind="pypi", name=pin.name, version=pin.version, file=rel, integrity=sha512_integrity(folder / rel),
-        size=(folder / rel).stat().st_size, fetched_at=now_iso(),
+        size=(folder / rel).stat().st_size, fetched_at=now_iso(), python_version=pin.python_version,
         source=f"pip install --target with {interp} (each wheel checked against PyPI's sha256)",
     )  # fmt: skip
 

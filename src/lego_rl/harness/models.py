@@ -63,7 +63,14 @@ class ToolchainPin(BaseModel):
 
     @property
     def key(self) -> str:
-        return f"{self.kind}:{self.name}@{self.version}"
+        return lock_key(self.kind, self.name, self.version, self.python_version)
+
+
+def lock_key(kind: str, name: str, version: str, python_version: str | None = None) -> str:
+    """``npm:name@version``; a PyPI site tree also names its Python (``pypi:name@version+py3.13``): its
+    binary wheels load on that minor version only, so trees for two Pythons are two artifacts."""
+    key = f"{kind}:{name}@{version}"
+    return f"{key}+py{python_version}" if python_version else key
 
 
 class RunRequest(BaseModel):

@@ -27,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lego_rl.errors import ConfigError, HarnessError
-from lego_rl.harness.models import ToolchainPin
+from lego_rl.harness.models import ToolchainPin, lock_key
 
 LOCKFILE = "toolchain.lock.json"
 _CHUNK = 1 << 20
@@ -79,10 +79,12 @@ class LockEntry(BaseModel):
     registry_integrity: str | None = None
     """The registry's published hash for the package tarball (for trees: of the top package)."""
     fetched_at: str
+    python_version: str | None = None
+    """pypi: the Python minor version the site tree was built for (part of the key)."""
 
     @property
     def key(self) -> str:
-        return f"{self.kind}:{self.name}@{self.version}"
+        return lock_key(self.kind, self.name, self.version, self.python_version)
 
 
 class Lockfile(BaseModel):

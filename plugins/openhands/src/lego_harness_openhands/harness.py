@@ -1,9 +1,10 @@
 """The OpenHands SDK (``openhands-sdk`` + ``openhands-tools`` from PyPI) as a lego harness.
 
 The SDK needs Python >= 3.12 *inside the sandbox*: the task image must provide that interpreter
-(``python`` option, default ``python3.12``). ``lego toolchain fetch`` builds a site-packages tree for
-that Python version on the host (``pip install --target`` with a host python3.12); install uploads it
-to ``/opt/lego/openhands/<version>`` with a small runner script, so the sandbox needs neither pip nor
+(``python`` option, default ``python3.13``: the Debian trixie rootfs of scripts/build_rootfs_trixie.sh).
+``lego toolchain fetch`` builds a site-packages tree for that Python version (``pip install --target``
+run by an interpreter of that version, ``--python``); install uploads it to
+``/opt/lego/openhands/<version>`` with a small runner script, so the sandbox needs neither pip nor
 network. Binary wheels are built for one minor version: install refuses an interpreter of another.
 
 The runner drives one ``Conversation`` with an ``LLM(model="openai/<m>")`` at the adapter's
@@ -43,9 +44,9 @@ class OpenHandsConfig(HarnessConfig):
     """``[harness.openhands]``; env: ``LEGO_AGENT_OPENHANDS_*`` (or ``VIME_AGENT_OPENHANDS_*``)."""
 
     version: str = DEFAULT_VERSION
-    python: str = "python3.12"
+    python: str = "python3.13"
     """Interpreter inside the sandbox image (>= 3.12, same minor version as ``python_version``)."""
-    python_version: str = Field(default="3.12", pattern=r"^3\.(1[2-9]|[2-9]\d)$")
+    python_version: str = Field(default="3.13", pattern=r"^3\.(1[2-9]|[2-9]\d)$")
     """Minor version the site tree is built for."""
     site_tree: Path | None = None
     """Host copy of the packed site tree (``LEGO_AGENT_OPENHANDS_SITE_TREE``)."""

@@ -1,6 +1,6 @@
 """Runs inside the sandbox under Python >= 3.12: one OpenHands SDK conversation against the adapter.
 
-Uploaded by the lego ``openhands`` harness and run as ``python3.12 runner_script.py RUN_JSON``. It
+Uploaded by the lego ``openhands`` harness and run as ``python3.13 runner_script.py RUN_JSON``. It
 prints one JSON line per SDK event, then a final ``{"type": "lego_result", ...}`` line that the
 harness reads; exit status 0 means the agent finished, 1 that it stopped otherwise.
 This file must not import lego_rl (it is not installed in the sandbox).
