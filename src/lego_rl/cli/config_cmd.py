@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -45,10 +46,13 @@ def _section_table(r: ResolvedConfig, section: str, *, docs: bool) -> Table:
     if docs:
         table.add_column("meaning", style="italic", ratio=3)
     model = getattr(r.config, section)
+    launch_root = _launch_time_run_root(r)
     for name, info in type(model).model_fields.items():
         source = r.source(f"{section}.{name}")
         value = _jsonable(getattr(model, name))
         shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        if launch_root and section == "paths" and isinstance(value, str):
+            shown = shown.replace(*launch_root)
         style = "" if source.kind == "default" else "green"
         # Values, sources and docs are data, not markup: a value "[bold]x" must print as written.
         row = [Text(name), Text(shown, style=style), Text(str(source))]
@@ -56,6 +60,19 @@ def _section_table(r: ResolvedConfig, section: str, *, docs: bool) -> Table:
             row.append(Text(" ".join((info.description or "").split())))
         table.add_row(*row)
     return table
+
+
+def _launch_time_run_root(r: ResolvedConfig) -> tuple[str, str] | None:
+    """(this resolution's run root, how the job will name its own) when the run root is derived from the clock.
+
+    A derived run root carries the time of resolution; the job resolves again when it starts and gets a later
+    one. Printing this run's stamp would name a folder the job never writes, so the table says what it will be.
+    """
+    source = r.source("paths.run_root")
+    if source.kind != "derived" or r.config.paths.run_root is None:
+        return None
+    concrete = r.config.paths.run_root
+    return concrete, str(Path(concrete).parent / "run-<timestamp when the job starts>")
 
 
 def _harness_tables(r: ResolvedConfig) -> list[Table]:
