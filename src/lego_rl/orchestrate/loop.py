@@ -31,7 +31,7 @@ import asyncio
 import math
 import random
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -429,7 +429,7 @@ class TrainLoop:
         # The ratio's base is the policy that sampled this batch: every optimizer step's old logprobs are
         # taken before the first update.
         old = [self.backend.compute_logprobs(st.micro_batches, temperature=self.s.temperature) for st in steps]
-        sums: Counter[str] = Counter()
+        sums: dict[str, float] = defaultdict(float)
         last: dict[str, float] = {}
         for st, old_lp in zip(steps, old, strict=True):
             res = self.backend.train_step(st, self.loss_fn, old_logprobs=old_lp, temperature=self.s.temperature)
