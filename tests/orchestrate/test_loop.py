@@ -183,6 +183,8 @@ async def test_oversampling_budget_is_bounded(tmp_path: Path, tiny: Path) -> Non
     assert row.values["replaced_groups"] == 2 and row.values["zero_variance_groups"] == 4
     assert len({p for p, _ in rollouts.calls}) == 4  # 2 prompts + 2 replacements, then it stops
     assert row.values["trained"] == 0.0
+    # the step's report covers every rollout sampled, replaced groups included
+    assert row.values["rollouts"] == 16 and row.terminations == {TR.COMPLETED: 16}
 
 
 async def test_every_rollout_failing_is_an_error_naming_the_reason(tmp_path: Path, tiny: Path) -> None:

@@ -204,6 +204,9 @@ class StepRollouts:
     """What one step's rollout phase produced."""
 
     groups: list[Group]
+    """The groups trained on."""
+    dropped: list[Group] = field(default_factory=list)
+    """Zero-variance groups replaced by fresh prompts: reported in the step's rewards, never trained on."""
     refills: int = 0
     replaced_groups: int = 0
     zero_variance_groups: int = 0
@@ -366,6 +369,7 @@ class TrainLoop:
                         spare -= 1
                         retry += 1
                         out.replaced_groups += 1
+                        out.dropped.append(g)
                         self.run_dir.events.emit(GroupReplaced(step=step, prompt_id=g.prompt.id, reward=common))
                         continue
                 keep.append(g)
@@ -485,15 +489,17 @@ class TrainLoop:
             t2 = time.monotonic()
             await self.sync(self.backend, outcome.weight_version)
             t_sync = time.monotonic() - t2
-        rewards = [r.reward for r in results
+        # What the policy did this step, replaced groups included (training saw only ``results``).
+        sampled = results + [r for g in rolled.dropped for r in g.results]
+        rewards = [r.reward for r in sampled
                    if r.reward is not None and r.termination not in self.admission.excluded]
         values: dict[str, float] = {
             **stats, **outcome.metrics,
             "trained": float(outcome.trained), "weight_version": float(outcome.weight_version),
-            "rollouts": float(len(results)), "refills": float(rolled.refills),
+            "rollouts": float(len(sampled)), "refills": float(rolled.refills),
             "zero_variance_groups": float(rolled.zero_variance_groups),
             "replaced_groups": float(rolled.replaced_groups),
-            "sampled_tokens": float(sum(s.num_trained_tokens for r in results for s in r.samples)),
+            "sampled_tokens": float(sum(s.num_trained_tokens for r in sampled for s in r.samples)),
             "time_rollout_s": t_rollout, "time_train_s": t_train, "time_sync_s": t_sync,
             "time_step_s": t_rollout + t_train + t_sync,
             "excluded_rollouts": float(sum(excluded.values())),
@@ -503,7 +509,7 @@ class TrainLoop:
             values["reward_mean"] = reward_mean
             values["solve_rate"] = sum(1 for x in rewards if x >= self.s.solved_reward) / len(rewards)
         row = StepMetrics(step=step, started_at=started, finished_at=max(time.time(), started), values=values,
-                          terminations=dict(Counter(r.termination for r in results)))
+                          terminations=dict(Counter(r.termination for r in sampled)))
         self.run_dir.metrics.append(row)
         self.run_dir.events.emit(StepFinished(
             step=step, admitted_rollouts=int(stats["admitted_rollouts"]), excluded_rollouts=dict(excluded),
