@@ -86,6 +86,15 @@ def test_failing_check_starts_nothing_and_names_the_key(toy: Path) -> None:
     assert not (toy / "runs" / "toy").exists()
 
 
+def test_loop_settings_are_refused_before_anything_starts(toy: Path) -> None:
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--set", "train.eval_every=2"])
+    assert res.exit_code == 2 and "no held-out rows (train.eval_data)" in said(res)
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--set", "rollout.samples_per_prompt=1",
+                              "--set", "rollout.batch_size=8"])
+    assert res.exit_code == 2 and "samples_per_prompt must be at least 2" in said(res)
+    assert not (toy / "runs" / "toy").exists()
+
+
 def test_missing_data_is_refused(toy: Path) -> None:
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--data", "nowhere.jsonl"])
     assert res.exit_code == 2 and "nowhere.jsonl, which does not exist" in said(res)

@@ -132,6 +132,17 @@ class LoopSettings:
             infra_failure_policy=c.train.infra_failure_policy, seed=c.train.seed,
         )
 
+    def check(self, *, has_eval_rows: bool) -> None:
+        """Refuse settings the loop cannot run (called before anything is started)."""
+        if self.samples_per_prompt < 2:
+            # One rollout per prompt is a group of one: GRPO's advantage is then always 0.
+            raise ConfigError("rollout.samples_per_prompt must be at least 2 for GRPO (a group of one has no "
+                              "baseline, so every advantage is 0)", parameter="rollout.samples_per_prompt",
+                              value=self.samples_per_prompt)
+        if self.eval_every and not has_eval_rows:
+            raise ConfigError("train.eval_every is set but there are no held-out rows (train.eval_data)",
+                              parameter="train.eval_data")
+
     @property
     def admission(self) -> AdmissionPolicy:
         return admission_policy(self.infra_failure_policy)
@@ -240,14 +251,7 @@ class TrainLoop:
         eval_prompts: Sequence[Prompt] = (),
         resume_index: int = 0,
     ) -> None:
-        if settings.samples_per_prompt < 2:
-            # One rollout per prompt is a group of one: GRPO's advantage is then always 0.
-            raise ConfigError("rollout.samples_per_prompt must be at least 2 for GRPO (a group of one has no "
-                              "baseline, so every advantage is 0)", parameter="rollout.samples_per_prompt",
-                              value=settings.samples_per_prompt)
-        if settings.eval_every and not eval_prompts:
-            raise ConfigError("train.eval_every is set but there are no held-out rows (train.eval_data)",
-                              parameter="train.eval_data")
+        settings.check(has_eval_rows=bool(eval_prompts))
         self.s = settings
         self.backend = backend
         self.loss_fn = loss_fn

@@ -166,6 +166,7 @@ class TrainSession:
         data = Path(c.rollout.prompt_data or "")
         self.prompts = self._load(data, "rollout.prompt_data")
         self.eval_prompts = (self._load(Path(c.train.eval_data), "train.eval_data") if c.train.eval_data else [])
+        self.settings.check(has_eval_rows=bool(self.eval_prompts))
         root = Path(c.paths.run_root or "runs/unnamed")
         self.run_dir = RunDir.open(
             root, config=config_json(r), resume=c.train.resume,
