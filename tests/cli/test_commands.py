@@ -61,8 +61,8 @@ def test_docs_name_only_commands_that_exist(path: Path) -> None:
 
 
 def test_the_missing_check_sees_a_stale_command() -> None:
-    assert _missing("run `lego train` then `lego tasks nosuch` and `lego tasks check`") == {
-        "lego train", "lego tasks nosuch"}
+    assert _missing("run `lego trains` then `lego tasks nosuch` and `lego tasks check`") == {
+        "lego trains", "lego tasks nosuch"}
 
 
 def test_verbs_on_task_rows_are_one_sub_app() -> None:

@@ -47,9 +47,11 @@ def _register() -> None:
         sandbox_cmd,
         serving_cmd,
         tasks_cmd,
+        train_cmd,
     )
 
-    for module in (config_cmd, rollout_cmd, tasks_cmd, harness_cmd, serving_cmd, adapter_cmd, sandbox_cmd):
+    for module in (config_cmd, rollout_cmd, train_cmd, tasks_cmd, harness_cmd, serving_cmd, adapter_cmd,
+                   sandbox_cmd):
         module.register(app)
 
 

@@ -45,6 +45,10 @@ def scan_dataset(r: ResolvedConfig) -> DatasetScan:
     if not path.is_file():
         return DatasetScan(findings=[error("missing_file", f"{KEY} names {path}, which does not exist",
                                            "prepare it with `lego tasks prepare` or set PROMPT_DATA", KEY)])
+    if r.config.train.environment:
+        # The rows are the environment's own shape, not task rows: it validates them itself when
+        # `lego train` loads them (before anything starts), naming the file and line.
+        return DatasetScan()
     try:
         loaded = load_tasks(path, row_keys(r))
     except TaskDataError as exc:

@@ -162,6 +162,9 @@ class RolloutConfig(Section):
     """R3: record MoE expert routes at rollout and replay them in training (MoE models only)."""
     max_staleness: int = Field(default=1, ge=0)
     """Weight versions a rollout may lag behind the trainer when it is admitted."""
+    concurrency: int = Field(default=8, ge=1)
+    """Rollouts in flight at once during a training step (sandboxes and CLIs for coding tasks, engine
+    requests for an environment); the engine batches what arrives."""
 
 
 class TrainConfig(Section):
@@ -193,6 +196,29 @@ class TrainConfig(Section):
     """What infrastructure-failed rollouts do: excluded from statistics and loss, or kept with reward 0."""
     resume: bool = False
     """Continue the run already in paths.run_root instead of refusing to touch it."""
+    environment: str | None = None
+    """A verifiable environment registered in the `lego_rl.environments` entry-point group (e.g. the
+    built-in `first_letter`): rollouts sample from the engine and score the text themselves, with no
+    sandbox or CLI. Unset = coding-agent rollouts through the harnesses."""
+    environment_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the environment's constructor (JSON object)."""
+    eval_data: str | None = None
+    """Held-out rows (JSONL, same shape as rollout.prompt_data) for evaluation every `eval_every` steps."""
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate pass@1 on eval_data after every N-th step (and after the last); 0 = never."""
+    eval_samples: int = Field(default=4, ge=1)
+    """Rollouts per held-out row; pass@1 is their mean solve rate, averaged over rows."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Save a trainer checkpoint (weights, optimizer, data cursor) after every N-th step; 0 = only at the
+    end and when stopped. Resume continues from the newest one."""
+    max_refills: int = Field(default=2, ge=0)
+    """New rollouts for the same prompt when one fails for an infrastructure reason that admission
+    excludes, per sample slot; past it the failure is excluded and the group trains on the rest."""
+    oversample_zero_variance: bool = False
+    """Replace a group whose rewards are all equal (zero advantage, no signal) by a freshly drawn prompt,
+    up to rollout.batch_size extra prompts per step; off = such groups stay in with zero advantage."""
+    seed: int = 0
+    """Seed of the prompt order (reshuffled every epoch over the dataset)."""
 
 
 class ClusterConfig(Section):

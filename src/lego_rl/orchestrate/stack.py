@@ -59,8 +59,19 @@ class Stack:
     core: AdapterCore
 
 
+@dataclass
+class Engines:
+    """The engine side alone: what an environment rollout (no adapter, no CLI) samples from."""
+
+    urls: list[str]
+    client: ServingClient
+    renderer: ChatRenderer
+    model_dir: Path
+
+
 @contextlib.asynccontextmanager
-async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
+async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
+    """Start the embedded engine (or take the configured vLLM URLs) and a client for it; stops on exit."""
     directory = model_dir(cfg.model.checkpoint)
     async with contextlib.AsyncExitStack() as stack:
         if cfg.serving.backend == "embedded":
@@ -84,6 +95,14 @@ async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
             ServingClient(urls, vocab_size=len(renderer.tokenizer), request_timeout_s=cfg.serving.request_timeout_s,
                           model=cfg.model.served_name)
         )
+        yield Engines(urls=urls, client=client, renderer=renderer, model_dir=directory)
+
+
+@contextlib.asynccontextmanager
+async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
+    async with contextlib.AsyncExitStack() as stack:
+        engines = await stack.enter_async_context(serving_engines(cfg))
+        urls, client, renderer = engines.urls, engines.client, engines.renderer
         ro = cfg.rollout
         core = AdapterCore(
             renderer, client, max_context_tokens=cfg.model.max_context_tokens, max_response_tokens=cfg.model.max_response_tokens,

@@ -154,6 +154,79 @@ class RolloutFinished(_RolloutEvent):
     """For ``internal_error``: where the bug is."""
 
 
+class StepStarted(_Event):
+    """A training step began drawing rollouts; ``weight_version`` is what the engines serve for it."""
+
+    kind: Literal["step_started"] = "step_started"
+    step: int
+    weight_version: int
+
+
+class RolloutRefilled(_Event):
+    """An infrastructure failure was replaced by a new rollout for the same prompt (same group slot)."""
+
+    kind: Literal["rollout_refilled"] = "rollout_refilled"
+    step: int
+    failed_rollout_id: str
+    new_rollout_id: str
+    termination: TerminationReason
+    attempt: int
+    """1 for the first refill of this slot."""
+
+
+class GroupReplaced(_Event):
+    """A prompt group whose rewards were all equal (no signal) was dropped and another prompt drawn in its
+    place (``train.oversample_zero_variance``)."""
+
+    kind: Literal["group_replaced"] = "group_replaced"
+    step: int
+    prompt_id: str
+    reward: float
+
+
+class StepFinished(_Event):
+    """The step's rollouts were admitted, trained on (unless none carried signal) and synced."""
+
+    kind: Literal["step_finished"] = "step_finished"
+    step: int
+    admitted_rollouts: int
+    excluded_rollouts: dict[str, int] = Field(default_factory=dict)
+    zero_variance_groups: int = 0
+    trained: bool
+    """False when every advantage was zero: the parameters were left as they were."""
+    weight_version: int
+    reward_mean: float | None = None
+
+
+class CheckpointSaved(_Event):
+    kind: Literal["checkpoint_saved"] = "checkpoint_saved"
+    step: int
+    """The last completed step the checkpoint holds; a resume continues with ``step + 1``."""
+    path: str
+
+
+class EvalFinished(_Event):
+    """Held-out evaluation: pass@1 estimated from ``samples_per_row`` rollouts of each row."""
+
+    kind: Literal["eval_finished"] = "eval_finished"
+    step: int
+    pass_at_1: float
+    reward_mean: float
+    rows: int
+    samples_per_row: int
+    infrastructure_failures: int = 0
+
+
+class TrainingFinished(_Event):
+    """The loop ended: ``completed`` after ``train.num_rollout`` steps, ``stopped`` on a signal."""
+
+    kind: Literal["training_finished"] = "training_finished"
+    status: Literal["completed", "stopped", "failed"]
+    steps_done: int
+    """Steps completed over the whole run (resumes included)."""
+    detail: str = ""
+
+
 RunEvent = Annotated[
     RunStarted
     | RunResumed
@@ -168,7 +241,14 @@ RunEvent = Annotated[
     | SessionOpened
     | SessionCloseFailed
     | ArtifactNotSaved
-    | RolloutFinished,
+    | RolloutFinished
+    | StepStarted
+    | RolloutRefilled
+    | GroupReplaced
+    | StepFinished
+    | CheckpointSaved
+    | EvalFinished
+    | TrainingFinished,
     Field(discriminator="kind"),
 ]
 """Any event of the run log, told apart by its ``kind``."""

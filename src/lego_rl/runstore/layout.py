@@ -5,6 +5,8 @@ Layout under ``RUN_ROOT``::
     config.json              resolved configuration with each value's source (config.resume-N.json on resume)
     events.jsonl             append-only event log, one typed event per line (``RUN_LOG``; runstore.events)
     metrics.jsonl            one row per optimizer step (runstore.metrics; written by the trainer)
+    checkpoints/step-<N>/    trainer checkpoints (the backend's format) after step N; ``checkpoints/latest``
+                             names the newest complete one (written only after the backend returned)
     sandboxes/<rollout_id>/  per-rollout artifacts, saved *before* sandbox cleanup (``SUNABAKO_ARTIFACTS``):
                              CLI logs, sandbox commands, patch, grader output, turn records, outcome.json
                              and the rollout's training samples (samples.jsonl)
@@ -58,6 +60,10 @@ class RunLayout:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
 
     def config(self, resume: int = 0) -> Path:
         """``config.json``, or the config of the ``resume``-th resume."""

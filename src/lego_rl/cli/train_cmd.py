@@ -1,0 +1,192 @@
+"""`lego train`: the training loop over a resolved config, with a live view on stderr."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.text import Text
+
+from lego_rl.cli.console import EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, fail, out
+from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
+from lego_rl.config.checks import run_checks
+from lego_rl.errors import ConfigError, LegoError, TaskDataError
+
+if TYPE_CHECKING:
+    from lego_rl.orchestrate.loop import LoopProgress
+    from lego_rl.orchestrate.train_session import TrainSession, TrainSummary
+
+EXIT_STOPPED = 130
+"""Stopped by Ctrl-C or SIGTERM; the run directory holds a checkpoint to resume from."""
+
+EXIT_CODES = (
+    "Exit codes:\n"
+    f"{EXIT_OK}  every step of train.num_rollout ran; the final checkpoint is in RUN_ROOT/checkpoints;\n"
+    f"{EXIT_USAGE}  the configuration or the data is unusable: nothing was started (the findings are printed);\n"
+    f"{EXIT_INFRA}  the engine or the rollouts failed (a dead engine, every rollout of a step failed): see the "
+    "message and RUN_ROOT/events.jsonl, fix it, then resume from the last checkpoint;\n"
+    f"{EXIT_STOPPED}  stopped by Ctrl-C or SIGTERM: the step in flight was abandoned and the last completed step "
+    "checkpointed; continue with --resume."
+)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _num(value: float | None, fmt: str = ".3f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def progress_line(p: LoopProgress) -> Text:
+    """One status line: step, phase, rollouts, reward, ETA (plain text: no markup from data)."""
+    return Text(
+        f"step {min(p.step + 1, p.total_steps)}/{p.total_steps}  {p.phase:<8}  rollouts {p.rollouts_done}/"
+        f"{p.rollouts_planned} (in flight {p.in_flight})  reward {_num(p.last_reward)}  solved "
+        f"{_num(p.last_solve_rate, '.0%')}  pass@1 {_num(p.last_pass_at_1)}  ETA {_duration(p.eta_s())}"
+    )
+
+
+async def _drive(session: TrainSession, *, live: Live | None) -> TrainSummary:
+    """Run the session; the first Ctrl-C/SIGTERM stops cleanly, a second one cancels at once."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(session.run())
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            err.print(f"{signal.Signals(signum).name}: stopping — abandoning the step in flight and saving a "
+                      "checkpoint of the last completed step (again to quit at once)", markup=False,
+                      highlight=False)
+            session.request_stop()
+        else:
+            task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            if live is not None and session.loop is not None:
+                live.update(progress_line(session.loop.progress))
+        return task.result()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def train(
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    data: Annotated[Path | None, typer.Option("--data", help="Training rows (JSONL); default "
+                                              "rollout.prompt_data.")] = None,
+    environment: Annotated[str | None, typer.Option("--env", help="Train on a registered verifiable "
+                                                    "environment (e.g. first_letter) instead of coding-agent "
+                                                    "rollouts; sets train.environment.")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="Rollout steps (train.num_rollout).")] = None,
+    run_root: Annotated[Path | None, typer.Option("--run-root", help="Run directory (paths.run_root); a new "
+                                                  "one per experiment.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-root from its newest "
+                                         "checkpoint (train.resume).")] = False,
+    vllm_url: Annotated[list[str] | None, typer.Option("--vllm-url", help="Sample from these running vLLM "
+                                                       "servers instead of starting the embedded engine "
+                                                       "(repeatable).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train the policy with GRPO: roll out, score, update, sync the engines, repeat.
+
+    Each step draws rollout.batch_size prompts × rollout.samples_per_prompt rollouts, refills infrastructure failures, computes group-relative advantages, takes the optimizer step(s) and pushes the new weights to the engines. Everything goes to RUN_ROOT: config.json, events.jsonl, metrics.jsonl (one row per step) and checkpoints/. docs/training.md explains the loop and every key it reads.
+
+    Examples:
+
+    lego train -c lego.toml  (coding-agent rollouts through the harnesses)
+
+    lego train --env first_letter --data toy.jsonl --steps 20  (the toy task)
+
+    lego train -c lego.toml --run-root runs/exp1 --resume  (continue after a stop)
+
+    The config is validated first (as `lego validate` does); a failing check starts nothing.
+    """  # noqa: E501 (one line per paragraph: rich wraps help text itself)
+    typed: dict[str, tuple[Any, str]] = {}
+    if data is not None:
+        typed["rollout.prompt_data"] = (str(data), "--data")
+    if environment is not None:
+        typed["train.environment"] = (environment, "--env")
+    if steps is not None:
+        typed["train.num_rollout"] = (steps, "--steps")
+    if run_root is not None:
+        typed["paths.run_root"] = (str(run_root), "--run-root")
+    if resume:
+        typed["train.resume"] = (True, "--resume")
+    if vllm_url:
+        typed["serving.backend"] = ("vllm", "--vllm-url")
+        typed["serving.urls"] = (list(vllm_url), "--vllm-url")
+    try:
+        r = load(config, overrides, typed)
+        from lego_rl.orchestrate.harnesses import harness_inventory
+
+        errors = [f for f in run_checks(r, harnesses=harness_inventory(r)) if f.severity == "error"]
+        if errors:
+            for f in errors:
+                given = ", ".join(f"{key} from {r.source(key)}" for key in f.keys if r.is_explicit(key))
+                fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
+            err.print("nothing was started; run `lego validate` for the full picture", markup=False)
+            raise typer.Exit(EXIT_USAGE)
+        from lego_rl.orchestrate.train_session import TrainSession
+
+        session = TrainSession(r)
+    except (ConfigError, TaskDataError) as exc:
+        fail(exc)
+        raise typer.Exit(EXIT_USAGE) from None
+    from lego_rl.orchestrate.loop import TrainingError
+    from lego_rl.serving.errors import EngineFailed, EngineUnavailable
+
+    try:
+        if as_json:
+            summary = asyncio.run(_drive(session, live=None))
+        else:
+            with Live(Text("starting the engine and the trainer..."), console=err, refresh_per_second=4,
+                      transient=False) as live:
+                summary = asyncio.run(_drive(session, live=live))
+    except (ConfigError, TaskDataError) as exc:
+        fail(exc)
+        raise typer.Exit(EXIT_USAGE) from None
+    except (TrainingError, EngineUnavailable, EngineFailed) as exc:
+        fail(f"{exc} (run directory: {session.run_dir.root})", label="training failed")
+        raise typer.Exit(EXIT_INFRA) from None
+    except asyncio.CancelledError:
+        fail(f"cancelled; the newest checkpoint in {session.run_dir.root / 'checkpoints'} is where a resume starts",
+             label="stopped")
+        raise typer.Exit(EXIT_STOPPED) from None
+    except LegoError as exc:
+        fail(exc, label="training failed")
+        raise typer.Exit(EXIT_INFRA) from None
+    if as_json:
+        out.print_json(json.dumps(summary.as_dict()))
+    else:
+        out.print(f"{summary.status}: {summary.steps_done}/{summary.num_rollout} steps, reward "
+                  f"{_num(summary.last_reward_mean)}, weight version {summary.weight_version}. "
+                  f"Run directory: {summary.run_root}", markup=False, highlight=False)
+    raise typer.Exit(EXIT_OK if summary.status == "completed" else EXIT_STOPPED)
+
+
+train.__doc__ = f"""{inspect.cleandoc(train.__doc__ or "")}
+
+{EXIT_CODES}
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)

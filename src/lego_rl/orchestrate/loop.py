@@ -1,0 +1,607 @@
+"""The synchronous training loop: rollouts → admission → GRPO advantages → packing → train → sync.
+
+One step (``TrainLoop.run_step``):
+
+1. draw ``rollout.batch_size`` prompts from the data cursor (a seeded shuffle, reshuffled per epoch);
+2. run ``rollout.samples_per_prompt`` rollouts of each through the ``RolloutFn``, at most
+   ``rollout.concurrency`` in flight. A rollout that fails for a reason admission would exclude (an
+   infrastructure failure) is *refilled*: a new rollout for the same prompt and slot, up to
+   ``train.max_refills`` times, so one sandbox hiccup does not shrink the group;
+3. with ``train.oversample_zero_variance``, a group whose admitted rewards are all equal is dropped and a
+   fresh prompt drawn in its place (at most ``batch_size`` extra prompts per step);
+4. ``admit`` (``train.infra_failure_policy``), ``grpo_advantages`` over distinct rollouts per group;
+5. when some advantage is non-zero: ``plan_steps`` into optimizer steps of ``train.global_batch_size``
+   rollouts and micro-batches of ``train.micro_batch_tokens`` tokens; old logprobs for *all* of them
+   are computed before the first update (the PPO ratio's base is the policy that sampled the step), then
+   ``backend.train_step`` per optimizer step. When every advantage is zero nothing is trained: the
+   parameters (and the weight version) stay exactly as they were;
+6. weight sync (the ``WeightSyncFn`` hook) when the weights changed;
+7. a ``StepMetrics`` row and ``step_finished`` event; a checkpoint every ``train.checkpoint_every``
+   steps; held-out pass@1 every ``train.eval_every`` steps.
+
+Stopping: ``request_stop()`` (the CLI calls it on Ctrl-C / SIGTERM) abandons the step in flight and
+saves a checkpoint of the last *completed* step with the data cursor as it was then, so a resume redoes
+the abandoned step from the same prompts. The asynchronous scheduler (a later issue) reuses the pieces
+here: ``StepRollouts`` and ``train_on``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from lego_rl.config.schema import LegoConfig
+from lego_rl.errors import ConfigError, LegoError
+from lego_rl.rollout.generate import RolloutResult
+from lego_rl.runstore import RunDir, StepMetrics, replace_file
+from lego_rl.runstore.events import (
+    CheckpointSaved,
+    EvalFinished,
+    GroupReplaced,
+    RolloutRefilled,
+    StepFinished,
+    StepStarted,
+    TrainingFinished,
+)
+from lego_rl.termination import TerminationReason
+from lego_rl.train.advantages import (
+    AdmissionPolicy,
+    SamplelessOutcome,
+    admission_policy,
+    admit,
+    grpo_advantages,
+)
+from lego_rl.train.backend import LossFn, TrainerBackend
+from lego_rl.train.batching import plan_steps
+from lego_rl.trajectory.sample import Sample
+
+
+class TrainingError(LegoError):
+    """The loop cannot go on (e.g. every rollout of a step failed: a dead engine). The message says why."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A dataset row as the loop sees it: a stable id and the row object the ``RolloutFn`` understands."""
+
+    id: str
+    row: Any
+
+
+@dataclass(frozen=True)
+class RolloutSlot:
+    """Where a rollout belongs: its unique id, its group (prompt) and index within the group."""
+
+    rollout_id: str
+    group_index: int
+    index: int
+    attempt: int = 0
+    """0 for the first try of the slot; n for its n-th refill."""
+
+
+RolloutFn = Callable[[Prompt, RolloutSlot], Awaitable[RolloutResult]]
+"""One rollout: never raises for a failed rollout (the result's termination says what happened)."""
+
+WeightSyncFn = Callable[[TrainerBackend, int], Awaitable[None]]
+"""Push the backend's weights to the engines and label them with the given version."""
+
+
+async def no_sync(backend: TrainerBackend, version: int) -> None:
+    """For a run whose engine shares the trainer's parameters (or a test that samples nothing)."""
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Everything the loop reads from the config, read once (``from_config``)."""
+
+    num_rollout: int
+    batch_size: int
+    samples_per_prompt: int
+    micro_batch_tokens: int
+    global_batch_size: int | None = None
+    """Rollouts per optimizer step; None = every rollout of the step in one optimizer step."""
+    temperature: float = 1.0
+    concurrency: int = 8
+    max_refills: int = 2
+    oversample_zero_variance: bool = False
+    checkpoint_every: int = 0
+    eval_every: int = 0
+    eval_samples: int = 4
+    infra_failure_policy: Literal["exclude", "zero_reward"] = "exclude"
+    seed: int = 0
+    solved_reward: float = 1.0
+
+    @classmethod
+    def from_config(cls, c: LegoConfig) -> LoopSettings:
+        return cls(
+            num_rollout=c.train.num_rollout, batch_size=c.rollout.batch_size,
+            samples_per_prompt=c.rollout.samples_per_prompt, micro_batch_tokens=c.train.micro_batch_tokens,
+            global_batch_size=c.train.global_batch_size, temperature=c.rollout.temperature,
+            concurrency=c.rollout.concurrency, max_refills=c.train.max_refills,
+            oversample_zero_variance=c.train.oversample_zero_variance, checkpoint_every=c.train.checkpoint_every,
+            eval_every=c.train.eval_every, eval_samples=c.train.eval_samples,
+            infra_failure_policy=c.train.infra_failure_policy, seed=c.train.seed,
+        )
+
+    def check(self, *, has_eval_rows: bool) -> None:
+        """Refuse settings the loop cannot run (called before anything is started)."""
+        if self.samples_per_prompt < 2:
+            # One rollout per prompt is a group of one: GRPO's advantage is then always 0.
+            raise ConfigError("rollout.samples_per_prompt must be at least 2 for GRPO (a group of one has no "
+                              "baseline, so every advantage is 0)", parameter="rollout.samples_per_prompt",
+                              value=self.samples_per_prompt)
+        if self.eval_every and not has_eval_rows:
+            raise ConfigError("train.eval_every is set but there are no held-out rows (train.eval_data)",
+                              parameter="train.eval_data")
+
+    @property
+    def admission(self) -> AdmissionPolicy:
+        return admission_policy(self.infra_failure_policy)
+
+
+class DataCursor(BaseModel):
+    """Where the prompt stream is: epoch ``epoch``'s shuffled order, position ``position`` in it."""
+
+    epoch: int = 0
+    position: int = 0
+
+
+class PromptStream:
+    """Prompts in a seeded order, reshuffled every epoch; the cursor is all a resume needs."""
+
+    def __init__(self, prompts: Sequence[Prompt], *, seed: int, cursor: DataCursor | None = None) -> None:
+        if not prompts:
+            raise ConfigError("the training data has no rows", parameter="rollout.prompt_data")
+        self.prompts = list(prompts)
+        self.seed = seed
+        self.cursor = cursor or DataCursor()
+        self._order = self._shuffled(self.cursor.epoch)
+
+    def _shuffled(self, epoch: int) -> list[int]:
+        order = list(range(len(self.prompts)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next(self) -> Prompt:
+        if self.cursor.position >= len(self._order):
+            self.cursor = DataCursor(epoch=self.cursor.epoch + 1, position=0)
+            self._order = self._shuffled(self.cursor.epoch)
+        prompt = self.prompts[self._order[self.cursor.position]]
+        self.cursor = DataCursor(epoch=self.cursor.epoch, position=self.cursor.position + 1)
+        return prompt
+
+
+@dataclass
+class LoopProgress:
+    """Live state for a progress view; the loop updates it in place (read it from the same event loop)."""
+
+    step: int = 0
+    total_steps: int = 0
+    in_flight: int = 0
+    rollouts_done: int = 0
+    rollouts_planned: int = 0
+    phase: str = "starting"
+    last_reward: float | None = None
+    last_solve_rate: float | None = None
+    last_pass_at_1: float | None = None
+    step_seconds: list[float] = field(default_factory=list)
+
+    def eta_s(self) -> float | None:
+        """Remaining steps × mean step time so far (None before the first step ends)."""
+        if not self.step_seconds:
+            return None
+        mean = sum(self.step_seconds) / len(self.step_seconds)
+        return max(self.total_steps - self.step, 0) * mean
+
+
+@dataclass
+class Group:
+    prompt: Prompt
+    group_index: int
+    results: list[RolloutResult] = field(default_factory=list)
+
+
+@dataclass
+class StepRollouts:
+    """What one step's rollout phase produced."""
+
+    groups: list[Group]
+    """The groups trained on."""
+    dropped: list[Group] = field(default_factory=list)
+    """Zero-variance groups replaced by fresh prompts: reported in the step's rewards, never trained on."""
+    refills: int = 0
+    replaced_groups: int = 0
+    zero_variance_groups: int = 0
+    """Uniform-reward groups seen in this step (replaced or kept)."""
+
+
+@dataclass
+class TrainOutcome:
+    trained: bool
+    metrics: dict[str, float]
+    weight_version: int
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+class TrainLoop:
+    """Drives ``backend`` with rollouts from ``rollout_fn``, writing everything to ``run``."""
+
+    def __init__(
+        self,
+        settings: LoopSettings,
+        *,
+        backend: TrainerBackend,
+        loss_fn: LossFn,
+        rollout_fn: RolloutFn,
+        prompts: Sequence[Prompt],
+        run: RunDir,
+        sync: WeightSyncFn = no_sync,
+        eval_prompts: Sequence[Prompt] = (),
+        resume_index: int = 0,
+    ) -> None:
+        settings.check(has_eval_rows=bool(eval_prompts))
+        self.s = settings
+        self.backend = backend
+        self.loss_fn = loss_fn
+        self.rollout_fn = rollout_fn
+        self.run_dir = run
+        self.sync = sync
+        self.eval_prompts = list(eval_prompts)
+        self.stream = PromptStream(prompts, seed=settings.seed)
+        self.admission = settings.admission
+        self.progress = LoopProgress(total_steps=settings.num_rollout)
+        self.next_step = 0
+        # Rollout ids name artifact folders, which are never reused: a resumed run tags its ids.
+        self._tag = f"r{resume_index}-" if resume_index else ""
+        self._gate = asyncio.Semaphore(settings.concurrency)
+        self._stop = asyncio.Event()
+        self._committed = DataCursor()
+        self._last_checkpoint_step: int | None = None
+
+    # -- checkpoints --------------------------------------------------------------------------------
+
+    def _checkpoint_dir(self, step: int) -> Path:
+        return self.run_dir.layout.checkpoints / f"step-{step:06d}"
+
+    def save_checkpoint(self, step: int) -> Path:
+        """Checkpoint after ``step`` (the last completed one) with the cursor as that step left it."""
+        path = self._checkpoint_dir(step)
+        state = {"step": step, "cursor": self._committed.model_dump(), "seed": self.s.seed}
+        self.backend.save_checkpoint(path, extra_state=state)
+        # Written after the backend returned: ``latest`` never names a checkpoint still being written.
+        replace_file(self.run_dir.layout.checkpoints / "latest", path.name + "\n")
+        self.run_dir.events.emit(CheckpointSaved(step=step, path=str(path)))
+        self._last_checkpoint_step = step
+        return path
+
+    def resume(self) -> int | None:
+        """Load the newest checkpoint of the run directory; the step it holds (None: nothing saved)."""
+        pointer = self.run_dir.layout.checkpoints / "latest"
+        if not pointer.exists():
+            return None
+        path = self.run_dir.layout.checkpoints / pointer.read_text().strip()
+        state = self.backend.load_checkpoint(path)
+        try:
+            step = int(state["step"])
+            cursor = DataCursor.model_validate(state["cursor"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"checkpoint {path} has no usable loop state ({exc}); it was not written by the "
+                              "training loop", parameter="train.resume", value=str(path)) from None
+        if state.get("seed", self.s.seed) != self.s.seed:
+            raise ConfigError(f"checkpoint {path} was trained with train.seed={state['seed']}, this run has "
+                              f"{self.s.seed}: the prompt order would differ", parameter="train.seed",
+                              value=self.s.seed)
+        self.stream = PromptStream(self.stream.prompts, seed=self.s.seed, cursor=cursor)
+        self._committed = cursor
+        self._last_checkpoint_step = step
+        self.next_step = step + 1
+        self.progress.step = self.next_step
+        return step
+
+    # -- rollouts -----------------------------------------------------------------------------------
+
+    async def _one(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+        async with self._gate:
+            self.progress.in_flight += 1
+            try:
+                return await self.rollout_fn(prompt, slot)
+            finally:
+                self.progress.in_flight -= 1
+                self.progress.rollouts_done += 1
+
+    async def _slot(self, step: int, prompt: Prompt, base_id: str, group_index: int, index: int,
+                    counts: Counter[str]) -> RolloutResult:
+        """One sample slot, refilled while it fails for a reason admission excludes."""
+        attempt = 0
+        result = await self._one(prompt, RolloutSlot(base_id, group_index, index, 0))
+        while result.termination in self.admission.excluded and attempt < self.s.max_refills:
+            attempt += 1
+            new_id = f"{base_id}-refill{attempt}"
+            self.run_dir.events.emit(RolloutRefilled(step=step, failed_rollout_id=result.rollout_id,
+                                                     new_rollout_id=new_id, termination=result.termination,
+                                                     attempt=attempt))
+            counts["refills"] += 1
+            self.progress.rollouts_planned += 1
+            result = await self._one(prompt, RolloutSlot(new_id, group_index, index, attempt))
+        return result
+
+    async def _group(self, step: int, prompt: Prompt, group_index: int, counts: Counter[str],
+                     *, kind: str = "s", samples: int | None = None) -> Group:
+        n = samples or self.s.samples_per_prompt
+        self.progress.rollouts_planned += n
+        base = f"{self._tag}{kind}{step:05d}-g{group_index}-{prompt.id}"
+        results = await asyncio.gather(*(
+            self._slot(step, prompt, f"{base}-{i}", group_index, i, counts) for i in range(n)))
+        return Group(prompt, group_index, list(results))
+
+    def _uniform(self, group: Group) -> float | None:
+        """The common reward of a group whose admitted rollouts all scored the same (None otherwise)."""
+        admitted = [r for r in group.results if r.termination not in self.admission.excluded]
+        rewards = {0.0 if r.termination in self.admission.zero_reward else r.reward for r in admitted}
+        if len(admitted) < 2 or len(rewards) != 1 or None in rewards:
+            return None
+        return next(iter(rewards))  # type: ignore[return-value]
+
+    async def collect(self, step: int) -> StepRollouts:
+        """The step's rollouts: ``batch_size`` groups (refilled; zero-variance groups replaced if configured)."""
+        counts: Counter[str] = Counter()
+        prompts = [self.stream.next() for _ in range(self.s.batch_size)]
+        groups = list(await asyncio.gather(*(self._group(step, p, g, counts) for g, p in enumerate(prompts))))
+        out = StepRollouts(groups=[])
+        spare = self.s.batch_size if self.s.oversample_zero_variance else 0
+        next_index = len(groups)
+        while groups:
+            keep: list[Group] = []
+            retry = 0
+            for g in groups:
+                common = self._uniform(g)
+                if common is not None:
+                    out.zero_variance_groups += 1
+                    if spare > 0:
+                        spare -= 1
+                        retry += 1
+                        out.replaced_groups += 1
+                        out.dropped.append(g)
+                        self.run_dir.events.emit(GroupReplaced(step=step, prompt_id=g.prompt.id, reward=common))
+                        continue
+                keep.append(g)
+            out.groups.extend(keep)
+            fresh = [self.stream.next() for _ in range(retry)]
+            groups = list(await asyncio.gather(*(
+                self._group(step, p, next_index + k, counts) for k, p in enumerate(fresh))))
+            next_index += len(fresh)
+        out.groups.sort(key=lambda g: g.group_index)
+        out.refills = counts["refills"]
+        return out
+
+    # -- training -----------------------------------------------------------------------------------
+
+    def train_on(self, results: Sequence[RolloutResult]) -> tuple[TrainOutcome, dict[str, float], Counter[str]]:
+        """Admission, advantages, packing and the optimizer steps over one batch of finished rollouts.
+
+        Returns the training outcome, the rollout statistics and excluded counts per reason.
+        """
+        samples: list[Sample] = [s for r in results for s in r.samples]
+        admitted, report = admit(samples, self.admission)
+        # Admitted rollouts with no trainable token still count in their group's mean and std.
+        trained_tokens: Counter[str] = Counter()
+        for s in admitted:
+            trained_tokens[s.rollout_id] += s.num_trained_tokens
+        with_samples = {s.rollout_id for s in admitted}
+        sampleless = []
+        for r in results:
+            if r.termination in self.admission.excluded:
+                continue
+            if r.rollout_id not in with_samples or trained_tokens[r.rollout_id] == 0:
+                reward = 0.0 if r.termination in self.admission.zero_reward else r.reward
+                if reward is None:
+                    continue  # admit() raises for a sampled rollout without reward; a sampleless one just leaves
+                sampleless.append(SamplelessOutcome(rollout_id=r.rollout_id, group_index=r.group_index,
+                                                    reward=reward))
+        trainable = [s for s in admitted if trained_tokens[s.rollout_id] > 0]
+        adv = grpo_advantages(trainable, sampleless=sampleless, solved_reward=self.s.solved_reward)
+        stats = {
+            "zero_advantage_groups": float(adv.stats.uniform_groups),
+            "all_solved_groups": float(adv.stats.all_solved_groups),
+            "all_failed_groups": float(adv.stats.all_failed_groups),
+            # admit() sees only rollouts with samples; one that failed before sampling is admitted too
+            # (with reward 0) under infra_failure_policy = "zero_reward".
+            "admitted_rollouts": float(sum(1 for r in results if r.termination not in self.admission.excluded)),
+        }
+        excluded = Counter(report.excluded_rollouts)
+        # Excluded rollouts without samples never reach admit(): count them from the results.
+        seen = {s.rollout_id for s in samples}
+        for r in results:
+            if r.rollout_id not in seen and r.termination in self.admission.excluded:
+                excluded[r.termination.value] += 1
+        version = self.backend.weight_version
+        if not trainable or not any(a != 0.0 for a in adv.per_sample):
+            return TrainOutcome(False, {}, version), stats, excluded
+        n_rollouts = len({s.rollout_id for s in trainable})
+        per_step = self.s.global_batch_size or n_rollouts
+        num_steps = max(1, min(n_rollouts, round(n_rollouts / per_step)))
+        steps = plan_steps(trainable, adv.per_sample.tolist(), num_steps=num_steps,
+                           max_tokens_per_micro_batch=self.s.micro_batch_tokens)
+        # The ratio's base is the policy that sampled this batch: every optimizer step's old logprobs are
+        # taken before the first update.
+        old = [self.backend.compute_logprobs(st.micro_batches, temperature=self.s.temperature) for st in steps]
+        sums: dict[str, float] = defaultdict(float)
+        last: dict[str, float] = {}
+        for st, old_lp in zip(steps, old, strict=True):
+            res = self.backend.train_step(st, self.loss_fn, old_logprobs=old_lp, temperature=self.s.temperature)
+            for k, v in res.metrics.items():
+                if not math.isfinite(v):
+                    raise TrainingError(f"optimizer step produced a non-finite {k} = {v}; the run stops here "
+                                        "(lower train.lr or check the data)")
+                sums[k] += v
+                last[k] = v
+            version = res.weight_version
+        metrics = {k: v / len(steps) for k, v in sums.items()}
+        if "lr" in last:
+            metrics["lr"] = last["lr"]
+        if "tokens" in sums:
+            metrics["tokens"] = sums["tokens"]
+        metrics["optimizer_steps"] = float(len(steps))
+        return TrainOutcome(True, metrics, version), stats, excluded
+
+    # -- one step -----------------------------------------------------------------------------------
+
+    async def run_step(self, step: int) -> StepMetrics:
+        """One whole step: rollouts, then training, sync and the metrics row."""
+        started, t_rollout, rolled = await self.rollout_phase(step)
+        return await self.finish_step(step, started, t_rollout, rolled)
+
+    async def rollout_phase(self, step: int) -> tuple[float, float, StepRollouts]:
+        """The step's rollouts (cancellable: nothing is trained or written but events)."""
+        started = time.time()
+        self.progress.step = step
+        self.progress.phase = "rollout"
+        self.progress.rollouts_done = self.progress.rollouts_planned = 0
+        self.run_dir.events.emit(StepStarted(step=step, weight_version=self.backend.weight_version))
+        t0 = time.monotonic()
+        rolled = await self.collect(step)
+        return started, time.monotonic() - t0, rolled
+
+    async def finish_step(self, step: int, started: float, t_rollout: float, rolled: StepRollouts) -> StepMetrics:
+        """Train on the step's rollouts, sync, write the row. Not to be cancelled halfway: the optimizer
+        step runs in a worker thread that a cancellation would not stop."""
+        results = [r for g in rolled.groups for r in g.results]
+        if not any(r.termination not in self.admission.excluded for r in results):
+            reasons = Counter(r.termination.value for r in results)
+            detail = next((r.detail for r in results if r.detail), "")
+            raise TrainingError(f"step {step}: every rollout failed for an infrastructure reason ({dict(reasons)}"
+                                f"{', last: ' + detail[:300] if detail else ''}); is the engine alive?")
+        self.progress.phase = "train"
+        t1 = time.monotonic()
+        outcome, stats, excluded = await asyncio.to_thread(self.train_on, results)
+        t_train = time.monotonic() - t1
+        t_sync = 0.0
+        if outcome.trained:
+            self.progress.phase = "sync"
+            t2 = time.monotonic()
+            await self.sync(self.backend, outcome.weight_version)
+            t_sync = time.monotonic() - t2
+        # What the policy did this step, replaced groups included (training saw only ``results``).
+        sampled = results + [r for g in rolled.dropped for r in g.results]
+        rewards = [r.reward for r in sampled
+                   if r.reward is not None and r.termination not in self.admission.excluded]
+        values: dict[str, float] = {
+            **stats, **outcome.metrics,
+            "trained": float(outcome.trained), "weight_version": float(outcome.weight_version),
+            "rollouts": float(len(sampled)), "refills": float(rolled.refills),
+            "zero_variance_groups": float(rolled.zero_variance_groups),
+            "replaced_groups": float(rolled.replaced_groups),
+            "sampled_tokens": float(sum(s.num_trained_tokens for r in sampled for s in r.samples)),
+            "time_rollout_s": t_rollout, "time_train_s": t_train, "time_sync_s": t_sync,
+            "time_step_s": t_rollout + t_train + t_sync,
+            "excluded_rollouts": float(sum(excluded.values())),
+        }
+        reward_mean = _mean(rewards)
+        if reward_mean is not None:
+            values["reward_mean"] = reward_mean
+            values["solve_rate"] = sum(1 for x in rewards if x >= self.s.solved_reward) / len(rewards)
+        row = StepMetrics(step=step, started_at=started, finished_at=max(time.time(), started), values=values,
+                          terminations=dict(Counter(r.termination for r in sampled)))
+        self.run_dir.metrics.append(row)
+        self.run_dir.events.emit(StepFinished(
+            step=step, admitted_rollouts=int(stats["admitted_rollouts"]), excluded_rollouts=dict(excluded),
+            zero_variance_groups=rolled.zero_variance_groups, trained=outcome.trained,
+            weight_version=outcome.weight_version, reward_mean=reward_mean))
+        self._committed = self.stream.cursor
+        self.progress.last_reward = reward_mean
+        self.progress.last_solve_rate = values.get("solve_rate")
+        self.progress.step_seconds.append(values["time_step_s"])
+        return row
+
+    # -- evaluation ---------------------------------------------------------------------------------
+
+    async def evaluate(self, step: int) -> EvalFinished:
+        """pass@1 over ``eval_samples`` rollouts of every held-out row (mean per-row solve rate)."""
+        self.progress.phase = "eval"
+        counts: Counter[str] = Counter()
+        groups = await asyncio.gather(*(
+            self._group(step, p, g, counts, kind="eval", samples=self.s.eval_samples)
+            for g, p in enumerate(self.eval_prompts)))
+        per_row: list[float] = []
+        rewards: list[float] = []
+        failures = 0
+        for g in groups:
+            scored = [r for r in g.results if not r.infrastructure_failure and r.reward is not None]
+            failures += len(g.results) - len(scored)
+            rewards.extend(r.reward for r in scored if r.reward is not None)
+            if scored:
+                per_row.append(sum(1 for r in scored if (r.reward or 0.0) >= self.s.solved_reward) / len(scored))
+        event = EvalFinished(step=step, pass_at_1=_mean(per_row) or 0.0, reward_mean=_mean(rewards) or 0.0,
+                             rows=len(per_row), samples_per_row=self.s.eval_samples,
+                             infrastructure_failures=failures)
+        self.run_dir.events.emit(event)
+        self.progress.last_pass_at_1 = event.pass_at_1
+        return event
+
+    # -- the run ------------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop after abandoning the step in flight; a checkpoint of the last completed step is saved."""
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    async def _until_stopped(self, work: Awaitable[Any]) -> tuple[bool, Any]:
+        """Run ``work`` unless a stop is requested first; (stopped, result)."""
+        task = asyncio.ensure_future(work)
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if task.done():
+            return False, task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return True, None
+
+    async def run(self) -> Literal["completed", "stopped"]:
+        """Steps ``next_step`` .. ``num_rollout - 1``; a final checkpoint; ``completed`` or ``stopped``."""
+        last_done = self.next_step - 1
+        try:
+            for step in range(self.next_step, self.s.num_rollout):
+                if self.stop_requested:
+                    break
+                stopped, phase = await self._until_stopped(self.rollout_phase(step))
+                if stopped:
+                    break
+                await self.finish_step(step, *phase)
+                last_done = step
+                self.next_step = step + 1
+                final = step == self.s.num_rollout - 1
+                if self.s.eval_every and (final or (step + 1) % self.s.eval_every == 0):
+                    stopped, _ = await self._until_stopped(self.evaluate(step))
+                    if stopped:
+                        break
+                if self.s.checkpoint_every and (step + 1) % self.s.checkpoint_every == 0:
+                    self.save_checkpoint(step)
+        except BaseException as exc:
+            self.progress.phase = "failed"
+            self.run_dir.events.emit(TrainingFinished(status="failed", steps_done=last_done + 1,
+                                                      detail=f"{type(exc).__name__}: {exc}"[:500]))
+            raise
+        if last_done >= 0 and self._last_checkpoint_step != last_done:
+            self.save_checkpoint(last_done)
+        status: Literal["completed", "stopped"] = "stopped" if self.stop_requested else "completed"
+        self.progress.phase = status
+        self.run_dir.events.emit(TrainingFinished(status=status, steps_done=last_done + 1))
+        return status

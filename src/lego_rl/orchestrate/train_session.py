@@ -1,0 +1,243 @@
+"""One training run from a resolved config: data, run directory, engines, trainer, loop. No printing.
+
+``lego train`` is a thin view over this (progress on stderr, a JSON summary); tests and notebooks can
+drive it without typer. Two kinds of rollouts, chosen by ``train.environment``:
+
+* unset: coding-agent rollouts (``rollout.generate``: sandbox, CLI through the adapter, grader), rows
+  from ``rollout.prompt_data`` as task rows, the harness named per row (``metadata.agent``);
+* a registered environment: it samples from the engine and scores the text itself; rows are the
+  environment's own JSON objects.
+
+The trainer comes from ``BACKENDS[train.backend]``: a factory ``(config, model_dir) -> (backend, loss)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from lego_rl.config.dataset_scan import row_keys
+from lego_rl.config.resolve import ResolvedConfig, config_json
+from lego_rl.config.schema import LegoConfig
+from lego_rl.errors import ConfigError, TaskDataError
+from lego_rl.harness.toolchain import Toolchain
+from lego_rl.images.importer import load_images_json
+from lego_rl.orchestrate.disk_sync import disk_weight_sync
+from lego_rl.orchestrate.environments import Environment, Sampler, completion_sample, load_environment
+from lego_rl.orchestrate.harnesses import harness_factory
+from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
+from lego_rl.orchestrate.rollout_check import settings_from_config
+from lego_rl.orchestrate.stack import Engines, model_dir, serving_engines, serving_stack
+from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
+from lego_rl.runstore import RunDir
+from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady
+from lego_rl.serving.errors import EngineFailed, EngineUnavailable, InvalidReply
+from lego_rl.termination import TerminationReason, is_infrastructure_failure
+from lego_rl.train.backend import LossFn, TrainerBackend
+from lego_rl.tasks.rows import load_tasks
+
+BackendFactory = Callable[[LegoConfig, Path], tuple[TrainerBackend, LossFn]]
+"""Builds the trainer for ``train.backend`` from the config and the policy's checkpoint directory."""
+
+BACKENDS: dict[str, BackendFactory] = {}
+"""``train.backend`` name → factory. The torch backend registers itself here."""
+
+
+def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn:
+    """Rollouts of an environment, logged like agent rollouts (``rollout_started`` / ``rollout_finished``).
+
+    An engine that fails or answers badly is an ``engine_error`` (refilled); any other exception from the
+    environment is an ``internal_error`` with its traceback in the log.
+    """
+
+    async def rollout(prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+        run.events.emit(RolloutStarted(rollout_id=slot.rollout_id, instance_id=prompt.id, harness=f"env:{env.name}",
+                                       group_index=slot.group_index, index=slot.index))
+        t0 = time.monotonic()
+        trace: str | None = None
+        samples = []
+        reward: float | None = None
+        detail = ""
+        try:
+            out = await env.rollout(prompt.row, sampler)
+            reason = out.termination
+            reward = out.reward
+            n = len(out.completions)
+            samples = [completion_sample(c, rollout_id=slot.rollout_id, group_index=slot.group_index,
+                                         index=slot.index, reward=out.reward, termination=reason, segment=k,
+                                         num_segments=n) for k, c in enumerate(out.completions)]
+        except (EngineFailed, EngineUnavailable, InvalidReply) as exc:
+            reason, detail = TerminationReason.ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # the environment is user code: a bug there is reported, not fatal to the step
+            reason, detail = TerminationReason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
+            trace = traceback.format_exc()
+        elapsed = time.monotonic() - t0
+        run.events.emit(RolloutFinished(rollout_id=slot.rollout_id, termination=reason, reward=reward,
+                                        detail=detail[:500], infrastructure_failure=is_infrastructure_failure(reason),
+                                        timings={"rollout": round(elapsed, 4)}, traceback=trace))
+        return RolloutResult(rollout_id=slot.rollout_id, instance_id=prompt.id, harness=f"env:{env.name}",
+                             termination=reason, reward=reward, samples=samples, timings={"rollout": elapsed},
+                             artifacts=None, detail=detail, turns=len(samples),
+                             sampled_tokens=sum(s.num_trained_tokens for s in samples),
+                             group_index=slot.group_index, index=slot.index)
+
+    return rollout
+
+
+def agent_rollout_fn(ctx: RolloutContext) -> RolloutFn:
+    """Coding-agent rollouts through ``generate()`` (the harness named by each row)."""
+
+    async def rollout(prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+        return await generate(ctx, RolloutSpec(row=prompt.row, rollout_id=slot.rollout_id,
+                                               group_index=slot.group_index, index=slot.index))
+
+    return rollout
+
+
+def load_env_prompts(env: Environment, path: Path, *, key: str) -> list[Prompt]:
+    """An environment's rows from a JSONL file; a bad line is a ``TaskDataError`` naming file and line."""
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist or is not a file", parameter=key, value=str(path))
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+            if not isinstance(raw, dict):
+                raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
+            row = env.parse_row(raw)
+        except ValueError as exc:
+            raise TaskDataError(f"not a {env.name} row: {exc}", source=str(path), row=lineno) from None
+        rid = env.row_id(row)
+        if rid in seen:
+            raise TaskDataError(f"row id {rid!r} repeats line {seen[rid]}", source=str(path), row=lineno)
+        seen[rid] = lineno
+        prompts.append(Prompt(rid, row))
+    if not prompts:
+        raise ConfigError(f"{path} holds no rows", parameter=key, value=str(path))
+    return prompts
+
+
+def load_task_prompts(r: ResolvedConfig, path: Path, *, key: str) -> list[Prompt]:
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist or is not a file", parameter=key, value=str(path))
+    loaded = load_tasks(path, row_keys(r))
+    loaded.raise_on_issues(str(path))
+    return [Prompt(row.metadata.instance_id, row) for row in loaded.rows]
+
+
+@dataclass
+class TrainSummary:
+    status: Literal["completed", "stopped"]
+    run_root: str
+    steps_done: int
+    num_rollout: int
+    last_reward_mean: float | None
+    last_pass_at_1: float | None
+    weight_version: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class TrainSession:
+    """Everything ``lego train`` sets up before the first step, checked up front."""
+
+    def __init__(self, r: ResolvedConfig, *, backends: dict[str, BackendFactory] | None = None) -> None:
+        self.r = r
+        c = r.config
+        self.settings = LoopSettings.from_config(c)
+        factories = BACKENDS if backends is None else backends
+        if c.train.backend not in factories:
+            have = ", ".join(sorted(factories)) or "none"
+            raise ConfigError(f"train.backend = {c.train.backend!r} has no trainer in this install (available: "
+                              f"{have})", parameter="train.backend", value=c.train.backend)
+        self.backend_factory = factories[c.train.backend]
+        self.env: Environment | None = (
+            load_environment(c.train.environment, c.train.environment_options) if c.train.environment else None)
+        data = Path(c.rollout.prompt_data or "")
+        self.prompts = self._load(data, "rollout.prompt_data")
+        self.eval_prompts = (self._load(Path(c.train.eval_data), "train.eval_data") if c.train.eval_data else [])
+        self.settings.check(has_eval_rows=bool(self.eval_prompts))
+        root = Path(c.paths.run_root or "runs/unnamed")
+        self.run_dir = RunDir.open(
+            root, config=config_json(r), resume=c.train.resume,
+            artifacts=Path(c.paths.artifacts) if c.paths.artifacts else None,
+            run_log=Path(c.paths.run_log) if c.paths.run_log else None,
+        )
+        self.resume_index = sum(1 for _ in root.glob("config.resume-*.json"))
+        self.loop: TrainLoop | None = None
+        self._stop_early = False
+
+    def _load(self, path: Path, key: str) -> list[Prompt]:
+        if self.env is not None:
+            return load_env_prompts(self.env, path, key=key)
+        return load_task_prompts(self.r, path, key=key)
+
+    async def _check_engines(self, engines: Engines) -> None:
+        health = await engines.client.health()
+        dead = [u for u, ok in health.items() if not ok]
+        if dead:
+            raise TrainingError(f"serving engine(s) not healthy: {', '.join(dead)} (serving.urls); start them or "
+                                "fix the URLs")
+
+    def _make_loop(self, model_dir: Path, rollout_fn: RolloutFn, engines: Engines) -> TrainLoop:
+        backend, loss = self.backend_factory(self.r.config, model_dir)
+        loop = TrainLoop(self.settings, backend=backend, loss_fn=loss, rollout_fn=rollout_fn, prompts=self.prompts,
+                         run=self.run_dir, eval_prompts=self.eval_prompts, resume_index=self.resume_index,
+                         sync=disk_weight_sync(engines.client, self.run_dir.root / "sync-weights"))
+        if self.r.config.train.resume:
+            loop.resume()
+        self.loop = loop
+        if self._stop_early:
+            loop.request_stop()
+        return loop
+
+    def request_stop(self) -> None:
+        """Stop at the next safe point (before the loop exists: as soon as it does)."""
+        self._stop_early = True
+        if self.loop is not None:
+            self.loop.request_stop()
+
+    async def run(self) -> TrainSummary:
+        c = self.r.config
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if self.env is not None:
+                    engines = await stack.enter_async_context(serving_engines(c))
+                    await self._check_engines(engines)
+                    self.run_dir.events.emit(ServingReady(adapter="", serving=engines.urls))
+                    sampler = Sampler(engines.client, engines.renderer, temperature=c.rollout.temperature,
+                                      top_p=c.rollout.top_p, top_k=c.rollout.top_k,
+                                      max_tokens=c.model.max_response_tokens)
+                    rollout_fn = env_rollout_fn(self.env, sampler, self.run_dir)
+                else:
+                    st = await stack.enter_async_context(serving_stack(c))
+                    engines = Engines(urls=st.serving_urls, client=st.client, renderer=st.core.renderer,
+                                      model_dir=Path(""))
+                    await self._check_engines(engines)
+                    self.run_dir.events.emit(ServingReady(adapter=st.adapter_url, serving=st.serving_urls))
+                    images_path = Path(c.sandbox.images) if c.sandbox.images else None
+                    ctx = RolloutContext(
+                        settings=settings_from_config(self.r), run=self.run_dir, sessions=st.sessions,
+                        adapter_url=st.adapter_url, harness_for=harness_factory(self.r),
+                        toolchain=Toolchain(Path(c.paths.toolchain_dir or "")),
+                        images=load_images_json(images_path) if images_path and images_path.exists() else None,
+                        dataset_dir=Path(c.rollout.prompt_data or ".").resolve().parent,
+                    )
+                    rollout_fn = agent_rollout_fn(ctx)
+                loop = self._make_loop(model_dir(c.model.checkpoint), rollout_fn, engines)
+                status = await loop.run()
+        finally:
+            self.run_dir.close()
+        return TrainSummary(status=status, run_root=str(self.run_dir.root), steps_done=loop.next_step,
+                            num_rollout=self.settings.num_rollout, last_reward_mean=loop.progress.last_reward,
+                            last_pass_at_1=loop.progress.last_pass_at_1, weight_version=loop.backend.weight_version)

@@ -1,0 +1,185 @@
+"""`lego train`: refusals before anything starts (exit 2), a real run on the toy environment through the
+embedded engine, a dead engine (exit 3), SIGTERM mid-run (exit 130, resumable) and the resume.
+
+The trainer is ``ReferenceSGDBackend`` (TEST DOUBLE for TorchBackend until it is merged), registered the
+way a backend registers itself (``train_session.BACKENDS``); engine, environment, loop and run store are real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.reference_backend import ReferenceSGDBackend, policy_gradient_loss
+from typer.testing import CliRunner
+
+from lego_rl.cli.main import app
+from lego_rl.config.schema import LegoConfig
+from lego_rl.orchestrate import train_session
+from lego_rl.orchestrate.toy_env import make_rows
+from lego_rl.runstore import read_events
+from lego_rl.runstore.log import follow_metrics
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+
+TOML = """
+[serving]
+device = "cpu"
+port = 0
+
+[sandbox]
+provider = "bwrap"
+
+[rollout]
+prompt_data = "toy.jsonl"
+batch_size = 2
+samples_per_prompt = 4
+top_p = 1.0
+
+[train]
+environment = "first_letter"
+num_rollout = 2
+
+[paths]
+run_root = "runs/toy"
+"""
+
+
+def reference_factory(cfg: LegoConfig, model_dir: Path) -> tuple[ReferenceSGDBackend, object]:
+    return ReferenceSGDBackend(model_dir, lr=0.3), policy_gradient_loss
+
+
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    for name in list(os.environ):
+        if name.startswith(("LEGO_", "SWE_", "ADAPTER_")) or name in {"PROMPT_DATA", "RUN_ROOT", "RUN_LOG",
+                                                                      "HF_CHECKPOINT", "DATA_ROOT"}:
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8, letters="a")))
+    (tmp_path / "lego.toml").write_text(TOML)
+    monkeypatch.setitem(train_session.BACKENDS, "torch", reference_factory)
+    yield tmp_path
+
+
+runner = CliRunner()
+
+
+def said(res: object) -> str:
+    """The output with rich's line wrapping undone."""
+    return " ".join(res.output.split())  # type: ignore[attr-defined]
+
+
+def test_failing_check_starts_nothing_and_names_the_key(toy: Path) -> None:
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--set", "train.global_batch_size=3"])
+    assert res.exit_code == 2, res.output
+    assert "train.global_batch_size=3 does not divide the 8 samples" in said(res)
+    assert "nothing was started" in said(res)
+    assert not (toy / "runs" / "toy").exists()
+
+
+def test_loop_settings_are_refused_before_anything_starts(toy: Path) -> None:
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--set", "train.eval_every=2"])
+    assert res.exit_code == 2 and "no held-out rows (train.eval_data)" in said(res)
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--set", "rollout.samples_per_prompt=1",
+                              "--set", "rollout.batch_size=8"])
+    assert res.exit_code == 2 and "samples_per_prompt must be at least 2" in said(res)
+    assert not (toy / "runs" / "toy").exists()
+
+
+def test_missing_data_is_refused(toy: Path) -> None:
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--data", "nowhere.jsonl"])
+    assert res.exit_code == 2 and "nowhere.jsonl, which does not exist" in said(res)
+
+
+def test_bad_environment_row_names_file_and_line(toy: Path) -> None:
+    with (toy / "toy.jsonl").open("a") as fh:
+        fh.write(json.dumps({"id": "bad", "letter": "ab"}) + "\n")
+    res = runner.invoke(app, ["train", "-c", "lego.toml"])
+    assert res.exit_code == 2, res.output
+    assert "toy.jsonl" in said(res) and "row 9" in said(res) and "letter must be one ASCII letter" in said(res)
+    assert not (toy / "runs" / "toy").exists()  # refused before the run directory was made
+
+
+def test_unknown_environment_lists_the_installed_ones(toy: Path) -> None:
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--env", "nosuch"])
+    assert res.exit_code == 2 and "no environment 'nosuch'" in said(res) and "first_letter" in said(res)
+
+
+def test_missing_trainer_backend_is_a_usage_error(toy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(train_session.BACKENDS, "torch")
+    res = runner.invoke(app, ["train", "-c", "lego.toml"])
+    assert res.exit_code == 2 and "train.backend = 'torch' has no trainer" in said(res)
+
+
+def test_dead_engine_exits_3_with_a_clear_message(toy: Path) -> None:
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--vllm-url", "http://127.0.0.1:9"])
+    assert res.exit_code == 3, res.output
+    assert "not healthy: http://127.0.0.1:9" in said(res)
+
+
+@pytest.mark.slow
+def test_trains_the_toy_environment_and_writes_the_run_directory(toy: Path) -> None:
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "completed" and summary["steps_done"] == 2
+    root = toy / "runs" / "toy"
+    rows = list(follow_metrics(root / "metrics.jsonl").read())
+    assert [r.step for r in rows] == [0, 1]
+    assert all("reward_mean" in r.values and "time_rollout_s" in r.values for r in rows)
+    assert (root / "checkpoints" / "latest").read_text().strip() == "step-000001"
+    kinds = [e.kind for e in read_events(root / "events.jsonl")]
+    assert kinds[0] == "run_started" and kinds[-1] == "training_finished"
+    assert kinds.count("rollout_finished") >= 16 and "serving_ready" in kinds
+    assert json.loads((root / "config.json").read_text())
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from support.reference_backend import ReferenceSGDBackend, policy_gradient_loss
+from lego_rl.orchestrate import train_session
+train_session.BACKENDS["torch"] = lambda cfg, d: (ReferenceSGDBackend(d, lr=0.3), policy_gradient_loss)
+from lego_rl.cli.main import main
+sys.argv = ["lego", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_stops_with_a_resumable_state_and_resume_continues(toy: Path) -> None:
+    script = toy / "lego_with_reference.py"
+    script.write_text(SCRIPT.format(tests=str(TESTS)))
+    proc = subprocess.Popen([sys.executable, str(script), "train", "-c", "lego.toml", "--steps", "50", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=toy)
+    metrics = toy / "runs" / "toy" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "SIGTERM: stopping" in stderr
+    assert json.loads(stdout)["status"] == "stopped"
+    root = toy / "runs" / "toy"
+    done = [r.step for r in follow_metrics(metrics).read()]
+    latest = (root / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"step-{done[-1]:06d}"  # the last completed step, not the abandoned one
+    events = read_events(root / "events.jsonl")
+    assert events[-1].kind == "training_finished" and events[-1].status == "stopped"
+
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--steps", str(done[-1] + 2), "--json"])
+    assert res.exit_code == 0, res.output
+    steps = [r.step for r in follow_metrics(metrics).read()]
+    assert steps == [*done, done[-1] + 1]  # continues after the last completed step, no step twice
+    assert (root / "config.resume-1.json").exists()

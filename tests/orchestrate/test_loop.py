@@ -1,0 +1,272 @@
+"""The training loop's bookkeeping: refills, zero-variance groups, admission, packing into optimizer steps,
+checkpoints and resume, stop, evaluation, the metrics row.
+
+The trainer is real (the tiny HF model, real gradients; ``ReferenceSGDBackend``, the TEST DOUBLE for
+TorchBackend until it is merged). The rollouts are a TEST DOUBLE at the rollout boundary
+(``ScriptedRollouts``): they return real ``Sample`` objects with outcomes chosen per test, because the
+behaviours under test (an infrastructure failure on the 2nd attempt of slot 3, a group that is all
+solved) cannot be produced on demand by a real engine. ``test_loop_learning.py`` runs the real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from support.reference_backend import ReferenceSGDBackend, policy_gradient_loss
+
+from lego_rl.errors import ConfigError
+from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutSlot, TrainingError, TrainLoop
+from lego_rl.rollout.generate import RolloutResult
+from lego_rl.runstore import RunDir, read_events
+from lego_rl.runstore.log import follow_metrics
+from lego_rl.serving.tiny_model import ensure_tiny_model
+from lego_rl.termination import TerminationReason as TR
+from lego_rl.trajectory.sample import Sample
+
+Outcome = tuple[TR, float | None]
+
+
+class ScriptedRollouts:
+    """TEST DOUBLE for a ``RolloutFn``: ``decide(prompt, slot)`` picks each rollout's termination and reward;
+    the sample is a short real token sequence of the tiny vocabulary. Records every call."""
+
+    def __init__(self, decide: Callable[[Prompt, RolloutSlot], Outcome]) -> None:
+        self.decide = decide
+        self.calls: list[tuple[str, RolloutSlot]] = []
+
+    async def __call__(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+        self.calls.append((prompt.id, slot))
+        await asyncio.sleep(0)
+        reason, reward = self.decide(prompt, slot)
+        samples = []
+        if reason not in (TR.SANDBOX_SETUP, TR.ENGINE_ERROR):
+            samples = [Sample(rollout_id=slot.rollout_id, group_index=slot.group_index, index=slot.index,
+                              tokens=[11, 12, 13, 40 + slot.index, 50], loss_mask=[0, 0, 0, 1, 1],
+                              rollout_logprobs=[0.0, 0.0, 0.0, -1.5, -2.0], reward=reward, termination=reason)]
+        return RolloutResult(rollout_id=slot.rollout_id, instance_id=prompt.id, harness="scripted",
+                             termination=reason, reward=reward, samples=samples, timings={}, artifacts=None,
+                             detail="engine gone" if reason == TR.ENGINE_ERROR else "",
+                             group_index=slot.group_index, index=slot.index)
+
+
+def alternate(prompt: Prompt, slot: RolloutSlot) -> Outcome:
+    """Half of every group solves: every group carries signal."""
+    return TR.COMPLETED, float(slot.index % 2)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    return ensure_tiny_model()
+
+
+def prompts(n: int) -> list[Prompt]:
+    return [Prompt(f"p{i}", {"i": i}) for i in range(n)]
+
+
+def make_loop(tmp_path: Path, tiny: Path, rollouts: ScriptedRollouts, *, name: str = "run", resume: bool = False,
+              resume_index: int = 0, eval_prompts: list[Prompt] | None = None, **kw: object) -> TrainLoop:
+    base: dict[str, object] = dict(num_rollout=2, batch_size=2, samples_per_prompt=4, micro_batch_tokens=64,
+                                   concurrency=3)
+    base.update(kw)
+    settings = LoopSettings(**base)  # type: ignore[arg-type]
+    run = RunDir.open(tmp_path / name, config={"test": True}, resume=resume)
+    return TrainLoop(settings, backend=ReferenceSGDBackend(tiny, lr=0.1), loss_fn=policy_gradient_loss,
+                     rollout_fn=rollouts, prompts=prompts(6), run=run, eval_prompts=eval_prompts or [],
+                     resume_index=resume_index)
+
+
+def params(loop: TrainLoop) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in loop.backend.model.state_dict().items()}  # type: ignore[attr-defined]
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+async def test_step_trains_and_writes_metrics_row_and_events(tmp_path: Path, tiny: Path) -> None:
+    loop = make_loop(tmp_path, tiny, ScriptedRollouts(alternate))
+    before = params(loop)
+    row = await loop.run_step(0)
+    assert row.values["trained"] == 1.0 and loop.backend.weight_version == 1
+    assert not same(before, params(loop))
+    for key in ("reward_mean", "solve_rate", "loss", "grad_norm", "lr", "tokens", "time_rollout_s",
+                "time_train_s", "time_sync_s", "admitted_rollouts", "zero_variance_groups"):
+        assert key in row.values, key
+    assert row.values["reward_mean"] == 0.5 and row.values["solve_rate"] == 0.5
+    assert row.values["admitted_rollouts"] == 8 and row.values["tokens"] == 16  # 8 rollouts x 2 sampled tokens
+    assert row.terminations == {TR.COMPLETED: 8}
+    loop.run_dir.close()
+    [stored] = list(follow_metrics(loop.run_dir.layout.metrics).read())
+    assert stored == row
+    kinds = [e.kind for e in read_events(loop.run_dir.layout.events)]
+    assert kinds == ["run_started", "step_started", "step_finished"]
+
+
+async def test_infrastructure_failure_is_refilled_in_its_slot_not_dropped(tmp_path: Path, tiny: Path) -> None:
+    def flaky(prompt: Prompt, slot: RolloutSlot) -> Outcome:
+        if slot.index == 1 and slot.attempt == 0:
+            return TR.SANDBOX_SETUP, None
+        return alternate(prompt, slot)
+
+    rollouts = ScriptedRollouts(flaky)
+    loop = make_loop(tmp_path, tiny, rollouts)
+    row = await loop.run_step(0)
+    assert row.values["refills"] == 2 and row.values["admitted_rollouts"] == 8  # both groups kept 4 rollouts
+    refills = [e for e in read_events(loop.run_dir.layout.events) if e.kind == "rollout_refilled"]
+    assert len(refills) == 2 and all(e.failed_rollout_id.endswith("-1") for e in refills)
+    assert all(e.new_rollout_id == e.failed_rollout_id + "-refill1" and e.attempt == 1 for e in refills)
+    assert all(e.termination == TR.SANDBOX_SETUP for e in refills)
+    # the refill ran for the same prompt and slot
+    again = [(p, s) for p, s in rollouts.calls if s.attempt == 1]
+    assert len(again) == 2 and all(s.index == 1 for _, s in again)
+
+
+async def test_refills_are_bounded_and_the_failure_then_excluded(tmp_path: Path, tiny: Path) -> None:
+    def broken_slot(prompt: Prompt, slot: RolloutSlot) -> Outcome:
+        return (TR.SANDBOX_SETUP, None) if slot.index == 0 else alternate(prompt, slot)
+
+    rollouts = ScriptedRollouts(broken_slot)
+    loop = make_loop(tmp_path, tiny, rollouts, max_refills=3)
+    row = await loop.run_step(0)
+    assert row.values["refills"] == 6  # 3 per group
+    assert row.values["admitted_rollouts"] == 6 and row.values["excluded_rollouts"] == 2
+    assert row.terminations[TR.SANDBOX_SETUP] == 2
+    assert row.values["trained"] == 1.0
+
+
+async def test_zero_reward_policy_does_not_refill_but_counts_the_failure_as_failed(tmp_path: Path, tiny: Path) -> None:
+    def broken_slot(prompt: Prompt, slot: RolloutSlot) -> Outcome:
+        return (TR.SANDBOX_SETUP, None) if slot.index == 0 else (TR.COMPLETED, 1.0)
+
+    loop = make_loop(tmp_path, tiny, ScriptedRollouts(broken_slot), infra_failure_policy="zero_reward")
+    row = await loop.run_step(0)
+    assert row.values["refills"] == 0 and row.values["admitted_rollouts"] == 8
+    assert row.values["trained"] == 1.0  # the failed attempt (reward 0) next to three solved ones is signal
+
+
+async def test_no_signal_step_leaves_parameters_and_version_untouched(tmp_path: Path, tiny: Path) -> None:
+    loop = make_loop(tmp_path, tiny, ScriptedRollouts(lambda p, s: (TR.COMPLETED, 1.0)))
+    before = params(loop)
+    row = await loop.run_step(0)
+    assert row.values["trained"] == 0.0 and row.values["zero_variance_groups"] == 2
+    assert row.values["all_solved_groups"] == 2
+    assert loop.backend.weight_version == 0 and same(before, params(loop))
+    assert "loss" not in row.values
+
+
+async def test_zero_variance_groups_are_replaced_when_oversampling(tmp_path: Path, tiny: Path) -> None:
+    # p0, p1 ... are drawn in a seeded order; prompts with an even number solve in every rollout (no signal).
+    def by_prompt(prompt: Prompt, slot: RolloutSlot) -> Outcome:
+        return (TR.COMPLETED, 1.0) if int(prompt.id[1:]) % 2 == 0 else alternate(prompt, slot)
+
+    rollouts = ScriptedRollouts(by_prompt)
+    loop = make_loop(tmp_path, tiny, rollouts, oversample_zero_variance=True, batch_size=2)
+    row = await loop.run_step(0)
+    replaced = [e for e in read_events(loop.run_dir.layout.events) if e.kind == "group_replaced"]
+    assert row.values["replaced_groups"] == len(replaced) == row.values["zero_variance_groups"]
+    assert replaced and all(int(e.prompt_id[1:]) % 2 == 0 for e in replaced)
+    assert len(replaced) <= 2  # at most batch_size extra prompts
+    assert len({p for p, _ in rollouts.calls}) == 2 + len(replaced)
+    # a uniform group stays in training only once the spare budget is spent
+    assert row.values["all_solved_groups"] == row.values["zero_variance_groups"] - len(replaced)
+    assert row.values["trained"] == 1.0
+
+
+async def test_oversampling_budget_is_bounded(tmp_path: Path, tiny: Path) -> None:
+    rollouts = ScriptedRollouts(lambda p, s: (TR.COMPLETED, 0.0))
+    loop = make_loop(tmp_path, tiny, rollouts, oversample_zero_variance=True, batch_size=2)
+    row = await loop.run_step(0)
+    assert row.values["replaced_groups"] == 2 and row.values["zero_variance_groups"] == 4
+    assert len({p for p, _ in rollouts.calls}) == 4  # 2 prompts + 2 replacements, then it stops
+    assert row.values["trained"] == 0.0
+    # the step's report covers every rollout sampled, replaced groups included
+    assert row.values["rollouts"] == 16 and row.terminations == {TR.COMPLETED: 16}
+
+
+async def test_every_rollout_failing_is_an_error_naming_the_reason(tmp_path: Path, tiny: Path) -> None:
+    loop = make_loop(tmp_path, tiny, ScriptedRollouts(lambda p, s: (TR.ENGINE_ERROR, None)), max_refills=1)
+    with pytest.raises(TrainingError, match=r"every rollout failed.*engine_error.*engine gone.*engine alive"):
+        await loop.run()
+    finished = [e for e in read_events(loop.run_dir.layout.events) if e.kind == "training_finished"]
+    assert finished[-1].status == "failed"
+
+
+async def test_global_batch_size_splits_optimizer_steps(tmp_path: Path, tiny: Path) -> None:
+    loop = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), global_batch_size=4)
+    row = await loop.run_step(0)
+    assert row.values["optimizer_steps"] == 2 and loop.backend.weight_version == 2
+
+
+def test_group_of_one_is_refused(tmp_path: Path, tiny: Path) -> None:
+    with pytest.raises(ConfigError, match="samples_per_prompt must be at least 2"):
+        make_loop(tmp_path, tiny, ScriptedRollouts(alternate), samples_per_prompt=1)
+
+
+async def test_checkpoint_resume_continues_with_the_same_prompts(tmp_path: Path, tiny: Path) -> None:
+    straight = ScriptedRollouts(alternate)
+    ref = make_loop(tmp_path, tiny, straight, name="straight", num_rollout=4)
+    assert await ref.run() == "completed"
+
+    first = ScriptedRollouts(alternate)
+    a = make_loop(tmp_path, tiny, first, name="resumed", num_rollout=2, checkpoint_every=2)
+    assert await a.run() == "completed"
+    a.run_dir.close()
+    assert (a.run_dir.layout.checkpoints / "latest").read_text().strip() == "step-000001"
+    second = ScriptedRollouts(alternate)
+    b = make_loop(tmp_path, tiny, second, name="resumed", num_rollout=4, resume=True, resume_index=1)
+    assert b.resume() == 1 and b.next_step == 2 and b.backend.weight_version == 2
+    assert await b.run() == "completed"
+    prompts_of = lambda calls: [p for p, s in calls]  # noqa: E731
+    assert prompts_of(first.calls) + prompts_of(second.calls) == prompts_of(straight.calls)
+    assert all(s.rollout_id.startswith("r1-") for _, s in second.calls)  # artifact names never reused
+    for k, v in params(ref).items():  # same data, same SGD: same weights
+        torch.testing.assert_close(params(b)[k], v, rtol=1e-5, atol=1e-6)
+
+
+async def test_stop_abandons_the_step_in_flight_and_checkpoints_the_last_completed(tmp_path: Path,
+                                                                                   tiny: Path) -> None:
+    hold = asyncio.Event()
+    reached = asyncio.Event()
+
+    class Holding(ScriptedRollouts):
+        async def __call__(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+            if slot.rollout_id.startswith("s00001"):
+                reached.set()
+                await hold.wait()  # step 1 never finishes on its own
+            return await super().__call__(prompt, slot)
+
+    loop = make_loop(tmp_path, tiny, Holding(alternate), num_rollout=5)
+    task = asyncio.create_task(loop.run())
+    await asyncio.wait_for(reached.wait(), 60)
+    loop.request_stop()
+    assert await asyncio.wait_for(task, 60) == "stopped"
+    assert loop.backend.weight_version == 1  # step 1 trained nothing
+    assert (loop.run_dir.layout.checkpoints / "latest").read_text().strip() == "step-000000"
+    events = read_events(loop.run_dir.layout.events)
+    assert events[-1].kind == "training_finished" and events[-1].status == "stopped"
+    assert events[-1].steps_done == 1
+    assert [e.step for e in events if e.kind == "step_finished"] == [0]
+
+
+async def test_evaluation_reports_pass_at_1_over_k_samples(tmp_path: Path, tiny: Path) -> None:
+    def graded(prompt: Prompt, slot: RolloutSlot) -> Outcome:
+        if slot.rollout_id.startswith("eval"):
+            # e0 solved by 3 of 4 samples, e1 by none
+            return TR.COMPLETED, float(prompt.id == "e0" and slot.index < 3)
+        return alternate(prompt, slot)
+
+    held_out = [Prompt("e0", {}), Prompt("e1", {})]
+    loop = make_loop(tmp_path, tiny, ScriptedRollouts(graded), eval_prompts=held_out, eval_every=1,
+                     eval_samples=4, num_rollout=1)
+    await loop.run()
+    [ev] = [e for e in read_events(loop.run_dir.layout.events) if e.kind == "eval_finished"]
+    assert ev.pass_at_1 == pytest.approx((0.75 + 0.0) / 2) and ev.rows == 2 and ev.samples_per_row == 4
+
+
+def test_eval_every_without_held_out_rows_is_refused(tmp_path: Path, tiny: Path) -> None:
+    with pytest.raises(ConfigError, match="train.eval_data"):
+        make_loop(tmp_path, tiny, ScriptedRollouts(alternate), eval_every=1)
