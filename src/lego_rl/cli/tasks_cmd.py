@@ -180,12 +180,13 @@ def check(
         out.print_json(json.dumps([c.as_dict() for c in checks]))
     else:
         table = Table(title="lego tasks check", title_justify="left")
-        for col in ("task", "unmodified image", "reference", "verdict"):
+        for col in ("task", "unmodified image", "reference", "time", "verdict"):
             table.add_column(col, overflow="fold")
         for c in checks:
             color = {"gradable": "green", "not gradable": "yellow", "grader error": "red"}[c.verdict]
-            table.add_row(escape(c.instance_id), escape(c.baseline), escape(c.reference),
-                          f"[{color}]{c.verdict}[/] {escape(c.detail)}")
+            timing = f"{c.baseline_s:.1f} s" + (f" + {c.reference_s:.1f} s" if c.reference_s is not None else "")
+            table.add_row(escape(c.instance_id), escape(c.baseline_reason or c.baseline), escape(c.reference),
+                          timing, f"[{color}]{c.verdict}[/] {escape(c.detail)}")
         out.print(table)
     verdicts = {c.verdict for c in checks}
     raise typer.Exit(EXIT_INFRA if "grader error" in verdicts else EXIT_FAILED if "not gradable" in verdicts else EXIT_OK)
