@@ -166,7 +166,8 @@ def check(
         "(repeatable; VALUE is JSON when it parses, else a string).")] = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Prove each task is gradable: the unmodified image fails, the reference solution (if any) passes."""
+    """Prove each task is gradable: the agent's workspace sets up as in a rollout, the unmodified image's tests
+    run and fail, the reference solution (if any) passes."""
     from lego_rl.errors import TaskDataError
     from lego_rl.images import load_images_json
     from lego_rl.swe.check import check_tasks
@@ -187,16 +188,17 @@ def check(
         out.print_json(json.dumps([c.as_dict() for c in checks]))
     else:
         table = Table(title="lego tasks check", title_justify="left")
-        for col in ("task", "unmodified image", "reference", "time", "verdict"):
+        for col in ("task", "unmodified image", "reference", "time (setup+base+ref)", "verdict"):
             table.add_column(col, overflow="fold")
         for c in checks:
-            color = {"gradable": "green", "not gradable": "yellow", "grader error": "red"}[c.verdict]
-            timing = f"{c.baseline_s:.1f} s" + (f" + {c.reference_s:.1f} s" if c.reference_s is not None else "")
+            color = {"gradable": "green", "not gradable": "yellow", "grader error": "red", "setup error": "red"}[c.verdict]
+            timing = " + ".join(f"{t:.1f} s" for t in (c.workspace_s, c.baseline_s, c.reference_s) if t is not None)
             table.add_row(escape(c.instance_id), escape(c.baseline_reason or c.baseline), escape(c.reference),
                           timing, f"[{color}]{c.verdict}[/] {escape(c.detail)}")
         out.print(table)
     verdicts = {c.verdict for c in checks}
-    raise typer.Exit(EXIT_INFRA if "grader error" in verdicts else EXIT_FAILED if "not gradable" in verdicts else EXIT_OK)
+    infra = {"grader error", "setup error"} & verdicts
+    raise typer.Exit(EXIT_INFRA if infra else EXIT_FAILED if "not gradable" in verdicts else EXIT_OK)
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:

@@ -15,6 +15,11 @@ output (``classify_baseline``):
   missing name cannot be told apart.
 * ``timeout``: the tests ran past the grader timeout.
 * ``infrastructure``: the grader itself failed (sandbox, setup, test patch that does not apply).
+
+Before grading, the agent's side of a rollout is set up exactly as ``generate()`` does it (a seeded
+sandbox of the image, ``prepare_workspace``, ``take_snapshot``, and a capture that must come back
+empty): an image on which that fails (ACLs that cannot be copied, a workdir that is not there, a
+pre-command that fails) would fail every rollout at ``sandbox_setup``, so it is a ``setup error`` here.
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lego_rl.errors import GraderError
+from lego_rl.errors import GraderError, LegoError, SandboxError
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.swe.grader import GradeResult, grade
-from lego_rl.swe.task_sandbox import SandboxTarget, task_sandbox_opener
+from lego_rl.swe.patch import capture_patch, take_snapshot
+from lego_rl.swe.task_sandbox import SandboxOpener, SandboxTarget, task_sandbox_opener
+from lego_rl.swe.workspace import prepare_workspace
 from lego_rl.tasks.model import TaskRow
 
-Verdict = Literal["gradable", "not gradable", "grader error"]
+Verdict = Literal["gradable", "not gradable", "grader error", "setup error"]
 BaselineKind = Literal["passes", "tests failed", "command not found", "collection error", "timeout", "infrastructure"]
 
 _NOT_FOUND = re.compile(
@@ -61,6 +68,10 @@ class TaskCheck:
     """Wall time of the baseline grading (sandbox included), seconds."""
     reference_s: float | None = None
     """Wall time of the reference grading, seconds (None when it did not run)."""
+    workspace: str = "ok"
+    """The agent's workspace as a rollout sets it up: ``ok``, ``error`` (see detail) or ``skipped``."""
+    workspace_s: float | None = None
+    """Wall time of that setup (sandbox, prepare, snapshot, empty capture), seconds."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,30 +104,53 @@ def classify_baseline(result: GradeResult, *, per_test: bool = False) -> tuple[B
     return "tests failed", result.reason
 
 
+async def check_workspace(meta: Any, opener: SandboxOpener, *, agent_user: str = "agent") -> None:
+    """Set up the agent's side as a rollout does; raise ``LegoError`` naming the step that failed."""
+    async with opener() as sb:
+        await prepare_workspace(sb, workdir=meta.workdir, problem_statement=meta.problem_statement,
+                                pre_commands=meta.pre_commands, agent_user=agent_user)
+        snapshot = await take_snapshot(sb, meta.workdir)
+        patch = await capture_patch(sb, snapshot)
+    if patch.strip():
+        raise SandboxError(f"the untouched workspace of {meta.instance_id} captured a {len(patch)}-byte patch: "
+                           "the snapshot does not see the workspace as the grader's base")
+
+
 async def check_task(row: TaskRow, *, provider: str = "bwrap", images: Mapping[str, ImageSpec] | None = None,
                      provider_options: Mapping[str, Any] | None = None, timeout: float = 180.0,
                      dataset_dir: Path | None = None,
-                     sandbox_options: Mapping[str, Any] | None = None) -> TaskCheck:
+                     sandbox_options: Mapping[str, Any] | None = None, workspace: bool = True) -> TaskCheck:
     """``dataset_dir`` resolves a row's relative ``repo_archive`` (tasks whose repository ships beside them);
     ``sandbox_options`` (memory_mb, network) should be the ones the rollouts use, so a task checked here
-    is graded the same way in training."""
+    is graded the same way in training. ``workspace=False`` skips the agent-side setup check."""
     meta = row.metadata
     target = SandboxTarget(provider, provider_options or {}, sandbox_options or {})
     opener = task_sandbox_opener(meta, target, images=images, dataset_dir=dataset_dir)
 
     iid = meta.instance_id
+    ws, ws_s = "skipped", None
+    if workspace:
+        start = time.monotonic()
+        try:
+            await check_workspace(meta, opener)
+            ws = "ok"
+        except (LegoError, OSError) as exc:
+            return TaskCheck(iid, "-", "-", "setup error", f"agent workspace: {str(exc).splitlines()[0]}",
+                             workspace="error", workspace_s=round(time.monotonic() - start, 2))
+        ws_s = round(time.monotonic() - start, 2)
     start = time.monotonic()
     try:
         base = await grade(meta, b"", open_sandbox=opener, timeout=timeout)
     except GraderError as exc:
         return TaskCheck(iid, "error", "-", "grader error", str(exc).splitlines()[0],
-                         baseline_reason="infrastructure", baseline_s=round(time.monotonic() - start, 2))
+                         baseline_reason="infrastructure", baseline_s=round(time.monotonic() - start, 2),
+                         workspace=ws, workspace_s=ws_s)
     kind, why = classify_baseline(base, per_test=meta.swepro is not None)
     baseline_s = round(time.monotonic() - start, 2)
     baseline = {"passes": "passes", "tests failed": "fails"}.get(kind, "error")
 
     def result(reference: str, verdict: Verdict, detail: str, reference_s: float | None = None) -> TaskCheck:
-        return TaskCheck(iid, baseline, reference, verdict, detail, kind, baseline_s, reference_s)
+        return TaskCheck(iid, baseline, reference, verdict, detail, kind, baseline_s, reference_s, ws, ws_s)
 
     # Only a test run that failed says anything the reference could change; skip the second grading otherwise.
     if kind in ("command not found", "timeout"):
