@@ -34,10 +34,12 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from lego_rl.errors import SandboxError
 
+T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
 _CHUNK = 1 << 16
 UPSTREAM_CONNECT_TIMEOUT_S = 10.0
@@ -101,22 +103,25 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _in_thread(fn: object) -> object:
-    """Run ``fn`` on a fresh thread (namespace changes are per thread; this one then exits)."""
-    box: dict[str, object] = {}
+def _in_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on a fresh thread that then exits: a namespace change is per thread, so it must never
+    happen on a pooled thread (asyncio's executor would hand that thread, still inside the sandbox's
+    namespace, to unrelated work)."""
+    value: list[T] = []
+    error: list[BaseException] = []
 
     def target() -> None:
         try:
-            box["value"] = fn()  # type: ignore[operator]
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = exc
+            value.append(fn())
+        except BaseException as exc:  # re-raised in the caller's thread
+            error.append(exc)
 
     thread = threading.Thread(target=target, name="lego-netns", daemon=True)
     thread.start()
     thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box.get("value")
+    if error:
+        raise error[0]
+    return value[0]
 
 
 def new_netns() -> int:
@@ -130,7 +135,7 @@ def new_netns() -> int:
         # The thread is now in the new namespace; it exits right after, so it need not go back.
         return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
-    return int(_in_thread(make))  # type: ignore[call-overload]
+    return _in_thread(make)
 
 
 def _bind_inside(netns_fd: int, endpoints: Sequence[Endpoint]) -> list[socket.socket]:
@@ -158,7 +163,7 @@ def _bind_inside(netns_fd: int, endpoints: Sequence[Endpoint]) -> list[socket.so
             raise
         return made
 
-    return list(_in_thread(make))  # type: ignore[call-overload]
+    return _in_thread(make)
 
 
 async def _ip(netns_path: str, *args: str) -> None:
