@@ -22,12 +22,13 @@ test: setup test-deps ## set up everything the suite needs, then run all tests (
 setup: system-deps $(STAMP)
 
 # System packages: bubblewrap (local sandboxes), debootstrap/skopeo/umoci (root filesystems and image import),
-# iproute2 (loopback-only network namespaces for CLI and Ray tests).
+# iproute2 (loopback-only network namespaces for CLI and Ray tests; the agent sandbox's egress relay), acl
+# (setfacl: task images whose files carry ACLs, in the workspace tests).
 system-deps:
-	@missing=""; for bin in bwrap debootstrap skopeo umoci ip; do command -v $$bin >/dev/null || missing="$$missing $$bin"; done; \
+	@missing=""; for bin in bwrap debootstrap skopeo umoci ip setfacl; do command -v $$bin >/dev/null || missing="$$missing $$bin"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages for:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap debootstrap skopeo umoci iproute2 >/dev/null; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap debootstrap skopeo umoci iproute2 acl >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)

@@ -18,12 +18,15 @@ def test_grader_on_another_provider_gets_its_own_options() -> None:
     s = settings_from_config(r)
     assert (s.agent_sandbox.provider, dict(s.agent_sandbox.provider_options)) == (
         "sunabako",
-        {"allow_test_memory": True},
+        {"allow_test_memory": True, "state_dir": "/var/lib/sunabako"},
     )
     assert (s.grader_sandbox.provider, dict(s.grader_sandbox.provider_options)) == ("bwrap", {})
     same = settings_from_config(resolve(environ={"SUNABAKO_ALLOW_TEST_MEMORY": "0"}))
-    assert same.grader_sandbox == same.agent_sandbox
-    assert dict(same.agent_sandbox.provider_options) == {"allow_test_memory": False}
+    assert same.grader_sandbox.provider_options == same.agent_sandbox.provider_options
+    assert dict(same.agent_sandbox.provider_options) == {"allow_test_memory": False, "state_dir": "/var/lib/sunabako"}
+    node = settings_from_config(resolve(environ={"SUNABAKO_ALLOW_TEST_MEMORY": "0"},
+                                        overrides=['sandbox.sunabako_state_dir="/srv/node"']))
+    assert node.agent_sandbox.provider_options["state_dir"] == "/srv/node"
 
 
 def test_defaults_are_the_configs_and_every_sandbox_gets_memory_and_network() -> None:
@@ -43,6 +46,39 @@ def test_defaults_are_the_configs_and_every_sandbox_gets_memory_and_network() ->
         assert dict(target.sandbox_options) == {"memory_mb": 4096, "network": "none"}
     assert s.boot_concurrency == 3 and s.template_kwargs == r.config.model.chat_template_kwargs
     assert s.template_kwargs["a"] == 1
+
+
+def test_agent_reaches_only_the_adapter_where_it_is_local_and_the_grader_nothing() -> None:
+    from lego_rl.sandbox.egress import Endpoint
+
+    url = "http://127.0.0.1:18091"
+    for provider, cluster in (("bwrap", None), ("sunabako", None)):
+        env = {"SUNABAKO_ALLOW_TEST_MEMORY": "1"} | ({"SUNABAKO_CLUSTER": cluster} if cluster else {})
+        s = settings_from_config(resolve(environ=env, overrides=[f'sandbox.provider="{provider}"']), url)
+        assert dict(s.agent_sandbox.sandbox_options) == {
+            "memory_mb": 2048, "network": "allowlist", "allow": (Endpoint("127.0.0.1", 18091),)}
+        assert s.grader_sandbox.sandbox_options["network"] == "none"
+    allowed = settings_from_config(resolve(environ={}, overrides=[
+        'sandbox.provider="bwrap"', 'sandbox.network_allow=["10.1.2.3:3128", "127.0.0.1:18091"]']), url)
+    assert allowed.agent_sandbox.sandbox_options["allow"] == (Endpoint("127.0.0.1", 18091), Endpoint("10.1.2.3", 3128))
+    # A remote node cannot be confined from here: auto falls back to the host network; "adapter" is then
+    # refused by the provider at create (tests/sandbox/test_egress.py).
+    remote = settings_from_config(resolve(environ={"SUNABAKO_ALLOW_TEST_MEMORY": "1"}, overrides=[
+        'sandbox.provider="sunabako"', 'sandbox.cluster="/etc/cluster.json"']), url)
+    assert remote.agent_sandbox.sandbox_options["network"] == "host"
+    host = settings_from_config(resolve(environ={}, overrides=['sandbox.network="host"']), url)
+    assert host.agent_sandbox.sandbox_options["network"] == "host"
+    assert host.grader_sandbox.sandbox_options["network"] == "none"
+
+
+def test_bad_allowlist_entry_is_named() -> None:
+    import pytest
+
+    from lego_rl.errors import SandboxError
+
+    r = resolve(environ={}, overrides=['sandbox.provider="bwrap"', 'sandbox.network_allow=["pypi.org:443"]'])
+    with pytest.raises(SandboxError, match="sandbox.network_allow entry 'pypi.org:443'"):
+        settings_from_config(r, "http://127.0.0.1:1")
 
 
 def test_settings_have_no_defaults_of_their_own_for_config_values() -> None:

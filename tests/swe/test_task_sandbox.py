@@ -67,7 +67,7 @@ async def test_tasks_check_gives_the_provider_the_sandbox_options(monkeypatch: p
         images=images,
         sandbox_options={"memory_mb": 1024, "network": "none"},
     )
-    assert verdict.verdict == "grader error"  # the double fails every command
+    assert verdict.verdict == "setup error"  # the double fails every command, first the agent workspace's
     assert RecordingProvider.created[0] == ({"node": "n1"}, {"memory_mb": 1024, "network": "none"})
 
 

@@ -7,6 +7,8 @@ from tasks_data import TEST_PATCH, mimo_instance, write_mimo
 from lego_rl.errors import TaskDataError
 from lego_rl.tasks import convert_mimo, convert_swepro
 
+FIX = "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n"
+
 
 def test_mimo_rows_have_the_reference_shape(tmp_path: Path) -> None:
     d = write_mimo(tmp_path, [mimo_instance("format-code-task-002661"), mimo_instance("t2")])
@@ -69,7 +71,7 @@ def test_swepro_rows(tmp_path: Path) -> None:
     raw = {"instance_id": "inst-1", "problem_statement": "Broken", "requirements": "Must X", "interface": "",
            "dockerhub_tag": "org.repo-inst-1", "before_repo_set_cmd": "git checkout abc -- tests",
            "selected_test_files_to_run": "['tests/a.py']", "fail_to_pass": '["tests/a.py::t1"]',
-           "pass_to_pass": "[]", "test_patch": TEST_PATCH, "patch": "diff --git a/x b/x\n"}
+           "pass_to_pass": "[]", "test_patch": TEST_PATCH, "patch": FIX}
     missing_script = dict(raw, instance_id="inst-2")
     data = tmp_path / "swepro.jsonl"
     data.write_text(json.dumps(raw) + "\n" + json.dumps(missing_script) + "\n")
@@ -80,4 +82,4 @@ def test_swepro_rows(tmp_path: Path) -> None:
     assert m.swepro is not None and m.swepro.fail_to_pass == ["tests/a.py::t1"]
     assert m.swepro.selected_test_files == ["tests/a.py"]
     assert "Requirements:\nMust X" in res.rows[0].prompt[0].content
-    assert m.reference_patch == "diff --git a/x b/x\n"
+    assert m.reference_patch == FIX

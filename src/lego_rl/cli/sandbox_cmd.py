@@ -54,7 +54,10 @@ def exec_(
     workdir: Annotated[str | None, typer.Option("--workdir", "-w", help="Working directory inside "
                                                 "(default: the image's, else /).")] = None,
     user: Annotated[str, typer.Option("--user", "-u", help="root or agent (or another user in the image).")] = "root",
-    network: Annotated[str, typer.Option("--network", help="none (loopback only) or host.")] = "none",
+    network: Annotated[str, typer.Option("--network", help="none (loopback only), host, or allowlist (only the "
+                                         "--allow endpoints).")] = "none",
+    allow: Annotated[list[str] | None, typer.Option("--allow", help="ADDRESS:PORT reachable under --network "
+                                                    "allowlist (repeatable).")] = None,
     memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory limit in MiB.")] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds before the command is killed.")] = None,
     state_dir: StateOpt = None,
@@ -81,6 +84,8 @@ def exec_(
     else:
         spec = ImageSpec(name=image, rootfs=None if image == "host" else image, workdir=workdir or "/")
     options: dict[str, Any] = {"network": network}
+    if allow:
+        options["allow"] = list(allow)
     if memory_mb is not None:
         options["memory_mb"] = memory_mb
     argv = command[0] if len(command) == 1 else command

@@ -54,11 +54,14 @@ def prepare(
     ids: IdsOpt = None,
     scripts: Annotated[Path | None, typer.Option("--scripts", help="swepro: dir of <id>/run_script.sh, parser.py.")] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Write the good rows even when some rows are bad.")] = False,
+    reference: Annotated[Path | None, typer.Option("--reference", help="JSONL of {\"instance_id\", \"patch\"}: "
+                                                   "reference patches to attach (replacing a row's own).")] = None,
     as_json: JsonOut = False,
 ) -> None:
     """Convert a dataset into task rows (prompt = problem statement only; grading data in metadata)."""
     from lego_rl.errors import TaskDataError
     from lego_rl.tasks import convert_mimo, convert_swepro, load_tasks, select_ids, write_tasks
+    from lego_rl.tasks.references import attach_references, load_references
 
     try:
         if fmt == "mimo":
@@ -72,6 +75,10 @@ def prepare(
             result.rows = select_ids(result.rows, _ids(ids), source=str(data))
         else:
             raise _fail(f"--format {fmt!r} is not one of mimo, swepro, rows")
+        references = 0
+        if reference is not None:
+            references = attach_references(result, load_references(reference), selected=bool(_ids(ids)),
+                                           source=str(reference))
     except TaskDataError as exc:
         raise _fail(str(exc)) from None
     written = 0
@@ -80,15 +87,15 @@ def prepare(
     images = len({r.metadata.image for r in result.rows})
     if as_json:
         out.print_json(json.dumps({"output": str(output) if written else None, "tasks": written, "images": images,
-                                   "bad_rows": [vars(i) for i in result.issues]}))
+                                   "references": references, "bad_rows": [vars(i) for i in result.issues]}))
     else:
         if result.issues:
             err.print(_issues_table(result.issues, f"{len(result.issues)} bad rows in {data}"))
         summary = Table(title="lego prepare", title_justify="left")
-        for col in ("output", "tasks", "images", "bad rows"):
+        for col in ("output", "tasks", "images", "references", "bad rows"):
             summary.add_column(col)
         summary.add_row(escape(str(output)) if written else "(not written)", str(written), str(images),
-                        str(len(result.issues)))
+                        str(references), str(len(result.issues)))
         out.print(summary)
     if result.issues and not skip_bad:
         raise _fail(f"{len(result.issues)} bad rows; nothing written (fix them, or pass --skip-bad)")
@@ -159,7 +166,8 @@ def check(
         "(repeatable; VALUE is JSON when it parses, else a string).")] = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Prove each task is gradable: the unmodified image fails, the reference solution (if any) passes."""
+    """Prove each task is gradable: the agent's workspace sets up as in a rollout, the unmodified image's tests
+    run and fail, the reference solution (if any) passes."""
     from lego_rl.errors import TaskDataError
     from lego_rl.images import load_images_json
     from lego_rl.swe.check import check_tasks
@@ -180,15 +188,17 @@ def check(
         out.print_json(json.dumps([c.as_dict() for c in checks]))
     else:
         table = Table(title="lego tasks check", title_justify="left")
-        for col in ("task", "unmodified image", "reference", "verdict"):
+        for col in ("task", "unmodified image", "reference", "time (setup+base+ref)", "verdict"):
             table.add_column(col, overflow="fold")
         for c in checks:
-            color = {"gradable": "green", "not gradable": "yellow", "grader error": "red"}[c.verdict]
-            table.add_row(escape(c.instance_id), escape(c.baseline), escape(c.reference),
-                          f"[{color}]{c.verdict}[/] {escape(c.detail)}")
+            color = {"gradable": "green", "not gradable": "yellow", "grader error": "red", "setup error": "red"}[c.verdict]
+            timing = " + ".join(f"{t:.1f} s" for t in (c.workspace_s, c.baseline_s, c.reference_s) if t is not None)
+            table.add_row(escape(c.instance_id), escape(c.baseline_reason or c.baseline), escape(c.reference),
+                          timing, f"[{color}]{c.verdict}[/] {escape(c.detail)}")
         out.print(table)
     verdicts = {c.verdict for c in checks}
-    raise typer.Exit(EXIT_INFRA if "grader error" in verdicts else EXIT_FAILED if "not gradable" in verdicts else EXIT_OK)
+    infra = {"grader error", "setup error"} & verdicts
+    raise typer.Exit(EXIT_INFRA if infra else EXIT_FAILED if "not gradable" in verdicts else EXIT_OK)
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:

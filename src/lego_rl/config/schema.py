@@ -114,8 +114,15 @@ class SandboxConfig(Section):
     """Sandboxes booting at the same time."""
     lifetime_s: float | None = None
     """Hard lifetime of a sandbox; must outlive the rollout guard (default: guard + 300 s)."""
-    network: Literal["host", "none"] = "host"
-    """`host` shares the outer network so the CLI reaches the adapter; `none` = loopback only."""
+    network: Literal["auto", "adapter", "host", "none"] = "auto"
+    """Agent sandboxes' network. `adapter`: only the adapter's address and `network_allow` are reachable
+    (bwrap, local sunabako node); `host`: everything the host reaches (sunabako clusters, e2b); `none`:
+    loopback only; `auto`: `adapter` where the adapter is local (bwrap, sunabako without cluster.json), else
+    `host`. Graders always get `none`."""
+    network_allow: list[str] = Field(default_factory=list)
+    """Extra `ADDRESS:PORT` endpoints (IP literals: no DNS inside) agent sandboxes may reach under `adapter`."""
+    sunabako_state_dir: str = "/var/lib/sunabako"
+    """sunabako: the local node's state directory (used when no cluster.json is set)."""
     rootfs: str | None = None
     """bwrap only: default root filesystem for images without an images.json entry (unset = host root)."""
     e2b_api_key: SecretStr | None = None

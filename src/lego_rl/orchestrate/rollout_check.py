@@ -24,20 +24,23 @@ from lego_rl.rollout.settings import RolloutSettings
 from lego_rl.orchestrate.stack import Stack
 from lego_rl.runstore import RunDir, write_new
 from lego_rl.sandbox.base import ImageSpec
+from lego_rl.sandbox.egress import parse_allow, parse_endpoint, url_endpoint
 from lego_rl.swe.task_sandbox import SandboxTarget
 from lego_rl.tasks.model import TaskRow
 from lego_rl.trajectory.manager import TrajectoryOptions
 from lego_rl.trajectory.sample import save_samples
 
 
-def settings_from_config(r: ResolvedConfig) -> RolloutSettings:
-    """Everything a rollout reads from the config, read here once."""
+def settings_from_config(r: ResolvedConfig, adapter_url: str | None = None) -> RolloutSettings:
+    """Everything a rollout reads from the config, read here once (``adapter_url``: where the CLI goes)."""
     c = r.config
-    per_sandbox = {"memory_mb": c.sandbox.memory_mb, "network": c.sandbox.network}
     grader_provider = c.grader.provider or c.sandbox.provider
     return RolloutSettings(
-        agent_sandbox=SandboxTarget(c.sandbox.provider, provider_options(r, c.sandbox.provider), per_sandbox),
-        grader_sandbox=SandboxTarget(grader_provider, provider_options(r, grader_provider), per_sandbox),
+        agent_sandbox=SandboxTarget(c.sandbox.provider, provider_options(r, c.sandbox.provider),
+                                    agent_sandbox_options(r, adapter_url)),
+        # The grader never needs a network: the tests run offline, and a patch must not fetch anything.
+        grader_sandbox=SandboxTarget(grader_provider, provider_options(r, grader_provider),
+                                     {"memory_mb": c.sandbox.memory_mb, "network": "none"}),
         default_harness=c.agent.default_harness, agent_time_budget_s=c.agent.time_budget_s,
         grader_timeout_s=c.grader.timeout_s, guard_s=c.rollout.guard_s or 0.0, max_turns=c.agent.max_turns,
         max_context_tokens=c.model.max_context_tokens, max_response_tokens=c.model.max_response_tokens,
@@ -52,6 +55,23 @@ def settings_from_config(r: ResolvedConfig) -> RolloutSettings:
     )
 
 
+def agent_sandbox_options(r: ResolvedConfig, adapter_url: str | None) -> dict[str, object]:
+    """Per-sandbox options of the agent's sandboxes: ``sandbox.network`` resolved (``auto`` -> ``adapter``
+    where the adapter is local to the sandbox: bwrap, a sunabako node without cluster.json), and under
+    ``adapter`` the provider's ``allowlist`` of the adapter's endpoint plus ``sandbox.network_allow``."""
+    c = r.config
+    mode = c.sandbox.network
+    if mode == "auto":
+        local = c.sandbox.provider == "bwrap" or (c.sandbox.provider == "sunabako" and not c.sandbox.cluster)
+        mode = "adapter" if local else "host"
+    if mode != "adapter":
+        return {"memory_mb": c.sandbox.memory_mb, "network": mode}
+    allow = [url_endpoint(adapter_url)] if adapter_url else []
+    for entry in c.sandbox.network_allow:
+        allow.append(parse_endpoint(entry, what="sandbox.network_allow entry"))
+    return {"memory_mb": c.sandbox.memory_mb, "network": "allowlist", "allow": parse_allow(allow)}
+
+
 def provider_options(r: ResolvedConfig, provider: str) -> dict[str, object]:
     """Constructor options of ``provider`` from the config (only the providers that take them; sunabako's
     options mean nothing to bwrap and are refused by it)."""
@@ -60,6 +80,8 @@ def provider_options(r: ResolvedConfig, provider: str) -> dict[str, object]:
         opts: dict[str, object] = {"allow_test_memory": bool(c.sandbox.allow_test_memory)}
         if c.sandbox.cluster:
             opts["cluster"] = c.sandbox.cluster
+        else:
+            opts["state_dir"] = c.sandbox.sunabako_state_dir
         return opts
     if provider == "e2b" and c.sandbox.e2b_api_key is not None:
         return {"api_key": c.sandbox.e2b_api_key.get_secret_value()}
@@ -93,7 +115,7 @@ async def run_rollout_check(
     progress: ProgressFn | None = None,
 ) -> CheckReport:
     ctx = RolloutContext(
-        settings=settings_from_config(r), run=run, sessions=stack.sessions, adapter_url=stack.adapter_url,
+        settings=settings_from_config(r, stack.adapter_url), run=run, sessions=stack.sessions, adapter_url=stack.adapter_url,
         harness_for=harness_factory(r), toolchain=Toolchain(Path(r.config.paths.toolchain_dir or "")),
         images=images, dataset_dir=dataset_dir,
     )

@@ -2,8 +2,10 @@
 
 A sandbox is a state dir holding an overlay (image rootfs, or the host's ``/``, read-only below; a
 per-sandbox writable layer above; see ``bwrap_state``). Each ``exec`` is one bwrap process that binds
-the merged tree as ``/`` in fresh PID/IPC/UTS namespaces (and a loopback-only network namespace unless
-``network="host"``). Nothing outlives an exec: when its command exits, bwrap's PID 1 goes and the
+the merged tree as ``/`` in fresh PID/IPC/UTS namespaces. Network: ``none`` = a fresh loopback-only
+namespace per exec; ``host`` = the host's; ``allowlist`` = one namespace per sandbox, created at create
+and joined by every exec (``nsenter``), whose only way out is a relay to the ``allow``ed endpoints
+(the config's ``sandbox.network = "adapter"``: the adapter plus ``sandbox.network_allow``). Nothing outlives an exec: when its command exits, bwrap's PID 1 goes and the
 kernel kills the rest of the namespace. Background daemons therefore do not persist between execs
 (unlike sunabako); files do.
 
@@ -26,6 +28,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Sequence
 from typing import IO, Any
 
 from lego_rl.errors import SandboxError, SandboxTimeout
@@ -41,6 +44,7 @@ from lego_rl.sandbox.bwrap_state import (
     prepare_upper,
     write_meta,
 )
+from lego_rl.sandbox.egress import EgressRelay, Endpoint, new_netns, parse_allow, start_relay
 from lego_rl.sandbox.process import ProcessGroup, ProcessResult
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -49,13 +53,13 @@ ROOT_CAPS = (
     "CAP_SETPCAP", "CAP_SETFCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
 )
 _USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-NETWORKS = ("none", "host")
+NETWORKS = ("none", "host", "allowlist")
 MAX_EXEC_OUTPUT = 64 << 20  # bytes kept per stream of one exec; read_file is not capped
 
 
 class BwrapSandbox(Sandbox):
     def __init__(self, meta: SandboxMeta, directory: Path, *, network: str, memory_mb: int | None,
-                 image: ImageSpec, bwrap: str) -> None:
+                 image: ImageSpec, bwrap: str, relay: EgressRelay | None = None) -> None:
         self.id = meta.id
         self.image = image
         self.meta = meta
@@ -66,6 +70,8 @@ class BwrapSandbox(Sandbox):
         self._bwrap = bwrap
         self._procs = ProcessGroup()
         self._closed = False
+        self.relay = relay
+        """The egress relay of ``network="allowlist"`` (its namespace fd is held until close)."""
 
     # -- identity and argv -------------------------------------------------------------------
     def _user(self, name: str | None) -> GuestUser:
@@ -84,7 +90,12 @@ class BwrapSandbox(Sandbox):
         raise SandboxError(f"user {name!r} does not exist in sandbox {self.id} (no /etc/passwd entry)")
 
     def _argv(self, cmd: list[str], user: GuestUser, env: dict[str, str], cwd: str) -> list[str]:
-        argv = ["setpriv", "--pdeathsig", "KILL"]
+        argv = []
+        if self.relay is not None:
+            # nsenter execs setpriv in place (no fork for a network namespace), so pdeathsig still binds
+            # the exec to this process.
+            argv += ["nsenter", f"--net={self.relay.netns_path}", "--"]
+        argv += ["setpriv", "--pdeathsig", "KILL"]
         if user.uid != 0:
             argv += [f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
         argv.append("--")
@@ -184,7 +195,12 @@ class BwrapSandbox(Sandbox):
             raise SandboxError(f"sandbox {self.id}: processes survived SIGKILL for 5 s (uninterruptible I/O?); "
                                "its state was still removed") from None
         finally:
-            destroy_state(self.directory, defer=True)
+            try:
+                if self.relay is not None:
+                    await self.relay.aclose()
+                    os.close(self.relay.netns_fd)
+            finally:
+                destroy_state(self.directory, defer=True)
 
 
 class BwrapProvider(SandboxProvider):
@@ -209,12 +225,17 @@ class BwrapProvider(SandboxProvider):
                                    "cannot traverse (mode o-x): pick a state_dir under a world-traversable path")
 
     async def create(self, image: ImageSpec, *, network: str = "none", memory_mb: int | None = None,
-                     sandbox_id: str | None = None, **unknown: Any) -> BwrapSandbox:
+                     sandbox_id: str | None = None, allow: Sequence[str | Endpoint] = (),
+                     **unknown: Any) -> BwrapSandbox:
         if unknown:
             raise SandboxError(f"bwrap provider: unknown option(s) {sorted(unknown)}; "
-                               "known: network, memory_mb, sandbox_id")
+                               "known: network, allow, memory_mb, sandbox_id")
         if network not in NETWORKS:
             raise SandboxError(f"bwrap provider: network must be one of {NETWORKS}, got {network!r}")
+        endpoints = parse_allow(allow)
+        if endpoints and network != "allowlist":
+            raise SandboxError(f"bwrap provider: allow={[str(e) for e in endpoints]} needs network='allowlist' "
+                               f"(network={network!r} would ignore it)")
         if memory_mb is not None and (not isinstance(memory_mb, int) or memory_mb < 16):
             raise SandboxError(f"bwrap provider: memory_mb must be an integer >= 16, got {memory_mb!r}")
         if os.geteuid() != 0:
@@ -243,4 +264,14 @@ class BwrapProvider(SandboxProvider):
         except BaseException:
             destroy_state(directory)
             raise
-        return BwrapSandbox(meta, directory, network=network, memory_mb=memory_mb, image=image, bwrap=self.bwrap)
+        relay = None
+        if network == "allowlist":
+            fd = new_netns()
+            try:
+                relay = await start_relay(fd, f"/proc/{os.getpid()}/fd/{fd}", endpoints)
+            except BaseException:
+                os.close(fd)
+                destroy_state(directory)
+                raise
+        return BwrapSandbox(meta, directory, network=network, memory_mb=memory_mb, image=image, bwrap=self.bwrap,
+                            relay=relay)

@@ -17,6 +17,12 @@ uid_range_size=1 (which rules out guest users);
 ``stop`` right after a timeout or an OOM kill can fail while the status lags, so stop is retried
 before ``delete``; runtime errors can carry whole supervisor logs, so messages are cut.
 
+Network: the runtime offers ``none`` (a private namespace, loopback only) and ``host``. ``allowlist``
+is ours on top of ``none``, on a local node only: the sandbox's namespace (that of its init, whose pid
+the node's ``inspect`` reports) is entered from this host to put the egress relay's listeners in it
+(``egress``). A remote node (cluster.json over SSH) cannot be entered from here and sunabako 0.1.2 has
+no per-address filter, so ``allowlist`` is refused there: choose ``host`` (unconfined) or ``none``.
+
 Timeouts: when the runtime's own exec timeout fires, the sandbox's init exits and the whole sandbox
 is lost (status "failed"). A rollout must still capture the patch after the agent's time budget, so a
 command with a timeout runs under the image's coreutils ``timeout`` (TERM, then KILL 2 s later, to
@@ -35,11 +41,13 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lego_rl.errors import SandboxError, SandboxTimeout
 from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider, cut_message
+from lego_rl.sandbox.egress import EgressRelay, Endpoint, parse_allow, start_relay
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +56,7 @@ TRANSIENT_CREATE_ERRORS = re.compile(
     r"key must be a string|expected `,` or `}`|EOF while parsing|at line \d+ column \d+|startup failed: ;"
 )
 MAX_EXEC_TIMEOUT_S = 86400  # the runtime accepts 1..86400 s
-NETWORKS = ("none", "host")
+NETWORKS = ("none", "host", "allowlist")
 ENSURE_USER = (
     'id -u agent >/dev/null 2>&1 || useradd -m -U -s /bin/sh agent || exit 90; mkdir -p -- "$1" || exit 91; '
     'command -v timeout >/dev/null && echo has-timeout'
@@ -89,6 +97,8 @@ class SunabakoSandbox(Sandbox):
         self.node_name = inner.node.name
         self._closed = False
         self.has_timeout = False  # set at create: the image has coreutils `timeout`
+        self.relay: EgressRelay | None = None
+        """The egress relay of ``network="allowlist"`` (its namespace fd is held until close)."""
 
     def _fail(self, what: str, exc: BaseException) -> SandboxError:
         state = " (sandbox closed)" if self._closed else ""
@@ -157,7 +167,12 @@ class SunabakoSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
-        await destroy(self._inner.node, self.id, self._sdk)
+        try:
+            if self.relay is not None:
+                await self.relay.aclose()
+                os.close(self.relay.netns_fd)
+        finally:
+            await destroy(self._inner.node, self.id, self._sdk)
 
 
 async def destroy(node: Any, sandbox_id: str, sdk: Any, *, stop_window_s: float = 1.0) -> None:
@@ -271,19 +286,32 @@ class SunabakoProvider(SandboxProvider):
         self._checked = True
 
     async def create(self, image: ImageSpec, *, memory_mb: int | None = None, network: str = "none",
-                     sandbox_id: str | None = None, pids_max: int = 256, **unknown: Any) -> SunabakoSandbox:
+                     sandbox_id: str | None = None, pids_max: int = 256, allow: Sequence[str | Endpoint] = (),
+                     **unknown: Any) -> SunabakoSandbox:
         if unknown:
             raise SandboxError(f"sunabako provider: unknown option(s) {sorted(unknown)}; "
-                               "known: memory_mb, network, sandbox_id, pids_max")
+                               "known: memory_mb, network, allow, sandbox_id, pids_max")
         if network not in NETWORKS:
             raise SandboxError(f"sunabako provider: network must be one of {NETWORKS}, got {network!r}")
+        endpoints = parse_allow(allow)
+        if endpoints and network != "allowlist":
+            raise SandboxError(f"sunabako provider: allow={[str(e) for e in endpoints]} needs network='allowlist' "
+                               f"(network={network!r} would ignore it)")
+        if network == "allowlist" and (self.cluster is not None or self.node.host):
+            raise SandboxError("sunabako provider: network='allowlist' needs the local node (its sandboxes' network "
+                               "namespaces are entered from this host); sunabako has no per-address filter for "
+                               "cluster nodes: set sandbox.network to 'host' (unconfined) or 'none'")
         if not image.rootfs:
             raise SandboxError(f"image {image.name!r} has no rootfs: sunabako boots an imported rootfs "
                                "(lego images), not the host's /")
         await self._check_nodes()
-        inner = await self._create_with_retries(image, memory_mb or self.memory_mb, network, sandbox_id, pids_max)
+        runtime_network = "none" if network == "allowlist" else network
+        inner = await self._create_with_retries(image, memory_mb or self.memory_mb, runtime_network, sandbox_id,
+                                                pids_max)
         sb = SunabakoSandbox(inner, image, self._sdk)
         try:
+            if network == "allowlist":
+                sb.relay = await self._relay_into(sb, endpoints)
             # Imported images rarely have the guest user the CLI runs as; add it, and the workdir.
             res = await sb.exec(["/bin/sh", "-c", ENSURE_USER, "sh", image.workdir or "/"], cwd="/", timeout=60)
             if not res.ok:
@@ -319,3 +347,29 @@ class SunabakoProvider(SandboxProvider):
                     continue
                 raise SandboxError(f"sunabako could not create a sandbox of {image.name!r} "
                                    f"(attempt {attempt}): {cut_message(text)}") from exc
+
+    async def _relay_into(self, sb: SunabakoSandbox, endpoints: Sequence[Endpoint]) -> EgressRelay:
+        """Hold the sandbox's network namespace (its init's) and start the egress relay in it."""
+        try:
+            info = await self.node.call_async("inspect", sb.id, timeout=30)
+            init_pid = int(info["status"]["init_pid"])
+        except (self._sdk.SandboxError, KeyError, TypeError, ValueError) as exc:
+            raise SandboxError(f"sunabako sandbox {sb.id}: no init pid to reach its network namespace: "
+                               f"{cut_message(str(exc), 300)}") from exc
+        try:
+            fd = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SandboxError(f"sunabako sandbox {sb.id}: cannot open the network namespace of its init "
+                               f"(pid {init_pid}): {exc.strerror}") from None
+        try:
+            # Commands must run in that namespace, else the relay confines nothing: check, do not assume.
+            ours = os.readlink(f"/proc/self/fd/{fd}")
+            res = await sb.exec(["readlink", "/proc/self/ns/net"], cwd="/", timeout=30)
+            if res.stdout.strip() != ours:
+                raise SandboxError(f"sunabako sandbox {sb.id}: commands run in network namespace "
+                                   f"{res.stdout.strip() or res.stderr.strip()!r}, not its init's {ours!r}; "
+                                   "network='allowlist' cannot confine them")
+            return await start_relay(fd, f"/proc/{os.getpid()}/fd/{fd}", endpoints)
+        except BaseException:
+            os.close(fd)
+            raise

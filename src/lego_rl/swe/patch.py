@@ -55,6 +55,11 @@ async def take_snapshot(
     several seconds of zlib). Up to ``copy_objects_mb`` the objects are copied, so an agent that
     deletes ``.git`` cannot break the capture; bigger stores are borrowed through ``alternates``
     (an agent that destroys such a repository's objects makes the capture fail, as a SandboxError).
+
+    The copy is a plain ``cp -R``: contents only, no ownership, ACLs or xattrs (git needs none of them,
+    and the snapshot dir is root's). ``cp -a`` would carry an image's ACLs, and in a user-namespaced
+    sandbox (sunabako) an ACL naming a uid outside the uid map cannot be set: setup failed with
+    "preserving permissions ... Invalid argument" on such images.
     """
     g = _git(git_dir, workdir)
     script = f"""
@@ -65,7 +70,7 @@ git init -q --bare {q(git_dir)}
 src="$({GIT} rev-parse --absolute-git-dir 2>/dev/null || true)"
 if [ -n "$src" ] && [ -d "$src/objects" ]; then
   if [ "$(du -sk "$src/objects" | cut -f1)" -le {int(copy_objects_mb) * 1024} ]; then
-    cp -a "$src/objects/." {q(git_dir)}/objects/
+    cp -R "$src/objects/." {q(git_dir)}/objects/
   else
     echo "$src/objects" >> {q(git_dir)}/objects/info/alternates
   fi

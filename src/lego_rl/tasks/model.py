@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lego_rl.tasks.patchpaths import patch_paths
+from lego_rl.tasks.patchpaths import check_patch_structure, patch_paths
 
 GradingKind = Literal["official", "swepro", "f2p_script"]
 
@@ -82,6 +82,14 @@ class TaskMetadata(BaseModel):
     @classmethod
     def _safe_test_patch(cls, v: str) -> str:
         patch_paths(v)  # raises on absolute or '..' paths
+        check_patch_structure(v, what="test patch")  # a patch git would refuse (or misread) is bad task data
+        return v
+
+    @field_validator("reference_patch")
+    @classmethod
+    def _wellformed_reference(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_patch_structure(v, what="reference patch")
         return v
 
     @model_validator(mode="after")
