@@ -59,10 +59,12 @@ from lego_rl.swe.testresults import (
     PASSED,
     TestRun,
     detect_runner,
+    UNITTEST_MAIN,
     format_results,
     parse_junit,
-    parse_unittest,
+    parse_unittest_report,
     stops_early,
+    unittest_command,
 )
 from lego_rl.swe.verdict import judge_baseline, judge_named, parse_parser_output
 from lego_rl.tasks.model import TaskMetadata
@@ -345,24 +347,26 @@ async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float,
             cmd = f"{cmd} {GRADER_DIR}/test_{tok}.py"
         elif (where := _canary_dir(meta)) is not None:
             await sb.write_file(f"{meta.workdir}/{where}/test_{tok}.py", _CANARY.format(tok=tok))
+    report = f"{results}/junit.xml" if runner == "pytest" else f"{results}/unittest.json"
     if runner == "pytest":
-        prefix = (f'export PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }}--junitxml={results}/junit.xml '
+        prefix = (f'export PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }}--junitxml={report} '
                   '-o junit_family=xunit1"\n')
+    elif runner == "unittest":
+        main = f"{GRADER_DIR}/unittest_{tok}.py"
+        await sb.write_file(main, UNITTEST_MAIN.format(report=report))
+        cmd = unittest_command(cmd, main)
     await _must(sb, log, "grader files readable", f"mkdir -p {results} && chmod -R a+rwX {GRADER_DIR}", cwd="/")
     att.res = await _sh(sb, log, f"eval as {meta.eval_user}", prefix + cmd, cwd=meta.workdir, user=meta.eval_user,
                         timeout=timeout)
     if att.res.timed_out or runner == "none":
         return
-    if runner == "pytest":
-        found = await sb.exec(["test", "-f", f"{results}/junit.xml"], cwd="/")
-        if found.ok:
-            att.report = parse_junit(await sb.read_file(f"{results}/junit.xml"))
-        else:
-            att.report = TestRun("pytest-junit", problems=["pytest wrote no junit report (the run ended before "
-                                                           "pytest reported, or never started)"])
+    kind = "pytest" if runner == "pytest" else "unittest"
+    if (await sb.exec(["test", "-f", report], cwd="/")).ok:
+        raw = await sb.read_file(report)
+        att.report = parse_junit(raw) if runner == "pytest" else parse_unittest_report(raw)
     else:
-        stream = att.res.stderr if "\nRan " in "\n" + att.res.stderr else att.res.stdout
-        att.report = parse_unittest(stream)
+        att.report = TestRun(f"{kind}-report", problems=[f"{kind} wrote no per-test report (the run ended before "
+                                                         f"{kind} reported, or never started)"])
     att.canary_problems, att.canary_seen = _take_canary(att.report, tok)
 
 

@@ -8,10 +8,10 @@ report per test here:
   XML pytest writes at the end of the session. Test names are pytest node ids
   (``tests/test_x.py::Class::test_y[param]``), the form SWE-bench-style rows use. Printed ``PASSED``
   lines are never read, so forging them on stdout changes nothing.
-* **unittest** (``python -m unittest ... -v``): the verbose result lines on stderr
-  (``test_y (pkg.mod.Class.test_y) ... ok``), cross-checked against unittest's own ``Ran N tests``
-  summary: a forged result line makes the counts disagree, and a run that ended before the summary
-  (``os._exit``) reports nothing usable.
+* **unittest** (``python -m unittest ...``): the grader runs ``UNITTEST_MAIN`` in its place, unittest's
+  own main with a result class that writes a JSON report after the last test. Names are test ids
+  (``test_x.Class.test_y``). Text on stdout/stderr is never read, so forged result lines change
+  nothing, and a run ended early (``os._exit``) writes no report.
 
 A module that fails to import is reported as a *collection error* (pytest's ``collection failure``,
 unittest's ``_FailedTest``), kept apart from tests: it is never a test that could pass, only a reason
@@ -23,6 +23,7 @@ plus ``XFAIL`` (an expected failure is not a pass).
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import xml.etree.ElementTree as ET
@@ -33,8 +34,7 @@ PASSED, FAILED, ERROR, SKIPPED, XFAIL = "PASSED", "FAILED", "ERROR", "SKIPPED", 
 RunnerKind = Literal["pytest", "unittest", "none"]
 
 _PYTEST = re.compile(r"(?:^|[\s/;&|(`'\"])(?:py\.test|pytest)(?:\s|$|[;&|)`'\"])")
-_UNITTEST = re.compile(r"-m\s+unittest(?:\s|$)")
-_VERBOSE = re.compile(r"(?:^|\s)(?:-v+|--verbose)(?:\s|$)")
+_UNITTEST = re.compile(r"-m\s+unittest(?=\s|$|[;&|)])")
 _STOP_EARLY = re.compile(r"(?:^|\s)(?:-x|--exitfirst|--maxfail[= ]\S+|-f|--failfast|--sw|--stepwise)(?:\s|$)")
 
 
@@ -42,12 +42,11 @@ def detect_runner(cmd: str) -> RunnerKind:
     """The runner whose per-test report the grader can read for ``cmd``, decided from the command alone.
 
     Decided statically on purpose: if it depended on the output, a patch that garbled the output
-    would switch the grader to a weaker verdict. ``unittest`` needs ``-v`` (only verbose output names
-    each test); without it the command is ``none`` and graded by exit status (docs/grading.md).
+    would switch the grader to a weaker verdict.
     """
     if _PYTEST.search(cmd):
         return "pytest"
-    if _UNITTEST.search(cmd) and _VERBOSE.search(cmd):
+    if _UNITTEST.search(cmd):
         return "unittest"
     return "none"
 
@@ -69,7 +68,7 @@ class TestRun:
     __test__ = False  # not a pytest test class, whatever its name
 
     runner: str
-    """``pytest-junit``, ``unittest-verbose`` or ``swepro-parser``."""
+    """``pytest-junit``, ``unittest-report`` or ``swepro-parser``."""
     statuses: dict[str, str] = field(default_factory=dict)
     """Test name -> status; a test reported twice keeps its worst report."""
     collection_errors: list[str] = field(default_factory=list)
@@ -124,93 +123,92 @@ def parse_junit(raw: bytes) -> TestRun:
     return run
 
 
-_UT_HEAD = re.compile(r"^(?P<method>[A-Za-z_]\w*) \((?P<where>[A-Za-z_][\w.]*)\)(?P<rest>(?: \.\.\..*)?)$")
-_UT_SUB = re.compile(r"^  (?P<method>[A-Za-z_]\w*) \((?P<where>[A-Za-z_][\w.]*)\) \(.*\) \.\.\. (?P<status>FAIL|ERROR|skipped(?: .*)?)$")
-_UT_STATUS = re.compile(r"(?P<status>ok|FAIL|ERROR|skipped '.*'|expected failure|unexpected success)$")
-_UT_RAN = re.compile(r"^Ran (?P<n>\d+) tests? in ")
-_UT_WORDS = {"ok": PASSED, "FAIL": FAILED, "ERROR": ERROR, "expected failure": XFAIL, "unexpected success": FAILED}
+UNITTEST_MAIN = '''"""lego-rl grader: ``python -m unittest`` with a per-test report written when the run ends."""
+import json, os, sys, unittest  # before the working directory joins sys.path: a unittest.py there cannot replace these
+
+REPORT = {report!r}
+
+
+class _Result(unittest.TextTestResult):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.per_test = {{}}
+
+    def _put(self, test, status):
+        prev = self.per_test.get(test.id())
+        self.per_test[test.id()] = status if prev in (None, "PASSED") else prev
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._put(test, "PASSED")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._put(test, "FAILED")
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._put(test, "ERROR")
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._put(test, "SKIPPED")
+
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self._put(test, "XFAIL")
+
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self._put(test, "FAILED")
+
+    def addSubTest(self, test, subtest, err):
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            self._put(test, "FAILED" if issubclass(err[0], test.failureException) else "ERROR")
+
+
+class _Runner(unittest.TextTestRunner):
+    resultclass = _Result
+
+
+sys.argv[0] = "python -m unittest"
+sys.path[0] = os.getcwd()  # what python -m puts there (this file's directory must not be importable)
+prog = unittest.main(module=None, testRunner=_Runner, exit=False)
+with open(REPORT + ".tmp", "w") as fh:
+    json.dump({{"tests": [{{"name": n, "status": s}} for n, s in prog.result.per_test.items()]}}, fh)
+os.replace(REPORT + ".tmp", REPORT)
+sys.exit(not prog.result.wasSuccessful())
+'''
+"""Runs in the sandbox in place of ``python -m unittest``: the same arguments, the same output, plus a
+JSON report (the SWE-bench Pro parser's shape) written after the last test, at a path only the grader
+knows in advance."""
+
 _FAILED_IMPORT = ("unittest.loader._FailedTest.", "unittest.loader.ModuleImportFailure.")
-_SEPARATOR = "=" * 70
 
 
-def _ut_status(word: str) -> str:
-    return SKIPPED if word.startswith("skipped") else _UT_WORDS[word]
+def unittest_command(cmd: str, main_path: str) -> str:
+    """``cmd`` with ``-m unittest`` replaced by the reporting main at ``main_path``."""
+    return _UNITTEST.sub(lambda _m: main_path, cmd)
 
 
-def _ut_name(method: str, where: str) -> str:
-    return where if where.endswith("." + method) else f"{where}.{method}"
-
-
-def parse_unittest(stderr: str) -> TestRun:
-    """unittest's verbose stderr -> ``TestRun``, checked against its ``Ran N tests`` line.
-
-    Python 3.11+ prints ``test_y (mod.Class.test_y) ... ok``; older versions ``test_y (mod.Class)``.
-    A test with a docstring puts ``docstring ... ok`` on the next line; a test's own stderr output
-    sits between the name and the status, so the status is the *last* word of a later line. The real
-    status always comes after anything a test prints, so a forged result line either ends up before
-    the real status on the same line (ignored) or as a status line with no test waiting for it,
-    which spoils the whole report (``problems``) rather than passing a test.
-    """
-    run = TestRun("unittest-verbose")
-    pending: str | None = None
-    sub_status: str | None = None  # worst subtest report of the pending test (3.11 prints no own status then)
-    results = 0
-    ran: int | None = None
-
-    def resolve(status: str) -> None:
-        nonlocal pending, sub_status, results
-        assert pending is not None
-        results += 1
-        if pending.startswith(_FAILED_IMPORT):
-            run.collection_errors.append(pending.split(".", 3)[-1])
+def parse_unittest_report(raw: bytes) -> TestRun:
+    """The JSON report ``UNITTEST_MAIN`` wrote -> ``TestRun`` (import failures become collection errors)."""
+    run = TestRun("unittest-report")
+    try:
+        data = json.loads(raw)
+        tests = data["tests"]
+        entries = [(t["name"], t["status"]) for t in tests]
+    except (ValueError, KeyError, TypeError) as exc:
+        run.problems.append(f"the unittest report is malformed: {exc}")
+        return run
+    for name, status in entries:
+        if not isinstance(name, str) or status not in (PASSED, FAILED, ERROR, SKIPPED, XFAIL):
+            run.problems.append(f"the unittest report has a malformed entry: {name!r}: {status!r}")
+        elif name.startswith(_FAILED_IMPORT):
+            run.collection_errors.append(name.split(".", 3)[-1])
         else:
-            _merge(run.statuses, pending, status)
-        pending, sub_status = None, None
-
-    in_results = True
-    for line in stderr.splitlines():
-        line = line.rstrip("\r")
-        m_ran = _UT_RAN.match(line)
-        if m_ran:
-            ran = int(m_ran["n"])  # the last summary wins
-            in_results = False
-            continue
-        if not in_results:
-            continue
-        if line == _SEPARATOR:  # failure details follow: no more result lines
-            in_results = False
-            continue
-        sub = _UT_SUB.match(line)
-        if sub and pending == _ut_name(sub["method"], sub["where"]):
-            word = _ut_status(sub["status"])
-            sub_status = word if sub_status in (None, PASSED, SKIPPED) else sub_status
-            continue
-        head = _UT_HEAD.match(line)
-        if head:
-            if pending is not None:
-                if sub_status is None:
-                    run.problems.append(f"no result was printed for {pending}")
-                    pending = None
-                else:
-                    resolve(sub_status)
-            pending = _ut_name(head["method"], head["where"])
-            line = head["rest"]
-        status = _UT_STATUS.search(line)
-        if status is None:
-            continue
-        if pending is None:
-            run.problems.append(f"a result line belongs to no test: {line[-80:]!r}")
-        else:
-            resolve(_ut_status(status["status"]))
-    if pending is not None:
-        if sub_status is None:
-            run.problems.append(f"no result was printed for {pending}")
-        else:
-            resolve(sub_status)
-    if ran is None:
-        run.problems.append("unittest printed no 'Ran N tests' summary (the run ended before unittest reported)")
-    elif ran != results:
-        run.problems.append(f"unittest says it ran {ran} tests but {results} results were printed")
+            _merge(run.statuses, name, status)
     return run
 
 
