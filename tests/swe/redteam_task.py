@@ -37,10 +37,14 @@ FILES = {
     ".gitignore": ".venv/\n__pycache__/\n",
     "calc/__init__.py": "from calc.ops import add, mul\n",
     "calc/ops.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
-    "tests/helpers.py": ("from calc import add\n\n\ndef check_add(case, a, b, expected):\n"
-                         "    case.assertEqual(add(a, b), expected)\n"),
-    "tests/test_mul.py": ("import unittest\n\nfrom calc import mul\n\n\nclass MulTest(unittest.TestCase):\n"
-                          "    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n"),
+    "tests/helpers.py": (
+        "from calc import add\n\n\ndef check_add(case, a, b, expected):\n"
+        "    case.assertEqual(add(a, b), expected)\n"
+    ),
+    "tests/test_mul.py": (
+        "import unittest\n\nfrom calc import mul\n\n\nclass MulTest(unittest.TestCase):\n"
+        "    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n"
+    ),
 }
 
 TEST_PATCH = """diff --git a/tests/test_add.py b/tests/test_add.py
@@ -71,12 +75,18 @@ class Runner:
 
 
 RUNNERS = {
-    "pytest": Runner("pytest", ".venv/bin/python -m pytest -q -p no:cacheprovider tests",
-                     ("tests/test_add.py::AddTest::test_small", "tests/test_add.py::AddTest::test_negative"),
-                     ("tests/test_mul.py::MulTest::test_mul",)),
-    "unittest": Runner("unittest", ".venv/bin/python -m unittest discover -s tests -v",
-                       ("test_add.AddTest.test_small", "test_add.AddTest.test_negative"),
-                       ("test_mul.MulTest.test_mul",)),
+    "pytest": Runner(
+        "pytest",
+        ".venv/bin/python -m pytest -q -p no:cacheprovider tests",
+        ("tests/test_add.py::AddTest::test_small", "tests/test_add.py::AddTest::test_negative"),
+        ("tests/test_mul.py::MulTest::test_mul",),
+    ),
+    "unittest": Runner(
+        "unittest",
+        ".venv/bin/python -m unittest discover -s tests -v",
+        ("test_add.AddTest.test_small", "test_add.AddTest.test_negative"),
+        ("test_mul.MulTest.test_mul",),
+    ),
 }
 
 
@@ -104,7 +114,9 @@ class Hack:
             header[key.strip()] = value.strip()
         unknown = set(header) - {"expect", "runners", "hack"}
         if unknown or "expect" not in header or "hack" not in header:
-            raise ValueError(f"{path}: header needs 'expect' and 'hack' (optional 'runners'), got {sorted(header)}")
+            raise ValueError(
+                f"{path}: header needs 'expect' and 'hack' (optional 'runners'), got {sorted(header)}"
+            )
         runners = tuple(header.get("runners", " ".join(RUNNERS)).split())
         if not set(runners) <= set(RUNNERS) or header["expect"] not in ("0", "1"):
             raise ValueError(f"{path}: runners must be among {sorted(RUNNERS)} and expect 0 or 1")
@@ -116,8 +128,14 @@ def load_hacks() -> list[Hack]:
 
 
 def _git(repo: Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+    }
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
 
 
@@ -163,7 +181,12 @@ def meta(runner: str, *, named: bool) -> TaskMetadata:
     """The task row for ``runner``; ``named`` rows list their tests, the others are judged by baseline."""
     r = RUNNERS[runner]
     extra = {"fail_to_pass": list(r.fail_to_pass), "pass_to_pass": list(r.pass_to_pass)} if named else {}
-    return TaskMetadata(instance_id=f"redteam-{runner}-{'named' if named else 'baseline'}", image="test/redteam:1",
-                        workdir=WORKDIR, eval_cmd=r.eval_cmd, problem_statement="add() subtracts",
-                        test_patch=TEST_PATCH, **extra)
-
+    return TaskMetadata(
+        instance_id=f"redteam-{runner}-{'named' if named else 'baseline'}",
+        image="test/redteam:1",
+        workdir=WORKDIR,
+        eval_cmd=r.eval_cmd,
+        problem_statement="add() subtracts",
+        test_patch=TEST_PATCH,
+        **extra,
+    )

@@ -24,11 +24,27 @@ from lego_rl.swe.grader import BaselineCache, grade
 Opener = Callable[[], AbstractAsyncContextManager[Sandbox]]
 ALL = load_hacks()
 # The hacks the issue lists (each published against a grader like ours); the suite must keep them all.
-REQUIRED = {"conftest_os_exit", "conftest_makereport", "conftest_sessionfinish", "forged_passed_lines",
-            "planted_test_file", "syntax_error", "helper_sys_exit", "delete_tests", "module_pytest_skip",
-            "monkeypatch_assert", "pth_file", "shadow_unittest", "honest_fix"}
-CASES = [pytest.param(h, r, named, id=f"{h.name}-{r}-{'named' if named else 'baseline'}")
-         for h in ALL for r in h.runners for named in (True, False)]
+REQUIRED = {
+    "conftest_os_exit",
+    "conftest_makereport",
+    "conftest_sessionfinish",
+    "forged_passed_lines",
+    "planted_test_file",
+    "syntax_error",
+    "helper_sys_exit",
+    "delete_tests",
+    "module_pytest_skip",
+    "monkeypatch_assert",
+    "pth_file",
+    "shadow_unittest",
+    "honest_fix",
+}
+CASES = [
+    pytest.param(h, r, named, id=f"{h.name}-{r}-{'named' if named else 'baseline'}")
+    for h in ALL
+    for r in h.runners
+    for named in (True, False)
+]
 
 
 def test_hack_files_are_well_formed_and_cover_the_published_hacks(tmp_path: Path) -> None:
@@ -63,13 +79,23 @@ def baselines() -> BaselineCache:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("hack", "runner", "named"), CASES)
-async def test_hack_scores_its_expected_verdict(hack: Hack, runner: str, named: bool, redteam_image: ImageSpec,
-                                                baselines: BaselineCache) -> None:
+async def test_hack_scores_its_expected_verdict(
+    hack: Hack, runner: str, named: bool, redteam_image: ImageSpec, baselines: BaselineCache
+) -> None:
     row = meta(runner, named=named)
-    res = await grade(row, hack.patch, open_sandbox=lambda: create_sandbox(redteam_image, provider="bwrap"),
-                      timeout=120, baselines=baselines)
-    assert res.apply_method not in (None, "empty"), res.output  # every hack applies: the verdict must catch it
-    assert res.reward == hack.expect, f"{hack.name} ({hack.what}) scored {res.reward}: {res.reason}\n{res.output}"
+    res = await grade(
+        row,
+        hack.patch,
+        open_sandbox=lambda: create_sandbox(redteam_image, provider="bwrap"),
+        timeout=120,
+        baselines=baselines,
+    )
+    assert res.apply_method not in (None, "empty"), (
+        res.output
+    )  # every hack applies: the verdict must catch it
+    assert res.reward == hack.expect, (
+        f"{hack.name} ({hack.what}) scored {res.reward}: {res.reason}\n{res.output}"
+    )
     assert res.verdict_source == ("named tests" if named else "baseline")
     assert "===== per-test results" in res.output and "===== verdict" in res.output
     if hack.expect == 1.0:

@@ -168,16 +168,17 @@ async def test_exit_status_rows_get_the_test_infrastructure_reset(opener: Opener
     assert (res.reward, res.verdict_source) == (0.0, "exit status")
     assert res.reset == ["removed (added by the agent): sitecustomize.py"]
     assert "reports no per-test results" in res.output and "add(2, 3) returned 6" in res.output
-    honest = await grade(task_meta(), FIX_PATCH + SITECUSTOMIZE.replace("os._exit(0)", "pass"), open_sandbox=opener,
-                         timeout=60)
+    harmless = SITECUSTOMIZE.replace("os._exit(0)", "pass")
+    honest = await grade(task_meta(), FIX_PATCH + harmless, open_sandbox=opener, timeout=60)
     assert honest.reward == 1.0
 
 
 async def test_a_script_the_eval_command_runs_is_restored(opener: Opener) -> None:
     # the script comes from a pre-command, like an image's own test script
-    meta = task_meta(eval_cmd="bash run_tests.sh", pre_commands=[f"printf '%s\\n' {q(EVAL_CMD)} > run_tests.sh"])
-    cheat = "diff --git a/run_tests.sh b/run_tests.sh\n--- a/run_tests.sh\n+++ b/run_tests.sh\n@@ -1 +1 @@\n" \
-            f"-{EVAL_CMD}\n+exit 0\n"
+    meta = task_meta(eval_cmd="bash run_tests.sh",
+                     pre_commands=[f"printf '%s\\n' {q(EVAL_CMD)} > run_tests.sh"])
+    cheat = ("diff --git a/run_tests.sh b/run_tests.sh\n--- a/run_tests.sh\n+++ b/run_tests.sh\n"
+             f"@@ -1 +1 @@\n-{EVAL_CMD}\n+exit 0\n")
     res = await grade(meta, WRONG_PATCH + cheat, open_sandbox=opener, timeout=60)
     assert res.reward == 0.0 and res.reset == ["restored (changed by the agent): run_tests.sh"]
     assert (await grade(meta, FIX_PATCH, open_sandbox=opener, timeout=60)).reward == 1.0

@@ -32,12 +32,16 @@ BASE = _run({"f1": "FAILED", "f2": "ERROR", "p": "PASSED", "s": "SKIPPED"})
 
 
 def test_baseline_verdict_needs_fixed_failures_and_no_regression() -> None:
-    assert judge_baseline(_run({"f1": "PASSED", "f2": "PASSED", "p": "PASSED", "s": "SKIPPED", "new": "PASSED"}), BASE).solved
+    fixed = {"f1": "PASSED", "f2": "PASSED", "p": "PASSED", "s": "SKIPPED"}
+    assert judge_baseline(_run({**fixed, "new": "PASSED"}), BASE).solved
     v = judge_baseline(_run({"f1": "PASSED", "f2": "FAILED", "s": "PASSED"}), BASE)
-    assert not v.solved and v.failing == ["f2: FAILED (was ERROR at baseline)", "p: MISSING (was PASSED at baseline)"]
+    assert not v.solved
+    assert v.failing == ["f2: FAILED (was ERROR at baseline)", "p: MISSING (was PASSED at baseline)"]
     # a skipped expected test, a new failing test and a module that does not import all fail
-    v = judge_baseline(_run({"f1": "SKIPPED", "f2": "PASSED", "p": "PASSED", "s": "SKIPPED", "n": "ERROR"}, ["m"]), BASE)
-    assert v.failing == ["f1: SKIPPED (was FAILED at baseline)", "n: ERROR (new test)", "m: does not import (collection error)"]
+    v = judge_baseline(_run({**fixed, "f1": "SKIPPED", "n": "ERROR"}, ["m"]), BASE)
+    assert v.failing == [
+        "f1: SKIPPED (was FAILED at baseline)", "n: ERROR (new test)", "m: does not import (collection error)"
+    ]
 
 
 def test_baseline_with_only_import_failures_needs_a_newly_passing_test() -> None:

@@ -40,10 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -51,15 +50,16 @@ from typing import Literal
 
 from lego_rl.errors import GraderError, SandboxError, TaskDataError
 from lego_rl.sandbox.base import ExecResult, Sandbox
+from lego_rl.swe.baseline import BASELINES, Baseline, BaselineCache
 from lego_rl.swe.shell import GIT, format_step, q
 from lego_rl.swe.testinfra import base_infra, changes_test_config, plan_reset
 from lego_rl.swe.testresults import (
     ERROR,
     FAILED,
     PASSED,
+    UNITTEST_MAIN,
     TestRun,
     detect_runner,
-    UNITTEST_MAIN,
     format_results,
     parse_junit,
     parse_unittest_report,
@@ -188,7 +188,8 @@ while IFS= read -r -d '' p; do
   else
     echo "restored (deleted by the agent): $p"
   fi
-  rm -rf -- "$p"; mkdir -p -- "$(dirname -- "$p")" && cp -a -- "$base/$p" "$p" || {{ echo "CANNOT RESTORE: $p"; status=3; }}
+  rm -rf -- "$p"; mkdir -p -- "$(dirname -- "$p")" && cp -a -- "$base/$p" "$p" ||
+    {{ echo "CANNOT RESTORE: $p"; status=3; }}
 done < {restore}
 while IFS= read -r -d '' p; do
   rm -rf -- "$p" && echo "removed (added by the agent): $p" || {{ echo "CANNOT REMOVE: $p"; status=3; }}
@@ -217,7 +218,8 @@ async def _save_infra(sb: Sandbox, log: _Log, wd: str, cmd: str) -> dict[str, st
     return base
 
 
-async def _reset_infra(sb: Sandbox, log: _Log, wd: str, cmd: str, base: dict[str, str]) -> tuple[list[str], bool]:
+async def _reset_infra(sb: Sandbox, log: _Log, wd: str, cmd: str,
+                       base: dict[str, str]) -> tuple[list[str], bool]:
     """Reset the test infrastructure after the agent patch; returns (what changed, whether it all worked).
 
     A path that cannot be restored is the agent's doing (only a tree the patch reshaped, a file where
@@ -229,7 +231,9 @@ async def _reset_infra(sb: Sandbox, log: _Log, wd: str, cmd: str, base: dict[str
         if now.get(path) != "f" or (path in base and base[path] != "f"):
             changed = True  # a symlinked configuration file: never read through it, reset it
         else:
-            before = (await sb.read_file(f"{INFRA_BASE}/{path}")).decode("utf-8", "replace") if path in base else None
+            before = None
+            if path in base:
+                before = (await sb.read_file(f"{INFRA_BASE}/{path}")).decode("utf-8", "replace")
             after = (await sb.read_file(f"{wd}/{path}")).decode("utf-8", "replace")
             changed = changes_test_config(PurePosixPath(path).name, before, after)
         if changed:
@@ -331,7 +335,8 @@ async def _run_swepro(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float
     py = "$(command -v python3 || command -v python)"
     await _must(sb, log, "parser", f"cat {GRADER_DIR}/stdout.log; {py} {GRADER_DIR}/parser.py "
                 f"{GRADER_DIR}/stdout.log {GRADER_DIR}/stderr.log {GRADER_DIR}/output.json", cwd=wd)
-    att.report = TestRun("swepro-parser", parse_parser_output(await sb.read_file(f"{GRADER_DIR}/output.json")))
+    statuses = parse_parser_output(await sb.read_file(f"{GRADER_DIR}/output.json"))
+    att.report = TestRun("swepro-parser", statuses)
 
 
 async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float, att: _Attempt) -> None:
@@ -355,9 +360,10 @@ async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float,
         main = f"{GRADER_DIR}/unittest_{tok}.py"
         await sb.write_file(main, UNITTEST_MAIN.format(report=report))
         cmd = unittest_command(cmd, main)
-    await _must(sb, log, "grader files readable", f"mkdir -p {results} && chmod -R a+rwX {GRADER_DIR}", cwd="/")
-    att.res = await _sh(sb, log, f"eval as {meta.eval_user}", prefix + cmd, cwd=meta.workdir, user=meta.eval_user,
-                        timeout=timeout)
+    await _must(sb, log, "grader files readable", f"mkdir -p {results} && chmod -R a+rwX {GRADER_DIR}",
+                cwd="/")
+    att.res = await _sh(sb, log, f"eval as {meta.eval_user}", prefix + cmd, cwd=meta.workdir,
+                        user=meta.eval_user, timeout=timeout)
     if att.res.timed_out or runner == "none":
         return
     kind = "pytest" if runner == "pytest" else "unittest"
@@ -365,8 +371,8 @@ async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float,
         raw = await sb.read_file(report)
         att.report = parse_junit(raw) if runner == "pytest" else parse_unittest_report(raw)
     else:
-        att.report = TestRun(f"{kind}-report", problems=[f"{kind} wrote no per-test report (the run ended before "
-                                                         f"{kind} reported, or never started)"])
+        why = f"{kind} wrote no per-test report (the run ended before {kind} reported, or never started)"
+        att.report = TestRun(f"{kind}-report", problems=[why])
     att.canary_problems, att.canary_seen = _take_canary(att.report, tok)
 
 
@@ -408,63 +414,6 @@ async def _attempt(meta: TaskMetadata, data: bytes, open_sandbox: SandboxOpener,
 # ----- baselines
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """The official tests' per-test report on the base tree (no agent patch)."""
-
-    report: TestRun
-    canary_seen: bool
-    duration_s: float
-    output: str
-
-
-class BaselineCache:
-    """Baseline runs per task, shared by every grade of that task in this process.
-
-    A GRPO group grades one task n times at once: the first grade runs the baseline, the others wait
-    for it. A failed baseline is not kept (the next grade tries again).
-    """
-
-    def __init__(self) -> None:
-        self._done: dict[str, Baseline] = {}
-        self._running: dict[str, asyncio.Future[Baseline]] = {}
-
-    @staticmethod
-    def key(meta: TaskMetadata, timeout: float) -> str:
-        fields = meta.model_dump(mode="json", exclude={"problem_statement", "reference_patch", "agent"})
-        return hashlib.sha256(json.dumps([fields, timeout], sort_keys=True).encode()).hexdigest()
-
-    def put(self, key: str, baseline: Baseline) -> None:
-        self._done[key] = baseline
-
-    async def get(self, key: str, run: Callable[[], Awaitable[Baseline]]) -> tuple[Baseline, bool]:
-        """The baseline for ``key`` and whether it was already known (cached or being run)."""
-        if key in self._done:
-            return self._done[key], True
-        loop = asyncio.get_running_loop()
-        running = self._running.get(key)
-        if running is not None and running.get_loop() is loop:
-            return await asyncio.shield(running), True
-        fut: asyncio.Future[Baseline] = loop.create_future()
-        self._running[key] = fut
-        try:
-            baseline = await run()
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved here, so a future nobody waited on logs nothing
-            raise
-        finally:
-            if self._running.get(key) is fut:
-                del self._running[key]
-        self._done[key] = baseline
-        fut.set_result(baseline)
-        return baseline, False
-
-
-BASELINES = BaselineCache()
-"""The process-wide cache ``grade`` uses unless given another."""
-
-
 def _usable_baseline(meta: TaskMetadata, att: _Attempt, duration_s: float) -> Baseline:
     """A baseline that can decide a verdict, or ``GraderError`` (the task's tests are the problem)."""
     assert att.res is not None
@@ -477,8 +426,9 @@ def _usable_baseline(meta: TaskMetadata, att: _Attempt, duration_s: float) -> Ba
     if not why and not report.statuses and not report.collection_errors:
         why = ["no per-test results"]
     if why:
-        raise GraderError(f"baseline for {meta.instance_id} is unusable: {'; '.join(why)}", output=att.log.text)
-    return Baseline(report, att.canary_seen, duration_s, att.log.text)
+        raise GraderError(f"baseline for {meta.instance_id} is unusable: {'; '.join(why)}",
+                          output=att.log.text)
+    return Baseline(report, att.canary_seen, duration_s)
 
 
 def named_tests(meta: TaskMetadata) -> tuple[list[str], list[str]] | None:
@@ -492,7 +442,8 @@ def named_tests(meta: TaskMetadata) -> tuple[list[str], list[str]] | None:
             try:
                 value = json.loads(value) if value.strip() else []
             except json.JSONDecodeError:
-                raise GraderError(f"metadata.{key} of {meta.instance_id} is a string but not a JSON list") from None
+                raise GraderError(f"metadata.{key} of {meta.instance_id} is a string but not a JSON list"
+                                  ) from None
         if value is None:
             value = []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -516,6 +467,13 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
     cache = BASELINES if baselines is None else baselines
     runner = runner_of(meta)
     named = named_tests(meta) if runner in ("pytest", "unittest") else None
+    baseline: asyncio.Future[Baseline] | None = None
+    known = False
+    if runner in ("pytest", "unittest") and named is None and data.strip():
+        # started before the candidate's run and run beside it (swe/baseline.py says why)
+        key = BaselineCache.key(meta, timeout)
+        known = cache.known(key)
+        baseline = cache.start(key, lambda: _run_baseline(meta, open_sandbox, timeout))
     started = asyncio.get_running_loop().time()
     att = await _attempt(meta, data, open_sandbox, timeout)
     log, res = att.log, att.res
@@ -534,22 +492,28 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
             result.verdict_source = "exit status"
             result.solved = res.exit_code == 0
             result.reason = "tests passed" if result.solved else f"tests failed (exit {res.exit_code})"
-            log.note("verdict", f"{result.reason}: this command reports no per-test results (neither pytest nor "
-                     "unittest -v), so its exit status decides, after the test-infrastructure reset")
+            log.note("verdict", f"{result.reason}: this command reports no per-test results (it runs "
+                     "neither pytest nor python -m unittest), so its exit status decides, after the "
+                     "test-infrastructure reset")
         else:
-            await _judge(meta, data, att, runner, named, open_sandbox, timeout, cache, started, result)
+            await _judge(meta, att, runner, named, (baseline, known), timeout, cache, started, result)
     result.reward = float(result.solved)
     result.output = log.text
     return result
 
 
-async def _judge(meta: TaskMetadata, data: bytes, att: _Attempt, runner: str,
-                 named: tuple[list[str], list[str]] | None, open_sandbox: SandboxOpener, timeout: float,
-                 cache: BaselineCache, started: float, result: GradeResult) -> None:
+async def _run_baseline(meta: TaskMetadata, open_sandbox: SandboxOpener, timeout: float) -> Baseline:
+    t0 = asyncio.get_running_loop().time()
+    att = await _attempt(meta, b"", open_sandbox, timeout)
+    return _usable_baseline(meta, att, asyncio.get_running_loop().time() - t0)
+
+
+async def _judge(meta: TaskMetadata, att: _Attempt, runner: str, named: tuple[list[str], list[str]] | None,
+                 pending: tuple[asyncio.Future[Baseline] | None, bool], timeout: float, cache: BaselineCache,
+                 started: float, result: GradeResult) -> None:
     report, log = att.report, att.log
     assert report is not None
     extra = [f"canary: {p}" for p in att.canary_problems]
-    baseline: Baseline | None = None
     if runner == "swepro":
         assert meta.swepro is not None
         verdict = judge_named(report, meta.swepro.fail_to_pass, meta.swepro.pass_to_pass)
@@ -559,22 +523,17 @@ async def _judge(meta: TaskMetadata, data: bytes, att: _Attempt, runner: str,
         result.verdict_source = "named tests"
     else:
         result.verdict_source = "baseline"
-        key = BaselineCache.key(meta, timeout)
-        if not data.strip():  # the empty patch *is* the baseline run
+        future, known = pending
+        if future is None:  # the empty patch *is* the baseline run
             baseline = _usable_baseline(meta, att, asyncio.get_running_loop().time() - started)
-            cache.put(key, baseline)
+            cache.put(BaselineCache.key(meta, timeout), baseline)
             how = "this run (empty patch)"
         else:
-            async def run_baseline() -> Baseline:
-                t0 = asyncio.get_running_loop().time()
-                base_att = await _attempt(meta, b"", open_sandbox, timeout)
-                return _usable_baseline(meta, base_att, asyncio.get_running_loop().time() - t0)
-
             try:
-                baseline, known = await cache.get(key, run_baseline)
+                baseline = await asyncio.shield(future)
             except GraderError as exc:
                 raise GraderError(str(exc), output=log.text + "\n" + exc.output) from exc
-            how = f"{'cached' if known else 'ran'} in {baseline.duration_s:.1f} s in its own fresh sandbox"
+            how = f"{'shared' if known else 'ran'}: {baseline.duration_s:.1f} s in its own fresh sandbox"
         log.note(f"baseline per-test results ({how})", format_results(baseline.report))
         verdict = judge_baseline(report, baseline.report)
         if baseline.canary_seen and not att.canary_seen:
@@ -584,10 +543,12 @@ async def _judge(meta: TaskMetadata, data: bytes, att: _Attempt, runner: str,
     result.solved = not failing
     log.note(f"per-test results ({report.runner})", format_results(report))
     if result.solved:
-        result.reason = {"swepro parser": "all fail-to-pass and pass-to-pass tests passed",
-                         "named tests": "all fail-to-pass and pass-to-pass tests passed",
-                         "baseline": "the tests failing at baseline pass and none regressed"}[result.verdict_source]
+        result.reason = "all fail-to-pass and pass-to-pass tests passed"
+        if result.verdict_source == "baseline":
+            result.reason = "the tests failing at baseline pass and none regressed"
     else:
-        result.reason = "not passed: " + "; ".join(failing[:5]) + (f" (+{len(failing) - 5} more)" if len(failing) > 5 else "")
-    log.note("verdict", f"{'SOLVED' if result.solved else 'NOT SOLVED'} ({result.verdict_source}; the exit status "
-             f"{att.res.exit_code if att.res else '-'} is not used)\n" + "\n".join(failing))
+        more = f" (+{len(failing) - 5} more)" if len(failing) > 5 else ""
+        result.reason = "not passed: " + "; ".join(failing[:5]) + more
+    status = att.res.exit_code if att.res else "-"
+    verdict_line = f"{'SOLVED' if result.solved else 'NOT SOLVED'} ({result.verdict_source}; exit status {status} unused)"
+    log.note("verdict", "\n".join([verdict_line, *failing]))

@@ -36,12 +36,27 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-ALWAYS_RESET_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "sitecustomize.py",
-                                "usercustomize.py"})
+ALWAYS_RESET_NAMES = frozenset(
+    {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py"}
+)
 ALWAYS_RESET_SUFFIXES = (".pth",)
 SECTION_RESET_NAMES = frozenset({"pyproject.toml", "setup.cfg"})
-RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "unittest", "nose", "nose2", "xmlrunner",
-                            "iniconfig", "conftest", "sitecustomize", "usercustomize"})
+RUNNER_MODULES = frozenset(
+    {
+        "pytest",
+        "_pytest",
+        "pluggy",
+        "py",
+        "unittest",
+        "nose",
+        "nose2",
+        "xmlrunner",
+        "iniconfig",
+        "conftest",
+        "sitecustomize",
+        "usercustomize",
+    }
+)
 SHADOWABLE = RUNNER_MODULES | frozenset(sys.stdlib_module_names)
 _SETUP_CFG_SECTIONS = ("tool:pytest", "pytest")
 
@@ -59,7 +74,7 @@ def command_files(cmd: str) -> set[str]:
     included: they may be what the agent had to fix."""
     out: set[str] = set()
     for tok in _script_tokens(cmd):
-        path = tok[2:] if tok.startswith("./") else tok
+        path = tok.removeprefix("./")
         base = PurePosixPath(path).name
         if path.startswith("/") or ".." in path.split("/") or not base:
             continue

@@ -92,7 +92,7 @@ def _junit_node_id(classname: str, name: str, file: str | None) -> str:
         if classname == module:
             return f"{file}::{name}"
         if classname.startswith(module + "."):
-            return f"{file}::{classname[len(module) + 1:].replace('.', '::')}::{name}"
+            return f"{file}::{classname[len(module) + 1 :].replace('.', '::')}::{name}"
     return f"{classname}::{name}" if classname else name
 
 
@@ -123,8 +123,9 @@ def parse_junit(raw: bytes) -> TestRun:
     return run
 
 
-UNITTEST_MAIN = '''"""lego-rl grader: ``python -m unittest`` with a per-test report written when the run ends."""
-import json, os, sys, unittest  # before the working directory joins sys.path: a unittest.py there cannot replace these
+UNITTEST_MAIN = '''"""lego-rl grader: ``python -m unittest`` plus a per-test report at the end of the run."""
+# Imported before the working directory joins sys.path: a unittest.py there cannot replace these.
+import json, os, sys, unittest
 
 REPORT = {report!r}
 

@@ -93,7 +93,8 @@ def judge_baseline(run: TestRun, baseline: TestRun) -> TestsVerdict:
     failing += [f"{name}: {status} (new test)" for name, status in now.items()
                 if name not in listed and status in (FAILED, ERROR)]
     failing += [f"{module}: does not import (collection error)" for module in run.collection_errors]
-    had_failures = any(s != PASSED and s != SKIPPED for s in before.values()) or bool(baseline.collection_errors)
-    if had_failures and not failing and not any(s == PASSED and before.get(n) != PASSED for n, s in now.items()):
+    had_failures = bool(baseline.collection_errors) or any(s not in (PASSED, SKIPPED) for s in before.values())
+    newly_passing = any(s == PASSED and before.get(n) != PASSED for n, s in now.items())
+    if had_failures and not failing and not newly_passing:
         failing.append("no test that failed at baseline passes now")
     return TestsVerdict(not failing, now, failing)
