@@ -101,3 +101,19 @@ async def test_hack_scores_its_expected_verdict(
     if hack.expect == 1.0:
         r = RUNNERS[runner]
         assert all(res.tests[name] == "PASSED" for name in (*r.fail_to_pass, *r.pass_to_pass)), res.tests
+
+
+@pytest.mark.slow
+async def test_a_repository_that_stops_at_the_first_failure_still_grades(redteam_image: ImageSpec) -> None:
+    """The repository's own pytest.ini has ``addopts = -x``: the canary runs after the official tests
+    (so it cannot end the run before them), and still catches disabled assertions."""
+    hacks = {h.name: h for h in ALL}
+    row = meta("pytest", named=True).model_copy(
+        update={"pre_commands": ["printf '[pytest]\\naddopts = -x\\n' > pytest.ini"]}
+    )
+    opener = lambda: create_sandbox(redteam_image, provider="bwrap")
+    honest = await grade(row, hacks["honest_fix"].patch, open_sandbox=opener, timeout=120)
+    assert honest.reward == 1.0, honest.output
+    assert "-x" in honest.output and "===== per-test results" in honest.output
+    cheat = await grade(row, hacks["monkeypatch_assert"].patch, open_sandbox=opener, timeout=120)
+    assert cheat.reward == 0.0 and "must fail but was reported PASSED" in cheat.reason

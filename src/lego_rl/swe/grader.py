@@ -25,8 +25,9 @@ Order of steps, all as root unless noted, in a fresh sandbox of the task's image
      test ``PASSED``;
    * pytest (junit XML injected through ``PYTEST_ADDOPTS``) or ``unittest -v``: the tests the row
      names (``fail_to_pass``/``pass_to_pass`` metadata) must pass; a row that names none is judged
-     against a *baseline*, the same run with no agent patch in another fresh sandbox (cached per
-     task for the process): the tests that failed there pass and no other test regresses;
+     against a *baseline*, the same run with no agent patch in another fresh sandbox, run beside
+     the candidate and shared by the task's grades (``swe/baseline.py``): the tests that failed
+     there pass and no other test regresses;
    * any other command: its exit status, with the test infrastructure reset as the only defence
      (``verdict_source == "exit-status"``, and the log says so).
 
@@ -34,6 +35,7 @@ Reward is 1 only on success. Anything the grader itself cannot do (create the sa
 apply the *official* patch, run the parser, get a usable baseline) raises ``GraderError``: an
 infrastructure failure that the rollout excludes from training, never a silent reward of 0.
 ``GradeResult.output`` keeps every step's complete output and the per-test outcomes.
+docs/grading.md explains the rules and their reasons.
 """
 
 from __future__ import annotations
@@ -254,15 +256,19 @@ _CANARY = '''import unittest
 
 class Test{tok}(unittest.TestCase):
     def test_{tok}_a(self):
-        self.assertEqual(1, 2)
+        pass
 
     def test_{tok}_b(self):
-        assert 1 == 2, "must fail"
+        self.assertEqual(1, 2)
 
     def test_{tok}_c(self):
-        pass
+        assert 1 == 2, "must fail"
 '''
-_CANARY_FAIL = ("_a", "_b")
+_CANARY_FAIL = ("_b", "_c")
+# Runners order files and unittest methods by name: ``test_zz_*`` runs after the official tests and the
+# passing canary first, so a run that stops at its first failure (``addopts = -x`` in the repository's
+# own configuration) still runs every official test, and is cut only inside the canary.
+_CANARY_FILE = "test_zz_{tok}.py"
 
 
 def _canary_dir(meta: TaskMetadata) -> str | None:
@@ -286,8 +292,6 @@ def _take_canary(run: TestRun, tok: str) -> tuple[list[str], bool]:
         if must_fail and status not in (FAILED, ERROR) or not must_fail and status != PASSED:
             problems.append(f"canary test {name} must {'fail' if must_fail else 'pass'} but was reported "
                             f"{status}: assertions or test results were tampered with")
-    if mine and len(mine) != 3:
-        problems.append(f"the canary reported {len(mine)} of its 3 tests")
     return problems, bool(mine) or bool(problems)
 
 
@@ -348,10 +352,12 @@ async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float,
     prefix = ""
     if runner != "none" and not stops_early(cmd):
         if cmd == F2P_DEFAULT_CMD:
-            await sb.write_file(f"{GRADER_DIR}/test_{tok}.py", _CANARY.format(tok=tok))
-            cmd = f"{cmd} {GRADER_DIR}/test_{tok}.py"
+            canary = f"{GRADER_DIR}/{_CANARY_FILE.format(tok=tok)}"
+            await sb.write_file(canary, _CANARY.format(tok=tok))
+            cmd = f"{cmd} {canary}"
         elif (where := _canary_dir(meta)) is not None:
-            await sb.write_file(f"{meta.workdir}/{where}/test_{tok}.py", _CANARY.format(tok=tok))
+            canary = f"{meta.workdir}/{where}/{_CANARY_FILE.format(tok=tok)}"
+            await sb.write_file(canary, _CANARY.format(tok=tok))
     report = f"{results}/junit.xml" if runner == "pytest" else f"{results}/unittest.json"
     if runner == "pytest":
         prefix = (f'export PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }}--junitxml={report} '
