@@ -547,7 +547,13 @@ async def _judge(meta: TaskMetadata, att: _Attempt, runner: str, named: tuple[li
     result.tests = dict(report.statuses)
     failing = extra + verdict.failing
     result.solved = not failing
-    log.note(f"per-test results ({report.runner})", format_results(report))
+    if att.canary_problems:
+        canary = "canary (the grader's test_zz_* file): TAMPERED, see the verdict"
+    elif att.canary_seen:
+        canary = "canary (the grader's test_zz_* file): as expected (its must-fail tests failed; left out above)"
+    else:
+        canary = "canary (the grader's test_zz_* file): not run by this command"
+    log.note(f"per-test results ({report.runner})", format_results(report) + "\n" + canary)
     if result.solved:
         result.reason = "all fail-to-pass and pass-to-pass tests passed"
         if result.verdict_source == "baseline":
