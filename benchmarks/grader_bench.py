@@ -112,7 +112,7 @@ async def main(files: int, runs: int) -> None:
     tmp.chmod(0o755)
     try:
         spec = build_image(tmp / "rootfs", files)
-        opener = lambda: create_sandbox(spec, provider="bwrap")  # noqa: E731
+        opener = lambda: create_sandbox(spec, provider="bwrap")
         unittest_cmd = "python3 -m unittest discover -s tests -v"
         ways = {
             "exit status": lambda: (row("python3 tests/run.py", named=False), None),
