@@ -7,12 +7,14 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
-from swe_data import FIX_PATCH, TEST_PATCH, WORKDIR, WRONG_PATCH, provider_options, task_meta
+from swe_data import EVAL_CMD, FIX_PATCH, TEST_PATCH, WORKDIR, WRONG_PATCH, provider_options, task_meta
 
 from lego_rl.errors import GraderError
 from lego_rl.sandbox.base import ImageSpec, Sandbox
 from lego_rl.sandbox.factory import create_sandbox
 from lego_rl.swe import capture_patch, grade, prepare_workspace, take_snapshot
+from lego_rl.swe.grader import BaselineCache
+from lego_rl.swe.shell import q
 from lego_rl.tasks.model import TaskMetadata
 
 Opener = Callable[[], AbstractAsyncContextManager[Sandbox]]
@@ -145,3 +147,50 @@ async def test_fuzzy_patch_falls_back_to_patch(opener: Opener) -> None:
     res = await grade(meta, fuzzy, open_sandbox=opener, timeout=60)
     assert (res.reward, res.apply_method) == (1.0, "patch")
     assert "agent patch (git-apply): exit 1" in res.output
+
+
+SITECUSTOMIZE = """diff --git a/sitecustomize.py b/sitecustomize.py
+new file mode 100644
+--- /dev/null
++++ b/sitecustomize.py
+@@ -0,0 +1,2 @@
++import os
++os._exit(0)
+"""
+
+
+async def test_exit_status_rows_get_the_test_infrastructure_reset(opener: Opener) -> None:
+    """EVAL_CMD runs plain scripts (no per-test report): the exit status decides, after the reset.
+
+    With ``PYTHONPATH=.`` a ``sitecustomize.py`` in the working directory ends every interpreter with
+    status 0; the old grader scored this wrong fix 1."""
+    res = await grade(task_meta(), WRONG_PATCH + SITECUSTOMIZE, open_sandbox=opener, timeout=60)
+    assert (res.reward, res.verdict_source) == (0.0, "exit status")
+    assert res.reset == ["removed (added by the agent): sitecustomize.py"]
+    assert "reports no per-test results" in res.output and "add(2, 3) returned 6" in res.output
+    harmless = SITECUSTOMIZE.replace("os._exit(0)", "pass")
+    honest = await grade(task_meta(), FIX_PATCH + harmless, open_sandbox=opener, timeout=60)
+    assert honest.reward == 1.0
+
+
+async def test_a_script_the_eval_command_runs_is_restored(opener: Opener) -> None:
+    # the script comes from a pre-command, like an image's own test script
+    meta = task_meta(eval_cmd="bash run_tests.sh",
+                     pre_commands=[f"printf '%s\\n' {q(EVAL_CMD)} > run_tests.sh"])
+    cheat = ("diff --git a/run_tests.sh b/run_tests.sh\n--- a/run_tests.sh\n+++ b/run_tests.sh\n"
+             f"@@ -1 +1 @@\n-{EVAL_CMD}\n+exit 0\n")
+    res = await grade(meta, WRONG_PATCH + cheat, open_sandbox=opener, timeout=60)
+    assert res.reward == 0.0 and res.reset == ["restored (changed by the agent): run_tests.sh"]
+    assert (await grade(meta, FIX_PATCH, open_sandbox=opener, timeout=60)).reward == 1.0
+
+
+async def test_a_baseline_without_per_test_results_is_a_grader_error(opener: Opener) -> None:
+    """The calc image has no pytest: a pytest row reports nothing at baseline. That is the task's
+    problem (GraderError, excluded from training), never a verdict for the policy."""
+    meta = task_meta(eval_cmd="python3 -m pytest -q tests")
+    with pytest.raises(GraderError, match="baseline for calc-1 is unusable: pytest wrote no per-test report"):
+        await grade(meta, FIX_PATCH, open_sandbox=opener, timeout=60, baselines=BaselineCache())
+    # the row names its tests: no baseline needed, and a run without a report scores 0
+    named = task_meta(eval_cmd="python3 -m pytest -q tests", fail_to_pass=["tests/test_calc.py::test_add"])
+    res = await grade(named, FIX_PATCH, open_sandbox=opener, timeout=60)
+    assert res.reward == 0.0 and "pytest wrote no per-test report" in res.reason

@@ -2,43 +2,79 @@
 
 Order of steps, all as root unless noted, in a fresh sandbox of the task's image:
 
-1. the row's pre-commands (the agent sandbox ran them too, so the patch has the same base);
+1. the row's pre-commands (the agent sandbox ran them too, so the patch has the same base), then
+   the list of the base tree's files and a copy of its test infrastructure (``testinfra``);
 2. the agent patch: ``git apply --3way``, then plain ``git apply``, then ``patch -p1``; the tree is
    restored between attempts, so a half-applied attempt never reaches the next one. A patch that
    applies in no way scores 0;
-3. the official tests win: every path of the test patch is reset to HEAD (deleted when absent at
+3. the test infrastructure is reset: every ``conftest.py``, ``pytest.ini``, ``sitecustomize.py``,
+   ``.pth`` file... goes back to its base content, and runner shadows the agent added are removed
+   (the list and the reasons: ``testinfra`` and docs/grading.md);
+4. the official tests win: every path of the test patch is reset to HEAD (deleted when absent at
    HEAD), then the test patch is applied. This runs *after* the agent patch on purpose: an agent that
    rewrote or weakened an official test gets the official version back, and an agent that wrote its
    own file at an official test path does not make its (correct) patch unappliable. SWE-bench Pro
    rows use the last line of ``before_repo_set_cmd`` (which checks the official test files out) here;
-4. the verdict command as ``eval_user`` with the grader timeout: ``eval_cmd`` (exit 0 = solved),
-   the f2p script under pytest, or SWE-bench Pro's run script + parser (every fail-to-pass and
-   pass-to-pass test PASSED).
+5. a canary test file beside the official tests (tests that must fail and one that must pass, under
+   a random name): if the run reports a must-fail canary as passed, the agent's code has disabled
+   assertions or rewritten results, and the verdict is 0;
+6. the tests as ``eval_user`` with the grader timeout, and the verdict from their per-test report
+   (``testresults``; never from the exit status where the runner reports per test):
+
+   * SWE-bench Pro: the run script + the instance's parser; every fail-to-pass and pass-to-pass
+     test ``PASSED``;
+   * pytest (junit XML injected through ``PYTEST_ADDOPTS``) or ``unittest -v``: the tests the row
+     names (``fail_to_pass``/``pass_to_pass`` metadata) must pass; a row that names none is judged
+     against a *baseline*, the same run with no agent patch in another fresh sandbox, run beside
+     the candidate and shared by the task's grades (``swe/baseline.py``): the tests that failed
+     there pass and no other test regresses;
+   * any other command: its exit status, with the test infrastructure reset as the only defence
+     (``verdict_source == "exit-status"``, and the log says so).
 
 Reward is 1 only on success. Anything the grader itself cannot do (create the sandbox, reset paths,
-apply the *official* patch, run the parser) raises ``GraderError``: an infrastructure failure that
-the rollout excludes from training, never a silent reward of 0. ``GradeResult.output`` keeps every
-step's complete output.
+apply the *official* patch, run the parser, get a usable baseline) raises ``GraderError``: an
+infrastructure failure that the rollout excludes from training, never a silent reward of 0.
+``GradeResult.output`` keeps every step's complete output and the per-test outcomes.
+docs/grading.md explains the rules and their reasons.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
+import secrets
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from lego_rl.errors import GraderError, SandboxError, TaskDataError
 from lego_rl.sandbox.base import ExecResult, Sandbox
+from lego_rl.swe.baseline import BASELINES, Baseline, BaselineCache
 from lego_rl.swe.shell import GIT, format_step, q
-from lego_rl.swe.verdict import judge_tests, parse_parser_output
+from lego_rl.swe.testinfra import base_infra, changes_test_config, plan_reset
+from lego_rl.swe.testresults import (
+    ERROR,
+    FAILED,
+    PASSED,
+    UNITTEST_MAIN,
+    TestRun,
+    detect_runner,
+    format_results,
+    parse_junit,
+    parse_unittest_report,
+    stops_early,
+    unittest_command,
+)
+from lego_rl.swe.verdict import judge_baseline, judge_named, parse_parser_output
 from lego_rl.tasks.model import TaskMetadata
 from lego_rl.tasks.patchpaths import patch_paths
 
 SandboxOpener = Callable[[], AbstractAsyncContextManager[Sandbox]]
 ApplyMethod = Literal["empty", "git-apply-3way", "git-apply", "patch"]
+VerdictSource = Literal["named tests", "baseline", "swepro parser", "exit status"]
 GRADER_DIR = "/tmp/lego-grader"
 F2P_PATH = f"{GRADER_DIR}/test_f2p.py"
 F2P_DEFAULT_CMD = f'"$(command -v python || command -v python3)" -m pytest -q -p no:cacheprovider {F2P_PATH}'
@@ -56,6 +92,11 @@ class GradeResult:
     eval_exit_code: int | None = None
     timed_out: bool = False
     tests: dict[str, str] = field(default_factory=dict)
+    """Per-test statuses of the graded run (canary tests left out); empty for an exit-status verdict."""
+    verdict_source: VerdictSource | None = None
+    """Where the verdict came from; ``None`` when no test ran (the patch did not apply)."""
+    reset: list[str] = field(default_factory=list)
+    """Test-infrastructure paths the grader reset after the agent patch (``restored ...``/``removed ...``)."""
 
 
 class _Log:
@@ -65,6 +106,9 @@ class _Log:
     def add(self, title: str, cmd: str, res: ExecResult) -> ExecResult:
         self.parts.append(format_step(title, cmd, res))
         return res
+
+    def note(self, title: str, body: str) -> None:
+        self.parts.append(f"===== {title}\n{body.rstrip()}\n")
 
     @property
     def text(self) -> str:
@@ -133,67 +177,235 @@ async def _official_tests(sb: Sandbox, log: _Log, meta: TaskMetadata) -> None:
                 f"patch -p1 --batch --forward --fuzz=0 -i {GRADER_DIR}/test.patch", cwd=wd)
 
 
-async def _verdict(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float) -> GradeResult:
-    wd, user = meta.workdir, meta.eval_user
-    if meta.swepro is not None:
-        sp = meta.swepro
-        for name in ("run_script", "parser"):
-            host = Path(getattr(sp, name))
-            if not host.is_file():
-                raise GraderError(f"SWE-bench Pro {name} {host} does not exist on this host")
-        await sb.write_file(f"{GRADER_DIR}/run_script.sh", Path(sp.run_script))
-        await sb.write_file(f"{GRADER_DIR}/parser.py", Path(sp.parser))
-        await _must(sb, log, "grader files readable", f"chmod -R a+rwX {GRADER_DIR}", cwd="/")
-        files = q(",".join(sp.selected_test_files))
-        run = f"bash {GRADER_DIR}/run_script.sh {files} > {GRADER_DIR}/stdout.log 2> {GRADER_DIR}/stderr.log"
-        res = await _sh(sb, log, "run_script", run, cwd=wd, user=user, timeout=timeout)
-        if res.timed_out:
-            return GradeResult(0.0, False, f"tests timed out after {timeout:.0f} s", timed_out=True)
-        py = "$(command -v python3 || command -v python)"
-        await _must(sb, log, "parser", f"cat {GRADER_DIR}/stdout.log; {py} {GRADER_DIR}/parser.py "
-                    f"{GRADER_DIR}/stdout.log {GRADER_DIR}/stderr.log {GRADER_DIR}/output.json", cwd=wd)
-        statuses = parse_parser_output(await sb.read_file(f"{GRADER_DIR}/output.json"))
-        v = judge_tests(statuses, sp.fail_to_pass, sp.pass_to_pass)
-        reason = "all fail-to-pass and pass-to-pass tests passed" if v.solved else "not passed: " + "; ".join(v.failing[:5])
-        return GradeResult(float(v.solved), v.solved, reason, eval_exit_code=res.exit_code, tests=statuses)
-    cmd = meta.eval_cmd
+# ----- test infrastructure (testinfra.py decides, these steps carry it out in the sandbox)
+
+INFRA_BASE = f"{GRADER_DIR}/infra-base"
+_LIST = r"find . -path ./.git -prune -o \( -type f -o -type l \) -printf '%y%p\0'"
+_RESET = r"""cd {wd} || exit 1
+base={base}; status=0
+while IFS= read -r -d '' p; do
+  if [ -e "$p" ] || [ -L "$p" ]; then
+    if [ ! -L "$p" ] && [ ! -L "$base/$p" ] && cmp -s -- "$base/$p" "$p"; then continue; fi
+    echo "restored (changed by the agent): $p"
+  else
+    echo "restored (deleted by the agent): $p"
+  fi
+  rm -rf -- "$p"; mkdir -p -- "$(dirname -- "$p")" && cp -a -- "$base/$p" "$p" ||
+    {{ echo "CANNOT RESTORE: $p"; status=3; }}
+done < {restore}
+while IFS= read -r -d '' p; do
+  rm -rf -- "$p" && echo "removed (added by the agent): $p" || {{ echo "CANNOT REMOVE: $p"; status=3; }}
+done < {remove}
+exit $status
+"""
+
+
+def _nul(paths: list[str]) -> bytes:
+    return b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+
+
+async def _tree(sb: Sandbox, log: _Log, wd: str, name: str) -> dict[str, str]:
+    """Repository-relative path -> find's type letter (``f`` file, ``l`` symlink), ``.git`` left out."""
+    out = f"{GRADER_DIR}/{name}"
+    await _must(sb, log, f"list the tree ({name})", f"cd {q(wd)} && {_LIST} > {out}", cwd="/")
+    entries = (await sb.read_file(out)).decode("utf-8", "surrogateescape").split("\0")
+    return {e[3:] if e[1:3] == "./" else e[1:]: e[0] for e in entries if len(e) > 1}
+
+
+async def _save_infra(sb: Sandbox, log: _Log, wd: str, cmd: str) -> dict[str, str]:
+    base = await _tree(sb, log, wd, "files-base")
+    await sb.write_file(f"{GRADER_DIR}/infra-base.lst", _nul(base_infra(base, cmd)))
+    await _must(sb, log, "save the base test infrastructure", f"mkdir -p {INFRA_BASE} && cd {q(wd)} && "
+                f"xargs -0 -r cp -a --parents -t {INFRA_BASE} -- < {GRADER_DIR}/infra-base.lst", cwd="/")
+    return base
+
+
+async def _reset_infra(sb: Sandbox, log: _Log, wd: str, cmd: str,
+                       base: dict[str, str]) -> tuple[list[str], bool]:
+    """Reset the test infrastructure after the agent patch; returns (what changed, whether it all worked).
+
+    A path that cannot be restored is the agent's doing (only a tree the patch reshaped, a file where
+    a directory was, can refuse), so it is a verdict of 0, not a grader error.
+    """
+    now = await _tree(sb, log, wd, "files-patched")
+    plan = plan_reset(set(base), set(now), cmd)
+    for path in plan.compare:
+        if now.get(path) != "f" or (path in base and base[path] != "f"):
+            changed = True  # a symlinked configuration file: never read through it, reset it
+        else:
+            before = None
+            if path in base:
+                before = (await sb.read_file(f"{INFRA_BASE}/{path}")).decode("utf-8", "replace")
+            after = (await sb.read_file(f"{wd}/{path}")).decode("utf-8", "replace")
+            changed = changes_test_config(PurePosixPath(path).name, before, after)
+        if changed:
+            (plan.restore if path in base else plan.remove).append(path)
+    await sb.write_file(f"{GRADER_DIR}/restore.lst", _nul(plan.restore))
+    await sb.write_file(f"{GRADER_DIR}/remove.lst", _nul(plan.remove))
+    script = _RESET.format(wd=q(wd), base=INFRA_BASE, restore=f"{GRADER_DIR}/restore.lst",
+                           remove=f"{GRADER_DIR}/remove.lst")
+    res = await _sh(sb, log, "reset test infrastructure", script, cwd="/")
+    done = [line for line in res.stdout.splitlines() if line.startswith(("restored", "removed", "CANNOT"))]
+    return done, res.ok
+
+
+# ----- the canary: tests with a known outcome, run with the official ones
+
+_CANARY = '''import unittest
+
+
+class Test{tok}(unittest.TestCase):
+    def test_{tok}_a(self):
+        pass
+
+    def test_{tok}_b(self):
+        self.assertEqual(1, 2)
+
+    def test_{tok}_c(self):
+        assert 1 == 2, "must fail"
+'''
+_CANARY_FAIL = ("_b", "_c")
+# Runners order files and unittest methods by name: ``test_zz_*`` runs after the official tests and the
+# passing canary first, so a run that stops at its first failure (``addopts = -x`` in the repository's
+# own configuration) still runs every official test, and is cut only inside the canary.
+_CANARY_FILE = "test_zz_{tok}.py"
+
+
+def _canary_dir(meta: TaskMetadata) -> str | None:
+    """Beside the first official test module, where a discovering runner looks too."""
+    for path in meta.test_paths:
+        p = PurePosixPath(path)
+        if p.name.startswith("test") and p.suffix == ".py":
+            return str(p.parent)
+    return None
+
+
+def _take_canary(run: TestRun, tok: str) -> tuple[list[str], bool]:
+    """Remove the canary's entries from ``run``; returns (problems, whether the run reported it)."""
+    mine = {n: s for n, s in run.statuses.items() if tok in n}
+    for n in mine:
+        del run.statuses[n]
+    problems = [f"canary module {m} does not import" for m in run.collection_errors if tok in m]
+    run.collection_errors = [m for m in run.collection_errors if tok not in m]
+    for name, status in sorted(mine.items()):
+        must_fail = name.endswith(_CANARY_FAIL)
+        if must_fail and status not in (FAILED, ERROR) or not must_fail and status != PASSED:
+            problems.append(f"canary test {name} must {'fail' if must_fail else 'pass'} but was reported "
+                            f"{status}: assertions or test results were tampered with")
+    return problems, bool(mine) or bool(problems)
+
+
+# ----- one run of the tests in a fresh sandbox
+
+
+@dataclass
+class _Attempt:
+    log: _Log
+    apply_method: ApplyMethod | None = "empty"
+    reset: list[str] = field(default_factory=list)
+    reset_ok: bool = True
+    res: ExecResult | None = None
+    report: TestRun | None = None
+    canary_seen: bool = False
+    canary_problems: list[str] = field(default_factory=list)
+
+
+def _command(meta: TaskMetadata) -> str:
+    if meta.f2p_script is not None and not meta.eval_cmd:
+        return F2P_DEFAULT_CMD
+    return meta.eval_cmd or ""
+
+
+def runner_of(meta: TaskMetadata) -> str:
+    """``swepro``, ``pytest``, ``unittest`` or ``none`` (exit status only) for the row's test command."""
+    return "swepro" if meta.swepro is not None else detect_runner(_command(meta))
+
+
+async def _run_swepro(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float, att: _Attempt) -> None:
+    assert meta.swepro is not None
+    wd, user, sp = meta.workdir, meta.eval_user, meta.swepro
+    for name in ("run_script", "parser"):
+        host = Path(getattr(sp, name))
+        if not host.is_file():
+            raise GraderError(f"SWE-bench Pro {name} {host} does not exist on this host")
+    await sb.write_file(f"{GRADER_DIR}/run_script.sh", Path(sp.run_script))
+    await sb.write_file(f"{GRADER_DIR}/parser.py", Path(sp.parser))
+    await _must(sb, log, "grader files readable", f"chmod -R a+rwX {GRADER_DIR}", cwd="/")
+    files = q(",".join(sp.selected_test_files))
+    run = f"bash {GRADER_DIR}/run_script.sh {files} > {GRADER_DIR}/stdout.log 2> {GRADER_DIR}/stderr.log"
+    att.res = await _sh(sb, log, "run_script", run, cwd=wd, user=user, timeout=timeout)
+    if att.res.timed_out:
+        return
+    py = "$(command -v python3 || command -v python)"
+    await _must(sb, log, "parser", f"cat {GRADER_DIR}/stdout.log; {py} {GRADER_DIR}/parser.py "
+                f"{GRADER_DIR}/stdout.log {GRADER_DIR}/stderr.log {GRADER_DIR}/output.json", cwd=wd)
+    statuses = parse_parser_output(await sb.read_file(f"{GRADER_DIR}/output.json"))
+    att.report = TestRun("swepro-parser", statuses)
+
+
+async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float, att: _Attempt) -> None:
+    cmd, runner = _command(meta), runner_of(meta)
     if meta.f2p_script is not None:
         await sb.write_file(F2P_PATH, meta.f2p_script)
-        await _must(sb, log, "grader files readable", f"chmod -R a+rwX {GRADER_DIR}", cwd="/")
-        cmd = cmd or F2P_DEFAULT_CMD
-    assert cmd is not None  # TaskMetadata guarantees a grading command
-    res = await _sh(sb, log, f"eval as {user}", cmd, cwd=wd, user=user, timeout=timeout)
-    if res.timed_out:
-        return GradeResult(0.0, False, f"tests timed out after {timeout:.0f} s", eval_exit_code=None, timed_out=True)
-    ok = res.exit_code == 0
-    return GradeResult(float(ok), ok, "tests passed" if ok else f"tests failed (exit {res.exit_code})",
-                       eval_exit_code=res.exit_code)
+    tok = secrets.token_hex(6)
+    results = f"{GRADER_DIR}/results-{tok}"  # unguessable: nothing planted beforehand can sit there
+    prefix = ""
+    if runner != "none" and not stops_early(cmd):
+        if cmd == F2P_DEFAULT_CMD:
+            canary = f"{GRADER_DIR}/{_CANARY_FILE.format(tok=tok)}"
+            await sb.write_file(canary, _CANARY.format(tok=tok))
+            cmd = f"{cmd} {canary}"
+        elif (where := _canary_dir(meta)) is not None:
+            canary = f"{meta.workdir}/{where}/{_CANARY_FILE.format(tok=tok)}"
+            await sb.write_file(canary, _CANARY.format(tok=tok))
+    report = f"{results}/junit.xml" if runner == "pytest" else f"{results}/unittest.json"
+    if runner == "pytest":
+        prefix = (f'export PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }}--junitxml={report} '
+                  '-o junit_family=xunit1"\n')
+    elif runner == "unittest":
+        main = f"{GRADER_DIR}/unittest_{tok}.py"
+        await sb.write_file(main, UNITTEST_MAIN.format(report=report))
+        cmd = unittest_command(cmd, main)
+    await _must(sb, log, "grader files readable", f"mkdir -p {results} && chmod -R a+rwX {GRADER_DIR}",
+                cwd="/")
+    att.res = await _sh(sb, log, f"eval as {meta.eval_user}", prefix + cmd, cwd=meta.workdir,
+                        user=meta.eval_user, timeout=timeout)
+    if att.res.timed_out or runner == "none":
+        return
+    kind = "pytest" if runner == "pytest" else "unittest"
+    if (await sb.exec(["test", "-f", report], cwd="/")).ok:
+        raw = await sb.read_file(report)
+        att.report = parse_junit(raw) if runner == "pytest" else parse_unittest_report(raw)
+    else:
+        why = f"{kind} wrote no per-test report (the run ended before {kind} reported, or never started)"
+        att.report = TestRun(f"{kind}-report", problems=[why])
+    att.canary_problems, att.canary_seen = _take_canary(att.report, tok)
 
 
-async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: SandboxOpener,
-                timeout: float = 180.0) -> GradeResult:
-    """Grade ``patch`` for the task ``meta`` in a fresh sandbox from ``open_sandbox()``.
-
-    ``open_sandbox`` returns an async context manager of a new sandbox of the task's image, e.g.
-    ``lambda: create_sandbox(meta.image, provider="bwrap", images=images)``.
-    """
-    data = patch.encode() if isinstance(patch, str) else patch
-    log = _Log()
+async def _attempt(meta: TaskMetadata, data: bytes, open_sandbox: SandboxOpener, timeout: float) -> _Attempt:
+    """Steps 1-6 of the module docstring in one fresh sandbox; ``GraderError`` for what is not the agent's."""
+    att = _Attempt(_Log())
+    log = att.log
     try:
         async with contextlib.AsyncExitStack() as stack:
             sb = await stack.enter_async_context(open_sandbox())
             await _must(sb, log, "grader dir", f"mkdir -p {GRADER_DIR}", cwd="/")
             for n, cmd in enumerate(meta.pre_commands, start=1):
                 await _must(sb, log, f"pre-command {n}", cmd, cwd=meta.workdir)
-            method: ApplyMethod | None = "empty"
             if data.strip():
-                method = await _apply_agent_patch(sb, log, data, meta.workdir)
-                if method is None:
-                    return GradeResult(0.0, False, "agent patch does not apply (3-way, plain, patch)", log.text)
+                base = await _save_infra(sb, log, meta.workdir, _command(meta))
+                att.apply_method = await _apply_agent_patch(sb, log, data, meta.workdir)
+                if att.apply_method is None:
+                    return att
+                att.reset, att.reset_ok = await _reset_infra(sb, log, meta.workdir, _command(meta), base)
+                if not att.reset_ok:
+                    return att
             await _official_tests(sb, log, meta)
-            result = await _verdict(sb, log, meta, timeout)
-            result.apply_method, result.output = method, log.text
-            return result
+            if meta.swepro is not None:
+                await _run_swepro(sb, log, meta, timeout, att)
+            else:
+                await _run_tests(sb, log, meta, timeout, att)
+            return att
     except Exception as exc:
         # A provider may leak its SDK's own exception type; it is still not the agent's doing.
         if isinstance(exc, SandboxError):
@@ -203,3 +415,152 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
         else:
             what = f"grader crashed ({type(exc).__name__})"
         raise GraderError(f"{what} for {meta.instance_id}: {exc}", output=log.text) from exc
+
+
+# ----- baselines
+
+
+def _usable_baseline(meta: TaskMetadata, att: _Attempt, duration_s: float) -> Baseline:
+    """A baseline that can decide a verdict, or ``GraderError`` (the task's tests are the problem)."""
+    assert att.res is not None
+    if att.res.timed_out:
+        raise GraderError(f"baseline for {meta.instance_id}: the official tests time out on the base tree",
+                          output=att.log.text)
+    report = att.report
+    assert report is not None
+    why = report.problems + att.canary_problems
+    if not why and not report.statuses and not report.collection_errors:
+        why = ["no per-test results"]
+    if why:
+        raise GraderError(f"baseline for {meta.instance_id} is unusable: {'; '.join(why)}",
+                          output=att.log.text)
+    return Baseline(report, att.canary_seen, duration_s)
+
+
+def named_tests(meta: TaskMetadata) -> tuple[list[str], list[str]] | None:
+    """The row's ``fail_to_pass``/``pass_to_pass`` (also ``FAIL_TO_PASS``/``PASS_TO_PASS``; a list or a
+    JSON list in a string, as SWE-bench rows have them), or None when it names no test."""
+    extra = meta.model_extra or {}
+    out: list[list[str]] = []
+    for key in ("fail_to_pass", "pass_to_pass"):
+        value = extra.get(key, extra.get(key.upper()))
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else []
+            except json.JSONDecodeError:
+                raise GraderError(f"metadata.{key} of {meta.instance_id} is a string but not a JSON list"
+                                  ) from None
+        if value is None:
+            value = []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise GraderError(f"metadata.{key} of {meta.instance_id} must be a list of test names")
+        out.append(value)
+    return (out[0], out[1]) if out[0] or out[1] else None
+
+
+# ----- the verdict
+
+
+async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: SandboxOpener,
+                timeout: float = 180.0, baselines: BaselineCache | None = None) -> GradeResult:
+    """Grade ``patch`` for the task ``meta`` in a fresh sandbox from ``open_sandbox()``.
+
+    ``open_sandbox`` returns an async context manager of a new sandbox of the task's image, e.g.
+    ``lambda: create_sandbox(meta.image, provider="bwrap", images=images)``; a baseline run, when the
+    verdict needs one, opens another. ``baselines`` defaults to the process-wide ``BASELINES``.
+    """
+    data = patch.encode() if isinstance(patch, str) else patch
+    cache = BASELINES if baselines is None else baselines
+    runner = runner_of(meta)
+    named = named_tests(meta) if runner in ("pytest", "unittest") else None
+    baseline: asyncio.Future[Baseline] | None = None
+    known = False
+    if runner in ("pytest", "unittest") and named is None and data.strip():
+        # started before the candidate's run and run beside it (swe/baseline.py says why)
+        key = BaselineCache.key(meta, timeout)
+        known = cache.known(key)
+        baseline = cache.start(key, lambda: _run_baseline(meta, open_sandbox, timeout))
+    started = asyncio.get_running_loop().time()
+    att = await _attempt(meta, data, open_sandbox, timeout)
+    log, res = att.log, att.res
+    result = GradeResult(0.0, False, "", apply_method=att.apply_method, reset=att.reset)
+    if att.apply_method is None:
+        result.reason = "agent patch does not apply (3-way, plain, patch)"
+    elif not att.reset_ok:
+        result.reason = "the agent's tree keeps the test infrastructure from being reset: " + "; ".join(
+            r for r in att.reset if r.startswith("CANNOT"))
+    else:
+        assert res is not None
+        result.eval_exit_code = None if res.timed_out else res.exit_code
+        if res.timed_out:
+            result.reason, result.timed_out = f"tests timed out after {timeout:.0f} s", True
+        elif runner == "none":
+            result.verdict_source = "exit status"
+            result.solved = res.exit_code == 0
+            result.reason = "tests passed" if result.solved else f"tests failed (exit {res.exit_code})"
+            log.note("verdict", f"{result.reason}: this command reports no per-test results (it runs "
+                     "neither pytest nor python -m unittest), so its exit status decides, after the "
+                     "test-infrastructure reset")
+        else:
+            await _judge(meta, att, runner, named, (baseline, known), timeout, cache, started, result)
+    result.reward = float(result.solved)
+    result.output = log.text
+    return result
+
+
+async def _run_baseline(meta: TaskMetadata, open_sandbox: SandboxOpener, timeout: float) -> Baseline:
+    t0 = asyncio.get_running_loop().time()
+    att = await _attempt(meta, b"", open_sandbox, timeout)
+    return _usable_baseline(meta, att, asyncio.get_running_loop().time() - t0)
+
+
+async def _judge(meta: TaskMetadata, att: _Attempt, runner: str, named: tuple[list[str], list[str]] | None,
+                 pending: tuple[asyncio.Future[Baseline] | None, bool], timeout: float, cache: BaselineCache,
+                 started: float, result: GradeResult) -> None:
+    report, log = att.report, att.log
+    assert report is not None
+    extra = [f"canary: {p}" for p in att.canary_problems]
+    if runner == "swepro":
+        assert meta.swepro is not None
+        verdict = judge_named(report, meta.swepro.fail_to_pass, meta.swepro.pass_to_pass)
+        result.verdict_source = "swepro parser"
+    elif named is not None:
+        verdict = judge_named(report, *named)
+        result.verdict_source = "named tests"
+    else:
+        result.verdict_source = "baseline"
+        future, known = pending
+        if future is None:  # the empty patch *is* the baseline run
+            baseline = _usable_baseline(meta, att, asyncio.get_running_loop().time() - started)
+            cache.put(BaselineCache.key(meta, timeout), baseline)
+            how = "this run (empty patch)"
+        else:
+            try:
+                baseline = await asyncio.shield(future)
+            except GraderError as exc:
+                raise GraderError(str(exc), output=log.text + "\n" + exc.output) from exc
+            how = f"{'shared' if known else 'ran'}: {baseline.duration_s:.1f} s in its own fresh sandbox"
+        log.note(f"baseline per-test results ({how})", format_results(baseline.report))
+        verdict = judge_baseline(report, baseline.report)
+        if baseline.canary_seen and not att.canary_seen:
+            extra.append("canary: the canary tests ran at baseline but are missing now")
+    result.tests = dict(report.statuses)
+    failing = extra + verdict.failing
+    result.solved = not failing
+    if att.canary_problems:
+        canary = "canary (the grader's test_zz_* file): TAMPERED, see the verdict"
+    elif att.canary_seen:
+        canary = "canary (the grader's test_zz_* file): as expected (its must-fail tests failed; left out above)"
+    else:
+        canary = "canary (the grader's test_zz_* file): not run by this command"
+    log.note(f"per-test results ({report.runner})", format_results(report) + "\n" + canary)
+    if result.solved:
+        result.reason = "all fail-to-pass and pass-to-pass tests passed"
+        if result.verdict_source == "baseline":
+            result.reason = "the tests failing at baseline pass and none regressed"
+    else:
+        more = f" (+{len(failing) - 5} more)" if len(failing) > 5 else ""
+        result.reason = "not passed: " + "; ".join(failing[:5]) + more
+    status = att.res.exit_code if att.res else "-"
+    verdict_line = f"{'SOLVED' if result.solved else 'NOT SOLVED'} ({result.verdict_source}; exit status {status} unused)"
+    log.note("verdict", "\n".join([verdict_line, *failing]))
