@@ -128,9 +128,12 @@ async def _must(sb: Sandbox, log: _Log, title: str, script: str, *, cwd: str) ->
     return res
 
 
+# Copies inside the grader keep ownership and times but never ACLs or xattrs (``cp -a`` would): an image's ACL
+# naming a uid outside a user-namespaced sandbox's map makes the copy fail ("preserving permissions ...").
+CP = "cp -dR --preserve=ownership,timestamps"
 _SAVE = f"mkdir -p {GRADER_DIR}/pre && cd {{wd}} && for p in {{paths}}; do [ -e \"$p\" ] || [ -L \"$p\" ] && " \
-        f"cp -a --parents \"$p\" {GRADER_DIR}/pre/ || true; done"
-_RESTORE = f"cd {{wd}} && rm -rf -- {{paths}} && cp -a {GRADER_DIR}/pre/. ."
+        f"{CP} --parents \"$p\" {GRADER_DIR}/pre/ || true; done"
+_RESTORE = f"cd {{wd}} && rm -rf -- {{paths}} && {CP} {GRADER_DIR}/pre/. ."
 
 
 async def _apply_agent_patch(sb: Sandbox, log: _Log, patch: bytes, workdir: str) -> ApplyMethod | None:
@@ -190,7 +193,7 @@ while IFS= read -r -d '' p; do
   else
     echo "restored (deleted by the agent): $p"
   fi
-  rm -rf -- "$p"; mkdir -p -- "$(dirname -- "$p")" && cp -a -- "$base/$p" "$p" ||
+  rm -rf -- "$p"; mkdir -p -- "$(dirname -- "$p")" && cp -dR --preserve=ownership,timestamps -- "$base/$p" "$p" ||
     {{ echo "CANNOT RESTORE: $p"; status=3; }}
 done < {restore}
 while IFS= read -r -d '' p; do
@@ -216,7 +219,7 @@ async def _save_infra(sb: Sandbox, log: _Log, wd: str, cmd: str) -> dict[str, st
     base = await _tree(sb, log, wd, "files-base")
     await sb.write_file(f"{GRADER_DIR}/infra-base.lst", _nul(base_infra(base, cmd)))
     await _must(sb, log, "save the base test infrastructure", f"mkdir -p {INFRA_BASE} && cd {q(wd)} && "
-                f"xargs -0 -r cp -a --parents -t {INFRA_BASE} -- < {GRADER_DIR}/infra-base.lst", cwd="/")
+                f"xargs -0 -r {CP} --parents -t {INFRA_BASE} -- < {GRADER_DIR}/infra-base.lst", cwd="/")
     return base
 
 
