@@ -142,6 +142,12 @@ async def check_task(row: TaskRow, *, provider: str = "bwrap", images: Mapping[s
     try:
         base = await grade(meta, b"", open_sandbox=opener, timeout=timeout)
     except GraderError as exc:
+        # A per-test grader refuses a baseline without a report; when its log shows the runner itself is
+        # missing (no pytest in the image), that is the task's problem, not the infrastructure's.
+        if missing := _NOT_FOUND.search(_eval_section(exc.output) or exc.output):
+            return TaskCheck(iid, "error", "-", "not gradable", f"baseline command not found: {missing.group(0)}",
+                             baseline_reason="command not found", baseline_s=round(time.monotonic() - start, 2),
+                             workspace=ws, workspace_s=ws_s)
         return TaskCheck(iid, "error", "-", "grader error", str(exc).splitlines()[0],
                          baseline_reason="infrastructure", baseline_s=round(time.monotonic() - start, 2),
                          workspace=ws, workspace_s=ws_s)
