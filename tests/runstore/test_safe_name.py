@@ -44,3 +44,9 @@ def test_colliding_ids_get_two_rollout_folders(tmp_path: Path) -> None:
     a, b = run.rollout_dir("collide/1-s0"), run.rollout_dir("collide_1-s0")
     assert a != b and a.is_dir() and b.is_dir()
     run.close()
+
+
+def test_a_hashed_file_name_keeps_its_extension() -> None:
+    out = safe_name("claude_code/0f1e.jsonl")
+    assert out.startswith("claude_code_0f1e-h") and out.endswith(".jsonl")
+    assert safe_name(out) != out and safe_name("claude_code_0f1e.jsonl") == "claude_code_0f1e.jsonl"
