@@ -23,6 +23,8 @@ agent_error_exit         policy  the CLI exited non-zero or died (any signal, an
                                  answer reached it*, and the sandbox still answers: from then on the policy's
                                  tool calls run as the agent user and can kill the CLI (``kill -9 $PPID``,
                                  ``kill -9 -1``), so every such death is the policy's. Graded as usual.
+                                 Also: the workspace it left defeats the patch capture while the sandbox
+                                 answers (``git init`` of an empty repository inside it); graded as no change.
 turn_limit               policy  the CLI or the adapter's request cap stopped the turns
 context_limit            policy  the conversation no longer fits the context window
 time_budget              policy  the CLI was killed at its wall-clock budget (hanging tools are the policy's)

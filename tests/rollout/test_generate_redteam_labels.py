@@ -59,3 +59,27 @@ async def test_a_tool_call_that_kills_the_cli_is_the_policys_outcome(
     assert {"patch.diff", "grader.log", "samples.jsonl", "claude_code-events.jsonl"} <= names, sorted(names)
     assert result.samples and all(s.reward == 0.0 for s in result.samples)
     assert_nothing_running(stack.sessions)
+
+
+async def test_a_workspace_that_defeats_the_patch_capture_is_the_policys_outcome(
+    scripted_stack: Any, toolchain: Toolchain, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
+    """An empty git repository inside the work tree makes `git add` (the capture) fail ("does not have a
+    commit checked out") while the sandbox answers: the policy's doing, which was labelled sandbox_lost
+    (an infrastructure failure, excluded). Graded as if nothing had changed."""
+
+    def policy(prompt: str, index: int) -> str:
+        if "<tool_response>" in prompt:
+            return "Done."
+        return tool_call_text("Bash", {"command": "git init -q stats/sub && echo made", "description": "init"})
+
+    stack = await scripted_stack(policy, score=False)
+    ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain)
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], "claude_code"))
+    ctx.run.close()
+    assert result.termination is TerminationReason.AGENT_ERROR_EXIT, result.detail
+    assert "could not be captured" in result.detail and not result.infrastructure_failure
+    assert result.reward == 0.0
+    names = {p.name for p in result.artifacts.iterdir()}
+    assert "grader.log" in names and "patch.diff" not in names, sorted(names)
+    assert_nothing_running(stack.sessions)

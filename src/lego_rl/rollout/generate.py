@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lego_rl.errors import GraderError, LegoError, SandboxError, TrajectoryError
+from lego_rl.errors import GraderError, LegoError, SandboxError, SandboxLost, TrajectoryError
 from lego_rl.harness.models import HarnessOutcome, RunRequest
 from lego_rl.harness.plugins import HarnessHandle
 from lego_rl.harness.toolchain import Toolchain
@@ -312,8 +312,21 @@ class _Rollout:
                 return reason, detail  # the patch is still taken, by _salvage, while the sandbox answers
             async with self.stage("patch", TerminationReason.SANDBOX_LOST):
                 self._patch_tried = True
-                self.patch = await capture_patch(sb, snapshot)
-                self.save("patch.diff", self.patch)
+                try:
+                    self.patch = await capture_patch(sb, snapshot)
+                except SandboxError as exc:
+                    if isinstance(exc, SandboxLost) or not await _alive(sb):
+                        raise
+                    # The sandbox answers, so the workspace itself defeats the capture (a FIFO git cannot
+                    # add, files too big to hash in time, deleted borrowed objects): the policy's doing,
+                    # graded as if it had changed nothing rather than excluded as an outage.
+                    reason, detail = (TerminationReason.AGENT_ERROR_EXIT,
+                                      f"the agent's workspace could not be captured as a patch: {exc}")
+                    self.patch = b""
+                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name="patch.diff",
+                                                              error=f"{type(exc).__name__}: {exc}"))
+                else:
+                    self.save("patch.diff", self.patch)
         async with self.stage("grading", TerminationReason.GRADER_ERROR):
             try:
                 self.grade_result = await grade(self.meta, self.patch or b"",
