@@ -83,3 +83,35 @@ async def test_a_workspace_that_defeats_the_patch_capture_is_the_policys_outcome
     names = {p.name for p in result.artifacts.iterdir()}
     assert "grader.log" in names and "patch.diff" not in names, sorted(names)
     assert_nothing_running(stack.sessions)
+
+
+@pytest.mark.parametrize("kill", ["everything", "parent"])
+async def test_a_tool_call_that_kills_the_cli_is_the_policys_outcome_on_sunabako(
+    kill: str,
+    scripted_stack: Any,
+    toolchain: Toolchain,
+    sunabako_node: Any,
+    example_rows: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """The same kills in a real sunabako sandbox (native runtime, test memory mode), where the sandbox is
+    a long-lived machine with its own init rather than one bwrap per command."""
+
+    def policy(prompt: str, index: int) -> str:
+        return tool_call_text("Bash", {"command": KILLS[kill], "description": "stop"})
+
+    before = sunabako_node.sandbox_ids()
+    stack = await scripted_stack(policy, score=False)
+    ctx = make_context(
+        tmp_path / "run", stack.sessions, stack.url, toolchain, provider="sunabako", grader_provider="sunabako",
+        provider_options=sunabako_node.provider_options, sandbox_options={"network": "host", "memory_mb": 2048},
+    )  # fmt: skip
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], "claude_code"))
+    ctx.run.close()
+    assert len(stack.engine.calls) == 1, result.detail
+    assert result.termination is TerminationReason.AGENT_ERROR_EXIT, result.detail
+    assert result.reward == 0.0 and not result.infrastructure_failure
+    assert {"patch.diff", "grader.log"} <= {p.name for p in result.artifacts.iterdir()}
+    assert_nothing_running(stack.sessions)
+    left = sunabako_node.sandbox_ids() - before
+    assert not left, f"sunabako sandboxes left on {sunabako_node.state_dir}: {sorted(left)}"
