@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_nothing_running, make_context, spec_for
+from conftest import EXAMPLES, REPO, assert_nothing_running, make_context, spec_for
 from test_generate_doubles import NO_TOOLCHAIN, DoubleHarness, harness_for
+from test_rollout_check_cli import engine_thread  # noqa: F401 - the fixture
 
 from lego_rl.orchestrate.runner import RolloutRunner, plan
 from lego_rl.rollout.generate import generate
@@ -71,3 +72,52 @@ async def test_a_reused_rollout_id_is_a_result_not_an_exception(
     assert {p.name: p.read_bytes() for p in first.artifacts.iterdir()} == before
     assert len(stack.engine.calls) == 1
     assert_nothing_running(stack.sessions)
+
+
+@pytest.mark.slow
+@pytest.mark.cli
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_rollout_check_runs_both_colliding_ids_and_saves_both_outcomes(
+    concurrency: int,
+    engine_thread: Any,  # noqa: F811
+    toolchain: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The issue's own reproduction through `lego rollout-check` with the real Claude Code: a dataset
+    holding ``collide/1`` and ``collide_1``."""
+    from typer.testing import CliRunner
+
+    from lego_rl.cli.main import app
+
+    monkeypatch.chdir(REPO)
+    base = json.loads((EXAMPLES / "tasks.jsonl").read_text().splitlines()[0])
+    dataset = tmp_path / "dataset"  # the example dataset's files (rows name them relative to it), new rows
+    dataset.mkdir()
+    for entry in EXAMPLES.iterdir():
+        if entry.name != "tasks.jsonl":
+            (dataset / entry.name).symlink_to(entry)
+    data = dataset / "tasks.jsonl"
+    rows = []
+    for instance_id in ("collide/1", "collide_1"):
+        row = json.loads(json.dumps(base))
+        row["label"] = row["metadata"]["instance_id"] = instance_id
+        rows.append(json.dumps(row))
+    data.write_text("\n".join(rows) + "\n")
+    engine = engine_thread(lambda prompt, index: "Nothing to change.")
+    run_root = tmp_path / "run"
+    args = [
+        "rollout-check", "-c", "lego.toml", "--data", str(data), "-n", "1", "--harness", "claude_code",
+        "--vllm-url", engine.url, "--concurrency", str(concurrency), "--json",
+        "--set", f'paths.run_root="{run_root}"', "--set", "adapter.port=0",
+        "--set", "model.max_response_tokens=1024", "--set", "agent.time_budget_s=180",
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1, (res.output[-3000:], repr(res.exception))  # ran, no reward
+    outcomes = [json.loads(line) for line in (run_root / "rollout-check" / "outcomes.jsonl").read_text().splitlines()]
+    assert [(o["instance_id"], o["termination"]) for o in outcomes] == [
+        ("collide/1", "completed"), ("collide_1", "completed")
+    ], outcomes
+    folders = sorted(p.name for p in (run_root / "sandboxes").iterdir())
+    assert len(folders) == 2 and "collide_1-s0" in folders, folders
+    assert_nothing_running()
