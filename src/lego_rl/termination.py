@@ -15,36 +15,36 @@ cannot cause.** Exclusion is an escape from the penalty: a policy that could tur
 infrastructure failure (kill its own CLI, say) would learn to. So a label is decided from what happened and
 when, not from how abnormal it looks:
 
-======================== ======= ===============================================================================
-label                    family  given when (and why the policy can or cannot cause it)
-======================== ======= ===============================================================================
-completed                policy  the CLI exited 0
-agent_error_exit         policy  the CLI exited non-zero or died (any signal, any status) *after the policy's first
-                                 answer reached it*, and the sandbox still answers: from then on the policy's
-                                 tool calls run as the agent user and can kill the CLI (``kill -9 $PPID``,
-                                 ``kill -9 -1``), so every such death is the policy's. Graded as usual.
-                                 Also: the workspace it left defeats the patch capture while the sandbox
-                                 answers (``git init`` of an empty repository inside it); graded as no change.
-turn_limit               policy  the CLI or the adapter's request cap stopped the turns
-context_limit            policy  the conversation no longer fits the context window
-time_budget              policy  the CLI was killed at its wall-clock budget (hanging tools are the policy's)
-sandbox_setup            infra   the sandbox could not be created or its workspace prepared: before the CLI ran
-sandbox_lost             infra   the sandbox stopped answering: its own processes were killed from outside (bwrap
-                                 killed by a signal; the agent runs in PID and user namespaces below it and cannot
-                                 signal them) or a fresh command fails after the CLI died
-harness_install          infra   the CLI could not be installed, verified or started: it failed before the
-                                 policy's first answer reached it (nothing the policy wrote had run yet)
-adapter_error            infra   the CLI never got a request through to the adapter; turn records that cannot
-                                 become samples
-engine_error             infra   the adapter session failed on the engine side (unreachable, invalid reply)
-grader_error             infra   the grader could not produce a verdict (a patch that merely fails is reward 0)
-guard_timeout            infra   the whole-rollout guard expired (the agent stage is bounded by its own budget,
-                                 so this is setup, install or grading far slower than configured)
-weight_sync_interrupted  infra   a weight update interrupted generation and the resumed prefix was not
-                                 token-exact (an exact resume is not a termination at all)
-interrupted              infra   the run was stopped (SIGTERM, Ctrl-C) while the rollout was in flight
-internal_error           infra   a bug in lego itself; the traceback is in the run log
-======================== ======= ===============================================================================
+======================= ====== ==============================================================================
+label                   family given when (and why the policy can or cannot cause it)
+======================= ====== ==============================================================================
+completed               policy the CLI exited 0
+agent_error_exit        policy the CLI exited non-zero or died (any signal, any status) *after the policy's
+                               first answer reached it*, and the sandbox still answers: from then on the
+                               policy's tool calls run as the agent user and can kill the CLI
+                               (``kill -9 $PPID``, ``kill -9 -1``), so every such death is the policy's.
+                               Graded as usual. Also: the workspace it left defeats the patch capture while
+                               the sandbox answers (``git init`` of an empty repository in it): no change.
+turn_limit              policy the CLI or the adapter's request cap stopped the turns
+context_limit           policy the conversation no longer fits the context window
+time_budget             policy the CLI was killed at its wall-clock budget (hanging tools are the policy's)
+sandbox_setup           infra  the sandbox could not be created or its workspace prepared: before the CLI ran
+sandbox_lost            infra  the sandbox stopped answering: its own processes were killed from outside
+                               (bwrap killed by a signal; the agent runs in PID and user namespaces below
+                               it and cannot signal them), or a fresh command fails after the CLI died
+harness_install         infra  the CLI could not be installed, verified or started: it failed before the
+                               policy's first answer reached it (nothing the policy wrote had run yet)
+adapter_error           infra  the CLI never got a request through to the adapter; turn records that cannot
+                               become samples
+engine_error            infra  the adapter session failed on the engine side (unreachable, invalid reply)
+grader_error            infra  the grader could not produce a verdict (a patch that merely fails is reward 0)
+guard_timeout           infra  the whole-rollout guard expired (the agent stage is bounded by its own
+                               budget, so this is setup, install, capture or grading far slower than set)
+weight_sync_interrupted infra  a weight update interrupted generation and the resumed prefix was not
+                               token-exact (an exact resume is not a termination at all)
+interrupted             infra  the run was stopped (SIGTERM, Ctrl-C) while the rollout was in flight
+internal_error          infra  a bug in lego itself; the traceback is in the run log
+======================= ====== ==============================================================================
 """
 
 from __future__ import annotations

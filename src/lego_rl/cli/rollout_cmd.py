@@ -152,7 +152,8 @@ def rollout_check(
         raise typer.Exit(EXIT_USAGE) from None
     if baseline:
         try:
-            passing = asyncio.run(_until_sigterm(session.baseline(on_result=None if as_json else _print_baseline)))
+            on_result = None if as_json else _print_baseline
+            passing = asyncio.run(_until_sigterm(session.baseline(on_result=on_result)))
         except asyncio.CancelledError:
             session.run_dir.close()
             fail("stopped by SIGTERM during the baseline", label="baseline")
@@ -177,11 +178,12 @@ def rollout_check(
                                                     f"{result.termination.value}"))
 
         try:
-            report = asyncio.run(_until_sigterm(session.run(samples=samples, harness=harness, concurrency=concurrency,
-                                                            output=output, progress=on_progress)))
+            work = session.run(samples=samples, harness=harness, concurrency=concurrency, output=output,
+                               progress=on_progress)
+            report = asyncio.run(_until_sigterm(work))
         except asyncio.CancelledError:
-            fail(f"stopped by SIGTERM; sandboxes cleaned up, outcomes so far saved under {session.run_dir.root}",
-                 label="rollout-check")
+            fail(f"stopped by SIGTERM; sandboxes cleaned up, outcomes so far saved under "
+                 f"{session.run_dir.root}", label="rollout-check")
             raise typer.Exit(EXIT_SIGTERM) from None
     if as_json:
         out.print_json(json.dumps({"rewarded": report.rewarded, "rollouts": len(report.results),

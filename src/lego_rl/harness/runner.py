@@ -94,7 +94,9 @@ class DefaultRunner:
         argv = launch_argv(spec)
         start = time.monotonic()
         try:
-            res = await sb.exec(argv, user=spec.user, env=spec.env, cwd=spec.cwd, timeout=request.time_budget_s)
+            res = await sb.exec(
+                argv, user=spec.user, env=spec.env, cwd=spec.cwd, timeout=request.time_budget_s
+            )
         except SandboxLost as exc:
             # The sandbox died under the CLI: what the CLI wrote until then is the evidence of what it
             # was doing; keep it before the error ends the rollout.

@@ -97,10 +97,13 @@ class RolloutCheckSession:
     async def run(self, *, samples: int, harness: str | None, concurrency: int, output: Path | None,
                   progress: ProgressFn | None = None) -> CheckReport:
         """Roll out, save the report and log ``rollout_check_finished``. Cancelled (SIGTERM, Ctrl-C), it
-        saves the report of every rollout that finished or was interrupted, then lets the cancellation go on."""
+        saves the report of every rollout that finished or was interrupted, then lets the cancellation
+        go on."""
         finished: list[RolloutResult] = []
 
-        def track(event: Literal["started", "finished"], spec: RolloutSpec, result: RolloutResult | None) -> None:
+        def track(
+            event: Literal["started", "finished"], spec: RolloutSpec, result: RolloutResult | None
+        ) -> None:
             if result is not None:
                 finished.append(result)
             if progress is not None:
@@ -109,7 +112,9 @@ class RolloutCheckSession:
         try:
             try:
                 async with serving_stack(self.r.config) as stack:
-                    self.run_dir.events.emit(ServingReady(adapter=stack.adapter_url, serving=stack.serving_urls))
+                    self.run_dir.events.emit(
+                        ServingReady(adapter=stack.adapter_url, serving=stack.serving_urls)
+                    )
                     report = await run_rollout_check(
                         self.r, stack, self.run_dir, self.rows, samples_per_task=samples,
                         dataset_dir=self.dataset_dir, images=self.images, harness=harness,
@@ -117,7 +122,8 @@ class RolloutCheckSession:
                     )
             except asyncio.CancelledError:
                 # Every rollout has cleaned up and reported its outcome by now (the runner awaits them).
-                self._save(CheckReport(sorted(finished, key=lambda res: (res.group_index, res.index))), output)
+                done = sorted(finished, key=lambda res: (res.group_index, res.index))
+                self._save(CheckReport(done), output)
                 raise
             self._save(report, output)
             return report

@@ -225,8 +225,8 @@ class _Rollout:
             try:
                 self.folder = self.ctx.run.rollout_dir(self.rid)
             except OSError as exc:  # FileExistsError: a reused rollout id; never write into another's folder
-                raise _Failure(TerminationReason.INTERNAL_ERROR,
-                               f"artifact folder for rollout {self.rid!r}: {type(exc).__name__}: {exc}") from exc
+                why = f"artifact folder for rollout {self.rid!r}: {type(exc).__name__}: {exc}"
+                raise _Failure(TerminationReason.INTERNAL_ERROR, why) from exc
             async with asyncio.timeout(s.guard_s):
                 reason, detail = await self._stages()
         except asyncio.CancelledError:
@@ -353,7 +353,7 @@ class _Rollout:
             # calls run as the agent user and can kill the CLI (`kill -9 $PPID`, `kill -9 -1`). Calling
             # that infrastructure would exclude the episode from training: a penalty escape to learn.
             if any(r.kind == "main" for r in session.records):
-                return TerminationReason.AGENT_ERROR_EXIT, f"the CLI died after the policy's answers reached it: {why}"
+                return TerminationReason.AGENT_ERROR_EXIT, f"the CLI died after the policy's answers: {why}"
             return TerminationReason.HARNESS_INSTALL, f"the CLI died before the policy's first answer: {why}"
         if out.timed_out:
             return TerminationReason.TIME_BUDGET, f"agent time budget of {self.ctx.settings.agent_time_budget_s:g} s"

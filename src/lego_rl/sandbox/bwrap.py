@@ -129,7 +129,8 @@ class BwrapSandbox(Sandbox):
             raise SandboxError(f"sandbox {self.id} was closed while running {cut(str(cmd), 200)}")
         if res.returncode < 0:
             raise SandboxLost(f"sandbox {self.id} died: bwrap was killed by signal {-res.returncode}",
-                              stdout=res.stdout.decode(errors="replace"), stderr=res.stderr.decode(errors="replace"))
+                              stdout=res.stdout.decode(errors="replace"),
+                              stderr=res.stderr.decode(errors="replace"))
         if res.returncode == 1 and res.stderr.startswith(b"bwrap: "):
             raise SandboxError(f"bwrap could not start the command in {self.id}: {cut(res.stderr.decode())}")
         return res

@@ -121,7 +121,9 @@ class ProcessGroup:
         )
 
 
-async def _spawn(argv: list[str], *, stdin: int | IO[bytes], env: dict[str, str] | None) -> asyncio.subprocess.Process:
+async def _spawn(
+    argv: list[str], *, stdin: int | IO[bytes], env: dict[str, str] | None
+) -> asyncio.subprocess.Process:
     """``create_subprocess_exec`` (own session, piped output), bounded and safe to cancel.
 
     asyncio's spawn can wait forever: when the task connecting its pipes is cancelled (``asyncio.run``
