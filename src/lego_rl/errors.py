@@ -106,6 +106,19 @@ class SandboxTimeout(SandboxError):
     """A command inside a sandbox exceeded its timeout."""
 
 
+class SandboxLost(SandboxError):
+    """The sandbox died under a running command (its own process was killed from outside).
+
+    ``stdout`` and ``stderr`` are what the command wrote before that (a CLI's event log), kept for the
+    rollout's artifacts.
+    """
+
+    def __init__(self, message: str, *, stdout: str = "", stderr: str = "") -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        super().__init__(message)
+
+
 class HarnessError(LegoError):
     """A coding CLI could not be installed or started."""
 

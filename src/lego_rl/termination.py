@@ -6,14 +6,45 @@ Two families, and the difference matters for training:
   ``time_budget``): the agent itself ended the episode, ran out of turns, context or wall-clock
   budget. These are consequences of the policy's behaviour, so the rollout keeps its verifier reward
   (usually 0 for an unfinished task) and enters the GRPO statistics like any other run.
-* **Infrastructure failures** (``sandbox_setup``, ``sandbox_lost``, ``harness_install``, ``adapter_error``,
-  ``engine_error``, ``grader_error``, ``guard_timeout``, ``weight_sync_interrupted``,
-  ``internal_error``): something outside the policy broke. A reward of 0 here would punish the policy for our outage, so by default
-  these rollouts are excluded from advantages and loss, and counted (see
-  ``lego_rl.train.advantages.AdmissionPolicy``, which the operator can change).
+* **Infrastructure failures** (everything else): something outside the policy broke. A reward of 0 here
+  would punish the policy for our outage, so by default these rollouts are excluded from advantages and
+  loss, and counted (see ``lego_rl.train.advantages.AdmissionPolicy``, which the operator can change).
 
-``weight_sync_interrupted`` means a weight update interrupted generation and the resumed prefix was not
-token-exact; an exact resume is not a termination at all.
+The rule that keeps the split honest: **an infrastructure label is only given to a failure the policy
+cannot cause.** Exclusion is an escape from the penalty: a policy that could turn a bad episode into an
+infrastructure failure (kill its own CLI, say) would learn to. So a label is decided from what happened and
+when, not from how abnormal it looks:
+
+======================= ====== ==============================================================================
+label                   family given when (and why the policy can or cannot cause it)
+======================= ====== ==============================================================================
+completed               policy the CLI exited 0
+agent_error_exit        policy the CLI exited non-zero or died (any signal, any status) *after the policy's
+                               first answer reached it*, and the sandbox still answers: from then on the
+                               policy's tool calls run as the agent user and can kill the CLI
+                               (``kill -9 $PPID``, ``kill -9 -1``), so every such death is the policy's.
+                               Graded as usual. Also: the workspace it left defeats the patch capture while
+                               the sandbox answers (``git init`` of an empty repository in it): no change.
+turn_limit              policy the CLI or the adapter's request cap stopped the turns
+context_limit           policy the conversation no longer fits the context window
+time_budget             policy the CLI was killed at its wall-clock budget (hanging tools are the policy's)
+sandbox_setup           infra  the sandbox could not be created or its workspace prepared: before the CLI ran
+sandbox_lost            infra  the sandbox stopped answering: its own processes were killed from outside
+                               (bwrap killed by a signal; the agent runs in PID and user namespaces below
+                               it and cannot signal them), or a fresh command fails after the CLI died
+harness_install         infra  the CLI could not be installed, verified or started: it failed before the
+                               policy's first answer reached it (nothing the policy wrote had run yet)
+adapter_error           infra  the CLI never got a request through to the adapter; turn records that cannot
+                               become samples
+engine_error            infra  the adapter session failed on the engine side (unreachable, invalid reply)
+grader_error            infra  the grader could not produce a verdict (a patch that merely fails is reward 0)
+guard_timeout           infra  the whole-rollout guard expired (the agent stage is bounded by its own
+                               budget, so this is setup, install, capture or grading far slower than set)
+weight_sync_interrupted infra  a weight update interrupted generation and the resumed prefix was not
+                               token-exact (an exact resume is not a termination at all)
+interrupted             infra  the run was stopped (SIGTERM, Ctrl-C) while the rollout was in flight
+internal_error          infra  a bug in lego itself; the traceback is in the run log
+======================= ====== ==============================================================================
 """
 
 from __future__ import annotations
@@ -36,7 +67,8 @@ class TerminationReason(StrEnum):
     COMPLETED = "completed"
     """The CLI exited normally after finishing its work."""
     AGENT_ERROR_EXIT = "agent_error_exit"
-    """The CLI gave up or exited non-zero for reasons of its own (not an infrastructure fault)."""
+    """The CLI gave up, exited non-zero or died after the policy's first answer reached it (not an
+    infrastructure fault: the policy's tool calls can end the CLI)."""
     TURN_LIMIT = "turn_limit"
     """The CLI hit its configured maximum number of turns."""
     CONTEXT_LIMIT = "context_limit"
@@ -49,12 +81,17 @@ class TerminationReason(StrEnum):
     SANDBOX_LOST = "sandbox_lost"
     """The agent sandbox died or stopped answering after setup (mid-run, or at patch capture)."""
     HARNESS_INSTALL = "harness_install"
+    """The CLI could not be installed, verified or started: it failed before the policy's first answer
+    reached it. A death after that answer is ``agent_error_exit`` (the policy's tool calls can kill it)."""
     ADAPTER_ERROR = "adapter_error"
     ENGINE_ERROR = "engine_error"
     GRADER_ERROR = "grader_error"
     GUARD_TIMEOUT = "guard_timeout"
     """The whole-rollout guard (sandbox setup + agent + grading) expired."""
     WEIGHT_SYNC_INTERRUPTED = "weight_sync_interrupted"
+    INTERRUPTED = "interrupted"
+    """The run was stopped (SIGTERM, Ctrl-C) while this rollout was in flight; its sandbox was cleaned up
+    and what existed was saved."""
     INTERNAL_ERROR = "internal_error"
     """A bug in lego itself (an exception outside our error model); the traceback is in the run log.
     Excluded like an infrastructure failure: the policy did nothing to earn it."""

@@ -41,7 +41,7 @@ def test_new_run_log_beside_retained_run(tmp_path: Path) -> None:
 def test_artifacts_never_overwritten(tmp_path: Path) -> None:
     run = RunDir.open(tmp_path / "run", config={})
     d = run.rollout_dir("task/1#0")
-    assert d.name == "task_1_0"
+    assert d.name.startswith("task_1_0-h")
     write_new(d / "patch.diff", "x")
     with pytest.raises(FileExistsError):
         write_new(d / "patch.diff", "y")
@@ -58,8 +58,9 @@ def test_torn_last_line_not_yet_an_event(tmp_path: Path) -> None:
 
 
 def test_safe_name() -> None:
-    assert safe_name("../../etc") == "_.._etc"
-    assert safe_name("") == "_"
+    assert safe_name("../../etc").startswith("_.._etc-h")
+    assert safe_name("").startswith("_-h")
+    assert safe_name("lego-example-median-s0") == "lego-example-median-s0"
 
 
 def test_the_run_store_is_the_bottom_layer() -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+import signal
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich import box
@@ -27,13 +28,32 @@ if TYPE_CHECKING:
 
 EXIT_NOTHING_RAN = 4
 """Nothing was rolled out: with ``--baseline``, a task's unmodified image already passes its tests."""
+EXIT_SIGTERM = 128 + signal.SIGTERM
+"""Stopped by SIGTERM, after cleaning up (the shell's convention for a death by that signal)."""
+
+T = TypeVar("T")
 
 EXIT_CODES = f"""Exit codes:
 {EXIT_OK}  at least one sample earned reward 1;
 {EXIT_FAILED}  rollouts ran to a policy outcome and none earned reward (expected of a random model);
 {EXIT_USAGE}  the configuration, the data or the harness is unusable: nothing was started;
 {EXIT_INFRA}  infrastructure: every rollout failed in our infrastructure, or the baseline grader could not decide;
-{EXIT_NOTHING_RAN}  nothing was rolled out: with --baseline, a task already passes unmodified."""
+{EXIT_NOTHING_RAN}  nothing was rolled out: with --baseline, a task already passes unmodified;
+{EXIT_SIGTERM}  stopped by SIGTERM: sandboxes cleaned up, the outcomes so far saved (Ctrl-C does the same)."""
+
+
+async def _until_sigterm(work: Awaitable[T]) -> T:
+    """Await ``work`` with SIGTERM cancelling it, as Ctrl-C does: every rollout cleans up its sandbox and
+    saves its outcome before the process ends. (SIGTERM's default action ends the process at once,
+    leaving overlay mounts and sandbox state behind and no outcome written.)"""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await work
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def exit_code(results: Sequence[RolloutResult]) -> int:
@@ -132,7 +152,12 @@ def rollout_check(
         raise typer.Exit(EXIT_USAGE) from None
     if baseline:
         try:
-            passing = asyncio.run(session.baseline(on_result=None if as_json else _print_baseline))
+            on_result = None if as_json else _print_baseline
+            passing = asyncio.run(_until_sigterm(session.baseline(on_result=on_result)))
+        except asyncio.CancelledError:
+            session.run_dir.close()
+            fail("stopped by SIGTERM during the baseline", label="baseline")
+            raise typer.Exit(EXIT_SIGTERM) from None
         except GraderError as exc:
             session.run_dir.close()
             fail(f"the grader could not decide: {exc}", label="baseline")
@@ -152,8 +177,14 @@ def rollout_check(
                 bar.update(task, description=escape(f"rollouts  {result.instance_id}#{result.index}: "
                                                     f"{result.termination.value}"))
 
-        report = asyncio.run(session.run(samples=samples, harness=harness, concurrency=concurrency,
-                                         output=output, progress=on_progress))
+        try:
+            work = session.run(samples=samples, harness=harness, concurrency=concurrency, output=output,
+                               progress=on_progress)
+            report = asyncio.run(_until_sigterm(work))
+        except asyncio.CancelledError:
+            fail(f"stopped by SIGTERM; sandboxes cleaned up, outcomes so far saved under "
+                 f"{session.run_dir.root}", label="rollout-check")
+            raise typer.Exit(EXIT_SIGTERM) from None
     if as_json:
         out.print_json(json.dumps({"rewarded": report.rewarded, "rollouts": len(report.results),
                                    "terminations": dict(report.terminations), "run_root": str(session.run_dir.root),

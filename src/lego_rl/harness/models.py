@@ -133,7 +133,8 @@ class HarnessOutcome(BaseModel):
     hit_turn_limit: bool = False
     timed_out: bool = False
     crashed: bool = False
-    """The CLI died abnormally (signal, missing binary, no event at all): infrastructure, not policy."""
+    """The CLI died abnormally (signal, missing binary, no event at all). A fact, not a verdict: the rollout
+    calls it infrastructure only when no policy answer had reached the CLI yet (``lego_rl.termination``)."""
     adapter_error: bool = False
     """The CLI ended because the adapter was unreachable or answered with an error: infrastructure."""
     detail: str = ""

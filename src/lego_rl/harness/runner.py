@@ -15,13 +15,15 @@ from pathlib import Path
 import pluggy
 from pydantic import BaseModel
 
-from lego_rl.errors import HarnessError
+from lego_rl.errors import HarnessError, SandboxLost
 from lego_rl.harness.hookspecs import hookimpl
 from lego_rl.harness.models import CommandSpec, HarnessOutcome, RunRequest
 from lego_rl.runstore.files import write_next_free
 from lego_rl.sandbox.base import Sandbox
 
-# Exit statuses meaning the CLI never ran or died from a signal: infrastructure, not the policy.
+# Exit statuses meaning the CLI never ran or died from a signal. These are facts ("crashed"), not a verdict:
+# whether a crash is the policy's (a tool call that killed the CLI) is decided by the rollout, which knows
+# whether the policy had answered yet (lego_rl.termination).
 _NOT_RUN = {126: "not executable", 127: "command not found"}
 _GRACE_S = 15.0
 
@@ -91,7 +93,16 @@ class DefaultRunner:
         await write_spec_files(sb, spec)
         argv = launch_argv(spec)
         start = time.monotonic()
-        res = await sb.exec(argv, user=spec.user, env=spec.env, cwd=spec.cwd, timeout=request.time_budget_s)
+        try:
+            res = await sb.exec(
+                argv, user=spec.user, env=spec.env, cwd=spec.cwd, timeout=request.time_budget_s
+            )
+        except SandboxLost as exc:
+            # The sandbox died under the CLI: what the CLI wrote until then is the evidence of what it
+            # was doing; keep it before the error ends the rollout.
+            if request.artifacts_dir is not None:
+                _save_run_files(Path(request.artifacts_dir), harness, spec, exc.stdout)
+            raise
         duration = time.monotonic() - start
         outcome = classify_exit(harness, res.exit_code, res.timed_out, res.stdout, res.stderr, duration)
         if (
@@ -112,8 +123,13 @@ class DefaultRunner:
                 update={"detail": f"{refined.detail} [event log truncated by the sandbox]"}
             )
         if request.artifacts_dir is not None:
-            folder = Path(request.artifacts_dir)
-            path = write_next_free(folder, f"{harness}-events.jsonl", refined.event_log)
-            write_next_free(folder, f"{harness}-command.txt", shlex.join(spec.argv) + "\n")
+            path = _save_run_files(Path(request.artifacts_dir), harness, spec, refined.event_log)
             refined = refined.model_copy(update={"event_log_path": path})
         return refined
+
+
+def _save_run_files(folder: Path, harness: str, spec: CommandSpec, event_log: str) -> Path:
+    """The CLI's event log and its command line, under names never overwritten; the log's path."""
+    path = write_next_free(folder, f"{harness}-events.jsonl", event_log)
+    write_next_free(folder, f"{harness}-command.txt", shlex.join(spec.argv) + "\n")
+    return path

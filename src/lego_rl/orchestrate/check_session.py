@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from lego_rl.config.dataset_scan import row_keys
 from lego_rl.config.resolve import ResolvedConfig, config_json
@@ -21,6 +22,7 @@ from lego_rl.orchestrate.rollout_check import (
 )
 from lego_rl.orchestrate.runner import ProgressFn
 from lego_rl.orchestrate.stack import serving_stack
+from lego_rl.rollout.generate import RolloutResult, RolloutSpec
 from lego_rl.runstore import RunDir
 from lego_rl.runstore.events import Baseline, RolloutCheckFinished, ServingReady
 from lego_rl.sandbox.base import ImageSpec
@@ -82,22 +84,54 @@ class RolloutCheckSession:
             if result.solved:
                 passing.append(meta.instance_id)
 
-        await asyncio.gather(*(one(row) for row in self.rows))
+        # A TaskGroup: a grader error cancels (and awaits) the other baselines rather than leaving them
+        # running with their sandboxes after this returns.
+        try:
+            async with asyncio.TaskGroup() as group:
+                for row in self.rows:
+                    group.create_task(one(row))
+        except* GraderError as failed:
+            raise failed.exceptions[0] from None
         return passing
 
     async def run(self, *, samples: int, harness: str | None, concurrency: int, output: Path | None,
                   progress: ProgressFn | None = None) -> CheckReport:
+        """Roll out, save the report and log ``rollout_check_finished``. Cancelled (SIGTERM, Ctrl-C), it
+        saves the report of every rollout that finished or was interrupted, then lets the cancellation
+        go on."""
+        finished: list[RolloutResult] = []
+
+        def track(
+            event: Literal["started", "finished"], spec: RolloutSpec, result: RolloutResult | None
+        ) -> None:
+            if result is not None:
+                finished.append(result)
+            if progress is not None:
+                progress(event, spec, result)
+
         try:
-            async with serving_stack(self.r.config) as stack:
-                self.run_dir.events.emit(ServingReady(adapter=stack.adapter_url, serving=stack.serving_urls))
-                report = await run_rollout_check(
-                    self.r, stack, self.run_dir, self.rows, samples_per_task=samples, dataset_dir=self.dataset_dir,
-                    images=self.images, harness=harness, concurrency=concurrency, progress=progress,
-                )
-            save_report(report, output or self.run_dir.root / "rollout-check")
-            self.run_dir.events.emit(RolloutCheckFinished(
-                rewarded=report.rewarded, rollouts=len(report.results), terminations=dict(report.terminations)
-            ))
+            try:
+                async with serving_stack(self.r.config) as stack:
+                    self.run_dir.events.emit(
+                        ServingReady(adapter=stack.adapter_url, serving=stack.serving_urls)
+                    )
+                    report = await run_rollout_check(
+                        self.r, stack, self.run_dir, self.rows, samples_per_task=samples,
+                        dataset_dir=self.dataset_dir, images=self.images, harness=harness,
+                        concurrency=concurrency, progress=track,
+                    )
+            except asyncio.CancelledError:
+                # Every rollout has cleaned up and reported its outcome by now (the runner awaits them).
+                done = sorted(finished, key=lambda res: (res.group_index, res.index))
+                self._save(CheckReport(done), output)
+                raise
+            self._save(report, output)
             return report
         finally:
             self.run_dir.close()
+
+    def _save(self, report: CheckReport, output: Path | None) -> None:
+        save_report(report, output or self.run_dir.root / "rollout-check")
+        self.run_dir.events.emit(RolloutCheckFinished(
+            rewarded=report.rewarded, rollouts=len(report.results), terminations=dict(report.terminations)
+        ))

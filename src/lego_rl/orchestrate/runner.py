@@ -50,20 +50,29 @@ class RolloutRunner:
         self, specs: Sequence[RolloutSpec], progress: ProgressFn | None = None
     ) -> list[RolloutResult]:
         """Every spec's result, ordered by (group_index, index). generate() never raises for a failed
-        rollout, so one bad task cannot cancel the others; cancelling ``run`` cancels them all."""
+        rollout, so one bad task cannot cancel the others. Cancelling ``run`` cancels every rollout and
+        waits for their cleanup (no task outlives it); each rollout in flight saves its outcome
+        (``interrupted``) and is reported to ``progress`` as finished before the cancellation goes on."""
         dupes = sorted(i for i, n in Counter(spec.rollout_id for spec in specs).items() if n > 1)
         if dupes:
             raise ValueError(f"rollout ids must be unique (each names an artifact folder); repeated: {dupes}")
         gate = asyncio.Semaphore(self.concurrency)
+        results: list[RolloutResult] = []
 
-        async def one(spec: RolloutSpec) -> RolloutResult:
+        def finished(spec: RolloutSpec, result: RolloutResult) -> None:
+            results.append(result)
+            if progress:
+                progress("finished", spec, result)
+
+        async def one(spec: RolloutSpec) -> None:
             async with gate:
                 if progress:
                     progress("started", spec, None)
-                result = await generate(self.ctx, spec)
-                if progress:
-                    progress("finished", spec, result)
-                return result
+                await generate(self.ctx, spec, on_result=lambda result: finished(spec, result))
 
-        results = await asyncio.gather(*(one(spec) for spec in specs))
+        # A TaskGroup, not gather: should anything raise, the other rollouts are cancelled and awaited
+        # (they clean up their sandboxes) instead of running on unowned until the loop shuts down.
+        async with asyncio.TaskGroup() as group:
+            for spec in specs:
+                group.create_task(one(spec))
         return sorted(results, key=lambda res: (res.group_index, res.index))

@@ -11,14 +11,19 @@ Stages, each timed and logged to the run's event log, all under one whole-rollou
 6. turn the session's turn records into Samples (side turns too, when the trajectory options train them).
 
 Every artifact (CLI event log and files, sandbox commands, patch, grader output, turn records, samples) is
-written under the rollout's artifact folder *before* the sandbox is destroyed. Whatever happens, generate()
-returns a ``RolloutResult`` with exactly one termination reason; no exception escapes it, except
-cancellation (re-raised after cleanup) and a rollout id whose artifact folder already exists
-(``FileExistsError`` before anything starts: a caller's bug, since artifacts are never overwritten).
+written under the rollout's artifact folder *before* the sandbox is destroyed. When a rollout ends early
+(an infrastructure failure, the guard, a cancellation) the CLI's files and the patch are still taken
+whenever the sandbox answers, within ``SALVAGE_S``: evidence is most needed when something broke.
+Whatever happens, generate() returns a ``RolloutResult`` with exactly one termination reason; no exception
+escapes it except cancellation, which is re-raised after cleanup and after the outcome (``interrupted``)
+is saved and handed to ``on_result``. A rollout id whose artifact folder already exists is an
+``internal_error`` result that writes nothing (artifacts are never overwritten).
 
 The reason is decided once and written once, in the ``rollout_finished`` event. Our own errors
 (``lego_rl.errors``, OS errors) map to the failing stage's reason; any other exception is a bug in lego
-itself: ``internal_error``, with its traceback in that event.
+itself: ``internal_error``, with its traceback in that event. Once the policy's first answer has reached
+the CLI, a death of the CLI is the policy's (``agent_error_exit``): see ``lego_rl.termination`` for the
+rule behind every label.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lego_rl.errors import GraderError, LegoError, TrajectoryError
+from lego_rl.errors import GraderError, LegoError, SandboxError, SandboxLost, TrajectoryError
 from lego_rl.harness.models import HarnessOutcome, RunRequest
 from lego_rl.harness.plugins import HarnessHandle
 from lego_rl.harness.toolchain import Toolchain
@@ -55,13 +60,17 @@ from lego_rl.runstore.events import (
 )
 from lego_rl.sandbox.base import ImageSpec, Sandbox
 from lego_rl.swe.grader import GradeResult, grade
-from lego_rl.swe.patch import capture_patch, take_snapshot
+from lego_rl.swe.patch import Snapshot, capture_patch, take_snapshot
 from lego_rl.swe.task_sandbox import SandboxOpener, SandboxTarget, task_sandbox_opener
 from lego_rl.swe.workspace import DEFAULT_PROBLEM_PATH, prepare_workspace
 from lego_rl.tasks.model import TaskRow
 from lego_rl.termination import TerminationReason, is_infrastructure_failure
 from lego_rl.trajectory.manager import build_samples
 from lego_rl.trajectory.sample import Sample, save_samples
+
+SALVAGE_S = 60.0
+"""Bound on saving what an early-ended rollout's sandbox still holds (liveness probe, CLI files, patch):
+a sandbox that hangs must not hold the cleanup, and a stopped run (SIGTERM) must end soon."""
 
 STAGES = ("harness_lookup", "sandbox_setup", "harness_install", "agent", "patch", "cleanup", "grading", "samples")
 """Timed stages, in order. ``cleanup`` covers saving the agent sandbox's artifacts, destroying it and
@@ -157,6 +166,11 @@ class _Rollout:
         self.outcome: HarnessOutcome | None = None
         self.harness: HarnessHandle | None = None
         self.harness_options: dict[str, Any] = {}
+        self.request: RunRequest | None = None
+        self.snapshot: Snapshot | None = None
+        self._cli_files_taken = False
+        self._patch_tried = False
+        self.on_result: Callable[[RolloutResult], None] | None = None
 
     @property
     def rid(self) -> str:
@@ -203,14 +217,24 @@ class _Rollout:
 
     async def run(self) -> RolloutResult:
         s = self.ctx.settings
-        self.folder = self.ctx.run.rollout_dir(self.rid)
         self.ctx.run.events.emit(RolloutStarted(rollout_id=self.rid, instance_id=self.meta.instance_id,
                                                 harness=self.harness_name, group_index=self.spec.group_index,
                                                 index=self.spec.index))
         reason, detail, trace = TerminationReason.COMPLETED, "", None
         try:
+            try:
+                self.folder = self.ctx.run.rollout_dir(self.rid)
+            except OSError as exc:  # FileExistsError: a reused rollout id; never write into another's folder
+                why = f"artifact folder for rollout {self.rid!r}: {type(exc).__name__}: {exc}"
+                raise _Failure(TerminationReason.INTERNAL_ERROR, why) from exc
             async with asyncio.timeout(s.guard_s):
                 reason, detail = await self._stages()
+        except asyncio.CancelledError:
+            # The run is stopping (SIGTERM, Ctrl-C, a cancelled scheduler): the stages have cleaned up and
+            # saved what existed; the outcome is saved too, then the cancellation goes on.
+            await self._finish(TerminationReason.INTERRUPTED,
+                               "the run was stopped while this rollout was in flight", None)
+            raise
         except _Failure as exc:
             reason, detail = exc.reason, str(exc)
         except TimeoutError:
@@ -255,17 +279,18 @@ class _Rollout:
                 sb = RecordingSandbox(inner, "agent")
                 self.sandboxes.append(sb)
                 stack.push_async_callback(self._save_sandbox_artifacts, sb)
+                stack.push_async_callback(self._salvage, sb)  # before the command log: its commands are in it
                 stack.push_async_callback(self._cleanup_started)
                 await prepare_workspace(sb, workdir=self.meta.workdir, problem_statement=self.meta.problem_statement,
                                         pre_commands=self.meta.pre_commands, agent_user=s.agent_user)
-                snapshot = await take_snapshot(sb, self.meta.workdir)
+                snapshot = self.snapshot = await take_snapshot(sb, self.meta.workdir)
             async with self.stage("harness_install", TerminationReason.HARNESS_INSTALL):
                 await self.harness.install(sb, self.ctx.toolchain)
                 version = await self.harness.verify(sb, s.agent_user)
                 self.ctx.run.events.emit(HarnessReady(rollout_id=self.rid, harness=self.harness_name,
                                                       version=version))
             async with self.stage("agent", TerminationReason.SANDBOX_LOST):
-                request = RunRequest(
+                request = self.request = RunRequest(
                     session_id=self.session.id, base_url=self.ctx.adapter_url, model=s.model_name,
                     prompt=s.prompt_template.format(problem=self.meta.problem_statement, workdir=self.meta.workdir,
                                                     problem_file=DEFAULT_PROBLEM_PATH),
@@ -279,22 +304,29 @@ class _Rollout:
                     rollout_id=self.rid, cli_s=round(self.outcome.duration_s, 3), exit_code=self.outcome.exit_code,
                     detail=self.outcome.detail[:300],
                 ))
-                try:
-                    cli_files = await self.harness.artifacts(sb, request)
-                except (LegoError, OSError) as exc:
-                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name="cli-*",
-                                                              error=f"{type(exc).__name__}: {exc}"))
-                    cli_files = {}
-                for name, data in cli_files.items():
-                    self.save_or_log(f"cli-{safe_name(name)}", data)
+                await self._save_cli_files(sb)
             reason, detail = self._policy_outcome()
             if self.outcome is not None and self.outcome.crashed and not await _alive(sb):
                 reason, detail = TerminationReason.SANDBOX_LOST, f"the agent sandbox died during the run: {detail}"
             if is_infrastructure_failure(reason):
-                return reason, detail
+                return reason, detail  # the patch is still taken, by _salvage, while the sandbox answers
             async with self.stage("patch", TerminationReason.SANDBOX_LOST):
-                self.patch = await capture_patch(sb, snapshot)
-                self.save("patch.diff", self.patch)
+                self._patch_tried = True
+                try:
+                    self.patch = await capture_patch(sb, snapshot)
+                except SandboxError as exc:
+                    if isinstance(exc, SandboxLost) or not await _alive(sb):
+                        raise
+                    # The sandbox answers, so the workspace itself defeats the capture (a FIFO git cannot
+                    # add, files too big to hash in time, deleted borrowed objects): the policy's doing,
+                    # graded as if it had changed nothing rather than excluded as an outage.
+                    reason, detail = (TerminationReason.AGENT_ERROR_EXIT,
+                                      f"the agent's workspace could not be captured as a patch: {exc}")
+                    self.patch = b""
+                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name="patch.diff",
+                                                              error=f"{type(exc).__name__}: {exc}"))
+                else:
+                    self.save("patch.diff", self.patch)
         async with self.stage("grading", TerminationReason.GRADER_ERROR):
             try:
                 self.grade_result = await grade(self.meta, self.patch or b"",
@@ -316,7 +348,13 @@ class _Rollout:
         if session.infra_failure:
             return TerminationReason.ENGINE_ERROR, f"adapter session failed: {session.infra_failure}"
         if out.crashed:
-            return TerminationReason.HARNESS_INSTALL, f"the CLI crashed: {out.detail or out.stderr_tail[-300:]}"
+            why = out.detail or out.stderr_tail[-300:]
+            # Whose death it is depends on when, not how: once a policy answer has reached the CLI, its tool
+            # calls run as the agent user and can kill the CLI (`kill -9 $PPID`, `kill -9 -1`). Calling
+            # that infrastructure would exclude the episode from training: a penalty escape to learn.
+            if any(r.kind == "main" for r in session.records):
+                return TerminationReason.AGENT_ERROR_EXIT, f"the CLI died after the policy's answers: {why}"
+            return TerminationReason.HARNESS_INSTALL, f"the CLI died before the policy's first answer: {why}"
         if out.timed_out:
             return TerminationReason.TIME_BUDGET, f"agent time budget of {self.ctx.settings.agent_time_budget_s:g} s"
         if session.termination == "context_limit":
@@ -331,6 +369,44 @@ class _Rollout:
         if out.exit_code not in (0, None):
             return TerminationReason.AGENT_ERROR_EXIT, f"the CLI exited {out.exit_code}: {out.detail}"
         return TerminationReason.COMPLETED, ""
+
+    async def _save_cli_files(self, sb: Sandbox) -> None:
+        """The CLI's own files (transcripts, logs) as ``cli-<name>``; a failure to read them is an event."""
+        assert self.harness is not None and self.request is not None
+        self._cli_files_taken = True
+        try:
+            cli_files = await self.harness.artifacts(sb, self.request)
+        except (LegoError, OSError) as exc:
+            self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name="cli-*",
+                                                      error=f"{type(exc).__name__}: {exc}"))
+            cli_files = {}
+        for name, data in cli_files.items():
+            self.save_or_log(f"cli-{safe_name(name)}", data)
+
+    async def _salvage(self, sb: RecordingSandbox) -> None:
+        """Before the sandbox goes: take what a rollout that ended early never took (the CLI's files once
+        it ran, the patch once the snapshot exists), if the sandbox still answers. Bounded by ``SALVAGE_S``;
+        whatever cannot be taken is an ``artifact_not_saved`` event, never an exception."""
+        want_cli = self.request is not None and not self._cli_files_taken
+        want_patch = self.snapshot is not None and not self._patch_tried
+        if not (want_cli or want_patch):
+            return
+        name = "patch.diff" if want_patch else "cli-*"
+        try:
+            async with asyncio.timeout(SALVAGE_S):
+                if not await _alive(sb):
+                    raise SandboxError(f"the agent sandbox {sb.id} no longer answers")
+                if want_cli:
+                    await self._save_cli_files(sb)
+                if want_patch:
+                    assert self.snapshot is not None
+                    self._patch_tried = True
+                    self.patch = await capture_patch(sb, self.snapshot)
+                    self.save_or_log("patch.diff", self.patch)
+        except (TimeoutError, LegoError, OSError) as exc:
+            error = f"not saved within {SALVAGE_S:g} s" if isinstance(exc, TimeoutError) else str(exc)
+            self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name=name,
+                                                      error=f"{type(exc).__name__}: {error}"))
 
     async def _cleanup_started(self) -> None:
         self._cleanup_t0 = time.monotonic()
@@ -402,12 +478,23 @@ class _Rollout:
             infrastructure_failure=result.infrastructure_failure, timings=self.timings, turns=result.turns,
             traceback=trace,
         ))
+        if self.on_result is not None:
+            self.on_result(result)
         return result
 
 
-async def generate(ctx: RolloutContext, spec: RolloutSpec) -> RolloutResult:
-    """Run one rollout end to end; see the module docstring. Never raises for a failed rollout."""
-    return await _Rollout(ctx, spec).run()
+async def generate(
+    ctx: RolloutContext, spec: RolloutSpec, *, on_result: Callable[[RolloutResult], None] | None = None
+) -> RolloutResult:
+    """Run one rollout end to end; see the module docstring. Never raises for a failed rollout.
+
+    :param on_result: called once with the result, also for a rollout that a cancellation cut short
+        (termination ``interrupted``; generate() then re-raises the cancellation), so a caller that is
+        being stopped still learns every outcome.
+    """
+    rollout = _Rollout(ctx, spec)
+    rollout.on_result = on_result
+    return await rollout.run()
 
 
 async def _alive(sb: Sandbox) -> bool:

@@ -21,7 +21,9 @@ is only opened for appending, and a run root that already holds a run is refused
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,12 +34,29 @@ from lego_rl.runstore.files import write_new
 from lego_rl.runstore.log import EventLog, MetricsLog
 
 _SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+_HASHED = re.compile(r"-h[0-9a-f]{12}(\.[A-Za-z0-9]{1,10})?\Z")
+_EXT = re.compile(r"\.[A-Za-z0-9]{1,10}\Z")
+_MAX_KEPT = 128
+"""Longest name kept whole; a file name may have 255 bytes, and the folder gets files named after it."""
 
 
 def safe_name(name: str) -> str:
-    """A file-system safe version of ``name`` (rollout ids, task ids)."""
+    """A file-system safe name for ``name`` (rollout ids, task ids, session ids), distinct for distinct names.
+
+    A name of only ``[A-Za-z0-9._-]``, not starting or ending with ``.``, at most 128 characters, is kept.
+    Any other becomes its sanitised form (other characters as ``_``, cut at 128) with ``-h`` and 12 hex
+    digits of its SHA-256 before its extension: ``collide/1`` and ``collide_1`` are ``collide_1-h<hash>``
+    and ``collide_1``; ``a/b.jsonl`` is ``a_b-h<hash>.jsonl``. Injective because a kept name never ends
+    like a hashed one (such a name is hashed too), and two hashed names are equal only when their 48-bit
+    hashes are.
+    """
     cleaned = "".join(ch if ch in _SAFE else "_" for ch in name).strip(".")
-    return cleaned or "_"
+    if cleaned == name and name and len(name) <= _MAX_KEPT and not _HASHED.search(name):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    ext = _EXT.search(cleaned)
+    stem = cleaned[: ext.start()] if ext else cleaned
+    return f"{stem[:_MAX_KEPT] or '_'}-h{digest}{ext.group() if ext else ''}"
 
 
 @dataclass(frozen=True)

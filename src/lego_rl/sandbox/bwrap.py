@@ -31,7 +31,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import IO, Any
 
-from lego_rl.errors import SandboxError, SandboxTimeout
+from lego_rl.errors import SandboxError, SandboxLost, SandboxTimeout
 from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider
 from lego_rl.sandbox.base import cut_message as cut
 from lego_rl.sandbox.bwrap_state import (
@@ -139,7 +139,9 @@ class BwrapSandbox(Sandbox):
         if self._closed:
             raise SandboxError(f"sandbox {self.id} was closed while running {cut(str(cmd), 200)}")
         if res.returncode < 0:
-            raise SandboxError(f"sandbox {self.id} died: bwrap was killed by signal {-res.returncode}")
+            raise SandboxLost(f"sandbox {self.id} died: bwrap was killed by signal {-res.returncode}",
+                              stdout=res.stdout.decode(errors="replace"),
+                              stderr=res.stderr.decode(errors="replace"))
         if res.returncode == 1 and res.stderr.startswith(b"bwrap: "):
             raise SandboxError(f"bwrap could not start the command in {self.id}: {cut(res.stderr.decode())}")
         return res

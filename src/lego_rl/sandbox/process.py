@@ -16,7 +16,12 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
+from lego_rl.errors import SandboxError
+
 _READ_CHUNK = 1 << 16
+_SPAWN_S = 60.0
+"""A fork+exec and two pipe connections take milliseconds; past this the spawn is stuck, not slow."""
+_SPAWN_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -70,14 +75,11 @@ class ProcessGroup:
         """
         start = time.monotonic()
         feed = stdin if isinstance(stdin, bytes) else None
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
+        proc = await _spawn(
+            argv,
             stdin=(asyncio.subprocess.PIPE if isinstance(stdin, bytes)
                    else stdin or asyncio.subprocess.DEVNULL),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
             env=env,
-            start_new_session=True,
         )
         self._procs.add(proc)
         out, err = bytearray(), bytearray()
@@ -117,6 +119,47 @@ class ProcessGroup:
         return ProcessResult(
             proc.returncode, bytes(out), bytes(err), time.monotonic() - start, timed_out, killed, truncated
         )
+
+
+async def _spawn(
+    argv: list[str], *, stdin: int | IO[bytes], env: dict[str, str] | None
+) -> asyncio.subprocess.Process:
+    """``create_subprocess_exec`` (own session, piped output), bounded and safe to cancel.
+
+    asyncio's spawn can wait forever: when the task connecting its pipes is cancelled (``asyncio.run``
+    cancels every task at once when it shuts down), the transport kills the child and then waits for
+    pipes that were never connected (``base_subprocess._try_finish``, Python 3.11/3.12), so a cancelled
+    rollout hung holding its sandbox. The spawn runs as a task of its own: a cancellation of ours waits
+    for it briefly and kills what it started; a spawn stuck past ``_SPAWN_S`` is cancelled again, which
+    releases asyncio's wait (the child was already killed), and reported.
+    """
+    spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
+        *argv, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        start_new_session=True,
+    ))
+    try:
+        done, _ = await asyncio.wait({spawn}, timeout=_SPAWN_S)
+    except asyncio.CancelledError:
+        await _abandon(spawn)
+        raise
+    if not done:
+        await _abandon(spawn)
+        raise SandboxError(f"starting {argv[0]!r} did not finish within {_SPAWN_S:g} s (asyncio spawn stuck)")
+    return spawn.result()
+
+
+async def _abandon(spawn: asyncio.Future[asyncio.subprocess.Process]) -> None:
+    """Let a spawn we no longer want finish (bounded), then kill and reap what it started."""
+    if not spawn.done():
+        await asyncio.wait({spawn}, timeout=_SPAWN_GRACE_S)
+    if not spawn.done():
+        spawn.cancel()
+        await asyncio.wait({spawn}, timeout=_SPAWN_GRACE_S)
+    if spawn.done() and not spawn.cancelled() and spawn.exception() is None:
+        proc = spawn.result()
+        _kill_tree(proc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), _SPAWN_GRACE_S)
 
 
 def _kill_tree(proc: asyncio.subprocess.Process) -> None:
