@@ -201,3 +201,43 @@ async def test_route_sync_to_the_embedded_server(tiny_model: Path, tmp_path: Pat
             ours = teacher_forced_logprobs(trainer.model, PROMPT + r.output_ids, len(PROMPT), 1.0)
             assert float((ours - torch.tensor(r.logprobs)).abs().max()) < 1e-4
     assert [p.name for p in (tmp_path / "stage").iterdir()] == ["v2"]  # older staged versions are removed
+
+
+@pytest.mark.slow
+async def test_every_trained_token_carries_the_version_that_sampled_it(tiny_model: Path) -> None:
+    """End to end: adapter turns on the embedded server, a sync between them, the turn records, the Samples."""
+    from lego_rl.adapter.canonical import CanonicalRequest, Message
+    from lego_rl.adapter.core import AdapterCore, SamplingDefaults
+    from lego_rl.adapter.sessions import SessionRegistry
+    from lego_rl.chat.render import ChatRenderer
+    from lego_rl.trajectory.manager import build_samples
+
+    renderer = ChatRenderer.from_pretrained(tiny_model)
+    trainer = ModelWeights(hf_model())
+    async with EmbeddedServer(tiny_model) as server, ServingClient([server.url]) as client:
+        assert server.engine is not None
+        core = AdapterCore(renderer, client, max_context_tokens=2048, max_response_tokens=16,
+                           sampling=SamplingDefaults(temperature=1.0, top_p=0.95))
+        session = SessionRegistry().open("versions")
+        history = [Message(role="user", content="Say something.")]
+        for turn in range(3):
+            reply = await core.run_turn(session, CanonicalRequest(protocol="chat", messages=history))
+            history += [Message(role="assistant", content=reply.text, tool_calls=reply.tool_calls),
+                        Message(role="user", content=f"Again {turn}.")]
+            if turn < 2:
+                trainer.step(seed=10 + turn)
+                await EmbeddedWeightSync(server.engine).push(trainer)
+    records = session.records
+    assert [set(r.weight_versions) for r in records] == [{0}, {1}, {2}]
+    samples, _ = build_samples(records, rollout_id="r", group_index=0, index=0, reward=1.0)
+    seen: dict[int, int] = {}
+    for s in samples:
+        for m, v in zip(s.loss_mask, s.weight_versions, strict=True):
+            if m:  # a trained token always has a version; context has -1
+                assert v >= 0
+                seen[v] = seen.get(v, 0) + 1
+    assert sorted(seen) == [0, 1, 2]
+    assert sum(seen.values()) == sum(len(r.output_ids) for r in records)
+    for s in samples:  # each turn's span holds exactly its record's version
+        for span in s.turn_spans:
+            assert set(s.weight_versions[span.start:span.end]) == {records[span.turn].weight_versions[0]}
