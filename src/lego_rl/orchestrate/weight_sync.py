@@ -136,7 +136,7 @@ def write_checkpoint(source: WeightSource, target: Path) -> int:
     seen: set[tuple[int, int]] = set()
     for name, tensor in source.export_weights():
         t = tensor.detach().to("cpu").contiguous()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()))
         # safetensors refuses tensors sharing memory (tied embeddings exported under both names): copy one.
         tensors[name] = t.clone() if key in seen else t
         seen.add(key)
