@@ -47,7 +47,7 @@ PAUSE_MODE = "wait"
 
 
 class WeightSource(Protocol):
-    """What a sync needs of a trainer backend (``lego_rl.train.backend.TrainerBackend`` satisfies it)."""
+    """What a sync needs of a trainer backend (the ``TrainerBackend`` contract of ``train`` satisfies it)."""
 
     @property
     def weight_version(self) -> int: ...
