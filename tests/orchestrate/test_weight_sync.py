@@ -74,7 +74,12 @@ async def test_sync_in_place_then_engine_logprobs_equal_the_trainers(engine: Emb
     sp = SamplingParams(max_tokens=48, temperature=1.0, seed=3)
     before = await engine.generate(PROMPT, sp, request_id="before", ignore_eos=True)
     trainer.step(seed=0)
-    report = await EmbeddedWeightSync(engine).push(trainer)
+    sync = EmbeddedWeightSync(engine)
+    with pytest.raises(ValueError, match="asked to sync version 2 but the trainer's weights are version 1"):
+        await sync(trainer, 2)
+    await sync(trainer, 1)  # the loop's hook shape: sync(backend, version)
+    report = sync.last
+    assert report is not None
     after = await engine.generate(PROMPT, sp, request_id="after", ignore_eos=True)
     assert engine.model is engine_model and not engine.paused  # in place: no new model, no restart
     assert report.version == 1 and engine.version == "1" and report.bytes > 0

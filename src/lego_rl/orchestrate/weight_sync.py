@@ -73,9 +73,19 @@ class SyncReport(BaseModel):
 class WeightSync(ABC):
     """Pushes a trainer's weights to the serving engines (see module docstring)."""
 
+    last: SyncReport | None = None
+    """The report of the latest sync made through ``__call__`` (the loop's hook returns nothing)."""
+
     @abstractmethod
     async def push(self, source: WeightSource) -> SyncReport:
         """Make the engines serve ``source``'s current weights, labelled ``source.weight_version``."""
+
+    async def __call__(self, source: WeightSource, version: int) -> None:
+        """The training loop's sync hook shape, ``sync(backend, version)``; ``version`` must be the backend's."""
+        if version != source.weight_version:
+            raise ValueError(f"asked to sync version {version} but the trainer's weights are version "
+                             f"{source.weight_version}: the engines would be labelled with the wrong version")
+        self.last = await self.push(source)
 
 
 class EmbeddedWeightSync(WeightSync):
