@@ -45,6 +45,8 @@ def test_base_config_is_clean(base_toml: Path) -> None:
         (["rollout.top_p=1.5"], "top_p"),
         (["rollout.top_k=0"], "top_k"),
         (["train.use_score_centering=true"], "score_centering"),
+        (["model.dtype=\"bfloat16\""], "logprob_convention"),
+        (["serving.device=\"cuda\""], "logprob_convention"),
         (["rollout.use_rollout_routing_replay=true"], "r3_dense"),
         (["serving.tool_call_parser=\"mistral\""], "tool_parser"),
         (["serving.reasoning_parser=\"deepseek_r1\""], "reasoning_parser"),
@@ -91,6 +93,12 @@ def test_megatron_layout_that_matches(base_toml: Path) -> None:
 
 def test_score_centering_with_nucleus_ok(base_toml: Path) -> None:
     assert "score_centering" not in codes(base_toml, "train.use_score_centering=true", "rollout.capture_nucleus=true")
+
+
+def test_half_precision_truncation_agrees_with_a_captured_nucleus_or_without_truncation(base_toml: Path) -> None:
+    assert "logprob_convention" not in codes(base_toml, "model.dtype=\"bfloat16\"", "rollout.capture_nucleus=true")
+    assert "logprob_convention" not in codes(base_toml, "model.dtype=\"bfloat16\"", "rollout.top_p=1.0")
+    assert "logprob_convention" not in codes(base_toml, "model.dtype=\"float32\"", "serving.device=\"cuda\"")
 
 
 def test_r3_on_moe_checkpoint_ok(base_toml: Path, workdir: Path) -> None:

@@ -28,8 +28,9 @@ async def test_recomputation_matches_sampled_logprobs(engine: EmbeddedEngine) ->
         engine.generate(p, SamplingParams(max_tokens=40, temperature=t, seed=i, top_p=0.95 if i == 3 else 1.0),
                         request_id=f"r{i}", ignore_eos=True)
         for i, (p, t) in enumerate(zip(prompts, temps, strict=True))))
-    for p, t, out in zip(prompts, temps, outs, strict=True):
-        recomputed = teacher_forced_logprobs(engine.model, p + out.token_ids, len(p), t)
+    for i, (p, t, out) in enumerate(zip(prompts, temps, outs, strict=True)):
+        recomputed = teacher_forced_logprobs(engine.model, p + out.token_ids, len(p), t,
+                                             top_p=0.95 if i == 3 else 1.0)
         delta = (recomputed - torch.tensor(out.logprobs)).abs().max().item()
         assert delta < 1e-5, (t, delta)
 

@@ -1,4 +1,4 @@
-"""The sampler: truncation, seeding, and the logprob convention (after temperature, before top-p/top-k)."""
+"""The sampler: truncation, seeding, and the logprob convention (the truncated, renormalised distribution)."""
 
 from __future__ import annotations
 
@@ -21,16 +21,28 @@ def test_truncation_mask_top_p_and_top_k() -> None:
     assert truncation_mask(probs, 0, 1e-9).sum() == 1  # always at least one
 
 
-def test_logprob_convention_is_pre_truncation() -> None:
+def test_logprob_is_of_the_distribution_sampled_from() -> None:
     logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(1)) * 3
     for t, p, k in [(0.7, 1.0, 0), (1.3, 0.8, 0), (1.0, 0.9, 5)]:
-        d = sample_rows(logits, [row(t, p, k)])[0]
-        expected = torch.log_softmax(logits[0] / t, dim=-1)[d.token]
-        assert abs(d.logprob - float(expected)) < 1e-6
+        d = sample_rows(logits, [row(t, p, k, n=60)])[0]
+        full = torch.log_softmax(logits[0] / t, dim=-1)
         assert d.nucleus_ids is not None and d.token in d.nucleus_ids
+        # log p(token) - log(nucleus mass): the untruncated value when nothing is truncated.
+        expected = full[d.token] - torch.logsumexp(full[d.nucleus_ids], dim=0)
+        assert abs(d.logprob - float(expected)) < 1e-6
         assert abs(sum(d.nucleus_probs or []) - 1.0) < 1e-5
+        assert abs(d.nucleus_probs[d.nucleus_ids.index(d.token)] - float(expected.exp())) < 1e-6  # type: ignore[index]
+        assert sorted(i for i, _ in d.top) == sorted(d.nucleus_ids)  # alternatives: the nucleus only
         if k:
             assert len(d.nucleus_ids) <= k
+
+
+def test_top_k_keeps_ties_with_the_kth() -> None:
+    probs = torch.tensor([0.1, 0.3, 0.2, 0.2, 0.2])
+    assert truncation_mask(probs, 2, 1.0).tolist() == [False, True, True, True, True]  # as vLLM: >= k-th
+    batch = torch.stack([probs, torch.tensor([0.05, 0.5, 0.3, 0.15, 0.0])])
+    assert truncation_mask(batch, 0, 0.51).tolist() == [[False, True, True, True, False],
+                                                         [False, True, True, False, False]]
 
 
 def test_greedy_reports_untempered_logprob() -> None:

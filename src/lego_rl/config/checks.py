@@ -179,6 +179,27 @@ def score_centering(r: ResolvedConfig) -> Iterator[Finding]:
         )
 
 
+@check
+def logprob_convention(r: ResolvedConfig) -> Iterator[Finding]:
+    """Rollout logprobs are of the top-k/top-p truncated, renormalised distribution (``serving.protocol``); the
+    trainer matches them by applying the same truncation to its own logits, or by replaying the captured
+    nucleus. In half precision the engine's and the trainer's logits differ by ~1e-2, enough to move the
+    nucleus boundary, so without the captured nucleus the two renormalisations cannot agree."""
+    ro, m = r.config.rollout, r.config.model
+    truncated = ro.top_p < 1 or ro.top_k > 0
+    half = m.dtype in ("bfloat16", "float16") or (m.dtype == "auto" and r.config.serving.device == "cuda")
+    if truncated and ro.temperature > 0 and half and not ro.capture_nucleus:
+        yield error(
+            "logprob_convention",
+            f"rollout.top_p={ro.top_p} / rollout.top_k={ro.top_k} truncate sampling, model.dtype={m.dtype} "
+            f"(serving.device={r.config.serving.device}) is half precision and rollout.capture_nucleus is off: "
+            "the trainer cannot reproduce the sampler's nucleus, so rollout and trainer logprobs cannot agree",
+            "set rollout.capture_nucleus = true (the trainer replays it), or rollout.top_p = 1 and "
+            "rollout.top_k = -1, or model.dtype = \"float32\"",
+            "rollout.capture_nucleus", "rollout.top_p", "model.dtype",
+        )
+
+
 def _checkpoint_config(r: ResolvedConfig) -> dict[str, object] | None:
     ckpt = r.config.model.checkpoint
     if ckpt.startswith("lego:"):

@@ -276,15 +276,18 @@ class ServingClient:
         """Resume generation on every replica."""
         await self._each("POST", "/resume")
 
-    async def update_weights(self, weights_path: str | Path, version: int) -> None:
+    async def update_weights(self, weights_path: str | Path, version: int, *, pause_mode: str = "keep") -> None:
         """Load new weights from a checkpoint directory on every replica and label them ``version``.
 
-        Requests in flight are frozen (not aborted) meanwhile, so every token is produced by exactly one
-        labelled version. The directory must be readable by each replica (same path).
+        ``pause_mode`` says what happens to requests in flight: ``keep`` freezes them and they continue on
+        the new weights (their KV is recomputed: vLLM preempts them when it clears its cache, the embedded
+        engine prefills them again), ``wait`` lets them finish on the old weights first (what weight sync
+        uses), ``abort`` ends them. Either way every token is produced by exactly one labelled version, and
+        the replicas' prefix caches are emptied. The directory must be readable by each replica (same path).
         """
         if version < 0:
             raise ValueError(f"weight version must be >= 0, got {version}")
-        await self.pause("keep")
+        await self.pause(pause_mode)
         try:
             await self._each("POST", "/collective_rpc",
                              {"method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}})

@@ -6,8 +6,12 @@ cache), every running row decodes one token in a single batched forward, and new
 prefilled (reusing a cached prefix when one matches) and join the batch: continuous batching.
 Sampling and the logprob convention live in ``sampler.py``; HTTP lives in ``server.py``.
 
-Weights can be replaced between steps, from a checkpoint directory (``reload_weights``) or an in-process
-state dict (``load_state_dict``); every sampled token records the version label current at its step.
+Weights can be replaced between steps, from a checkpoint directory (``reload_weights``), an in-process
+state dict (``load_state_dict``) or a stream of named tensors (``update_weights``, what weight sync uses);
+every sampled token records the version label current at its step. After any weight change the prefix
+cache is emptied, and rows frozen mid-generation by ``pause("keep")`` get their KV recomputed under the new
+weights before they decode again (as vLLM preempts running requests when it resets its cache): no KV
+computed by old weights is ever attended to by new ones.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import contextlib
 import inspect
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 
 from lego_rl.errors import ConfigError
+from lego_rl.serving.errors import WeightUpdateRejected
 from lego_rl.serving.kv import BatchCache, PrefixCache, kv_of, new_cache
 from lego_rl.serving.output import EngineBadRequest, EngineOutput
 from lego_rl.serving.protocol import SamplingParams
@@ -99,6 +104,9 @@ class EmbeddedEngine:
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
         self._interrupt = False
+        self.weights_damaged: str | None = None
+        """Why the weights are a mix of two versions (an update failed half-way); None when they are whole.
+        A damaged engine stays paused until a complete update succeeds."""
         self.burst = 16
         """Most decode steps the worker runs per scheduler round (bounds the wait of a new arrival to one
         step: arrivals end the burst at once; this only bounds lock holders such as weight reloads)."""
@@ -196,6 +204,9 @@ class EmbeddedEngine:
             pass
 
     async def resume(self) -> None:
+        if self.weights_damaged is not None:
+            raise WeightUpdateRejected(f"the engine stays paused: {self.weights_damaged}; push a complete set of "
+                                       "weights (update_weights) before resuming")
         self._paused = False
         self._wake.set()
 
@@ -203,10 +214,12 @@ class EmbeddedEngine:
 
     async def reload_weights(self, weights_path: str | Path) -> None:
         """Load a checkpoint directory in place, between steps (the version label is set separately)."""
+        def load() -> None:
+            load_checkpoint_into(self.model, Path(weights_path))
+            self._after_weight_change()
+
         async with self._between_steps():
-            await asyncio.get_running_loop().run_in_executor(
-                self._pool, load_checkpoint_into, self.model, Path(weights_path))
-            self.prefix_cache.clear()
+            await asyncio.get_running_loop().run_in_executor(self._pool, load)
 
     async def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: str | int) -> None:
         """Replace weights from an in-process state dict and label them ``version``, between steps."""
@@ -216,11 +229,58 @@ class EmbeddedEngine:
             if unexpected or set(missing) - tied:
                 raise ValueError(f"state dict does not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
                                  f"unexpected {sorted(unexpected)[:5]}")
+            self._after_weight_change()
 
         async with self._between_steps():
             await asyncio.get_running_loop().run_in_executor(self._pool, load)
-            self.prefix_cache.clear()
             self.version = str(version)
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: str | int) -> int:
+        """Copy streamed ``(hf_name, tensor)`` pairs into the parameters in place and label them ``version``.
+
+        The stream is consumed in the engine's worker thread, one tensor at a time (no second copy of the
+        model is held). Every parameter must be covered; a name the model lacks or a wrong shape is refused
+        before that tensor is copied. If the stream fails after some tensors were copied, the weights are a
+        mix of two versions: the engine then stays paused (``weights_damaged``) until a complete update
+        succeeds. Returns the bytes copied.
+        """
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        unique = {id(p) for p in targets.values()}
+
+        def copy() -> int:
+            written: set[int] = set()
+            copied = 0
+            try:
+                with torch.no_grad():
+                    for name, tensor in named_tensors:
+                        param = targets.get(name)
+                        if param is None:
+                            raise WeightUpdateRejected(f"weight {name!r} is not a parameter of {self.model_dir.name} "
+                                                       f"(e.g. {next(iter(targets))!r})", parameter=name)
+                        if tuple(tensor.shape) != tuple(param.shape):
+                            raise WeightUpdateRejected(f"weight {name!r} has shape {tuple(tensor.shape)}, the model's "
+                                                       f"is {tuple(param.shape)}", parameter=name)
+                        param.copy_(tensor)
+                        written.add(id(param))
+                        copied += tensor.numel() * tensor.element_size()
+                missing = [n for n, p in targets.items() if id(p) not in written]
+                if missing:
+                    raise WeightUpdateRejected(f"the update left {len(unique - written)} parameter(s) unwritten, "
+                                               f"e.g. {missing[:3]}", parameter=missing[0])
+            except BaseException as exc:
+                if written:
+                    self.weights_damaged = f"a weight update to version {version} failed after {len(written)} of " \
+                                           f"{len(unique)} parameters were copied ({exc})"
+                    self._paused = True
+                raise
+            self.weights_damaged = None
+            self._after_weight_change()
+            return copied
+
+        async with self._between_steps():
+            copied = await asyncio.get_running_loop().run_in_executor(self._pool, copy)
+            self.version = str(version)
+        return copied
 
     async def set_version(self, version: str) -> None:
         async with self._between_steps():
@@ -301,6 +361,20 @@ class EmbeddedEngine:
         return True
 
     # -- compute (worker thread) -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _after_weight_change(self) -> None:
+        """Forget every KV computed by the old weights: the prefix cache, and the running rows' batch cache
+        (rows frozen by ``pause("keep")`` are prefilled again under the new weights)."""
+        self.prefix_cache.clear()
+        if not self._rows:
+            return
+        self._batch = BatchCache(self.config)
+        for req in self._rows:
+            seq = req.prompt + req.out.token_ids[:-1]  # the last sampled id is the next decode input
+            cache = new_cache(self.config)
+            self._forward(torch.tensor([seq]), cache)
+            self._batch.add(kv_of(cache), len(seq))
 
     def _keep_decoding(self) -> bool:
         """Whether the worker may run another decode step without returning to the scheduler: nothing

@@ -80,3 +80,13 @@ class UnsupportedExtra(InvalidReply):
 
 class BadWeightVersion(InvalidReply):
     """Weight-version spans are missing, overlap, leave gaps, or carry a label that is not a version."""
+
+
+class WeightUpdateRejected(ProviderError):
+    """A weight update the engine cannot apply: a tensor it has no parameter for, a wrong shape, a parameter
+    left unwritten, or an engine whose weights are damaged by an earlier failed update.
+    ``parameter`` names the offending weight."""
+
+    def __init__(self, message: str, *, parameter: str | None = None) -> None:
+        self.parameter = parameter
+        super().__init__(message, status_code=400)

@@ -7,10 +7,12 @@ request ``{"token_ids": [...], "sampling_params": {...}}``, reply
 Both real vLLM and lego's embedded engine answer it, and one client speaks it.
 
 Logprob convention (shared by the embedded engine, the documented vLLM flags and the trainer's
-recomputation): the log-probability of the sampled token under the distribution it was sampled from
-*after temperature scaling and before top-k/top-p truncation*, i.e. ``log_softmax(logits / T)``.
-This is what vLLM returns with ``--logprobs-mode processed_logprobs`` when no top-k/top-p is active and
-what a trainer can recompute from a teacher-forced forward pass without knowing the truncation.
+recomputation): the log-probability of the sampled token under the distribution it was sampled from:
+``softmax(logits / T)`` truncated by top-k then top-p and renormalised over the kept ids (the nucleus).
+Without truncation that is ``log_softmax(logits / T)``; greedy requests ignore the truncation and take T as 1.
+This is what vLLM returns with ``--logprobs-mode processed_logprobs`` (its top-k/top-p mask the logits before
+the log-softmax), and what the trainer recomputes with ``logprobs.sampler_logprobs`` given the same
+``top_p``/``top_k`` (or the captured nucleus, replayed exactly).
 A logprob is at most 0; ``LOGPROB_TOLERANCE`` is the one allowance for rounding above it, used by every
 check of sampled-token logprobs (serving reply, adapter turn, trajectory record).
 """

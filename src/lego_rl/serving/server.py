@@ -26,6 +26,7 @@ from aiohttp import web
 
 from lego_rl.errors import ConfigError
 from lego_rl.serving.engine import EmbeddedEngine, EngineBadRequest, EngineOutput
+from lego_rl.serving.errors import WeightUpdateRejected
 from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.request_check import BadRequest, check_generate
 
@@ -146,7 +147,10 @@ async def pause(request: web.Request) -> web.Response:
 
 
 async def resume(request: web.Request) -> web.Response:
-    await _engine(request).resume()
+    try:
+        await _engine(request).resume()
+    except WeightUpdateRejected as exc:
+        return error_response(str(exc), param=exc.parameter, status=409, kind="ConflictError")
     return web.json_response({"status": "resumed"})
 
 

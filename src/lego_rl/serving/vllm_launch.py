@@ -3,8 +3,10 @@
 Flags and why:
 
 * ``--enable-scale-out``: serves ``/inference/v1/generate`` (token ids in, ids + logprobs out).
-* ``--logprobs-mode processed_logprobs``: logprobs after temperature (lego's convention; with top-p/top-k
-  active vLLM reports the truncated, renormalised value, so RL sampling keeps ``top_p=1, top_k=-1``).
+* ``--logprobs-mode processed_logprobs``: logprobs after temperature and top-k/top-p truncation,
+  renormalised over the nucleus: lego's convention (``protocol.py``), which the trainer reproduces with
+  ``logprobs.sampler_logprobs``. On CUDA this mode also keeps vLLM off FlashInfer's sampler, which cannot
+  return processed logprobs.
 * ``VLLM_SERVER_DEV_MODE=1``: exposes ``/collective_rpc``, through which the client calls
   ``reload_weights(weights_path=...)`` (the RL routes' ``/update_weights`` needs an NCCL/IPC transfer
   engine, which a CPU build does not have).

@@ -31,7 +31,7 @@ from lego_rl.errors import TrajectoryError
 from lego_rl.termination import TerminationReason
 from lego_rl.trajectory.checks import check_record
 from lego_rl.trajectory.records import TurnRecord
-from lego_rl.trajectory.sample import PromptRoutingSnapshot, Sample
+from lego_rl.trajectory.sample import PromptRoutingSnapshot, Sample, TurnSpan
 from lego_rl.trajectory.segment import Segment, common_prefix_len
 
 
@@ -263,6 +263,8 @@ class TrajectoryManager:
                         for t, r in seg.prompt_routing
                     ],
                     "turns": [s.turn for s in seg.spans if s.out_end > s.out_start],
+                    "turn_spans": [TurnSpan(turn=s.turn, start=s.out_start, end=s.out_end, render_mode=s.render_mode)
+                                   for s in seg.spans if s.out_end > s.out_start],
                     "text": "".join(s.text for s in seg.spans),
                     "metadata": dict(head.metadata),
                 }

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from lego_rl.errors import TrajectoryError
 from lego_rl.runstore.files import write_new
 from lego_rl.termination import TerminationReason
+from lego_rl.trajectory.records import RenderMode
 
 SampleFormat = Literal["jsonl", "parquet"]
 
@@ -46,6 +47,28 @@ class PromptRoutingSnapshot(BaseModel):
     def _covers_prompt(self) -> PromptRoutingSnapshot:
         if len(self.routes) != self.prompt_len:
             raise ValueError(f"routes has {len(self.routes)} entries but prompt_len is {self.prompt_len}")
+        return self
+
+
+class TurnSpan(BaseModel):
+    """Where one turn's sampled output sits in a Sample: ``tokens[start:end]``, and how its prompt was built.
+
+    ``render_mode`` is the turn record's: ``bridged`` (the prompt reused the previous turn's exact ids) or
+    ``full`` (the whole history was rendered by the chat template). The consistency metrics split by it, so a
+    template drift that only re-rendered turns suffer is told apart from numeric noise that all turns share.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn: int = Field(ge=0)
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    render_mode: RenderMode
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TurnSpan:
+        if self.end < self.start:
+            raise ValueError(f"turn {self.turn} span ends at {self.end} before it starts at {self.start}")
         return self
 
 
@@ -74,6 +97,9 @@ class Sample(BaseModel):
     prompt_routing: list[PromptRoutingSnapshot] = Field(default_factory=list)
     turns: list[int] = Field(default_factory=list)
     """Turn numbers whose sampled output contributes to this segment."""
+    turn_spans: list[TurnSpan] = Field(default_factory=list)
+    """Each contributing turn's output span and render mode, in token order. Empty in samples saved before
+    this field existed (their turns then count as neither bridged nor full in the consistency split)."""
     reward: float | None = None
     """The run's full outcome reward (identical on every segment of a run)."""
     termination: TerminationReason | None = None
@@ -107,6 +133,9 @@ class Sample(BaseModel):
             raise ValueError("nucleus_ids and nucleus_probs must be given together")
         if self.segment >= self.num_segments:
             raise ValueError(f"segment {self.segment} out of range for num_segments {self.num_segments}")
+        for span in self.turn_spans:
+            if span.end > n:
+                raise ValueError(f"turn {span.turn} span [{span.start}, {span.end}) runs past the {n} tokens")
         for snap in self.prompt_routing:
             if snap.prompt_len > n:
                 raise ValueError(f"prompt routing of turn {snap.turn} covers {snap.prompt_len} > {n} tokens")
@@ -150,6 +179,14 @@ PARQUET_SCHEMA = pa.schema(
             ),
         ),
         ("turns", pa.list_(pa.int64())),
+        (
+            "turn_spans",
+            pa.list_(
+                pa.struct(
+                    [("turn", pa.int64()), ("start", pa.int64()), ("end", pa.int64()), ("render_mode", pa.string())]
+                )
+            ),
+        ),
         ("reward", pa.float64()),
         ("termination", pa.string()),
         ("text", pa.string()),

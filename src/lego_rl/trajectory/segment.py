@@ -6,18 +6,20 @@ C-level (``extend``), and a finished segment's lists are handed to its Sample wi
 
 from __future__ import annotations
 
-from lego_rl.trajectory.records import TurnRecord
+from lego_rl.trajectory.records import RenderMode, TurnRecord
 
 
 class Span:
     """Where one turn sits in its segment: prompt is ``[0, prompt_len)``, output ``[out_start, out_end)``."""
 
-    __slots__ = ("out_end", "out_start", "prompt_len", "text", "turn")
+    __slots__ = ("out_end", "out_start", "prompt_len", "render_mode", "text", "turn")
 
-    def __init__(self, turn: int, prompt_len: int, out_start: int, out_end: int, text: str) -> None:
+    def __init__(self, turn: int, prompt_len: int, out_start: int, out_end: int, text: str,
+                 render_mode: RenderMode = "full") -> None:
         self.turn, self.prompt_len, self.out_start, self.out_end, self.text = (
             turn, prompt_len, out_start, out_end, text
         )
+        self.render_mode: RenderMode = render_mode
 
 
 class Segment:
@@ -59,7 +61,7 @@ class Segment:
     def append_output(self, rec: TurnRecord, mask: list[int]) -> None:
         n = len(rec.output_ids)
         start = len(self.tokens)
-        self.spans.append(Span(rec.turn, start, start, start + n, rec.text))
+        self.spans.append(Span(rec.turn, start, start, start + n, rec.text, rec.render_mode))
         if rec.prompt_routed_experts is not None:
             self.prompt_routing.append((rec.turn, rec.prompt_routed_experts))
         self.tokens.extend(rec.output_ids)
