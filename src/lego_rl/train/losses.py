@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from lego_rl.train.backend import LossFn, LossInputs, LossOutput
+from lego_rl.train.backend import LossInputs, LossOutput
 
 
 class LossConfig(BaseModel):
@@ -165,10 +165,20 @@ def _sc_correction(inp: LossInputs) -> torch.Tensor:
     return ((q * valid - p) * cand).sum(-1)  # [T]
 
 
-def make_loss(cfg: LossConfig) -> LossFn:
-    """The configured objective as a ``LossFn`` (see the module docstring for the formulas)."""
+class PolicyLoss:
+    """The configured objective, a ``LossFn`` (see the module docstring for the formulas)."""
 
-    def loss_fn(inp: LossInputs) -> LossOutput:
+    def __init__(self, cfg: LossConfig) -> None:
+        self.config = cfg
+
+    @property
+    def needs_rollout_log_ratio(self) -> bool:
+        """Whether ``rollout_log_ratio_elsewhere`` changes the result (GSPO's sequence ratio): a backend
+        may skip the extra no-grad forward that computes it exactly when this is False."""
+        return self.config.algorithm == "gspo"
+
+    def __call__(self, inp: LossInputs) -> LossOutput:
+        cfg = self.config
         _, r = _check_shapes(inp, cfg)
         lp = inp.logprobs  # [T] carries the gradient
         adv = inp.advantages  # [T]
@@ -221,4 +231,7 @@ def make_loss(cfg: LossConfig) -> LossFn:
         metrics["token_weight"] = float(w_tok.sum())
         return LossOutput(loss=loss, metrics=metrics)
 
-    return loss_fn
+
+def make_loss(cfg: LossConfig) -> PolicyLoss:
+    """The configured objective as a ``LossFn``."""
+    return PolicyLoss(cfg)
