@@ -28,14 +28,23 @@ def inputs(
     m = torch.tensor(mask if mask is not None else [1.0] * n, dtype=torch.float32)  # [T]
     old = torch.full((n,), -1.0)  # [T]
     lp = (old + torch.tensor(ratios).log()).requires_grad_()  # [T]
-    rollout = old - torch.tensor(rho if rho is not None else [1.0] * n).log()  # [T] so old - rollout = log rho
+    rollout = (
+        old - torch.tensor(rho if rho is not None else [1.0] * n).log()
+    )  # [T] so old - rollout = log rho
     s = torch.tensor(slots)  # [T]
     r = int(s.max()) + 1
     counts = torch.zeros(r).index_add(0, s, m)  # [R]
     return LossInputs(
-        logprobs=lp, old_logprobs=old, rollout_logprobs=rollout, advantages=torch.tensor(adv, dtype=torch.float32), loss_mask=m,
-        token_weights=m / (counts[s] * r), rollout_slots=s, rollout_token_counts=counts,
-        rollout_log_ratio_elsewhere=torch.zeros(r), **extra,
+        logprobs=lp,
+        old_logprobs=old,
+        rollout_logprobs=rollout,
+        advantages=torch.tensor(adv, dtype=torch.float32),
+        loss_mask=m,
+        token_weights=m / (counts[s] * r),
+        rollout_slots=s,
+        rollout_token_counts=counts,
+        rollout_log_ratio_elsewhere=torch.zeros(r),
+        **extra,
     )
 
 
@@ -48,7 +57,9 @@ def test_grpo_hand_computed_clipping_loss_metrics_and_gradient():
     # 0.5, A=-1 → -min(-0.5, -0.8) = 0.8 (clipped low); 1.1, A=-1 → -min(-1.1, -1.1) = 1.1
     # loss = (-1.28 - 1.0 + 0.8 + 1.1) / 4 = -0.095
     assert out.loss.item() == pytest.approx(-0.095, abs=1e-6)
-    assert out.metrics["clip_frac_high"] == pytest.approx(0.25) and out.metrics["clip_frac_low"] == pytest.approx(0.25)
+    assert out.metrics["clip_frac_high"] == pytest.approx(0.25) and out.metrics[
+        "clip_frac_low"
+    ] == pytest.approx(0.25)
     assert out.metrics["ratio_mean"] == pytest.approx((1.5 + 1.0 + 0.5 + 1.1) / 4, abs=1e-6)
     assert out.metrics["token_weight"] == pytest.approx(1.0)
     out.loss.backward()
@@ -72,14 +83,21 @@ def test_dual_clip_caps_a_negative_advantage_tokens_loss():
 def test_token_tis_clamps_and_mis_masks():
     # rho = [3.0, 0.5], A=+1, ratio 1, one rollout of two tokens (weights 1/2). pg = -1 per token.
     # TIS (high 2): weights [2, 0.5] → loss -(2 + 0.5)/2 = -1.25; MIS: [0, 0.5] → -0.25.
-    tis = make_loss(LossConfig(is_correction="tis", is_high=2.0))(inputs([1, 1], [1, 1], [0, 0], rho=[3.0, 0.5]))
+    tis = make_loss(LossConfig(is_correction="tis", is_high=2.0))(
+        inputs([1, 1], [1, 1], [0, 0], rho=[3.0, 0.5])
+    )
     assert tis.loss.item() == pytest.approx(-1.25)
-    assert tis.metrics["tis_clamped_frac"] == pytest.approx(0.5) and tis.metrics["is_weight_mean"] == pytest.approx(1.25)
-    mis = make_loss(LossConfig(is_correction="mis", is_high=2.0))(inputs([1, 1], [1, 1], [0, 0], rho=[3.0, 0.5]))
+    assert tis.metrics["tis_clamped_frac"] == pytest.approx(0.5) and tis.metrics[
+        "is_weight_mean"
+    ] == pytest.approx(1.25)
+    mis = make_loss(LossConfig(is_correction="mis", is_high=2.0))(
+        inputs([1, 1], [1, 1], [0, 0], rho=[3.0, 0.5])
+    )
     assert mis.loss.item() == pytest.approx(-0.25) and mis.metrics["mis_masked_frac"] == pytest.approx(0.5)
     # MIS with a lower bound too: rho 0.5 < 0.6 is masked as well → nothing trains.
     both = make_loss(LossConfig(is_correction="mis", is_low=0.6, is_high=2.0))(
-        inputs([1, 1], [1, 1], [0, 0], rho=[3.0, 0.5]))
+        inputs([1, 1], [1, 1], [0, 0], rho=[3.0, 0.5])
+    )
     assert both.loss.item() == 0.0 and both.metrics["mis_masked_frac"] == pytest.approx(1.0)
 
 
@@ -87,7 +105,13 @@ def test_sequence_level_is_uses_the_product_over_the_rollout():
     # Rollout 0: rho 1.5 and 1.5 → 2.25 → TIS clamps to 2 on both tokens; rollout 1: rho 1.2, 0.5 → 0.6.
     # A=+1, ratio 1 → pg -1 per token; weights 1/4 → loss = -(2 + 2 + 0.6 + 0.6)/4 = -1.3
     cfg = LossConfig(is_correction="tis", is_level="sequence", is_high=2.0)
-    inp = inputs([1] * 4, [1] * 4, [0, 0, 1, 1], rho=[1.5, 1.5, 1.2, 0.5], rollout_is_log_ratio_elsewhere=torch.zeros(2))
+    inp = inputs(
+        [1] * 4,
+        [1] * 4,
+        [0, 0, 1, 1],
+        rho=[1.5, 1.5, 1.2, 0.5],
+        rollout_is_log_ratio_elsewhere=torch.zeros(2),
+    )
     out = make_loss(cfg)(inp)
     assert out.loss.item() == pytest.approx(-1.3, abs=1e-6)
     assert out.metrics["tis_clamped_frac"] == pytest.approx(0.5)
@@ -111,7 +135,9 @@ def test_gspo_hand_computed_sequence_ratio_and_gradient():
 
 def test_k3_kl_and_entropy_metric():
     # ratio 1, A = 0 → no policy term; ref - lp = log 2 → k3 = 2 - log 2 - 1 ≈ 0.306853; coef 0.1.
-    inp = inputs([1.0], [0.0], [0], ref_logprobs=torch.tensor([-1.0 + math.log(2)]), entropy=torch.tensor([1.7]))
+    inp = inputs(
+        [1.0], [0.0], [0], ref_logprobs=torch.tensor([-1.0 + math.log(2)]), entropy=torch.tensor([1.7])
+    )
     out = make_loss(LossConfig(kl_coef=0.1))(inp)
     k3 = 2 - math.log(2) - 1
     assert out.loss.item() == pytest.approx(0.1 * k3, abs=1e-7)
@@ -145,7 +171,9 @@ def test_score_centering_hand_computed_and_zero_when_sampler_matches():
     out.loss.backward()
     assert logits.grad.tolist() == pytest.approx([-0.5, 0.5], abs=1e-6)
     # Sampler == trainer: the correction is zero, the gradient is still the centred score q - e0.
-    same = make_loss(LossConfig(use_score_centering=True))(sc_inputs(logits.detach().requires_grad_(), [0.75, 0.25], 1.0))
+    same = make_loss(LossConfig(use_score_centering=True))(
+        sc_inputs(logits.detach().requires_grad_(), [0.75, 0.25], 1.0)
+    )
     assert same.metrics["sc_correction"] == pytest.approx(0.0, abs=1e-7)
 
 
@@ -154,7 +182,9 @@ def test_score_centering_padding_is_ignored():
     logits = torch.tensor([math.log(3.0), 0.0])
     inp = sc_inputs(logits, [0.5, 0.5], 1.0)
     ref = make_loss(LossConfig(use_score_centering=True))(inp).loss.item()
-    inp.nucleus_candidate_logprobs = torch.cat([inp.nucleus_candidate_logprobs, torch.tensor([[-math.inf]])], 1)
+    inp.nucleus_candidate_logprobs = torch.cat(
+        [inp.nucleus_candidate_logprobs, torch.tensor([[-math.inf]])], 1
+    )
     inp.nucleus_sampler_probs = torch.cat([inp.nucleus_sampler_probs, torch.tensor([[7.0]])], 1)
     inp.nucleus_valid = torch.tensor([[True, True, False]])
     assert make_loss(LossConfig(use_score_centering=True))(inp).loss.item() == pytest.approx(ref)
@@ -180,9 +210,16 @@ def as_inputs(slots, mask, old, lp, rollout, adv_r) -> LossInputs:
     r = adv_r.numel()
     counts = torch.zeros(r).index_add(0, slots, mask)  # [R]
     return LossInputs(
-        logprobs=lp, old_logprobs=old, rollout_logprobs=rollout, advantages=adv_r[slots], loss_mask=mask,
-        token_weights=mask / (counts[slots] * r), rollout_slots=slots, rollout_token_counts=counts,
-        rollout_log_ratio_elsewhere=torch.zeros(r), rollout_is_log_ratio_elsewhere=torch.zeros(r),
+        logprobs=lp,
+        old_logprobs=old,
+        rollout_logprobs=rollout,
+        advantages=adv_r[slots],
+        loss_mask=mask,
+        token_weights=mask / (counts[slots] * r),
+        rollout_slots=slots,
+        rollout_token_counts=counts,
+        rollout_log_ratio_elsewhere=torch.zeros(r),
+        rollout_is_log_ratio_elsewhere=torch.zeros(r),
     )
 
 
@@ -257,10 +294,18 @@ def test_score_centering_gradient_matches_autograd_on_a_vocabulary():
     cand = torch.stack(rows)  # [3, 4]
     lp = cand[:, 0]  # [3] the sampled token is each nucleus's first id
     inp = LossInputs(
-        logprobs=lp, old_logprobs=lp.detach(), rollout_logprobs=lp.detach(), advantages=adv,
-        loss_mask=torch.ones(3), token_weights=torch.full((3,), 1 / 3), rollout_slots=torch.zeros(3, dtype=torch.long),
-        rollout_token_counts=torch.tensor([3.0]), rollout_log_ratio_elsewhere=torch.zeros(1),
-        nucleus_candidate_logprobs=cand, nucleus_sampler_probs=qt, nucleus_valid=valid,
+        logprobs=lp,
+        old_logprobs=lp.detach(),
+        rollout_logprobs=lp.detach(),
+        advantages=adv,
+        loss_mask=torch.ones(3),
+        token_weights=torch.full((3,), 1 / 3),
+        rollout_slots=torch.zeros(3, dtype=torch.long),
+        rollout_token_counts=torch.tensor([3.0]),
+        rollout_log_ratio_elsewhere=torch.zeros(1),
+        nucleus_candidate_logprobs=cand,
+        nucleus_sampler_probs=qt,
+        nucleus_valid=valid,
     )
     make_loss(LossConfig(use_score_centering=True))(inp).loss.backward()
     expected = torch.zeros(3, 6)
@@ -277,12 +322,16 @@ def test_score_centering_gradient_matches_autograd_on_a_vocabulary():
 # ----------------------------------------------------------------------------- micro-batch split invariance
 
 
-@pytest.mark.parametrize("cfg", [
-    LossConfig(),
-    LossConfig(algorithm="gspo", clip_low=0.05, clip_high=0.08),
-    LossConfig(is_correction="mis", is_level="sequence", is_low=0.5, is_high=1.8),
-    LossConfig(algorithm="gspo", is_correction="tis", is_level="sequence", is_high=1.5, kl_coef=0.05),
-], ids=["grpo", "gspo", "grpo-seq-mis", "gspo-seq-tis-kl"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LossConfig(),
+        LossConfig(algorithm="gspo", clip_low=0.05, clip_high=0.08),
+        LossConfig(is_correction="mis", is_level="sequence", is_low=0.5, is_high=1.8),
+        LossConfig(algorithm="gspo", is_correction="tis", is_level="sequence", is_high=1.5, kl_coef=0.05),
+    ],
+    ids=["grpo", "gspo", "grpo-seq-mis", "gspo-seq-tis-kl"],
+)
 def test_one_micro_batch_equals_the_same_tokens_split_in_two(cfg):
     slots, mask, old, lp0, rollout, adv_r = random_step(11, n_tokens=30, n_rollouts=3)
     ref = old + 0.1
@@ -305,11 +354,17 @@ def test_one_micro_batch_equals_the_same_tokens_split_in_two(cfg):
     for k, sl in enumerate(parts):
         other = parts[1 - k]
         mb = LossInputs(
-            logprobs=lp_two[sl], old_logprobs=old[sl], rollout_logprobs=rollout[sl], advantages=full.advantages[sl],
-            loss_mask=mask[sl], token_weights=full.token_weights[sl], rollout_slots=slots[sl],
+            logprobs=lp_two[sl],
+            old_logprobs=old[sl],
+            rollout_logprobs=rollout[sl],
+            advantages=full.advantages[sl],
+            loss_mask=mask[sl],
+            token_weights=full.token_weights[sl],
+            rollout_slots=slots[sl],
             rollout_token_counts=full.rollout_token_counts,
             rollout_log_ratio_elsewhere=rollout_sum(lp_two.detach() - old, other),
-            rollout_is_log_ratio_elsewhere=rollout_sum(old - rollout, other), ref_logprobs=ref[sl],
+            rollout_is_log_ratio_elsewhere=rollout_sum(old - rollout, other),
+            ref_logprobs=ref[sl],
         )
         out = make_loss(cfg)(mb)
         out.loss.backward()  # gradient accumulation by summation, as the backend does
@@ -351,11 +406,15 @@ def test_misaligned_tensors_are_refused_by_name():
 def test_missing_optional_inputs_are_named():
     with pytest.raises(ValueError, match="kl_coef=0.1 needs ref_logprobs"):
         make_loss(LossConfig(kl_coef=0.1))(inputs([1.0], [1.0], [0]))
-    with pytest.raises(ValueError, match="use_score_centering needs nucleus_candidate_logprobs, nucleus_sampler"):
+    with pytest.raises(
+        ValueError, match="use_score_centering needs nucleus_candidate_logprobs, nucleus_sampler"
+    ):
         make_loss(LossConfig(use_score_centering=True))(inputs([1.0], [1.0], [0]))
     inp = sc_inputs(torch.zeros(2), [0.5, 0.5], 1.0)
     inp.nucleus_valid = torch.ones(1, 3, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"nucleus_valid has shape \(1, 3\) but nucleus_candidate_logprobs has"):
+    with pytest.raises(
+        ValueError, match=r"nucleus_valid has shape \(1, 3\) but nucleus_candidate_logprobs has"
+    ):
         make_loss(LossConfig(use_score_centering=True))(inp)
     inp = inputs([1.0], [1.0], [0])
     with pytest.raises(ValueError, match="sequence-level IS needs rollout_is_log_ratio_elsewhere"):

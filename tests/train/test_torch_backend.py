@@ -31,7 +31,9 @@ def vocab(tiny_model: Path) -> int:
     return int(json.loads((tiny_model / "config.json").read_text())["vocab_size"])
 
 
-def make_samples(seed: int, vocab: int, *, rollouts: int = 4, segments: int = 2) -> tuple[list[Sample], list[float]]:
+def make_samples(
+    seed: int, vocab: int, *, rollouts: int = 4, segments: int = 2
+) -> tuple[list[Sample], list[float]]:
     """Rollouts of ``segments`` segments each (context then sampled tokens, lengths vary), with advantages
     of both signs. Rollout logprobs are made up (the sampler is not under test here)."""
     rng = random.Random(seed)
@@ -41,11 +43,18 @@ def make_samples(seed: int, vocab: int, *, rollouts: int = 4, segments: int = 2)
         for s in range(segments):
             context, trained = rng.randint(3, 12), rng.randint(2, 10)
             n = context + trained
-            samples.append(Sample(
-                rollout_id=f"r{r}", group_index=r // 2, index=r % 2, segment=s, num_segments=segments,
-                tokens=[rng.randrange(vocab) for _ in range(n)], loss_mask=[0] * context + [1] * trained,
-                rollout_logprobs=[0.0] * context + [-rng.uniform(0.5, 8.0) for _ in range(trained)],
-            ))
+            samples.append(
+                Sample(
+                    rollout_id=f"r{r}",
+                    group_index=r // 2,
+                    index=r % 2,
+                    segment=s,
+                    num_segments=segments,
+                    tokens=[rng.randrange(vocab) for _ in range(n)],
+                    loss_mask=[0] * context + [1] * trained,
+                    rollout_logprobs=[0.0] * context + [-rng.uniform(0.5, 8.0) for _ in range(trained)],
+                )
+            )
             advantages.append(adv)
     return samples, advantages
 
@@ -56,9 +65,12 @@ def one_step(seed: int, vocab: int, budget: int = 48, **kw) -> OptimizerStep:
     return step
 
 
-def train(backend: TorchBackend, step: OptimizerStep, cfg: LossConfig = LossConfig(), temperature: float = 1.0):
+def train(
+    backend: TorchBackend, step: OptimizerStep, cfg: LossConfig | None = None, temperature: float = 1.0
+):
+    """One on-policy step: old logprobs recomputed under the current weights, then the update."""
     old = backend.compute_logprobs(step.micro_batches, temperature=temperature)
-    return backend.train_step(step, make_loss(cfg), old_logprobs=old, temperature=temperature)
+    return backend.train_step(step, make_loss(cfg or LossConfig()), old_logprobs=old, temperature=temperature)
 
 
 def settings(**kw) -> TorchTrainSettings:
@@ -86,7 +98,7 @@ def test_packed_logprobs_equal_each_segment_scored_alone(tiny_model, vocab, temp
         seg = samples[i].tokens
         alone = teacher_forced_logprobs(backend.model, seg, 1, temperature)  # [len - 1]
         assert lp[cu[k]].item() == 0.0  # a segment's first token has no prediction
-        assert torch.allclose(lp[cu[k] + 1: cu[k + 1]], alone, atol=2e-5), f"segment {k} differs"
+        assert torch.allclose(lp[cu[k] + 1 : cu[k + 1]], alone, atol=2e-5), f"segment {k} differs"
 
 
 def test_the_segment_check_can_fail_position_ids_matter(tiny_model, vocab):
@@ -176,7 +188,9 @@ def test_micro_batch_split_gives_the_same_update(tiny_model, vocab, algorithm):
     ra, rb = train(a, whole, cfg), train(b, split, cfg)
     assert ra.metrics["loss"] == pytest.approx(rb.metrics["loss"], abs=1e-6)
     assert ra.metrics["grad_norm"] == pytest.approx(rb.metrics["grad_norm"], rel=1e-4)
-    assert ra.metrics["token_weight"] == pytest.approx(1.0) and rb.metrics["token_weight"] == pytest.approx(1.0)
+    assert ra.metrics["token_weight"] == pytest.approx(1.0) and rb.metrics["token_weight"] == pytest.approx(
+        1.0
+    )
     assert_same_gradients(a, b)
 
 
@@ -202,8 +216,16 @@ def test_warmup_and_step_metrics(tiny_model, vocab):
     results = [train(backend, one_step(k, vocab)) for k in range(3)]
     assert [r.metrics["lr"] for r in results] == pytest.approx([1e-3, 2e-3, 2e-3])
     result = results[-1]
-    assert {"loss", "grad_norm", "lr", "tokens", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy"} <= set(
-        result.metrics)
+    assert {
+        "loss",
+        "grad_norm",
+        "lr",
+        "tokens",
+        "clip_frac_low",
+        "clip_frac_high",
+        "ratio_mean",
+        "entropy",
+    } <= set(result.metrics)
     assert result.metrics["entropy"] > 0 and result.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert result.weight_version == 3
 
@@ -281,7 +303,9 @@ def test_bad_step_inputs_are_refused(tiny_model, vocab):
     step = one_step(0, vocab)
     old = backend.compute_logprobs(step.micro_batches, temperature=1.0)
     loss = make_loss(LossConfig())
-    with pytest.raises(ValueError, match=rf"{len(old) - 1} old_logprobs tensors for {len(old)} micro-batches"):
+    with pytest.raises(
+        ValueError, match=rf"{len(old) - 1} old_logprobs tensors for {len(old)} micro-batches"
+    ):
         backend.train_step(step, loss, old_logprobs=old[:-1], temperature=1.0)
     with pytest.raises(ValueError, match=r"old_logprobs\[0\] has shape \(3,\) but micro-batch 0 has"):
         backend.train_step(step, loss, old_logprobs=[torch.zeros(3)] + old[1:], temperature=1.0)
@@ -297,7 +321,9 @@ def test_a_non_finite_gradient_is_not_applied(tiny_model, vocab):
 
     step = one_step(0, vocab)
     old = backend.compute_logprobs(step.micro_batches, temperature=1.0)
-    with pytest.raises(FloatingPointError, match="gradient norm is nan at weight version 0; the step was not applied"):
+    with pytest.raises(
+        FloatingPointError, match="gradient norm is nan at weight version 0; the step was not applied"
+    ):
         backend.train_step(step, nan_loss, old_logprobs=old, temperature=1.0)
     assert backend.weight_version == 0
     assert all(torch.equal(before[k], v) for k, v in params(backend).items())

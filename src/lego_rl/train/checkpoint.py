@@ -35,7 +35,14 @@ FORMAT_VERSION = 1
 def rng_state() -> dict[str, Any]:
     """Python, numpy, torch (CPU) and every CUDA device's generator state, in plain containers (so
     ``torch.load(weights_only=True)`` reads them back)."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    np_state = np.random.get_state(legacy=True)
+    if not isinstance(
+        np_state, tuple
+    ):  # legacy=True gives the tuple form unless the bit generator is not MT19937
+        raise TypeError(
+            f"numpy's global generator is not MT19937 ({np_state.get('bit_generator')}); cannot save it"
+        )
+    name, keys, pos, has_gauss, gauss = np_state
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
@@ -81,14 +88,19 @@ def publish_checkpoint(path: Path, fill: Callable[[Path], None], *, info: dict[s
     """
     path = Path(path)
     if path.exists():
-        raise FileExistsError(f"checkpoint {path} already exists; it is never overwritten (save under a new "
-                              "name or move it away)")
+        raise FileExistsError(
+            f"checkpoint {path} already exists; it is never overwritten (save under a new "
+            "name or move it away)"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
     try:
         fill(tmp)
-        write_new(tmp / MARKER, json.dumps({"format_version": FORMAT_VERSION, **info}, indent=2) + "\n",
-                  what="checkpoint marker")
+        write_new(
+            tmp / MARKER,
+            json.dumps({"format_version": FORMAT_VERSION, **info}, indent=2) + "\n",
+            what="checkpoint marker",
+        )
         _fsync_tree(tmp)
         if path.exists():  # someone else published meanwhile; rename(2) would replace an empty folder
             raise FileExistsError(f"checkpoint {path} appeared while saving; it is never overwritten")
@@ -114,10 +126,18 @@ def read_marker(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         raise ConfigError(f"checkpoint {path} does not exist", parameter="checkpoint", value=str(path))
     if not marker.is_file():
-        raise ConfigError(f"{path} is not a complete lego checkpoint (no {MARKER}); it was not written by "
-                          "save_checkpoint or its save was interrupted", parameter="checkpoint", value=str(path))
+        raise ConfigError(
+            f"{path} is not a complete lego checkpoint (no {MARKER}); it was not written by "
+            "save_checkpoint or its save was interrupted",
+            parameter="checkpoint",
+            value=str(path),
+        )
     info: dict[str, Any] = json.loads(marker.read_text())
     if info.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(f"checkpoint {path} has format version {info.get('format_version')}, this lego reads "
-                          f"{FORMAT_VERSION}", parameter="checkpoint", value=str(path))
+        raise ConfigError(
+            f"checkpoint {path} has format version {info.get('format_version')}, this lego reads "
+            f"{FORMAT_VERSION}",
+            parameter="checkpoint",
+            value=str(path),
+        )
     return info

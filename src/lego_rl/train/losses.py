@@ -69,11 +69,15 @@ class LossConfig(BaseModel):
         if self.is_low >= self.is_high:
             raise ValueError(f"is_low ({self.is_low}) must be below is_high ({self.is_high})")
         if self.use_score_centering and self.algorithm != "grpo":
-            raise ValueError("use_score_centering is a token-level objective: it needs algorithm='grpo', "
-                             f"got {self.algorithm!r}")
+            raise ValueError(
+                "use_score_centering is a token-level objective: it needs algorithm='grpo', "
+                f"got {self.algorithm!r}"
+            )
         if self.use_score_centering and self.dual_clip_c is not None:
-            raise ValueError("dual_clip_c has no effect with use_score_centering (SC REINFORCE has no PPO "
-                             "ratio to clip); leave it unset")
+            raise ValueError(
+                "dual_clip_c has no effect with use_score_centering (SC REINFORCE has no PPO "
+                "ratio to clip); leave it unset"
+            )
         return self
 
 
@@ -88,45 +92,67 @@ def _check_shapes(inp: LossInputs, cfg: LossConfig) -> tuple[int, int]:
         raise ValueError(f"logprobs must be [T], got shape {tuple(inp.logprobs.shape)}")
     t = inp.logprobs.shape[0]
     per_token = {
-        "old_logprobs": inp.old_logprobs, "rollout_logprobs": inp.rollout_logprobs,
-        "advantages": inp.advantages, "loss_mask": inp.loss_mask, "token_weights": inp.token_weights,
-        "rollout_slots": inp.rollout_slots, "ref_logprobs": inp.ref_logprobs, "entropy": inp.entropy,
+        "old_logprobs": inp.old_logprobs,
+        "rollout_logprobs": inp.rollout_logprobs,
+        "advantages": inp.advantages,
+        "loss_mask": inp.loss_mask,
+        "token_weights": inp.token_weights,
+        "rollout_slots": inp.rollout_slots,
+        "ref_logprobs": inp.ref_logprobs,
+        "entropy": inp.entropy,
     }
     for name, x in per_token.items():
         if x is not None and tuple(x.shape) != (t,):
-            raise ValueError(f"{name} has shape {tuple(x.shape)} but logprobs has ({t},): every per-token "
-                             "tensor must be aligned with input_ids")
+            raise ValueError(
+                f"{name} has shape {tuple(x.shape)} but logprobs has ({t},): every per-token "
+                "tensor must be aligned with input_ids"
+            )
     r = inp.rollout_token_counts.shape[0]
-    per_rollout = {"rollout_token_counts": inp.rollout_token_counts,
-                   "rollout_log_ratio_elsewhere": inp.rollout_log_ratio_elsewhere,
-                   "rollout_is_log_ratio_elsewhere": inp.rollout_is_log_ratio_elsewhere}
+    per_rollout = {
+        "rollout_token_counts": inp.rollout_token_counts,
+        "rollout_log_ratio_elsewhere": inp.rollout_log_ratio_elsewhere,
+        "rollout_is_log_ratio_elsewhere": inp.rollout_is_log_ratio_elsewhere,
+    }
     for name, x in per_rollout.items():
         if x is not None and tuple(x.shape) != (r,):
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected ({r},) (one entry per rollout)")
     if inp.rollout_slots.dtype != torch.int64:
         raise ValueError(f"rollout_slots must be int64 indices, got {inp.rollout_slots.dtype}")
     if t and (int(inp.rollout_slots.min()) < 0 or int(inp.rollout_slots.max()) >= r):
-        raise ValueError(f"rollout_slots hold {int(inp.rollout_slots.min())}..{int(inp.rollout_slots.max())} "
-                         f"but only {r} rollouts have token counts")
+        raise ValueError(
+            f"rollout_slots hold {int(inp.rollout_slots.min())}..{int(inp.rollout_slots.max())} "
+            f"but only {r} rollouts have token counts"
+        )
     if cfg.kl_coef > 0 and inp.ref_logprobs is None:
         raise ValueError(f"kl_coef={cfg.kl_coef} needs ref_logprobs (a frozen reference model's logprobs)")
-    if cfg.is_correction != "none" and cfg.is_level == "sequence" and inp.rollout_is_log_ratio_elsewhere is None:
-        raise ValueError("sequence-level IS needs rollout_is_log_ratio_elsewhere (zeros when every rollout "
-                         "sits in one micro-batch)")
+    if (
+        cfg.is_correction != "none"
+        and cfg.is_level == "sequence"
+        and inp.rollout_is_log_ratio_elsewhere is None
+    ):
+        raise ValueError(
+            "sequence-level IS needs rollout_is_log_ratio_elsewhere (zeros when every rollout "
+            "sits in one micro-batch)"
+        )
     if cfg.use_score_centering:
-        cand = {"nucleus_candidate_logprobs": inp.nucleus_candidate_logprobs,
-                "nucleus_sampler_probs": inp.nucleus_sampler_probs, "nucleus_valid": inp.nucleus_valid}
+        cand = {
+            "nucleus_candidate_logprobs": inp.nucleus_candidate_logprobs,
+            "nucleus_sampler_probs": inp.nucleus_sampler_probs,
+            "nucleus_valid": inp.nucleus_valid,
+        }
         missing = [name for name, x in cand.items() if x is None]
         if missing:
-            raise ValueError(f"use_score_centering needs {', '.join(missing)} (capture the nucleus: "
-                             "rollout.capture_nucleus)")
-        shape = tuple(inp.nucleus_candidate_logprobs.shape)  # type: ignore[union-attr]
+            raise ValueError(
+                f"use_score_centering needs {', '.join(missing)} (capture the nucleus: "
+                "rollout.capture_nucleus)"
+            )
+        shapes = {name: tuple(x.shape) for name, x in cand.items() if x is not None}
+        shape = shapes["nucleus_candidate_logprobs"]
         if len(shape) != 2 or shape[0] != t:
             raise ValueError(f"nucleus_candidate_logprobs has shape {shape}, expected ({t}, K)")
-        for name, x in cand.items():
-            if tuple(x.shape) != shape:  # type: ignore[union-attr]
-                raise ValueError(f"{name} has shape {tuple(x.shape)} but nucleus_candidate_logprobs has "  # type: ignore[union-attr]
-                                 f"{shape}")
+        for name, other in shapes.items():
+            if other != shape:
+                raise ValueError(f"{name} has shape {other} but nucleus_candidate_logprobs has {shape}")
     return t, r
 
 
@@ -188,7 +214,8 @@ class PolicyLoss:
         zero = torch.zeros_like(lp)  # [T]
         if cfg.algorithm == "gspo":
             local = _per_rollout_sum((lp - inp.old_logprobs) * inp.loss_mask, inp.rollout_slots, r)  # [R]
-            seq_log = (local.detach() + inp.rollout_log_ratio_elsewhere) / inp.rollout_token_counts.clamp(min=1)  # [R]
+            seq_sum = local.detach() + inp.rollout_log_ratio_elsewhere  # [R] over the whole rollout
+            seq_log = seq_sum / inp.rollout_token_counts.clamp(min=1)  # [R] length-normalised
             log_ratio = seq_log[inp.rollout_slots] + lp - lp.detach()  # [T] value: the rollout's; grad: lp's
         else:
             log_ratio = lp - inp.old_logprobs  # [T]
@@ -225,7 +252,8 @@ class PolicyLoss:
         if cfg.is_correction != "none":
             metrics["is_weight_mean"] = float((w_tok * is_weight).sum())
             metrics["tis_clamped_frac" if cfg.is_correction == "tis" else "mis_masked_frac"] = float(
-                (w_tok * is_flag).sum())
+                (w_tok * is_flag).sum()
+            )
         if inp.entropy is not None:
             metrics["entropy"] = float((w_tok * inp.entropy.detach()).sum())
         metrics["token_weight"] = float(w_tok.sum())

@@ -37,15 +37,29 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from lego_rl.errors import ConfigError
+from lego_rl.runstore.files import write_new
 from lego_rl.serving.sampler import GREEDY_EPS
 from lego_rl.serving.weights import load_checkpoint_into, load_model
 from lego_rl.train.backend import LossFn, LossInputs, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
-from lego_rl.train.checkpoint import EXTRA_STATE, TRAINER_STATE, publish_checkpoint, read_marker, rng_state, set_rng_state
-from lego_rl.runstore.files import write_new
+from lego_rl.train.checkpoint import (
+    EXTRA_STATE,
+    TRAINER_STATE,
+    publish_checkpoint,
+    read_marker,
+    rng_state,
+    set_rng_state,
+)
 
-_MODEL_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                     "merges.txt", "added_tokens.json", "chat_template.jinja")
+_MODEL_SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 """Copied from the loaded model directory into every checkpoint, so a checkpoint is a servable model."""
 
 
@@ -81,7 +95,7 @@ def _segment_starts(mb: MicroBatch) -> torch.Tensor:
 
 def _rollout_sums(values: torch.Tensor, mb: MicroBatch, n_rollouts: int) -> torch.Tensor:
     """[R] detached sum over each rollout's trained tokens in ``mb`` of ``values`` [T]."""
-    v = (values.detach().float().cpu() * mb.loss_mask)  # [T]
+    v = values.detach().float().cpu() * mb.loss_mask  # [T]
     return torch.zeros(n_rollouts).index_add(0, mb.rollout_slots, v)  # [R]
 
 
@@ -93,8 +107,11 @@ class TorchBackend:
         self.model_dir = Path(model_dir)
         self.device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device {settings.device!r} asked for but CUDA is not available",
-                              parameter="device", value=settings.device)
+            raise ConfigError(
+                f"device {settings.device!r} asked for but CUDA is not available",
+                parameter="device",
+                value=settings.device,
+            )
         self.model, self.config, _ = load_model(self.model_dir, self.device, "float32")
         self.model.train()  # dropout (if the model has any) and gradient checkpointing need train mode
         if settings.gradient_checkpointing:
@@ -106,12 +123,18 @@ class TorchBackend:
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=settings.lr, betas=settings.adam_betas, eps=settings.adam_eps,
+            [
+                {"params": decay, "weight_decay": settings.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=settings.lr,
+            betas=settings.adam_betas,
+            eps=settings.adam_eps,
         )
         warmup = settings.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
         self._version = 0
 
     # ------------------------------------------------------------------------------------ forward
@@ -125,15 +148,19 @@ class TorchBackend:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _token_logprobs(self, model: Any, mb: MicroBatch, temperature: float,
-                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_logprobs(
+        self, model: Any, mb: MicroBatch, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([T] logprob of each token given its segment's prefix, 0 at segment starts; [T] entropy or
         None)``, on the backend's device. Carries the gradient when called with grad enabled."""
         temp = temperature if temperature >= GREEDY_EPS else 1.0
         ids = mb.input_ids.to(self.device)  # [T]
         with self._autocast():
-            out = model(input_ids=ids.unsqueeze(0), position_ids=mb.position_ids.to(self.device).unsqueeze(0),
-                        use_cache=False)
+            out = model(
+                input_ids=ids.unsqueeze(0),
+                position_ids=mb.position_ids.to(self.device).unsqueeze(0),
+                use_cache=False,
+            )
         logits = out.logits[0, :-1].float() / temp  # [T-1, V] position i predicts token i+1
         logp_all = torch.log_softmax(logits, dim=-1)  # [T-1, V]
         picked = logp_all.gather(-1, ids[1:].unsqueeze(-1)).squeeze(-1)  # [T-1]
@@ -147,7 +174,9 @@ class TorchBackend:
                 entropy = torch.where(starts, 0.0, torch.cat([ent.new_zeros(1), ent]))  # [T]
         return lp, entropy
 
-    def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float) -> list[torch.Tensor]:
+    def compute_logprobs(
+        self, micro_batches: Sequence[MicroBatch], *, temperature: float
+    ) -> list[torch.Tensor]:
         out = []
         with torch.no_grad():
             for mb in micro_batches:
@@ -159,14 +188,19 @@ class TorchBackend:
 
     def _check_step(self, step: OptimizerStep, old_logprobs: Sequence[torch.Tensor]) -> None:
         if len(old_logprobs) != len(step.micro_batches):
-            raise ValueError(f"{len(old_logprobs)} old_logprobs tensors for {len(step.micro_batches)} micro-batches")
+            raise ValueError(
+                f"{len(old_logprobs)} old_logprobs tensors for {len(step.micro_batches)} micro-batches"
+            )
         for i, (mb, old) in enumerate(zip(step.micro_batches, old_logprobs, strict=True)):
             if tuple(old.shape) != (mb.num_tokens,):
-                raise ValueError(f"old_logprobs[{i}] has shape {tuple(old.shape)} but micro-batch {i} has "
-                                 f"{mb.num_tokens} tokens")
+                raise ValueError(
+                    f"old_logprobs[{i}] has shape {tuple(old.shape)} but micro-batch {i} has "
+                    f"{mb.num_tokens} tokens"
+                )
 
-    def _log_ratio_elsewhere(self, step: OptimizerStep, old_logprobs: Sequence[torch.Tensor],
-                             temperature: float) -> list[torch.Tensor]:
+    def _log_ratio_elsewhere(
+        self, step: OptimizerStep, old_logprobs: Sequence[torch.Tensor], temperature: float
+    ) -> list[torch.Tensor]:
         """Per micro-batch ``[R]``: sum of ``current - old`` over its rollouts' tokens in the *other*
         micro-batches (GSPO's sequence ratio). Computed exactly with a no-grad forward of the micro-batches
         whose rollouts span several; zeros for the rest (nothing elsewhere to add)."""
@@ -185,13 +219,21 @@ class TorchBackend:
         total = torch.stack(sums).sum(0)  # [R]
         return [total - s for s in sums]  # [R] each
 
-    def train_step(self, step: OptimizerStep, loss_fn: LossFn, *, old_logprobs: Sequence[torch.Tensor],
-                   temperature: float) -> StepResult:
+    def train_step(
+        self,
+        step: OptimizerStep,
+        loss_fn: LossFn,
+        *,
+        old_logprobs: Sequence[torch.Tensor],
+        temperature: float,
+    ) -> StepResult:
         self._check_step(step, old_logprobs)
         r = len(step.rollout_ids)
         counts = torch.tensor(step.rollout_token_counts, dtype=torch.float32)  # [R]
-        is_sums = [_rollout_sums(old - mb.rollout_logprobs, mb, r)
-                   for mb, old in zip(step.micro_batches, old_logprobs, strict=True)]  # [R] each
+        is_sums = [
+            _rollout_sums(old - mb.rollout_logprobs, mb, r)
+            for mb, old in zip(step.micro_batches, old_logprobs, strict=True)
+        ]  # [R] each
         is_total = torch.stack(is_sums).sum(0)  # [R]
         if getattr(loss_fn, "needs_rollout_log_ratio", True):
             elsewhere = self._log_ratio_elsewhere(step, old_logprobs, temperature)
@@ -208,11 +250,18 @@ class TorchBackend:
                 with torch.no_grad():
                     ref, _ = self._token_logprobs(self.reference, mb, temperature, with_entropy=False)  # [T]
             inp = LossInputs(
-                logprobs=lp, old_logprobs=old_logprobs[i].to(dev), rollout_logprobs=mb.rollout_logprobs.to(dev),
-                advantages=mb.advantages.to(dev), loss_mask=mb.loss_mask.to(dev),
-                token_weights=mb.token_weights.to(dev), rollout_slots=mb.rollout_slots.to(dev),
-                rollout_token_counts=counts.to(dev), rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
-                rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev), ref_logprobs=ref, entropy=entropy,
+                logprobs=lp,
+                old_logprobs=old_logprobs[i].to(dev),
+                rollout_logprobs=mb.rollout_logprobs.to(dev),
+                advantages=mb.advantages.to(dev),
+                loss_mask=mb.loss_mask.to(dev),
+                token_weights=mb.token_weights.to(dev),
+                rollout_slots=mb.rollout_slots.to(dev),
+                rollout_token_counts=counts.to(dev),
+                rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
+                rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev),
+                ref_logprobs=ref,
+                entropy=entropy,
             )
             out = loss_fn(inp)
             out.loss.backward()  # gradients add up over micro-batches: the token weights carry 1/(N_r R)
@@ -224,15 +273,21 @@ class TorchBackend:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if not torch.isfinite(torch.tensor(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"gradient norm is {grad_norm} at weight version {self._version}; the step "
-                                     "was not applied (check the batch's logprobs and advantages)")
-        lr = self.scheduler.get_last_lr()[0]
+            raise FloatingPointError(
+                f"gradient norm is {grad_norm} at weight version {self._version}; the step "
+                "was not applied (check the batch's logprobs and advantages)"
+            )
+        lr = float(self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._version += 1
-        metrics.update(loss=loss_sum, grad_norm=grad_norm, lr=lr,
-                       tokens=float(sum(int(mb.loss_mask.sum()) for mb in step.micro_batches)))
+        metrics.update(
+            loss=loss_sum,
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens=float(sum(int(mb.loss_mask.sum()) for mb in step.micro_batches)),
+        )
         return StepResult(metrics=metrics, weight_version=self._version)
 
     # ------------------------------------------------------------------------------------ weights
@@ -247,7 +302,9 @@ class TorchBackend:
         try:
             extra_json = json.dumps(extra_state, indent=2, sort_keys=True) + "\n"
         except TypeError as exc:
-            raise ValueError(f"extra_state must be JSON-serialisable (the loop's cursor and step): {exc}") from exc
+            raise ValueError(
+                f"extra_state must be JSON-serialisable (the loop's cursor and step): {exc}"
+            ) from exc
         state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
