@@ -178,19 +178,31 @@ def test_weight_decay_alone_shrinks_matrices_by_exactly_lr_times_decay(tiny_mode
 @pytest.mark.parametrize("algorithm", ["grpo", "gspo"])
 def test_micro_batch_split_gives_the_same_update(tiny_model, vocab, algorithm):
     # The same rollouts as one micro-batch or as many (segments of one rollout in different micro-batches):
-    # the same loss and the same parameters after the step, up to fp32 summation order.
-    cfg = LossConfig(algorithm=algorithm, clip_low=0.2 if algorithm == "grpo" else 3e-3, clip_high=0.28)
+    # the same loss and the same gradients, up to fp32 summation order. The old logprobs are shifted by a
+    # fixed per-token offset (as after an earlier update) so ratios are not 1: GSPO's sequence ratio then
+    # depends on the tokens in the other micro-batches (rollout_log_ratio_elsewhere) and clipping is active.
+    eps = 0.2 if algorithm == "grpo" else 0.02  # GSPO clips a mean log-ratio: much tighter, as in its paper
+    cfg = LossConfig(algorithm=algorithm, clip_low=eps, clip_high=eps)
     samples, adv = make_samples(9, vocab)
+    gen = torch.Generator().manual_seed(0)
+    offset = [torch.randn(len(s.tokens), generator=gen) * 0.3 for s in samples]  # [n_i] per sample
     (whole,) = plan_steps(samples, adv, max_tokens_per_micro_batch=10_000)
     (split,) = plan_steps(samples, adv, max_tokens_per_micro_batch=24)
     assert len(whole.micro_batches) == 1 and len(split.micro_batches) > 3
-    a, b = TorchBackend(tiny_model, settings()), TorchBackend(tiny_model, settings())
-    ra, rb = train(a, whole, cfg), train(b, split, cfg)
-    assert ra.metrics["loss"] == pytest.approx(rb.metrics["loss"], abs=1e-6)
-    assert ra.metrics["grad_norm"] == pytest.approx(rb.metrics["grad_norm"], rel=1e-4)
-    assert ra.metrics["token_weight"] == pytest.approx(1.0) and rb.metrics["token_weight"] == pytest.approx(
-        1.0
-    )
+    results = []
+    for step in (whole, split):
+        backend = TorchBackend(tiny_model, settings())
+        old = backend.compute_logprobs(step.micro_batches, temperature=1.0)
+        old = [
+            o + torch.cat([offset[i] for i in mb.sample_indices]) for o, mb in zip(old, step.micro_batches)
+        ]
+        result = backend.train_step(step, make_loss(cfg), old_logprobs=old, temperature=1.0)
+        results.append((backend, result.metrics))
+    (a, ma), (b, mb_) = results
+    assert ma["clip_frac_low"] + ma["clip_frac_high"] > 0.05  # the ratios are far enough from 1 to clip
+    for key in ("loss", "clip_frac_low", "clip_frac_high", "ratio_mean", "token_weight"):
+        assert ma[key] == pytest.approx(mb_[key], abs=1e-5), key
+    assert ma["grad_norm"] == pytest.approx(mb_["grad_norm"], rel=1e-4)
     assert_same_gradients(a, b)
 
 
@@ -206,6 +218,7 @@ def test_gradient_checkpointing_gives_the_same_step(tiny_model, vocab):
     step = one_step(2, vocab)
     plain = TorchBackend(tiny_model, settings())
     ckpt = TorchBackend(tiny_model, settings(gradient_checkpointing=True))
+    assert ckpt.model.is_activation_checkpointing and not plain.model.is_activation_checkpointing
     ra, rb = train(plain, step), train(ckpt, step)
     assert ra.metrics["loss"] == pytest.approx(rb.metrics["loss"], abs=1e-7)
     assert_same_gradients(plain, ckpt)

@@ -115,7 +115,13 @@ class TorchBackend:
         self.model, self.config, _ = load_model(self.model_dir, self.device, "float32")
         self.model.train()  # dropout (if the model has any) and gradient checkpointing need train mode
         if settings.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers 5.x renamed it (the old name warns); >= 4.51 is supported, which has only the old one.
+            if hasattr(self.model, "activation_checkpointing_enable"):
+                self.model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
         self.reference: Any = None
         if settings.reference_model:
             self.reference, _, _ = load_model(self.model_dir, self.device, "float32")
