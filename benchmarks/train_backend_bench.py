@@ -177,8 +177,9 @@ def main() -> None:
         t_packed, loss_packed = timed_steps(backend, step, args.repeats)
         t_base, loss_base = timed_steps(backend, base, args.repeats)
         for name, t in (("packed", t_packed), ("per-segment", t_base)):
-            mfu = 6 * n_params * tokens / t / H200_BF16_FLOPS
-            print(f"{name:12s} {t:8.3f} s/step  {tokens / t:10.0f} tokens/s  MFU(H200 bf16) {mfu:6.2%}")
+            mfu = 6 * n_params * tokens / t / H200_BF16_FLOPS  # only meaningful on the H200
+            extra = f"  MFU(H200 bf16) {mfu:6.2%}" if backend.device.type == "cuda" else ""
+            print(f"{name:12s} {t:8.3f} s/step  {tokens / t:10.0f} tokens/s{extra}")
         print(
             f"packed / per-segment throughput: {t_base / t_packed:.2f}x; loss {loss_packed:.6f} vs {loss_base:.6f}"
         )
