@@ -175,32 +175,47 @@ def test_weight_decay_alone_shrinks_matrices_by_exactly_lr_times_decay(tiny_mode
         assert torch.equal(v, expected), k
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "gspo"])
-def test_micro_batch_split_gives_the_same_update(tiny_model, vocab, algorithm):
+@pytest.mark.parametrize("algorithm,is_correction", [("grpo", "none"), ("gspo", "none"), ("grpo", "tis")])
+def test_micro_batch_split_gives_the_same_update(tiny_model, vocab, algorithm, is_correction):
     # The same rollouts as one micro-batch or as many (segments of one rollout in different micro-batches):
     # the same loss and the same gradients, up to fp32 summation order. The old logprobs are shifted by a
     # fixed per-token offset (as after an earlier update) so ratios are not 1: GSPO's sequence ratio then
     # depends on the tokens in the other micro-batches (rollout_log_ratio_elsewhere) and clipping is active.
+    # With sequence-level TIS the sampler's logprobs differ from the trainer's by another offset, and each
+    # rollout's IS product spans micro-batches too (rollout_is_log_ratio_elsewhere).
     eps = 0.2 if algorithm == "grpo" else 0.02  # GSPO clips a mean log-ratio: much tighter, as in its paper
-    cfg = LossConfig(algorithm=algorithm, clip_low=eps, clip_high=eps)
+    cfg = LossConfig(
+        algorithm=algorithm,
+        clip_low=eps,
+        clip_high=eps,
+        is_correction=is_correction,
+        is_level="sequence",
+        is_high=1.5,
+    )
     samples, adv = make_samples(9, vocab)
     gen = torch.Generator().manual_seed(0)
     offset = [torch.randn(len(s.tokens), generator=gen) * 0.3 for s in samples]  # [n_i] per sample
+    sampler = [torch.randn(len(s.tokens), generator=gen) * 0.1 for s in samples]  # [n_i] per sample
     (whole,) = plan_steps(samples, adv, max_tokens_per_micro_batch=10_000)
     (split,) = plan_steps(samples, adv, max_tokens_per_micro_batch=24)
     assert len(whole.micro_batches) == 1 and len(split.micro_batches) > 3
     results = []
     for step in (whole, split):
         backend = TorchBackend(tiny_model, settings())
-        old = backend.compute_logprobs(step.micro_batches, temperature=1.0)
-        old = [
-            o + torch.cat([offset[i] for i in mb.sample_indices]) for o, mb in zip(old, step.micro_batches)
-        ]
+        current = backend.compute_logprobs(step.micro_batches, temperature=1.0)
+        old = []
+        for lp, mb in zip(current, step.micro_batches, strict=True):
+            old.append(lp + torch.cat([offset[i] for i in mb.sample_indices]))  # [T]
+            mb.rollout_logprobs = lp + torch.cat([sampler[i] for i in mb.sample_indices])  # [T]
         result = backend.train_step(step, make_loss(cfg), old_logprobs=old, temperature=1.0)
         results.append((backend, result.metrics))
     (a, ma), (b, mb_) = results
     assert ma["clip_frac_low"] + ma["clip_frac_high"] > 0.05  # the ratios are far enough from 1 to clip
-    for key in ("loss", "clip_frac_low", "clip_frac_high", "ratio_mean", "token_weight"):
+    keys = ["loss", "clip_frac_low", "clip_frac_high", "ratio_mean", "token_weight"]
+    if is_correction == "tis":
+        assert 0.1 < ma["tis_clamped_frac"] < 0.9  # some rollouts' products clamp, others not
+        keys += ["tis_clamped_frac", "is_weight_mean"]
+    for key in keys:
         assert ma[key] == pytest.approx(mb_[key], abs=1e-5), key
     assert ma["grad_norm"] == pytest.approx(mb_["grad_norm"], rel=1e-4)
     assert_same_gradients(a, b)
