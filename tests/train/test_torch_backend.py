@@ -363,3 +363,29 @@ def test_cuda_asked_for_without_cuda_is_a_config_error(tiny_model):
         pytest.skip("this machine has CUDA")
     with pytest.raises(ConfigError, match="CUDA is not available"):
         TorchBackend(tiny_model, settings(device="cuda"))
+
+
+def test_dropout_is_off_so_the_ratio_starts_at_one(tmp_path, vocab):
+    # A copy of the tiny model whose config asks for attention dropout: the backend turns it off, so two
+    # scorings of the same tokens agree exactly (old and new logprobs of the PPO ratio).
+    import shutil
+
+    model_dir = tmp_path / "dropout-model"
+    shutil.copytree(ensure_tiny_model(), model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**cfg, "attention_dropout": 0.5}))
+    backend = TorchBackend(model_dir, settings())
+    assert all(getattr(m, "attention_dropout", 0.0) == 0.0 for m in backend.model.modules())
+    step = one_step(0, vocab)
+    with torch.enable_grad():
+        a = backend._token_logprobs(backend.model, step.micro_batches[0], 1.0, with_entropy=False)[0]
+        b = backend._token_logprobs(backend.model, step.micro_batches[0], 1.0, with_entropy=False)[0]
+    assert torch.equal(a, b)
+
+
+def test_an_empty_step_is_refused(tiny_model):
+    backend = TorchBackend(tiny_model, settings())
+    with pytest.raises(ValueError, match=r"optimizer step over rollouts \['r0'\] has no micro-batches"):
+        backend.train_step(
+            OptimizerStep(["r0"], [1]), make_loss(LossConfig()), old_logprobs=[], temperature=1.0
+        )

@@ -17,6 +17,7 @@
 * **Optimizer.** AdamW; weight decay on matrices only (not on norms and biases, the usual choice);
   linear warm-up over ``warmup_steps`` optimizer steps, then constant; gradient-norm clipping. A step whose
   gradient norm is not finite raises and leaves the parameters and optimizer state untouched.
+* **No dropout.** Old and new logprobs must come from the same deterministic function, or the ratio is noise.
 * **KL reference.** With ``reference_model`` a frozen copy of the loaded weights scores each micro-batch
   (``ref_logprobs``) for the loss's k3 KL.
 
@@ -99,6 +100,18 @@ def _rollout_sums(values: torch.Tensor, mb: MicroBatch, n_rollouts: int) -> torc
     return torch.zeros(n_rollouts).index_add(0, mb.rollout_slots, v)  # [R]
 
 
+def _disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout off everywhere: the PPO/GSPO ratio compares two evaluations of one deterministic function
+    (old and new logprobs); with dropout on, the ratio would be noise even before any update."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        # Attention layers pass a float to their kernel (``dropout=self.attention_dropout``), no module.
+        for key in ("attention_dropout", "dropout"):
+            if isinstance(getattr(module, key, None), float):
+                setattr(module, key, 0.0)
+
+
 class TorchBackend:
     """A Hugging Face causal LM trained in this process (see the module docstring)."""
 
@@ -113,7 +126,8 @@ class TorchBackend:
                 value=settings.device,
             )
         self.model, self.config, _ = load_model(self.model_dir, self.device, "float32")
-        self.model.train()  # dropout (if the model has any) and gradient checkpointing need train mode
+        self.model.train()  # gradient checkpointing only acts in train mode
+        _disable_dropout(self.model)
         if settings.gradient_checkpointing:
             # transformers 5.x renamed it (the old name warns); >= 4.51 is supported, which has only the old one.
             if hasattr(self.model, "activation_checkpointing_enable"):
@@ -193,6 +207,8 @@ class TorchBackend:
     # ------------------------------------------------------------------------------------ training
 
     def _check_step(self, step: OptimizerStep, old_logprobs: Sequence[torch.Tensor]) -> None:
+        if not step.micro_batches:
+            raise ValueError(f"optimizer step over rollouts {step.rollout_ids} has no micro-batches")
         if len(old_logprobs) != len(step.micro_batches):
             raise ValueError(
                 f"{len(old_logprobs)} old_logprobs tensors for {len(step.micro_batches)} micro-batches"
