@@ -81,7 +81,8 @@ def _readers(section: str, field: str) -> list[str]:
     for path in SRC.rglob("*.py"):
         if path.parent.name == "config" and path.parent.parent == SRC:
             continue
-        text = path.read_text()
+        # Import lines name modules, not keys: `from lego_rl.train.backend import ...` reads no train.backend.
+        text = re.sub(r"^\s*(?:from|import) .*$", "", path.read_text(), flags=re.M)
         aliases = set(re.findall(rf"\b(\w+) = \w+(?:\.config)?\.{section}\b", text))
         aliases |= set(re.findall(rf"\b(\w+): {model}\b", text))
         if re.search(rf"\.{section}\.{field}\b", text) or any(

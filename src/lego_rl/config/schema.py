@@ -193,6 +193,16 @@ class TrainConfig(Section):
     """Data-parallel size (default trainer GPUs / (TP × PP))."""
     lr: float = Field(default=1e-6, gt=0)
     """Learning rate."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps of linear learning-rate warm-up (lr/warmup_steps, 2·lr/warmup_steps, ... lr); 0 = none.
+    Constant after it."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient 2-norm to this before each optimizer step; null = no clipping."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay, on weight matrices only (not norms or biases). Non-zero decay changes
+    the parameters even on a step whose advantages are all zero."""
+    gradient_checkpointing: bool = False
+    """Recompute activations during the backward pass: less memory for long rollouts, ~30 % more compute."""
     clip_low: float = Field(default=0.2, ge=0)
     """Lower ratio clip ε."""
     clip_high: float = Field(default=0.28, ge=0)

@@ -53,7 +53,19 @@ class LossInputs:
     entropy: torch.Tensor | None = None
     """[T] the current distribution's entropy per position (no grad), a metric only."""
     nucleus_logprobs: torch.Tensor | None = None
-    """[T] the sampler's log-mass of its top-p/top-k nucleus at each token, when captured (score centering)."""
+    """[T] the sampler's log-mass of its top-p/top-k nucleus at each token, when captured (consistency
+    checks; the losses read the candidate tensors below instead)."""
+    rollout_is_log_ratio_elsewhere: torch.Tensor | None = None
+    """[R] detached sum over the rollout's trained tokens in the step's *other* micro-batches of
+    ``old_logprobs - rollout_logprobs``: what sequence-level TIS/MIS needs when a rollout spans
+    micro-batches (zeros when it does not). Needed only for ``is_level="sequence"``."""
+    nucleus_candidate_logprobs: torch.Tensor | None = None
+    """[T, K] the trainer's log-probabilities (carrying the gradient, same temperature as ``logprobs``) of
+    the sampler's K nucleus candidates at each position, normalised over that nucleus (score centering)."""
+    nucleus_sampler_probs: torch.Tensor | None = None
+    """[T, K] the sampler's probability of each nucleus candidate (no grad); 0 on padding."""
+    nucleus_valid: torch.Tensor | None = None
+    """[T, K] bool: which candidate slots are real (positions have nuclei of different sizes)."""
 
 
 @dataclass
