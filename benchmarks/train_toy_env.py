@@ -1,13 +1,12 @@
 """Evidence 1: the tiny model learns the built-in ``first_letter`` environment; a zero-advantage control does not.
 
 Per seed, two runs from the same fresh weights through the real embedded engine (CPU, fp32), the
-environment loaded by its entry point, disk-reload weight sync after every update: GRPO as configured,
+environment loaded by its entry point, in-place weight sync after every update: GRPO as configured,
 and the control whose loss sees every advantage forced to zero (the baseline measured in the same run).
 Prints the reward curve per step, the step at which the mean reward first reaches 0.9, wall time, and
 writes ``toy_env_curves.csv`` (step, seed, run, reward) for plotting.
 
-Trainer: ``tests/support/reference_backend.py`` (ReferenceSGDBackend, plain SGD + plain policy gradient),
-the stand-in until the torch backend is merged; swap ``make_backend`` for it then.
+Trainer: the torch backend (AdamW, no weight decay) with the product's GRPO loss.
 
     .venv/bin/python benchmarks/train_toy_env.py --seeds 3 --steps 12
 """
@@ -26,10 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.reference_backend import ReferenceSGDBackend, policy_gradient_loss  # noqa: E402
 
 from lego_rl.chat.render import ChatRenderer  # noqa: E402
-from lego_rl.orchestrate.disk_sync import disk_weight_sync  # noqa: E402
+from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync  # noqa: E402
+from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
+from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
 from lego_rl.orchestrate.environments import Sampler, load_environment  # noqa: E402
 from lego_rl.orchestrate.loop import LoopSettings, Prompt, TrainLoop  # noqa: E402
 from lego_rl.orchestrate.toy_env import make_rows  # noqa: E402
@@ -42,7 +42,10 @@ from lego_rl.train.backend import LossInputs, LossOutput  # noqa: E402
 
 
 def zero_advantages(x: LossInputs) -> LossOutput:
-    return policy_gradient_loss(replace(x, advantages=torch.zeros_like(x.advantages)))
+    return GRPO(replace(x, advantages=torch.zeros_like(x.advantages)))
+
+
+GRPO = make_loss(LossConfig())
 
 
 async def one_run(tmp: Path, name: str, *, seed: int, steps: int, lr: float, letters: str,
@@ -59,9 +62,9 @@ async def one_run(tmp: Path, name: str, *, seed: int, steps: int, lr: float, let
             run = RunDir.open(tmp / name, config={"benchmark": name})
             rows = [Prompt(r["id"], env.parse_row(r)) for r in make_rows(64, letters=letters, seed=seed)]
             torch.manual_seed(seed)
-            loop = TrainLoop(settings, backend=ReferenceSGDBackend(tiny, lr=lr, seed=seed), loss_fn=loss,  # type: ignore[arg-type]
+            loop = TrainLoop(settings, backend=TorchBackend(tiny, TorchTrainSettings(lr=lr, weight_decay=0.0, max_grad_norm=None, device="cpu")), loss_fn=loss,  # type: ignore[arg-type]
                              rollout_fn=env_rollout_fn(env, sampler, run), prompts=rows, run=run,
-                             sync=disk_weight_sync(client, tmp / f"{name}-sync"))
+                             sync=EmbeddedWeightSync(srv.engine))  # type: ignore[arg-type]
             rewards = [(await loop.run_step(step)).values["reward_mean"] for step in range(steps)]
             run.close()
     return rewards, time.monotonic() - t0
@@ -75,7 +78,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--lr", type=float, default=0.3)
+    ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--letters", default="a")
     ap.add_argument("--csv", type=Path, default=Path("toy_env_curves.csv"))
     args = ap.parse_args()
@@ -85,7 +88,7 @@ async def main() -> None:
         out = csv.writer(fh)
         out.writerow(["seed", "run", "step", "reward_mean"])
         for seed in range(args.seeds):
-            for name, loss in (("grpo", policy_gradient_loss), ("control", zero_advantages)):
+            for name, loss in (("grpo", GRPO), ("control", zero_advantages)):
                 rewards, wall = await one_run(tmp, f"{name}-{seed}", seed=seed, steps=args.steps, lr=args.lr,
                                               letters=args.letters, loss=loss)
                 out.writerows([seed, name, i, r] for i, r in enumerate(rewards))

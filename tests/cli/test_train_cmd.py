@@ -1,8 +1,8 @@
 """`lego train`: refusals before anything starts (exit 2), a real run on the toy environment through the
 embedded engine, a dead engine (exit 3), SIGTERM mid-run (exit 130, resumable) and the resume.
 
-The trainer is ``ReferenceSGDBackend`` (TEST DOUBLE for TorchBackend until it is merged), registered the
-way a backend registers itself (``train_session.BACKENDS``); engine, environment, loop and run store are real.
+Everything is the product's: the torch backend from ``train_session.BACKENDS``, the embedded engine, the
+environment, the loop and the run store.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.reference_backend import ReferenceSGDBackend, policy_gradient_loss
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
-from lego_rl.config.schema import LegoConfig
 from lego_rl.orchestrate import train_session
 from lego_rl.orchestrate.toy_env import make_rows
 from lego_rl.runstore import read_events
@@ -53,10 +51,6 @@ run_root = "runs/toy"
 """
 
 
-def reference_factory(cfg: LegoConfig, model_dir: Path) -> tuple[ReferenceSGDBackend, object]:
-    return ReferenceSGDBackend(model_dir, lr=0.3), policy_gradient_loss
-
-
 @pytest.fixture
 def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     for name in list(os.environ):
@@ -66,7 +60,6 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8, letters="a")))
     (tmp_path / "lego.toml").write_text(TOML)
-    monkeypatch.setitem(train_session.BACKENDS, "torch", reference_factory)
     yield tmp_path
 
 
@@ -143,23 +136,10 @@ def test_trains_the_toy_environment_and_writes_the_run_directory(toy: Path) -> N
     assert json.loads((root / "config.json").read_text())
 
 
-SCRIPT = """
-import sys
-sys.path.insert(0, {tests!r})
-from support.reference_backend import ReferenceSGDBackend, policy_gradient_loss
-from lego_rl.orchestrate import train_session
-train_session.BACKENDS["torch"] = lambda cfg, d: (ReferenceSGDBackend(d, lr=0.3), policy_gradient_loss)
-from lego_rl.cli.main import main
-sys.argv = ["lego", *sys.argv[1:]]
-main()
-"""
-
-
 @pytest.mark.slow
 def test_sigterm_stops_with_a_resumable_state_and_resume_continues(toy: Path) -> None:
-    script = toy / "lego_with_reference.py"
-    script.write_text(SCRIPT.format(tests=str(TESTS)))
-    proc = subprocess.Popen([sys.executable, str(script), "train", "-c", "lego.toml", "--steps", "50", "--json"],
+    lego = str(Path(sys.executable).with_name("lego"))
+    proc = subprocess.Popen([lego, "train", "-c", "lego.toml", "--steps", "50", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=toy)
     metrics = toy / "runs" / "toy" / "metrics.jsonl"
     deadline = time.monotonic() + 300

@@ -1,8 +1,8 @@
 """The training loop's bookkeeping: refills, zero-variance groups, admission, packing into optimizer steps,
 checkpoints and resume, stop, evaluation, the metrics row.
 
-The trainer is real (the tiny HF model, real gradients; ``ReferenceSGDBackend``, the TEST DOUBLE for
-TorchBackend until it is merged). The rollouts are a TEST DOUBLE at the rollout boundary
+The trainer is the product's torch backend on the tiny HF model (AdamW without weight decay, so a step whose
+advantages are all zero moves nothing). The rollouts are a TEST DOUBLE at the rollout boundary
 (``ScriptedRollouts``): they return real ``Sample`` objects with outcomes chosen per test, because the
 behaviours under test (an infrastructure failure on the 2nd attempt of slot 3, a group that is all
 solved) cannot be produced on demand by a real engine. ``test_loop_learning.py`` runs the real engine.
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.reference_backend import ReferenceSGDBackend, policy_gradient_loss
 
 from lego_rl.errors import ConfigError
 from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutSlot, TrainingError, TrainLoop
@@ -26,6 +25,8 @@ from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.termination import TerminationReason as TR
 from lego_rl.trajectory.sample import Sample
+from lego_rl.train.losses import LossConfig, make_loss
+from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
 
 Outcome = tuple[TR, float | None]
 
@@ -74,7 +75,8 @@ def make_loop(tmp_path: Path, tiny: Path, rollouts: ScriptedRollouts, *, name: s
     base.update(kw)
     settings = LoopSettings(**base)  # type: ignore[arg-type]
     run = RunDir.open(tmp_path / name, config={"test": True}, resume=resume)
-    return TrainLoop(settings, backend=ReferenceSGDBackend(tiny, lr=0.1), loss_fn=policy_gradient_loss,
+    return TrainLoop(settings, backend=TorchBackend(tiny, TorchTrainSettings(lr=1e-3, weight_decay=0.0, max_grad_norm=None, device="cpu")),
+                     loss_fn=make_loss(LossConfig()),
                      rollout_fn=rollouts, prompts=prompts(6), run=run, eval_prompts=eval_prompts or [],
                      resume_index=resume_index)
 

@@ -1,9 +1,8 @@
 """Evidence 1 (short CI version): the tiny model learns the ``first_letter`` environment.
 
-Everything is real but the trainer: the embedded engine samples over HTTP, the environment is loaded by
-its entry point, weights go back to the engine through the disk-reload sync after each update. The
-trainer is ``ReferenceSGDBackend`` (TEST DOUBLE for TorchBackend until it is merged; real gradients, plain
-SGD, a plain policy-gradient loss). Three claims:
+Everything is real: the embedded engine samples over HTTP, the environment is loaded by its entry point, the
+torch backend (AdamW, no weight decay) takes GRPO steps with the product's loss, and the weights go back into the
+running engine in place after each update. Three claims:
 
 * the mean reward rises from its start (about 0.1) to >= 0.9 within a fixed step budget;
 * a control run whose loss sees every advantage forced to zero does not rise, and its parameters never move;
@@ -22,31 +21,33 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.reference_backend import ReferenceSGDBackend, policy_gradient_loss
 
 from lego_rl.chat.render import ChatRenderer
-from lego_rl.orchestrate.disk_sync import disk_weight_sync
 from lego_rl.orchestrate.environments import Sampler, load_environment
 from lego_rl.orchestrate.loop import LoopSettings, Prompt, TrainLoop
 from lego_rl.orchestrate.toy_env import make_rows
+from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync
 from lego_rl.orchestrate.train_session import env_rollout_fn
 from lego_rl.runstore import RunDir, read_events
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.server import EmbeddedServer
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.train.backend import LossInputs, LossOutput
+from lego_rl.train.losses import LossConfig, make_loss
+from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
 
 pytestmark = pytest.mark.slow
 
 STEPS = 8
-LR = 0.3
+LR = 1e-2
+GRPO = make_loss(LossConfig())
 SETTINGS = LoopSettings(num_rollout=STEPS, batch_size=4, samples_per_prompt=8, micro_batch_tokens=4096,
                         concurrency=32, temperature=1.0)
 
 
 def zero_advantages(x: LossInputs) -> LossOutput:
     """The control: the same loss with every advantage replaced by 0."""
-    return policy_gradient_loss(replace(x, advantages=torch.zeros_like(x.advantages)))
+    return GRPO(replace(x, advantages=torch.zeros_like(x.advantages)))
 
 
 async def train(tmp: Path, name: str, loss: object) -> tuple[list[float], list[bool], list[bool], RunDir]:
@@ -59,9 +60,9 @@ async def train(tmp: Path, name: str, loss: object) -> tuple[list[float], list[b
             sampler = Sampler(client, renderer, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4)
             run = RunDir.open(tmp / name, config={"evidence": name})
             rows = [Prompt(r["id"], env.parse_row(r)) for r in make_rows(32, letters="a")]
-            backend = ReferenceSGDBackend(tiny, lr=LR)
+            backend = TorchBackend(tiny, TorchTrainSettings(lr=LR, weight_decay=0.0, max_grad_norm=None, device="cpu"))
             loop = TrainLoop(SETTINGS, backend=backend, loss_fn=loss, rollout_fn=env_rollout_fn(env, sampler, run),  # type: ignore[arg-type]
-                             prompts=rows, run=run, sync=disk_weight_sync(client, tmp / f"{name}-sync"))
+                             prompts=rows, run=run, sync=EmbeddedWeightSync(srv.engine))  # type: ignore[arg-type]
             rewards, changed = [], []
             for step in range(STEPS):
                 before = [p.detach().clone() for p in backend.model.parameters()]
@@ -85,7 +86,7 @@ async def runs(tmp_path: Path) -> AsyncIterator[Path]:
 
 
 async def test_reward_rises_to_090_and_parameters_move_exactly_with_signal(runs: Path) -> None:
-    rewards, changed, signal, _ = await train(runs, "learn", policy_gradient_loss)
+    rewards, changed, signal, _ = await train(runs, "learn", GRPO)
     print("first_letter reward per step:", [round(r, 3) for r in rewards])
     assert rewards[0] < 0.5, rewards
     assert max(rewards[-3:]) >= 0.9 and sum(rewards[-3:]) / 3 >= 0.9, rewards
@@ -96,6 +97,6 @@ async def test_reward_rises_to_090_and_parameters_move_exactly_with_signal(runs:
 async def test_control_with_zero_advantages_does_not_rise_or_move(runs: Path) -> None:
     rewards, changed, signal, _ = await train(runs, "control", zero_advantages)
     print("control reward per step:", [round(r, 3) for r in rewards])
-    assert not any(changed)  # zero advantage: zero gradient, SGD leaves every parameter bit-identical
+    assert not any(changed)  # zero advantage: zero gradient, and AdamW without weight decay moves nothing
     assert any(signal)  # ... although the groups did carry reward differences
     assert sum(rewards[-3:]) / 3 < 0.5, rewards

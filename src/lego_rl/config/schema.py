@@ -203,6 +203,18 @@ class TrainConfig(Section):
     the parameters even on a step whose advantages are all zero."""
     gradient_checkpointing: bool = False
     """Recompute activations during the backward pass: less memory for long rollouts, ~30 % more compute."""
+    dual_clip_c: float | None = Field(default=None, gt=1)
+    """Dual clip: a negative-advantage token's loss is at most ``c·|A|`` (e.g. 3); null disables it."""
+    is_correction: Literal["none", "tis", "mis"] = "none"
+    """Rollout-vs-trainer importance correction: truncated (tis) or masked (mis) importance sampling."""
+    is_level: Literal["token", "sequence"] = "token"
+    """The importance ratio per token, or one per rollout (the product over its trained tokens)."""
+    is_low: float = Field(default=0.0, ge=0)
+    """Lower threshold of the importance ratio: tis clamps to it, mis masks below it (0 = no lower bound)."""
+    is_high: float = Field(default=2.0, gt=0)
+    """Upper threshold of the importance ratio: tis clamps to it, mis masks above it."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Coefficient of the k3 KL to the frozen initial policy (0: no reference model is kept)."""
     clip_low: float = Field(default=0.2, ge=0)
     """Lower ratio clip ε."""
     clip_high: float = Field(default=0.28, ge=0)

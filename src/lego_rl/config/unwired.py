@@ -9,7 +9,6 @@ no reader outside ``lego_rl.config``; an unlisted one must have one).
 
 from __future__ import annotations
 
-TRAINER = "the training loop (not written yet) reads it"
 RAY = "Ray cluster mode (the orchestrate package's Ray actors) reads it"
 VLLM = "lego starts the vLLM servers itself (today they are started outside lego)"
 
@@ -23,18 +22,10 @@ UNWIRED: dict[str, str] = {
                       "images.json entry is refused)",
     "grader.max_output_kb": "the grader cuts its saved output (today it keeps all of it)",
     "rollout.max_staleness": "the asynchronous scheduler admits rollouts by weight version",
-    "train.algorithm": TRAINER,
-    "train.tensor_parallel": TRAINER + " with the Megatron backend",
-    "train.pipeline_parallel": TRAINER + " with the Megatron backend",
-    "train.data_parallel": TRAINER,
-    "train.lr": TRAINER,
-    "train.warmup_steps": TRAINER + " (into lego_rl.train.torch_backend.TorchTrainSettings)",
-    "train.max_grad_norm": TRAINER + " (into lego_rl.train.torch_backend.TorchTrainSettings)",
-    "train.weight_decay": TRAINER + " (into lego_rl.train.torch_backend.TorchTrainSettings)",
-    "train.gradient_checkpointing": TRAINER + " (into lego_rl.train.torch_backend.TorchTrainSettings)",
-    "train.clip_low": TRAINER,
-    "train.clip_high": TRAINER,
-    "train.use_score_centering": TRAINER,
+    "train.tensor_parallel": "the Megatron backend (not written yet) reads it",
+    "train.pipeline_parallel": "the Megatron backend (not written yet) reads it",
+    "train.data_parallel": "FSDP2 / Megatron data parallelism (not written yet) reads it",
+    "train.use_score_centering": "the loss has it, but micro-batches do not carry the captured nucleus yet",
     "cluster.trainer_nodes": RAY,
     "cluster.gpus_per_node": RAY,
     "cluster.train_head": RAY,

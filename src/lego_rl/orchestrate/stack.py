@@ -12,6 +12,7 @@ import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -22,6 +23,9 @@ from lego_rl.chat.render import ChatRenderer
 from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError
 from lego_rl.serving.client import ServingClient
+
+if TYPE_CHECKING:
+    from lego_rl.serving.engine import EmbeddedEngine
 
 
 def model_dir(checkpoint: str) -> Path:
@@ -67,6 +71,8 @@ class Engines:
     client: ServingClient
     renderer: ChatRenderer
     model_dir: Path
+    embedded: EmbeddedEngine | None = None
+    """The in-process embedded engine, when lego serves the model itself (weights are then synced in place)."""
 
 
 @contextlib.asynccontextmanager
@@ -88,14 +94,16 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
                                     max_model_len=cfg.model.max_context_tokens)
             await stack.enter_async_context(engine)
             urls = [engine.url]
+            embedded = engine.engine
         else:
             urls = list(cfg.serving.urls)
+            embedded = None
         renderer = ChatRenderer.from_pretrained(directory, template_kwargs=cfg.model.chat_template_kwargs)
         client = await stack.enter_async_context(
             ServingClient(urls, vocab_size=len(renderer.tokenizer), request_timeout_s=cfg.serving.request_timeout_s,
                           model=cfg.model.served_name)
         )
-        yield Engines(urls=urls, client=client, renderer=renderer, model_dir=directory)
+        yield Engines(urls=urls, client=client, renderer=renderer, model_dir=directory, embedded=embedded)
 
 
 @contextlib.asynccontextmanager

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lego_rl.config.dataset_scan import row_keys
 from lego_rl.config.resolve import ResolvedConfig, config_json
@@ -28,25 +28,62 @@ from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError, TaskDataError
 from lego_rl.harness.toolchain import Toolchain
 from lego_rl.images.importer import load_images_json
-from lego_rl.orchestrate.disk_sync import disk_weight_sync
 from lego_rl.orchestrate.environments import Environment, Sampler, completion_sample, load_environment
 from lego_rl.orchestrate.harnesses import harness_factory
 from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
 from lego_rl.orchestrate.rollout_check import settings_from_config
 from lego_rl.orchestrate.stack import Engines, model_dir, serving_engines, serving_stack
+from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
 from lego_rl.runstore import RunDir
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady
 from lego_rl.serving.errors import EngineFailed, EngineUnavailable, InvalidReply
 from lego_rl.termination import TerminationReason, is_infrastructure_failure
 from lego_rl.train.backend import LossFn, TrainerBackend
+from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.tasks.rows import load_tasks
+
+if TYPE_CHECKING:
+    from lego_rl.train.torch_backend import TorchTrainSettings
 
 BackendFactory = Callable[[LegoConfig, Path], tuple[TrainerBackend, LossFn]]
 """Builds the trainer for ``train.backend`` from the config and the policy's checkpoint directory."""
 
-BACKENDS: dict[str, BackendFactory] = {}
-"""``train.backend`` name → factory. The torch backend registers itself here."""
+def loss_config(c: LegoConfig) -> LossConfig:
+    """The policy objective from ``train.*`` (the one projection of those keys)."""
+    t = c.train
+    return LossConfig(algorithm=t.algorithm, clip_low=t.clip_low, clip_high=t.clip_high, dual_clip_c=t.dual_clip_c,
+                      is_correction=t.is_correction, is_level=t.is_level, is_low=t.is_low, is_high=t.is_high,
+                      kl_coef=t.kl_coef)
+
+
+def torch_settings(c: LegoConfig) -> TorchTrainSettings:
+    """The torch backend's optimizer and memory settings from ``train.*``."""
+    from lego_rl.train.torch_backend import TorchTrainSettings  # torch loads only when a run trains
+
+    t = c.train
+    return TorchTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
+                              weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
+                              reference_model=t.kl_coef > 0)
+
+
+def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
+    # Imported here: torch and transformers load only when a run actually trains.
+    from lego_rl.train.torch_backend import TorchBackend
+
+    return TorchBackend(model_dir, torch_settings(c)), make_loss(loss_config(c))
+
+
+BACKENDS: dict[str, BackendFactory] = {"torch": torch_backend}
+"""``train.backend`` name → factory. Megatron registers here when it lands."""
+
+
+def weight_sync_for(engines: Engines, staging: Path) -> WeightSync:
+    """In place into an embedded engine in this process; through the serving routes (a staged checkpoint every
+    replica loads) for vLLM."""
+    if engines.embedded is not None:
+        return EmbeddedWeightSync(engines.embedded)
+    return RouteWeightSync(engines.client, staging)
 
 
 def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn:
@@ -193,7 +230,7 @@ class TrainSession:
         backend, loss = self.backend_factory(self.r.config, model_dir)
         loop = TrainLoop(self.settings, backend=backend, loss_fn=loss, rollout_fn=rollout_fn, prompts=self.prompts,
                          run=self.run_dir, eval_prompts=self.eval_prompts, resume_index=self.resume_index,
-                         sync=disk_weight_sync(engines.client, self.run_dir.root / "sync-weights"))
+                         sync=weight_sync_for(engines, self.run_dir.root / "sync-weights"))
         if self.r.config.train.resume:
             loop.resume()
         self.loop = loop
