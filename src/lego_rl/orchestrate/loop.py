@@ -110,6 +110,9 @@ class LoopSettings:
     global_batch_size: int | None = None
     """Rollouts per optimizer step; None = every rollout of the step in one optimizer step."""
     temperature: float = 1.0
+    top_p: float = 1.0
+    """The sampler's truncation: the trainer scores tokens under the same distribution (serving.protocol)."""
+    top_k: int = -1
     concurrency: int = 8
     max_refills: int = 2
     oversample_zero_variance: bool = False
@@ -126,6 +129,7 @@ class LoopSettings:
             num_rollout=c.train.num_rollout, batch_size=c.rollout.batch_size,
             samples_per_prompt=c.rollout.samples_per_prompt, micro_batch_tokens=c.train.micro_batch_tokens,
             global_batch_size=c.train.global_batch_size, temperature=c.rollout.temperature,
+            top_p=c.rollout.top_p, top_k=c.rollout.top_k,
             concurrency=c.rollout.concurrency, max_refills=c.train.max_refills,
             oversample_zero_variance=c.train.oversample_zero_variance, checkpoint_every=c.train.checkpoint_every,
             eval_every=c.train.eval_every, eval_samples=c.train.eval_samples,
@@ -436,11 +440,13 @@ class TrainLoop:
                            max_tokens_per_micro_batch=self.s.micro_batch_tokens)
         # The ratio's base is the policy that sampled this batch: every optimizer step's old logprobs are
         # taken before the first update.
-        old = [self.backend.compute_logprobs(st.micro_batches, temperature=self.s.temperature) for st in steps]
+        old = [self.backend.compute_logprobs(st.micro_batches, temperature=self.s.temperature, top_p=self.s.top_p,
+                                              top_k=self.s.top_k) for st in steps]
         sums: dict[str, float] = defaultdict(float)
         last: dict[str, float] = {}
         for st, old_lp in zip(steps, old, strict=True):
-            res = self.backend.train_step(st, self.loss_fn, old_logprobs=old_lp, temperature=self.s.temperature)
+            res = self.backend.train_step(st, self.loss_fn, old_logprobs=old_lp, temperature=self.s.temperature,
+                                          top_p=self.s.top_p, top_k=self.s.top_k)
             for k, v in res.metrics.items():
                 if not math.isfinite(v):
                     raise TrainingError(f"optimizer step produced a non-finite {k} = {v}; the run stops here "

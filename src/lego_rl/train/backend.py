@@ -96,13 +96,15 @@ class TrainerBackend(Protocol):
         """0 for the loaded checkpoint, +1 per optimizer step."""
         ...
 
-    def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float) -> list[torch.Tensor]:
-        """[T] per micro-batch under the current parameters (no grad), ``log_softmax(logits / temperature)``
-        of each token, the serving engine's convention (``serving.protocol``)."""
+    def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float = 1.0,
+                         top_k: int = -1) -> list[torch.Tensor]:
+        """[T] per micro-batch under the current parameters (no grad): each token's log-probability under the
+        distribution the sampler drew it from (``softmax(logits / temperature)`` after top-k then top-p,
+        renormalised), the serving engine's convention (``serving.protocol``)."""
         ...
 
     def train_step(self, step: OptimizerStep, loss_fn: LossFn, *, old_logprobs: Sequence[torch.Tensor],
-                   temperature: float) -> StepResult:
+                   temperature: float, top_p: float = 1.0, top_k: int = -1) -> StepResult:
         """Forward every micro-batch of ``step``, run ``loss_fn`` on it, accumulate gradients, clip, step the
         optimizer and scheduler once. ``old_logprobs[i]`` belongs to ``step.micro_batches[i]``."""
         ...

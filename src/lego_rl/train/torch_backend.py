@@ -12,8 +12,10 @@
 * **Precision.** fp32 master weights and optimizer state everywhere; the forward runs under bf16 autocast
   on CUDA and in fp32 on CPU (where the resume test is bit-for-bit). Logits are cast to fp32 before
   ``log_softmax``.
-* **Logprob convention.** ``log_softmax(logits / T)[token]``, temperature below ``GREEDY_EPS`` taken as 1:
-  the serving engine's and ``serving.logprobs.teacher_forced_logprobs``'s.
+* **Logprob convention.** The token's log-probability under the distribution the sampler drew it from:
+  ``softmax(logits / T)`` after top-k then top-p, renormalised (``serving.logprobs.sampler_logprobs``; plain
+  ``log_softmax(logits / T)`` when nothing is truncated), temperature below ``GREEDY_EPS`` taken as 1 — the
+  serving engine's and vLLM's ``processed_logprobs``. Old, new and rollout logprobs then mean one distribution.
 * **Optimizer.** AdamW; weight decay on matrices only (not on norms and biases, the usual choice);
   linear warm-up over ``warmup_steps`` optimizer steps, then constant; gradient-norm clipping. A step whose
   gradient norm is not finite raises and leaves the parameters and optimizer state untouched.
@@ -39,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.files import write_new
+from lego_rl.serving.logprobs import sampler_logprobs
 from lego_rl.serving.sampler import GREEDY_EPS
 from lego_rl.serving.weights import load_checkpoint_into, load_model
 from lego_rl.train.backend import LossFn, LossInputs, StepResult
@@ -169,7 +172,8 @@ class TorchBackend:
         return contextlib.nullcontext()
 
     def _token_logprobs(
-        self, model: Any, mb: MicroBatch, temperature: float, with_entropy: bool
+        self, model: Any, mb: MicroBatch, temperature: float, with_entropy: bool, top_p: float = 1.0,
+        top_k: int = -1,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([T] logprob of each token given its segment's prefix, 0 at segment starts; [T] entropy or
         None)``, on the backend's device. Carries the gradient when called with grad enabled."""
@@ -183,7 +187,11 @@ class TorchBackend:
             )
         logits = out.logits[0, :-1].float() / temp  # [T-1, V] position i predicts token i+1
         logp_all = torch.log_softmax(logits, dim=-1)  # [T-1, V]
-        picked = logp_all.gather(-1, ids[1:].unsqueeze(-1)).squeeze(-1)  # [T-1]
+        if (top_p < 1.0 or top_k > 0) and temperature >= GREEDY_EPS:  # greedy ignores the truncation
+            # Renormalised over the sampler's truncation (logits already divided by T, so T=1 here).
+            picked = sampler_logprobs(logits, ids[1:], temperature=1.0, top_p=top_p, top_k=top_k)  # [T-1]
+        else:
+            picked = logp_all.gather(-1, ids[1:].unsqueeze(-1)).squeeze(-1)  # [T-1]
         lp = torch.cat([picked.new_zeros(1), picked])  # [T] aligned with input_ids
         starts = _segment_starts(mb).to(self.device)  # [T]
         lp = torch.where(starts, torch.zeros_like(lp), lp)  # [T] a segment's first token has no prediction
@@ -195,12 +203,13 @@ class TorchBackend:
         return lp, entropy
 
     def compute_logprobs(
-        self, micro_batches: Sequence[MicroBatch], *, temperature: float
+        self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float = 1.0, top_k: int = -1
     ) -> list[torch.Tensor]:
         out = []
         with torch.no_grad():
             for mb in micro_batches:
-                lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False)
+                lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False, top_p=top_p,
+                                             top_k=top_k)
                 out.append(lp.cpu())  # [T]
         return out
 
@@ -221,7 +230,8 @@ class TorchBackend:
                 )
 
     def _log_ratio_elsewhere(
-        self, step: OptimizerStep, old_logprobs: Sequence[torch.Tensor], temperature: float
+        self, step: OptimizerStep, old_logprobs: Sequence[torch.Tensor], temperature: float, top_p: float = 1.0,
+        top_k: int = -1,
     ) -> list[torch.Tensor]:
         """Per micro-batch ``[R]``: sum of ``current - old`` over its rollouts' tokens in the *other*
         micro-batches (GSPO's sequence ratio). Computed exactly with a no-grad forward of the micro-batches
@@ -236,7 +246,8 @@ class TorchBackend:
         with torch.no_grad():
             for i in sorted(shared):
                 mb = step.micro_batches[i]
-                lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False)
+                lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False, top_p=top_p,
+                                             top_k=top_k)
                 sums[i] = _rollout_sums(lp.cpu() - old_logprobs[i], mb, r)  # [R]
         total = torch.stack(sums).sum(0)  # [R]
         return [total - s for s in sums]  # [R] each
@@ -248,6 +259,8 @@ class TorchBackend:
         *,
         old_logprobs: Sequence[torch.Tensor],
         temperature: float,
+        top_p: float = 1.0,
+        top_k: int = -1,
     ) -> StepResult:
         self._check_step(step, old_logprobs)
         r = len(step.rollout_ids)
@@ -258,7 +271,7 @@ class TorchBackend:
         ]  # [R] each
         is_total = torch.stack(is_sums).sum(0)  # [R]
         if getattr(loss_fn, "needs_rollout_log_ratio", True):
-            elsewhere = self._log_ratio_elsewhere(step, old_logprobs, temperature)
+            elsewhere = self._log_ratio_elsewhere(step, old_logprobs, temperature, top_p, top_k)
         else:
             elsewhere = [torch.zeros(r) for _ in step.micro_batches]
         dev = self.device
@@ -266,11 +279,13 @@ class TorchBackend:
         metrics: dict[str, float] = {}
         loss_sum = 0.0
         for i, mb in enumerate(step.micro_batches):
-            lp, entropy = self._token_logprobs(self.model, mb, temperature, with_entropy=True)  # [T], [T]
+            lp, entropy = self._token_logprobs(self.model, mb, temperature, with_entropy=True, top_p=top_p,
+                                               top_k=top_k)  # [T], [T]
             ref = None
             if self.reference is not None:
                 with torch.no_grad():
-                    ref, _ = self._token_logprobs(self.reference, mb, temperature, with_entropy=False)  # [T]
+                    ref, _ = self._token_logprobs(self.reference, mb, temperature, with_entropy=False,
+                                                  top_p=top_p, top_k=top_k)  # [T]
             inp = LossInputs(
                 logprobs=lp,
                 old_logprobs=old_logprobs[i].to(dev),
