@@ -101,6 +101,10 @@ async def test_step_trains_and_writes_metrics_row_and_events(tmp_path: Path, tin
     assert row.values["reward_mean"] == 0.5 and row.values["solve_rate"] == 0.5
     assert row.values["admitted_rollouts"] == 8 and row.values["tokens"] == 16  # 8 rollouts x 2 sampled tokens
     assert row.terminations == {TR.COMPLETED: 8}
+    # Rollout-vs-trainer consistency of the trained tokens, measured before the update, every step.
+    for key in ("consistency/mean_abs_diff", "consistency/max_abs_diff", "consistency/first_segment/mean_abs_diff"):
+        assert key in row.values, sorted(row.values)
+    assert row.values["consistency/max_abs_diff"] >= row.values["consistency/mean_abs_diff"] >= 0.0
     loop.run_dir.close()
     [stored] = list(follow_metrics(loop.run_dir.layout.metrics).read())
     assert stored == row

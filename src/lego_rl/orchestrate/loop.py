@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from pydantic import BaseModel
 
 from lego_rl.config.schema import LegoConfig
@@ -61,7 +62,8 @@ from lego_rl.train.advantages import (
     grpo_advantages,
 )
 from lego_rl.train.backend import LossFn, TrainerBackend
-from lego_rl.train.batching import plan_steps
+from lego_rl.train.batching import OptimizerStep, plan_steps
+from lego_rl.train.consistency import TokenKinds, consistency_report, micro_batch_kinds
 from lego_rl.trajectory.sample import Sample
 
 
@@ -442,6 +444,7 @@ class TrainLoop:
         # taken before the first update.
         old = [self.backend.compute_logprobs(st.micro_batches, temperature=self.s.temperature, top_p=self.s.top_p,
                                               top_k=self.s.top_k) for st in steps]
+        consistency = self._consistency(steps, old, trainable)
         sums: dict[str, float] = defaultdict(float)
         last: dict[str, float] = {}
         for st, old_lp in zip(steps, old, strict=True):
@@ -460,7 +463,24 @@ class TrainLoop:
         if "tokens" in sums:
             metrics["tokens"] = sums["tokens"]
         metrics["optimizer_steps"] = float(len(steps))
+        metrics.update(consistency)
         return TrainOutcome(True, metrics, version), stats, excluded
+
+    @staticmethod
+    def _consistency(steps: list[OptimizerStep], old: list[list[torch.Tensor]],
+                     samples: list[Sample]) -> dict[str, float]:
+        """Rollout vs trainer logprobs of every trained token before the update, overall and by turn kind
+        (bridged vs fully re-rendered, first vs later segments): a template drift shows in one kind only."""
+        mbs = [mb for st in steps for mb in st.micro_batches]
+        kinds = [micro_batch_kinds(mb, samples) for mb in mbs]
+        report = consistency_report(
+            torch.cat([mb.rollout_logprobs for mb in mbs]),  # [T_all]
+            torch.cat([lp for step_old in old for lp in step_old]),  # [T_all]
+            torch.cat([mb.loss_mask for mb in mbs]),  # [T_all]
+            TokenKinds(bridged=torch.cat([k.bridged for k in kinds]), full=torch.cat([k.full for k in kinds]),
+                       later_segment=torch.cat([k.later_segment for k in kinds])),
+        )
+        return {k: v for k, v in report.as_values().items() if math.isfinite(v)}
 
     # -- one step -----------------------------------------------------------------------------------
 
