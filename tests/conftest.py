@@ -21,3 +21,30 @@ def _host_shared_dirs_untouched() -> Iterator[None]:
     for d in changed:
         os.chmod(d, _SHARED_DIRS[d])  # put it back so the rest of the suite is not poisoned
     assert not changed, f"this test changed the mode of host directories: {changed}"
+
+
+CLONE_NEWNET = 0x40000000
+_HOST_NETNS = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+"""The network namespace this session started in, opened before any test cages the session (tests/rollout
+moves the main thread into a loopback-only namespace for the rest of the session)."""
+
+
+@pytest.fixture
+def host_network() -> Iterator[None]:
+    """Run the test in the session's original network namespace, whatever ran before it; restored after.
+    For tests about what a sandbox can reach of the machine's real network (egress)."""
+    import ctypes
+
+    here = "/proc/thread-self/ns/net"
+    if os.stat(here).st_ino == os.fstat(_HOST_NETNS).st_ino:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    current = os.open(here, os.O_RDONLY)
+    try:
+        if libc.setns(_HOST_NETNS, CLONE_NEWNET) != 0:
+            pytest.fail(f"cannot return to the session's network namespace: {os.strerror(ctypes.get_errno())}")
+        yield
+    finally:
+        libc.setns(current, CLONE_NEWNET)
+        os.close(current)

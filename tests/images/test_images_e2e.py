@@ -100,5 +100,7 @@ def test_oci_image_to_graded_task(tmp_path: Path) -> None:
     assert asyncio.run(agent_runs_pyenv_python()) == "pyenv python as agent\n"
     res = CliRunner().invoke(app, ["tasks", "check", "--data", str(data), "--images", str(images), "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout) == [{"instance_id": "e2e", "baseline": "fails", "reference": "passes",
-                                       "verdict": "gradable", "detail": ""}]
+    [check] = json.loads(res.stdout)
+    assert {k: check[k] for k in ("instance_id", "baseline", "reference", "verdict", "baseline_reason")} == {
+        "instance_id": "e2e", "baseline": "fails", "reference": "passes", "verdict": "gradable",
+        "baseline_reason": "tests failed"}

@@ -21,6 +21,12 @@ from lego_rl.errors import SandboxError
 from lego_rl.sandbox.egress import parse_endpoint, url_endpoint
 from lego_rl.sandbox.factory import get_provider
 
+@pytest.fixture(autouse=True)
+def _real_network(host_network: None) -> None:
+    """Egress is tested against this machine's real addresses, routes and resolver, even when an earlier test
+    module left the session in a loopback-only namespace (tests/conftest.py's host_network)."""
+
+
 # Prints what the endpoint said, or the errno name of why it could not connect.
 _PROBE = (
     "import errno, socket, sys\n"
