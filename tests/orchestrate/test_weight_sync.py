@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.model_weights import ModelWeights
 import torch
 
 from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, RouteWeightSync, write_checkpoint
@@ -25,23 +26,6 @@ from lego_rl.serving.server import EmbeddedServer
 from lego_rl.serving.tiny_model import ensure_tiny_model
 
 PROMPT = [1, 10, 72, 105, 300, 12]
-
-
-class ModelWeights:
-    """A trainer's weights: an HF model plus its version; ``step()`` changes the parameters like an update."""
-
-    def __init__(self, model: Any, version: int = 0) -> None:
-        self.model, self.weight_version = model, version
-
-    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.model.state_dict().items()
-
-    def step(self, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in self.model.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-        self.weight_version += 1
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.model_weights import ModelWeights
 
 from lego_rl.orchestrate.weight_sync import RouteWeightSync
 from lego_rl.serving.client import ServingClient
@@ -30,23 +31,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPT = [1, 10, 72, 105, 300, 12]
 P95 = SamplingParams(max_tokens=64, temperature=1.0, top_p=0.95, seed=3, ignore_eos=True)
-
-
-class ModelWeights:
-    """A trainer's weights: an HF model plus its version; ``step()`` changes the parameters like an update."""
-
-    def __init__(self, model: Any) -> None:
-        self.model, self.weight_version = model, 0
-
-    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.model.state_dict().items()
-
-    def step(self, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in self.model.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-        self.weight_version += 1
 
 
 @pytest.fixture(scope="module")
