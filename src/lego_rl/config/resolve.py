@@ -119,6 +119,14 @@ def _harness_name(name: str, where: str) -> str:
     return name
 
 
+def _harness_key(rest: str, *, where: str, target: str, bad: str) -> tuple[str, str]:
+    """``<name>.<key>`` after ``harness.`` → (``harness.<name>``, key); ``bad`` is the error when a part is missing."""
+    name, dot, key = rest.partition(".")
+    if not dot or not key:
+        raise ConfigError(bad, where=where, parameter=target)
+    return f"{HARNESS}.{_harness_name(name, where)}", key
+
+
 def load_toml(path: Path) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Source]]:
     """Read ``lego.toml``: values per (section, field) with ``file:line`` sources. Unknown keys are errors."""
     try:
@@ -197,11 +205,8 @@ def parse_set(assignment: str) -> tuple[str, str, Any]:
         raise ConfigError(f"--set expects section.key=value, got {assignment!r}", where="--set")
     section, _, key = target.strip().partition(".")
     if section == HARNESS:
-        name, dot, key = key.partition(".")
-        if not dot or not key:
-            raise ConfigError(f"--set expects {HARNESS}.<name>.<key>=value, got {assignment!r}",
-                              where="--set", parameter=target)
-        section = f"{HARNESS}.{_harness_name(name, '--set')}"
+        section, key = _harness_key(key, where="--set", target=target,
+                                    bad=f"--set expects {HARNESS}.<name>.<key>=value, got {assignment!r}")
     elif section not in SECTIONS:
         hint = did_you_mean(section, [*SECTIONS, HARNESS])
         raise ConfigError(
@@ -334,11 +339,8 @@ def resolve(
         section, _, key = target.partition(".")
         if section == HARNESS:
             # harness.<name>.<key>: the plugin validates the key later, as for the file and --set.
-            name, dot, key = key.partition(".")
-            if not dot or not key:
-                raise ConfigError(f"{option} expects {HARNESS}.<name>.<key>, got `{target}`", where=option,
-                                  parameter=target)
-            section = f"{HARNESS}.{_harness_name(name, option)}"
+            section, key = _harness_key(key, where=option, target=target,
+                                        bad=f"{option} expects {HARNESS}.<name>.<key>, got `{target}`")
         elif section not in SECTIONS or key not in SECTIONS[section].model_fields:
             raise ConfigError(f"{option} targets unknown key `{target}`", where=option, parameter=target)
         if is_path_key(section, key):
