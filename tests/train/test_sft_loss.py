@@ -54,7 +54,8 @@ def test_gradient_on_logits_is_weight_times_softmax_minus_onehot():
     inp = sft_inputs(lp, [float(x) for x in mask], slots)
     SftLoss()(inp).loss.backward()
     w = inp.token_weights  # [T]
-    expected = w.unsqueeze(-1) * (torch.softmax(logits.detach(), -1) - torch.nn.functional.one_hot(targets, v))  # [T, V]
+    onehot = torch.nn.functional.one_hot(targets, v)  # [T, V]
+    expected = w.unsqueeze(-1) * (torch.softmax(logits.detach(), -1) - onehot)  # [T, V]
     assert logits.grad is not None
     torch.testing.assert_close(logits.grad, expected, rtol=1e-5, atol=1e-7)
 

@@ -248,6 +248,14 @@ class TrainConfig(Section):
     up to rollout.batch_size extra prompts per step; off = such groups stay in with zero advantage."""
     seed: int = 0
     """Seed of the prompt order (reshuffled every epoch over the dataset)."""
+    sft_data: str | None = None
+    """Demonstrations for supervised fine-tuning (Samples as JSON lines, e.g. rollouts' samples.jsonl; see
+    docs/training.md). When set, `lego train` runs SFT on them (cross-entropy on the loss-masked tokens) with
+    the same trainer backend instead of GRPO; its checkpoints are model directories a later run can start from."""
+    sft_steps: int = Field(default=20, ge=1)
+    """SFT optimizer steps (the demonstrations repeat in a reshuffled order every epoch)."""
+    sft_batch_size: int = Field(default=4, ge=1)
+    """Demonstrations (whole rollouts, every segment) per SFT optimizer step."""
 
 
 class ClusterConfig(Section):

@@ -13,6 +13,7 @@ The trainer comes from ``BACKENDS[train.backend]``: a factory ``(config, model_d
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -31,11 +32,12 @@ from lego_rl.images.importer import load_images_json
 from lego_rl.orchestrate.environments import Environment, Sampler, completion_sample, load_environment
 from lego_rl.orchestrate.harnesses import harness_factory
 from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
+from lego_rl.orchestrate.metrics_sink import TensorBoardSink
 from lego_rl.orchestrate.rollout_check import settings_from_config
 from lego_rl.orchestrate.stack import Engines, model_dir, serving_engines, serving_stack
 from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
-from lego_rl.runstore import RunDir
+from lego_rl.runstore import RunDir, RunLayout
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady
 from lego_rl.serving.errors import EngineFailed, EngineUnavailable, InvalidReply
 from lego_rl.termination import TerminationReason, is_infrastructure_failure
@@ -205,6 +207,7 @@ class TrainSession:
         self.eval_prompts = (self._load(Path(c.train.eval_data), "train.eval_data") if c.train.eval_data else [])
         self.settings.check(has_eval_rows=bool(self.eval_prompts))
         root = Path(c.paths.run_root or "runs/unnamed")
+        self.sink = TensorBoardSink(RunLayout(root))  # before the run directory: a missing package starts nothing
         self.run_dir = RunDir.open(
             root, config=config_json(r), resume=c.train.resume,
             artifacts=Path(c.paths.artifacts) if c.paths.artifacts else None,
@@ -237,6 +240,11 @@ class TrainSession:
         if self._stop_early:
             loop.request_stop()
         return loop
+
+    async def _drain_tensorboard(self, interval_s: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.sink.drain()
 
     def request_stop(self) -> None:
         """Stop at the next safe point (before the loop exists: as soon as it does)."""
@@ -272,8 +280,16 @@ class TrainSession:
                     )
                     rollout_fn = agent_rollout_fn(ctx)
                 loop = self._make_loop(model_dir(c.model.checkpoint), rollout_fn, engines)
-                status = await loop.run()
+                # TensorBoard reads the rows back from metrics.jsonl as the loop appends them.
+                self.sink.start(loop.next_step)
+                self.sink.follow(self.run_dir.layout.metrics)
+                drainer = asyncio.create_task(self._drain_tensorboard())
+                try:
+                    status = await loop.run()
+                finally:
+                    drainer.cancel()
         finally:
+            self.sink.close()
             self.run_dir.close()
         return TrainSummary(status=status, run_root=str(self.run_dir.root), steps_done=loop.next_step,
                             num_rollout=self.settings.num_rollout, last_reward_mean=loop.progress.last_reward,
