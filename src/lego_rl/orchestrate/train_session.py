@@ -272,7 +272,7 @@ class TrainSession:
                     self.run_dir.events.emit(ServingReady(adapter=st.adapter_url, serving=st.serving_urls))
                     images_path = Path(c.sandbox.images) if c.sandbox.images else None
                     ctx = RolloutContext(
-                        settings=settings_from_config(self.r), run=self.run_dir, sessions=st.sessions,
+                        settings=settings_from_config(self.r, st.adapter_url), run=self.run_dir, sessions=st.sessions,
                         adapter_url=st.adapter_url, harness_for=harness_factory(self.r),
                         toolchain=Toolchain(Path(c.paths.toolchain_dir or "")),
                         images=load_images_json(images_path) if images_path and images_path.exists() else None,
