@@ -109,7 +109,7 @@ async def test_step_trains_and_writes_metrics_row_and_events(tmp_path: Path, tin
     [stored] = list(follow_metrics(loop.run_dir.layout.metrics).read())
     assert stored == row
     kinds = [e.kind for e in read_events(loop.run_dir.layout.events)]
-    assert kinds == ["run_started", "step_started", "step_finished"]
+    assert kinds == ["run_started", "step_started", "batch_taken", "step_finished"]
 
 
 async def test_infrastructure_failure_is_refilled_in_its_slot_not_dropped(tmp_path: Path, tiny: Path) -> None:
@@ -237,12 +237,17 @@ async def test_stop_abandons_the_step_in_flight_and_checkpoints_the_last_complet
                                                                                    tiny: Path) -> None:
     hold = asyncio.Event()
     reached = asyncio.Event()
+    cancelled: list[str] = []
 
     class Holding(ScriptedRollouts):
         async def __call__(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
-            if slot.rollout_id.startswith("s00001"):
+            if slot.group_index >= 2:  # groups 0, 1 are step 0's batch; later ones never finish on their own
                 reached.set()
-                await hold.wait()  # step 1 never finishes on its own
+                try:
+                    await hold.wait()
+                except asyncio.CancelledError:
+                    cancelled.append(slot.rollout_id)
+                    raise
             return await super().__call__(prompt, slot)
 
     loop = make_loop(tmp_path, tiny, Holding(alternate), num_rollout=5)
@@ -256,6 +261,11 @@ async def test_stop_abandons_the_step_in_flight_and_checkpoints_the_last_complet
     assert events[-1].kind == "training_finished" and events[-1].status == "stopped"
     assert events[-1].steps_done == 1
     assert [e.step for e in events if e.kind == "step_finished"] == [0]
+    # Both sides stopped: every held rollout was cancelled (and said so) before run() returned.
+    stopped = sorted(e.rollout_id for e in events if e.kind == "rollout_cancelled")
+    assert stopped and stopped == sorted(cancelled)
+    assert all(e.reason == "stopped" for e in events if e.kind == "rollout_cancelled")
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
 
 async def test_evaluation_reports_pass_at_1_over_k_samples(tmp_path: Path, tiny: Path) -> None:
