@@ -21,7 +21,6 @@ UNWIRED: dict[str, str] = {
     "sandbox.rootfs": "the rollout passes a default root filesystem to bwrap (today an image without an "
                       "images.json entry is refused)",
     "grader.max_output_kb": "the grader cuts its saved output (today it keeps all of it)",
-    "rollout.max_staleness": "the asynchronous scheduler admits rollouts by weight version",
     "train.tensor_parallel": "the Megatron backend (not written yet) reads it",
     "train.pipeline_parallel": "the Megatron backend (not written yet) reads it",
     "train.data_parallel": "FSDP2 / Megatron data parallelism (not written yet) reads it",
