@@ -65,7 +65,7 @@ async def test_oversized_body_is_413(make_harness, protocol: str) -> None:
     r = await post(h, protocol, json_body=big)
     assert r.status == 413
     msg = error_message(protocol, await r.json())
-    assert "exceeds the adapter's limit of 2000 bytes" in msg and "max_body_bytes" in msg
+    assert "exceeds the adapter's limit of 2000 bytes" in msg and "adapter.max_body_mb" in msg
     assert_nothing_recorded(h)
 
 

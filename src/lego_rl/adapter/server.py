@@ -42,6 +42,9 @@ DIALECTS: tuple[Dialect, ...] = (AnthropicDialect(), ResponsesDialect(), ChatCom
 """Every protocol the adapter speaks; the route table is built from this tuple."""
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_BODY_LIMIT_SETTING = "adapter.max_body_mb"
+"""The setting an operator raises when a body is refused (the 413 text names it)."""
+BODY_CHUNK_BYTES = 1024 * 1024
 DEFAULT_KEEPALIVE_S = 5.0
 SESSION_PREFIX = "/s/{session}"
 NO_RETRY = {"x-should-retry": "false"}
@@ -74,6 +77,7 @@ class AdapterServer:
         keepalive_s: float = DEFAULT_KEEPALIVE_S,
         auto_open: Callable[[str], Session] | None = None,
         records_dir: Path | None = None,
+        body_limit_setting: str = DEFAULT_BODY_LIMIT_SETTING,
     ) -> None:
         if max_body_bytes <= 0 or keepalive_s <= 0:
             raise ValueError(f"max_body_bytes ({max_body_bytes}) and keepalive_s ({keepalive_s}) must be positive")
@@ -84,6 +88,7 @@ class AdapterServer:
         self.keepalive_s = keepalive_s
         self.auto_open = auto_open
         self.records_dir = records_dir
+        self.body_limit_setting = body_limit_setting
 
     def app(self) -> web.Application:
         # aiohttp's own limit sits above ours so that our check answers first, in the protocol's shape.
@@ -148,18 +153,34 @@ class AdapterServer:
             raise
 
     async def read_json(self, request: web.Request) -> Any:
+        """The request's JSON body, read to its end (Content-Length or chunked) under ``max_body_bytes``.
+
+        ``StreamReader.read(n)`` returns as soon as *some* bytes are buffered, so one call would cut a
+        large body wherever the socket's first buffer ended: read until EOF instead.
+        """
         limit = self.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            raise _too_large(request.content_length, limit)
-        raw = await request.content.read(limit + 1)
-        if len(raw) > limit:
-            raise _too_large(None, limit)
-        if not raw:
+            raise self._too_large(request.content_length)
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await request.content.read(BODY_CHUNK_BYTES):
+            size += len(chunk)
+            if size > limit:  # chunked (or lying) bodies: stop reading at the limit
+                raise self._too_large(None)
+            chunks.append(chunk)
+        if not size:
             raise ProtocolError("request body is empty: expected a JSON object")
+        raw = b"".join(chunks)
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
+
+    def _too_large(self, size: int | None) -> ProtocolError:
+        limit = self.max_body_bytes
+        got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+        return ProtocolError(f"request body of {got} exceeds the adapter's limit of {limit} bytes "
+                             f"(raise {self.body_limit_setting})", status=413, kind="request_too_large")
 
     async def stream(
         self, request: web.Request, dialect: Dialect, session: Session, req: CanonicalRequest
@@ -199,8 +220,3 @@ def _header_token(request: web.Request) -> str | None:
         return auth[7:].strip() or None
     return request.headers.get("x-api-key") or None
 
-
-def _too_large(size: int | None, limit: int) -> ProtocolError:
-    got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
-    return ProtocolError(f"request body of {got} exceeds the adapter's limit of {limit} bytes "
-                         "(raise the adapter's max_body_bytes)", status=413, kind="request_too_large")

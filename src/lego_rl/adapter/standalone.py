@@ -70,7 +70,7 @@ def build_standalone(opts: StandaloneOptions) -> tuple[AdapterServer, Any]:
     server = AdapterServer(
         core, registry, max_body_bytes=opts.max_body_bytes,
         auto_open=registry.open if opts.open_sessions is not None else None,
-        records_dir=opts.open_sessions,
+        records_dir=opts.open_sessions, body_limit_setting="lego adapter --max-body-mb",
     )
     return server, client
 

@@ -22,6 +22,8 @@ def adapter(
     max_context_tokens: int = typer.Option(0, min=0, help="Prompt + output tokens per call (0: the model's window)."),
     max_response_tokens: int = typer.Option(8192, min=1, help="Most output tokens per call."),
     template_kwargs: str = typer.Option("{}", "--template-kwargs", help="JSON object of chat-template kwargs."),
+    max_body_mb: float = typer.Option(32.0, "--max-body-mb", min=0.001, help=(
+        "Largest accepted request body in MiB (larger ones are answered 413); adapter.max_body_mb in lego.toml.")),
 ) -> None:
     """Serve Anthropic Messages, OpenAI Responses and Chat Completions over a served model.
 
@@ -46,7 +48,8 @@ def adapter(
         raise typer.Exit(EXIT_USAGE)
     opts = StandaloneOptions(serving_url=serving_url, model_dir=model, host=host, port=port,
                              open_sessions=open_sessions, sessions=session, max_context_tokens=max_context_tokens or None,
-                             max_response_tokens=max_response_tokens, template_kwargs=kwargs)
+                             max_response_tokens=max_response_tokens, template_kwargs=kwargs,
+                             max_body_bytes=int(max_body_mb * 1024 * 1024))
     err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model})", markup=False, highlight=False)
     try:
         asyncio.run(serve_standalone(opts))

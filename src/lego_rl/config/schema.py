@@ -80,7 +80,8 @@ class AdapterConfig(Section):
     max_requests_per_session: int = Field(default=500, ge=1)
     """Requests one session may make before it is refused (stops CLIs that loop)."""
     max_body_mb: float = Field(default=32.0, gt=0)
-    """Largest accepted request body."""
+    """Largest accepted request body in MiB (Content-Length or chunked); larger ones are answered 413 naming
+    this key. `lego adapter --max-body-mb` is the same limit for the standalone adapter."""
 
 
 class AgentConfig(Section):
