@@ -58,3 +58,25 @@ async def test_codex_plugin_makes_one_request_per_turn_on_a_cut_off_stream(start
     assert not res.timed_out and res.returncode != 0
     assert "idle timeout" in res.stdout and "Reconnecting" not in res.stdout, res.stdout[-3000:]
     assert adapter.sessions.get("sess-1").requests == 1
+
+
+async def test_opencode_title_request_answered_with_a_call_gets_text(start_adapter, cli_path, tmp_path: Path
+                                                                     ) -> None:
+    """OpenCode's title request offers no tools. A policy answering it with a tool call must get text back
+    (the title), not a call OpenCode has no tool for; the main turn is unaffected."""
+    from support.scripted_engine import tool_call_text
+    from test_opencode import run_opencode
+
+    call = tool_call_text("bash", {"command": "echo owned"})
+
+    def answer(prompt: str, index: int) -> str:
+        return f"Title {call}" if "title generator" in prompt else "Hi, nothing to do."
+
+    adapter = await start_adapter(answer)
+    res, _ = await run_opencode(adapter, cli_path, tmp_path, title=None)
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    session = adapter.sessions.get("sess-1")
+    (title,) = [r for r in session.records if r.kind == "side"]
+    assert title.side_label == "title" and title.tool_calls == 0 and title.stop_reason == "end_turn"
+    assert "owned" not in res.stdout + res.stderr
+    assert [r.text for r in session.main_records()] == ["Hi, nothing to do.<|im_end|>"]
