@@ -144,6 +144,10 @@ def test_codex_command_points_a_responses_provider_at_the_adapter() -> None:
     assert settings["model_providers.lego.base_url"] == '"http://127.0.0.1:18091/v1"'
     assert settings["model_providers.lego.wire_api"] == '"responses"'
     assert settings["model_providers.lego.env_key"] == '"LEGO_SESSION_KEY"'
+    # One turn is one request: no stream or request retries, and no idle cut inside the time budget.
+    assert settings["model_providers.lego.stream_max_retries"] == "0"
+    assert settings["model_providers.lego.request_max_retries"] == "0"
+    assert int(settings["model_providers.lego.stream_idle_timeout_ms"]) >= request().time_budget_s * 1000
     assert settings["web_search"] == '"disabled"' and settings["analytics.enabled"] == "false"
     assert spec.env["LEGO_SESSION_KEY"] == "sess-42"
     assert not spec.env["CODEX_HOME"].startswith("/tmp/")

@@ -3,7 +3,8 @@
 Front ends call ``AdapterCore.run_turn(session, request)`` with a ``CanonicalRequest`` and render the
 returned ``CanonicalResponse`` in their protocol (JSON or SSE). One turn is:
 
-1. admit the request on the session (closed, failed or over-limit sessions are refused);
+1. wait for any turn still running on the same chain of the session, then admit the request
+   (closed, failed or over-limit sessions are refused);
 2. fold split assistant items into one message, restore parallel tool results to call order (by id),
    and merge template kwargs
    (operator defaults < client's ``template_kwargs``/``reasoning_effort`` < the session's per-sample kwargs);
@@ -22,16 +23,27 @@ returned ``CanonicalResponse`` in their protocol (JSON or SSE). One turn is:
 For prefix reuse to match, the echoed assistant turn must carry the tool-call ids this core issued
 (``CanonicalResponse.tool_calls[i].id``) and its visible text; arguments and reasoning may differ.
 The engine call is not streamed: front ends emit their SSE events from the finished response.
+
+Concurrent requests on one chain (the main chain, or one side label) of a session are serialised, not
+refused: a client that sends its next request before the previous answer arrived (a retry after a
+cut-off stream, a CLI firing two calls at once) gets each answered in arrival order, and the later one
+is planned against the chain as the earlier one left it, so both cannot claim the same place on the
+main chain. Different chains of a session (a title request beside the main turn) run concurrently.
+A request identical to one already answered on its chain (same history, tools and template kwargs) is
+still answered, and its record says which turn it repeats (``TurnRecord.repeat_of``).
 Errors are raised, never returned: ``ProtocolError`` (client's fault, 4xx) and ``ProviderError``
 (engine's fault, 5xx); the HTTP edge maps them into the protocol's error shape.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,11 +57,13 @@ from lego_rl.chat.parsers import (
     parse_turn,
     restore_tool_order,
 )
-from lego_rl.chat.prefix import PrefixBridge, PromptPlan
+from lego_rl.chat.prefix import ChainState, PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer, RenderError
 from lego_rl.errors import ProtocolError, ProviderError
 from lego_rl.serving.protocol import LOGPROB_TOLERANCE, GenerateResult, SamplingParams
 from lego_rl.trajectory.records import TurnRecord
+
+log = logging.getLogger(__name__)
 
 
 class GenerateBackend(Protocol):
@@ -120,6 +134,7 @@ class AdapterCore:
         self.tool_parser = tool_parser
         self.sampling = sampling or SamplingDefaults()
         self.model_name = model_name
+        self._chain_locks: dict[tuple[str, str | None], _ChainLock] = {}
 
     def template_kwargs(self, session: Session | None, req: CanonicalRequest) -> dict[str, Any]:
         """Kwargs for this turn: operator defaults < client's < the session's per-sample kwargs."""
@@ -138,7 +153,29 @@ class AdapterCore:
 
     async def run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         """Run one model turn for ``session``; see the module docstring for the steps."""
+        async with self._serialised(session.id, req.side_label):
+            return await self._run_turn(session, req)
+
+    @asynccontextmanager
+    async def _serialised(self, session_id: str, label: str | None) -> AsyncIterator[None]:
+        """Hold the lock of one chain of one session; the entry is dropped when nobody holds or waits."""
+        key = (session_id, label)
+        entry = self._chain_locks.get(key)
+        if entry is None:
+            entry = self._chain_locks[key] = _ChainLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._chain_locks[key]
+
+    async def _run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         clock = _Clock()
+        # Admitted only once the chain is ours: a session that failed or closed while this request
+        # waited refuses it here.
         session.admit_request()
         messages = restore_tool_order(merge_assistant_runs(req.messages))
         if not messages:
@@ -149,6 +186,13 @@ class AdapterCore:
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
         clock.render_s = clock.elapsed()
+        repeat_of = _repeated_turn(chain, plan)
+        if repeat_of is not None:
+            log.warning(
+                "adapter: session %s: request repeats turn %d on chain %s (the client sent it again, "
+                "e.g. a stream retry); answered and recorded with repeat_of=%d",
+                session.id, repeat_of, req.side_label or "main", repeat_of,
+            )
 
         window = min(self.max_context_tokens, session.max_context_tokens or self.max_context_tokens)
         remaining = window - len(plan.prompt_ids)
@@ -159,7 +203,7 @@ class AdapterCore:
             if remaining <= 0:
                 session.termination = "context_limit"
             return self._no_call(
-                session, req, plan, clock, "context_limit" if remaining <= 0 else "max_tokens"
+                session, req, plan, clock, "context_limit" if remaining <= 0 else "max_tokens", repeat_of
             )
 
         params = self._sampling_params(req, min(cap, remaining))
@@ -184,6 +228,7 @@ class AdapterCore:
 
         record = self._record(session, req, plan, clock, stop, result=result, versions=versions)
         record.parse_failures, record.tool_calls = parsed.parse_failures, len(parsed.tool_calls)
+        record.repeat_of = repeat_of
         session.records.append(record)
         # The chain node shares the record's id lists: long sessions keep one copy of each prompt.
         plan.prompt_ids = record.prompt_ids
@@ -278,10 +323,18 @@ class AdapterCore:
             raise ProviderError(f"engine returned token id {wrong} outside the vocabulary (size {vocab})")
 
     def _no_call(
-        self, session: Session, req: CanonicalRequest, plan: PromptPlan, clock: _Clock, stop: StopKind
+        self,
+        session: Session,
+        req: CanonicalRequest,
+        plan: PromptPlan,
+        clock: _Clock,
+        stop: StopKind,
+        repeat_of: int | None,
     ) -> CanonicalResponse:
         """Answer without calling the engine: the context window (or the output cap) is used up."""
-        session.records.append(self._record(session, req, plan, clock, stop))
+        record = self._record(session, req, plan, clock, stop)
+        record.repeat_of = repeat_of
+        session.records.append(record)
         return CanonicalResponse(
             id=_response_id(req),
             model=req.model or self.model_name,
@@ -328,6 +381,27 @@ class AdapterCore:
             total_s=clock.elapsed(),
             text=self.renderer.decode(result.output_ids) if result is not None else "",
         )
+
+
+@dataclass
+class _ChainLock:
+    """The lock of one session chain and how many requests hold or wait for it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+def _repeated_turn(chain: ChainState, plan: PromptPlan) -> int | None:
+    """The latest answered turn of ``chain`` whose request was exactly this one (None when none was).
+
+    Compared by the bridge's own identities: the hash of the whole history, the tool schemas and the
+    template kwargs. Turns answered without an engine call are not in the chain and are not matched."""
+    n_messages = len(plan.history_hashes) - 1
+    for node in reversed(chain.nodes):
+        if (node.n_messages == n_messages and node.history_hash == plan.history_hashes[-1]
+                and node.tools_key == plan.tools_key and node.kwargs_key == plan.kwargs_key):
+            return node.turn
+    return None
 
 
 @dataclass

@@ -1,0 +1,82 @@
+"""Protocol behaviour seen with the real CLIs (issue 16), each CLI run as its lego plugin configures it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.netcage import run_caged
+
+from lego_rl.harness import RunRequest, get_harness, get_plugin_manager
+from lego_rl.harness.install import INSTALL_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
+
+
+def plugin_command(name: str, binary: Path, adapter: Any, work: Path, home: Path, *, session: str = "sess-1",
+                   prompt: str = "Say hello.", overrides: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment the lego plugin would run in a sandbox, with the sandbox install path
+    swapped for the host's npm install and HOME moved into the test's folder."""
+    handle = get_harness(name, overrides or {}, environ={}, pm=get_plugin_manager({}))
+    request = RunRequest(session_id=session, base_url=adapter.url, model="lego-tiny", prompt=prompt,
+                         workdir=str(work), time_budget_s=120, user="root")
+    spec = handle.command(request)
+    launcher = len(list(itertools.takewhile(lambda a: a.startswith(INSTALL_ROOT), spec.argv)))
+    env = {k: str(home) if v.startswith("/var/tmp/lego-") else v for k, v in spec.env.items()}
+    return [str(binary), *spec.argv[launcher:]], dict(env, PATH=os.environ["PATH"], HOME=str(home))
+
+
+def slow_engine(adapter: Any, delay_s: float) -> None:
+    """Make every engine call of the scripted policy take ``delay_s`` longer (without blocking the loop)."""
+    inner = adapter.engine.generate
+
+    async def generate(*args: Any, **kw: Any) -> Any:
+        await asyncio.sleep(delay_s)
+        return await inner(*args, **kw)
+
+    adapter.engine.generate = generate
+
+
+async def test_codex_plugin_makes_one_request_per_turn_on_a_cut_off_stream(start_adapter, cli_path, tmp_path: Path
+                                                                          ) -> None:
+    """Codex, as the plugin runs it, whose stream is cut (here: its idle timer, shortened to 1.5 s, runs
+    out while the engine works): one request, then the turn fails. With Codex's defaults the same turn
+    was sent 6 times ("Reconnecting... 1/5" .. "5/5"), each one an engine call on the session."""
+    adapter = await start_adapter(lambda prompt, i: "Hello.")
+    slow_engine(adapter, 4.0)
+    work, home = tmp_path / "repo", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    argv, env = plugin_command("codex", cli_path("codex"), adapter, work, home)
+    assert "model_providers.lego.stream_idle_timeout_ms=120000" in argv  # the run's time budget
+    argv[-2:-2] = ["-c", "model_providers.lego.stream_idle_timeout_ms=1500"]
+    res = await run_caged(argv, forwards=adapter.forwards, env=env, cwd=work, timeout=120)
+    assert not res.timed_out and res.returncode != 0
+    assert "idle timeout" in res.stdout and "Reconnecting" not in res.stdout, res.stdout[-3000:]
+    assert adapter.sessions.get("sess-1").requests == 1
+
+
+async def test_opencode_title_request_answered_with_a_call_gets_text(start_adapter, cli_path, tmp_path: Path
+                                                                     ) -> None:
+    """OpenCode's title request offers no tools. A policy answering it with a tool call must get text back
+    (the title), not a call OpenCode has no tool for; the main turn is unaffected."""
+    from support.scripted_engine import tool_call_text
+    from test_opencode import run_opencode
+
+    call = tool_call_text("bash", {"command": "echo owned"})
+
+    def answer(prompt: str, index: int) -> str:
+        return f"Title {call}" if "title generator" in prompt else "Hi, nothing to do."
+
+    adapter = await start_adapter(answer)
+    res, _ = await run_opencode(adapter, cli_path, tmp_path, title=None)
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    session = adapter.sessions.get("sess-1")
+    (title,) = [r for r in session.records if r.kind == "side"]
+    assert title.side_label == "title" and title.tool_calls == 0 and title.stop_reason == "end_turn"
+    assert "owned" not in res.stdout + res.stderr
+    assert [r.text for r in session.main_records()] == ["Hi, nothing to do.<|im_end|>"]
