@@ -159,13 +159,16 @@ def shared_tree(archive: Path, integrity: str, strip_components: int) -> Path:
             key = (str(tree), stamp.stat().st_mtime_ns)
             recorded = stamp.read_text().strip()
         except OSError:
-            raise HarnessError(f"shared toolchain tree {tree} has no {TREE_DIGEST}: delete the folder to have "
-                               "it extracted again") from None
+            raise HarnessError(
+                f"shared toolchain tree {tree} has no {TREE_DIGEST}: delete the folder to have it extracted again"
+            ) from None
         if key not in _verified_trees:
             actual = tree_digest(tree)
             if actual != recorded:
-                raise HarnessError(f"shared toolchain tree {tree} was changed after extraction (digest "
-                                   f"{actual[:16]}..., recorded {recorded[:16]}...): delete it to extract again")
+                raise HarnessError(
+                    f"shared toolchain tree {tree} was changed after extraction (digest {actual[:16]}..., "
+                    f"recorded {recorded[:16]}...): delete it to extract again"
+                )
             _verified_trees[key] = True
     return tree
 
