@@ -213,7 +213,9 @@ def host_folder() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-async def test_readonly_mount_cannot_be_written_by_anyone(make_sandbox: MakeSandbox, host_folder: Path) -> None:
+async def test_readonly_mount_cannot_be_written_by_anyone(
+    make_sandbox: MakeSandbox, host_folder: Path
+) -> None:
     """A mounted toolchain is shared by every rollout on the host: no sandbox user may change it."""
     (host_folder / "bin").mkdir()
     tool = host_folder / "bin" / "tool"

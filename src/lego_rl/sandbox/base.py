@@ -53,7 +53,7 @@ MAX_ERROR_CHARS = 2000
 
 
 def check_mount_target(target: str, sandbox_id: str) -> str:
-    """``target`` normalised, or ``SandboxError`` when it is not an absolute path below ``/`` without ``..``."""
+    """``target`` normalised; ``SandboxError`` unless it is an absolute path below ``/`` without ``..``."""
     if not posixpath.isabs(target) or ".." in target.split("/") or posixpath.normpath(target) == "/":
         raise SandboxError(f"mount target {target!r} in sandbox {sandbox_id} must be an absolute path "
                            "below / without '..'")
