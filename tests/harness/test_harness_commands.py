@@ -184,7 +184,12 @@ def test_opencode_config_and_flags() -> None:
 
 def test_openhands_runner_gets_its_settings_from_a_file() -> None:
     spec = harness("openhands").command(request())
-    assert spec.argv[0] == "python3.13" and spec.argv[1].endswith("lego_openhands_runner.py")
+    # The toolchain's Python by default; setting `python` selects the image's interpreter.
+    assert spec.argv[0] == "/opt/lego/python/3.13/bin/python3.13"
+    assert spec.argv[1] == "/opt/lego/openhands/1.58.2-py3.13-lego_openhands_runner.py"
+    image = harness("openhands", python="python3.13")
+    assert image.command(request()).argv[0] == "python3.13"
+    assert [p.kind for p in image.toolchain_pins()] == ["pypi"]
     run = json.loads(spec.files[spec.argv[2]])
     assert run["base_url"] == "http://127.0.0.1:18091/v1" and run["api_key"] == "sess-42"
     assert run["max_turns"] == 7 and run["model"] == "qwen-tiny"
