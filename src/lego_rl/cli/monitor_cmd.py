@@ -9,6 +9,8 @@ import typer
 
 from lego_rl.cli.console import EXIT_USAGE, fail, out
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
+from lego_rl.config.schema import MonitorConfig
+from lego_rl.errors import ConfigError
 
 RunArg = Annotated[Path, typer.Argument(help="The run directory (paths.run_root of the run).", show_default=False)]
 CompareOpt = Annotated[
@@ -28,6 +30,15 @@ def _check_dir(path: Path, what: str) -> None:
     if not path.is_dir():
         fail(f"{what} {path} is not a directory (give the run's paths.run_root)")
         raise typer.Exit(EXIT_USAGE)
+
+
+def _monitor_config(config: Path | None, overrides: list[str] | None) -> MonitorConfig:
+    try:
+        resolved = load(config, overrides)
+    except ConfigError as exc:
+        fail(exc)
+        raise typer.Exit(EXIT_USAGE) from None
+    return resolved.config.monitor
 
 
 def monitor(
@@ -51,8 +62,7 @@ def monitor(
     _check_dir(run_dir, "RUN_DIR")
     if compare_with is not None:
         _check_dir(compare_with, "--compare")
-    resolved = load(config, overrides)
-    cfg = resolved.config.monitor
+    cfg: MonitorConfig = _monitor_config(config, overrides)
     mon = Monitor(run_dir, kl_warn=cfg.kl_warn, other=compare_with)
     mon.query = search
     if json_out:

@@ -118,9 +118,8 @@ class Monitor:
         section = KEYS.get(k)
         if k.isdigit() and 1 <= int(k) <= len(views.VIEWS):
             section = views.VIEWS[int(k) - 1][1]
-        if section is not None and (section != "compare" or self.other is not None):
-            if section != self.view:
-                self.view, self.offset, self.opened = section, 0, None
+        if section not in (None, self.view) and (section != "compare" or self.other is not None):
+            self.view, self.offset, self.opened = section, 0, None  # type: ignore[assignment]
         return False
 
     # -- drawing ---------------------------------------------------------------------------------------

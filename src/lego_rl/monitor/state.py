@@ -309,8 +309,8 @@ class RunState:
         elif isinstance(e, ServingReady):
             self.serving = e.serving
         elif isinstance(e, LogRepaired):
-            self.last_error = (e.ts, f"the log ended in a torn line when reopened (a crash mid-write): "
-                                     f"{e.fragment[:80]!r}")
+            repaired = f"the log ended in a torn line when reopened (a crash mid-write): {e.fragment[:80]!r}"
+            self.last_error = (e.ts, repaired)
 
     def _stage_time(self, r: Rollout, stage: str, seconds: float) -> None:
         key = (r.step, r.harness, stage)
@@ -384,7 +384,7 @@ class RunState:
             return f"finished ({self.finished.status})"
         if self.check_finished is not None:
             return "finished"
-        if not self.events.exists:
+        if not self.events.exists or (self.events_read == 0 and not self.events.torn_bytes):
             return "not started"
         quiet = now - (self.events.mtime or now)
         if quiet > self.stall_after_s():
@@ -406,7 +406,7 @@ class RunState:
             return Note("warn", f"no event for {quiet / 60:.0f} min and no training_finished: the run crashed "
                                 f"(killed, out of memory) or is stuck; {len(self.in_flight)} rollouts never finished")
         if status == "not started":
-            return Note("info", "waiting for the run to write events.jsonl")
+            return Note("info", "waiting for the run to write its first event to events.jsonl")
         return Note("info", "running")
 
     def config_int(self, section: str, key: str) -> int | None:

@@ -241,8 +241,9 @@ def drill(d: RolloutDetail, offset: int, height: int) -> RenderableType:
     if d.turns:
         lines.append(("turns (tool calls)", "bold"))
         for tb in d.turns:
-            lines.append((f"  turn {tb.turn} {tb.render_mode:<8} {tb.output_tokens:>5} tokens  tools "
-                          f"{','.join(tb.tools) or '-'}  {tb.text[:100]!r}", ""))
+            tools = ",".join(tb.tools) or "-"
+            line = f"  turn {tb.turn} {tb.render_mode:<8} {tb.output_tokens:>5} tokens  tools {tools}  {tb.text[:100]!r}"
+            lines.append((line, ""))
     if d.transcript:
         lines.append(("CLI transcript (tail)", "bold"))
         lines += [("  " + x[:220], "") for x in d.transcript]
