@@ -138,7 +138,9 @@ class Monitor:
 
     def body(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         if self.opened is not None:
-            return views.drill(self.opened, self.offset, height)
+            lines = views.drill_lines(self.opened)
+            self.offset = min(self.offset, max(0, len(lines) - height))
+            return views.drill(lines, self.offset, height)
         v = self.view
         if v == "overview":
             return views.overview(snap, width)
@@ -189,7 +191,7 @@ def render_once(mon: Monitor, console: Console, rollout: str | None = None) -> N
     if rollout is not None:
         d = detail(mon.state, rollout)
         console.print(Rule(f"rollout {rollout}"))
-        console.print(views.drill(d, 0, 400) if d else Text(f"no rollout {rollout!r} in this run", "red"))
+        console.print(views.drill(views.drill_lines(d), 0, 10_000, wrap=True) if d else Text(f"no rollout {rollout!r} in this run", "red"))
 
 
 def snapshot_json(mon: Monitor, rollout: str | None = None) -> str:

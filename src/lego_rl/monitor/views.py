@@ -171,7 +171,8 @@ def tasks(snap: Snapshot, width: int, height: int, offset: int) -> RenderableTyp
         return Text("no finished rollouts yet")
     name_w = min(40, max(len(t.instance_id) for t in tk.tasks))
     cells_w = max(8, width - name_w - 30)
-    t = Text(f"{len(tk.tasks)} tasks; zero-variance groups {tk.zero_variance_groups}/{tk.groups} (no GRPO signal: "
+    t = Text(no_wrap=True, overflow="crop")
+    t.append(f"{len(tk.tasks)} tasks; zero-variance groups {tk.zero_variance_groups}/{tk.groups} (no GRPO signal: "
              "marked ∅);  ✓ solved  · failed  ✗ infrastructure\n", "bold")
     rows = tk.tasks[offset: offset + max(3, height - 4)]
     for row in rows:
@@ -229,7 +230,8 @@ def rollouts(items: list[RolloutBrief] | None, height: int, selected: int, query
     return table
 
 
-def drill(d: RolloutDetail, offset: int, height: int) -> RenderableType:
+def drill_lines(d: RolloutDetail) -> list[tuple[str, str]]:
+    """The drill-down as (text, style) lines, for scrolling."""
     lines: list[tuple[str, str]] = [(f"rollout {d.rollout.rollout_id}   folder {d.folder}", "bold")]
     lines += [("timeline", "bold")] + [(x, "") for x in d.timeline]
     for p in d.problems:
@@ -254,7 +256,13 @@ def drill(d: RolloutDetail, offset: int, height: int) -> RenderableType:
     if d.grader_log is not None:
         lines.append(("grader.log (tail)", "bold"))
         lines += [("  " + x, "") for x in d.grader_log.splitlines()[-60:]]
-    t = Text()
+    return lines
+
+
+def drill(lines: list[tuple[str, str]], offset: int, height: int, wrap: bool = False) -> RenderableType:
+    """``height`` lines from ``offset``; on screen each is cut at the edge (a wrapped line would push the rest
+    off), in a printed snapshot (``wrap``) nothing is lost."""
+    t = Text(no_wrap=not wrap, overflow="fold" if wrap else "crop")
     for text, style in lines[offset: offset + max(5, height)]:
         t.append(text + "\n", style)
     return t
