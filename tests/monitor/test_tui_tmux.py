@@ -51,7 +51,7 @@ class Screen:
             time.sleep(0.2)
 
     def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30, check=False)
 
 
 @pytest.fixture
