@@ -34,7 +34,5 @@ UNWIRED: dict[str, str] = {
     "cluster.gloo_socket_ifname": RAY,
     "cluster.start_ray": RAY,
     "cluster.ray_address": RAY,
-    "monitor.refresh_s": "the run monitor (not written yet) reads it",
-    "monitor.kl_warn": "the run monitor (not written yet) reads it",
 }
 """``section.key`` → what will read it (completes "it has no effect until ...")."""
