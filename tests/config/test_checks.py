@@ -45,6 +45,8 @@ def test_base_config_is_clean(base_toml: Path) -> None:
         (["rollout.top_p=1.5"], "top_p"),
         (["rollout.top_k=0"], "top_k"),
         (["train.use_score_centering=true"], "score_centering"),
+        (["rollout.capture_nucleus=true", "serving.backend=\"vllm\"", "serving.urls=[\"http://h:1\"]"],
+         "nucleus_unavailable"),
         (["model.dtype=\"bfloat16\""], "logprob_convention"),
         (["serving.device=\"cuda\""], "logprob_convention"),
         (["rollout.use_rollout_routing_replay=true"], "r3_dense"),

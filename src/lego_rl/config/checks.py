@@ -177,6 +177,18 @@ def score_centering(r: ResolvedConfig) -> Iterator[Finding]:
             "train.use_score_centering needs each token's nucleus probabilities, but rollout.capture_nucleus is off",
             "set rollout.capture_nucleus = true", "train.use_score_centering", "rollout.capture_nucleus",
         )
+    if r.config.rollout.capture_nucleus and r.config.serving.backend == "vllm":
+        # return_sampling_mask is lego's extension (serving.server); vLLM ignores it and the reply has no
+        # nucleus, so every generate request would fail validation at the first rollout.
+        yield error(
+            "nucleus_unavailable",
+            "rollout.capture_nucleus needs the engine to return each token's nucleus, which only lego's embedded "
+            "engine does (serving.backend = \"vllm\" replies without it)"
+            + ("; train.use_score_centering depends on it" if r.config.train.use_score_centering else ""),
+            "set serving.backend = \"embedded\", or rollout.capture_nucleus = false and "
+            "train.use_score_centering = false",
+            "rollout.capture_nucleus", "serving.backend", "train.use_score_centering",
+        )
 
 
 @check

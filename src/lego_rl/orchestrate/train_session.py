@@ -56,7 +56,7 @@ def loss_config(c: LegoConfig) -> LossConfig:
     t = c.train
     return LossConfig(algorithm=t.algorithm, clip_low=t.clip_low, clip_high=t.clip_high, dual_clip_c=t.dual_clip_c,
                       is_correction=t.is_correction, is_level=t.is_level, is_low=t.is_low, is_high=t.is_high,
-                      kl_coef=t.kl_coef)
+                      kl_coef=t.kl_coef, use_score_centering=t.use_score_centering)
 
 
 def torch_settings(c: LegoConfig) -> TorchTrainSettings:
@@ -262,7 +262,8 @@ class TrainSession:
                     self.run_dir.events.emit(ServingReady(adapter="", serving=engines.urls))
                     sampler = Sampler(engines.client, engines.renderer, temperature=c.rollout.temperature,
                                       top_p=c.rollout.top_p, top_k=c.rollout.top_k,
-                                      max_tokens=c.model.max_response_tokens)
+                                      max_tokens=c.model.max_response_tokens,
+                                      capture_nucleus=c.rollout.capture_nucleus)
                     rollout_fn = env_rollout_fn(self.env, sampler, self.run_dir)
                 else:
                     st = await stack.enter_async_context(serving_stack(c))

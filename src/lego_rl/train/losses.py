@@ -153,6 +153,13 @@ def _check_shapes(inp: LossInputs, cfg: LossConfig) -> tuple[int, int]:
         for name, other in shapes.items():
             if other != shape:
                 raise ValueError(f"{name} has shape {other} but nucleus_candidate_logprobs has {shape}")
+        assert inp.nucleus_valid is not None
+        bare = int(((inp.loss_mask > 0) & ~inp.nucleus_valid.any(-1)).sum())  # trained tokens, no nucleus
+        if bare:
+            raise ValueError(
+                f"use_score_centering: {bare} trained token(s) have no captured nucleus (every sampled token "
+                "needs one: rollout.capture_nucleus on the engine that sampled them)"
+            )
     return t, r
 
 
