@@ -161,3 +161,19 @@ def test_a_rollout_function_that_raises_stops_the_batch_with_its_error() -> None
             await sched.close()
 
     run_virtual(main())
+
+
+def test_partial_rollouts_let_a_straggler_run_on_across_updates_and_train_its_group() -> None:
+    # As in the cancellation test, but the straggler runs across weight updates instead of being cancelled.
+    def script(n: int, slot: RolloutSlot) -> tuple[float, TR]:
+        return (1_000.0 if (slot.group_index, slot.index) == (0, 1) else 10.0), TR.COMPLETED
+
+    r = run_virtual(simulate(script=script, steps=30, train_s=30.0, batch_size=1, samples_per_prompt=2, slots=4,
+                             max_staleness=1, partial=True))
+    assert not r.cancellations() and r.stale_groups == 0
+    [late] = [b for b in r.batches() if "p0" in b.prompt_ids]
+    # Trained long after the policy it started on (0): the loop judges its tokens one by one.
+    assert late.step > 1 and min(late.started_policies) == 0
+    # The other groups did not wait for it.
+    assert [b.step for b in r.batches()] == list(range(30)) and r.wall_s < 30 * 40.0
+    assert r.double is not None and r.double.running == 0
