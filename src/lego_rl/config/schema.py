@@ -172,6 +172,10 @@ class RolloutConfig(Section):
     engines served step p's policy is trained at step s only if s - p <= max_staleness. 0 = synchronous (no
     rollout runs while the trainer trains); 1 (default) overlaps each step's rollouts with the previous
     step's training. Work past the bound is not started, or cancelled (see partial_rollouts)."""
+    sync_in_flight: Literal["wait", "keep"] = "wait"
+    """What a weight sync does to generation requests in flight: wait = they finish on the old weights before
+    the swap (the sync waits for the longest one, bounded by max_response_tokens); keep = they are frozen and
+    continue on the new weights (a turn may then span two versions, each token tagged with its own)."""
     partial_rollouts: Literal["off", "keep", "drop"] = "off"
     """Rollouts in flight across a weight update. off: a rollout is as old as the policy it started on, and
     one past rollout.max_staleness is cancelled. keep / drop: it is never cancelled for its age; it runs on

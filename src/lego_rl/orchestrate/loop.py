@@ -54,6 +54,7 @@ from lego_rl.orchestrate.scheduler import (
     SchedulerSettings,
     StepRollouts,
 )
+from lego_rl.orchestrate.weight_sync import WeightSync
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore import RunDir, StepMetrics, replace_file
 from lego_rl.runstore.events import (
@@ -571,6 +572,10 @@ class TrainLoop:
             await self.sync(self.backend, outcome.weight_version)
             t_sync = time.monotonic() - t2
             self._policy_of_version[outcome.weight_version] = step + 1
+            if isinstance(self.sync, WeightSync) and self.sync.last is not None:
+                # Of the sync: waiting for requests in flight (in_flight = wait) and staging the checkpoint.
+                ages["time_sync_drain_s"] = self.sync.last.drain_seconds
+                ages["time_sync_stage_s"] = self.sync.last.stage_seconds
         t_rollout = rolled.wait_s
         # What the policy did this step, replaced groups included (training saw only ``results``).
         sampled = results + [r for g in rolled.dropped for r in g.results]
