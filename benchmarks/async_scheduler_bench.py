@@ -12,8 +12,10 @@ than a batch.
 
 Printed per N and mode: steps per hour and its ratio to synchronous (max_staleness 0) at the same N,
 the idle-slot fraction (slot-seconds no rollout held), the wasted-slot fraction (slot-seconds of
-rollouts cancelled as stale, never trained), the trainer's idle fraction (waiting for a batch) and the
-groups dropped as stale.
+rollouts cancelled as stale, never trained), the trainer's idle fraction (waiting for a batch), the
+groups dropped as stale, and the trained rollouts' policy lag (step minus the policy each started on). "partial" is ``rollout.partial_rollouts`` keep/drop: nothing is cancelled for its
+age (a straggler runs on across updates and its group is trained later, with its older tokens kept or masked
+by the loop).
 
     .venv/bin/python benchmarks/async_scheduler_bench.py [--steps 50] [--seeds 3]
 """
@@ -60,10 +62,23 @@ def script_for(stream: list[float]) -> Script:
     return script
 
 
-def run(seed: int, *, steps: int, slots: int, k: int) -> SimReport:
+def run(seed: int, *, steps: int, slots: int, k: int, partial: bool = False) -> SimReport:
     stream = durations(seed, 200_000)
     return run_virtual(simulate(script=script_for(stream), steps=steps, train_s=TRAIN_S, batch_size=BATCH,
-                                samples_per_prompt=SAMPLES, slots=slots, max_staleness=k))
+                                samples_per_prompt=SAMPLES, slots=slots, max_staleness=k, partial=partial))
+
+
+def lags(r: SimReport) -> list[int]:
+    """Step minus the policy each trained rollout started on."""
+    return [b.step - p for b in r.batches() for p in b.started_policies]
+
+
+def lag_mean(r: SimReport) -> float:
+    return statistics.mean(lags(r))
+
+
+def lag_max(r: SimReport) -> int:
+    return max(lags(r))
 
 
 def main() -> None:
@@ -73,20 +88,21 @@ def main() -> None:
     args = ap.parse_args()
     print(f"rollouts: lognormal median {MEDIAN_S:g} s sigma {SIGMA:g}, {STRAGGLER_P:.0%} stragglers x{STRAGGLER_X:g}; "
           f"trainer step {TRAIN_S:g} s; batch {BATCH}x{SAMPLES}; {args.steps} steps; seeds {args.seeds}")
-    print(f"{'N':>3} {'mode':<8} {'steps/h':>8} {'vs sync':>8} {'idle slots':>10} {'wasted':>7} "
-          f"{'trainer idle':>12} {'stale groups':>12}")
+    print(f"{'N':>3} {'mode':<17} {'steps/h':>8} {'vs sync':>8} {'idle slots':>10} {'wasted':>7} "
+          f"{'trainer idle':>12} {'stale groups':>12} {'lag mean/max':>12}")
     for slots in (64, 32, 16):
         base = None
-        for k in (0, 1, 2):
-            reps = [run(seed, steps=args.steps, slots=slots, k=k) for seed in range(args.seeds)]
+        for k, partial in ((0, False), (1, False), (2, False), (1, True)):
+            reps = [run(seed, steps=args.steps, slots=slots, k=k, partial=partial) for seed in range(args.seeds)]
             sph = statistics.mean(r.steps_per_hour for r in reps)
             base = base or sph
-            mode = "sync" if k == 0 else f"async K={k}"
-            print(f"{slots:>3} {mode:<8} {sph:>8.2f} {sph / base:>7.2f}x "
+            mode = "sync" if k == 0 else f"async K={k}" + (" partial" if partial else "")
+            print(f"{slots:>3} {mode:<17} {sph:>8.2f} {sph / base:>7.2f}x "
                   f"{statistics.mean(r.idle_slot_fraction for r in reps):>10.1%} "
                   f"{statistics.mean(r.wasted_s / r.capacity_s for r in reps):>7.1%} "
                   f"{statistics.mean(r.trainer_idle_fraction for r in reps):>12.1%} "
-                  f"{statistics.mean(r.stale_groups for r in reps):>12.1f}")
+                  f"{statistics.mean(r.stale_groups for r in reps):>12.1f} "
+                  f"{statistics.mean(lag_mean(r) for r in reps):>7.2f}/{max(lag_max(r) for r in reps):<4}")
 
 
 if __name__ == "__main__":

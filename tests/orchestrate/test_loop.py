@@ -24,7 +24,7 @@ from lego_rl.runstore import RunDir, read_events
 from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.termination import TerminationReason as TR
-from lego_rl.trajectory.sample import Sample
+from lego_rl.trajectory.sample import Sample, TurnSpan
 from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
 
@@ -358,3 +358,39 @@ async def test_trainer_crash_mid_step_resumes_from_the_checkpoint_training_no_ro
     # The prompts drawn but not trained before the crash were drawn again first: none skipped.
     assert set(batches[2].prompt_ids) == set(batches[3].prompt_ids)
     assert [e.status for e in events if e.kind == "training_finished"] == ["failed", "completed"]
+
+
+class CrossingRollouts(ScriptedRollouts):
+    """TEST DOUBLE: ``ScriptedRollouts`` whose two sampled tokens are two turns recorded as a rollout that
+    crossed a weight update records them: the first turn on the version before the engines' current one, the
+    second on the current one (``version_now``, read when the rollout runs)."""
+
+    def __init__(self, decide: Callable[[Prompt, RolloutSlot], Outcome], version_now: Callable[[], int]) -> None:
+        super().__init__(decide)
+        self.version_now = version_now
+
+    async def __call__(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+        result = await super().__call__(prompt, slot)
+        v = self.version_now()
+        spans = [TurnSpan(turn=0, start=3, end=4, render_mode="bridged"),
+                 TurnSpan(turn=1, start=4, end=5, render_mode="bridged")]
+        result.samples = [s.model_copy(update={"weight_versions": [-1, -1, -1, max(v - 1, 0), v], "turn_spans": spans})
+                          for s in result.samples]
+        return result
+
+
+@pytest.mark.parametrize("policy", ["keep", "drop"])
+async def test_partial_rollouts_train_or_mask_the_tokens_older_than_the_bound(tmp_path: Path, tiny: Path,
+                                                                              policy: str) -> None:
+    holder: list[TrainLoop] = []
+    rollouts = CrossingRollouts(alternate, lambda: holder[0].backend.weight_version)
+    loop = make_loop(tmp_path, tiny, rollouts, max_staleness=0, partial_rollouts=policy)
+    holder.append(loop)
+    await loop.run_step(0)  # version 0 -> 1; step 1's rollouts sample their first turn on 0, second on 1
+    row = await loop.run_step(1)
+    assert row.values["tokens_age/0"] == 8 and row.values["tokens_age/1"] == 8  # as sampled, before masking
+    assert row.values["rollouts_crossed_version"] == 8 and row.values["turns_crossed_version"] == 8
+    if policy == "drop":
+        assert row.values["tokens_dropped_stale"] == 8 and row.values["tokens"] == 8  # only the fresh turn
+    else:
+        assert "tokens_dropped_stale" not in row.values and row.values["tokens"] == 16

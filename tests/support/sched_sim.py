@@ -91,7 +91,7 @@ class SimReport:
 
 
 async def simulate(*, script: Script, steps: int, train_s: float, batch_size: int, samples_per_prompt: int,
-                   slots: int, max_staleness: int, max_refills: int = 2) -> SimReport:
+                   slots: int, max_staleness: int, max_refills: int = 2, partial: bool = False) -> SimReport:
     """``steps`` training steps of ``train_s`` each against ``TimedRolloutsDouble(script)``."""
     loop = asyncio.get_running_loop()
     events: list[RunEvent] = []
@@ -100,7 +100,7 @@ async def simulate(*, script: Script, steps: int, train_s: float, batch_size: in
     sched = RolloutScheduler(
         SchedulerSettings(batch_size=batch_size, samples_per_prompt=samples_per_prompt, slots=slots,
                           max_staleness=max_staleness, max_refills=max_refills, replace_zero_variance=False,
-                          admission=admission_policy("exclude")),
+                          admission=admission_policy("exclude"), partial=partial),
         rollout_fn=rollouts, draw=lambda: Prompt(f"p{next(counter)}", None), emit=events.append,
         policy=0, next_step=0, end_step=steps)
     t0 = loop.time()

@@ -169,7 +169,20 @@ class RolloutConfig(Section):
     use_rollout_routing_replay: bool = False
     """R3: record MoE expert routes at rollout and replay them in training (MoE models only)."""
     max_staleness: int = Field(default=1, ge=0)
-    """Weight versions a rollout may lag behind the trainer when it is admitted."""
+    """Policies (trained steps) a rollout may lag behind the step that trains it: a rollout started while the
+    engines served step p's policy is trained at step s only if s - p <= max_staleness. 0 = synchronous (no
+    rollout runs while the trainer trains); 1 (default) overlaps each step's rollouts with the previous
+    step's training. Work past the bound is not started, or cancelled (see partial_rollouts)."""
+    sync_in_flight: Literal["wait", "keep"] = "wait"
+    """What a weight sync does to generation requests in flight: wait = they finish on the old weights before
+    the swap (the sync waits for the longest one, bounded by max_response_tokens); keep = they are frozen and
+    continue on the new weights (a turn may then span two versions, each token tagged with its own)."""
+    partial_rollouts: Literal["off", "keep", "drop"] = "off"
+    """Rollouts in flight across a weight update. off: a rollout is as old as the policy it started on, and
+    one past rollout.max_staleness is cancelled. keep / drop: it is never cancelled for its age; it runs on
+    (its later turns sample from the new weights) and is trained with each token's own weight version: keep
+    trains its tokens older than max_staleness too, each corrected by its own sampling log-prob
+    (train.is_correction), drop masks them out of the loss (its reward still counts in its group)."""
     concurrency: int = Field(default=8, ge=1)
     """Rollouts in flight at once during a training step (sandboxes and CLIs for coding tasks, engine
     requests for an environment); the engine batches what arrives."""

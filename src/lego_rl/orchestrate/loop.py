@@ -30,6 +30,7 @@ draws those prompts again first and trains no rollout twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import random
 import time
@@ -53,6 +54,7 @@ from lego_rl.orchestrate.scheduler import (
     SchedulerSettings,
     StepRollouts,
 )
+from lego_rl.orchestrate.weight_sync import WeightSync
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore import RunDir, StepMetrics, replace_file
 from lego_rl.runstore.events import (
@@ -108,6 +110,10 @@ class LoopSettings:
     """Rollout slots: rollouts in flight at most."""
     max_staleness: int = 1
     """Policies a trained rollout may lag behind the step that trains it (0: synchronous)."""
+    partial_rollouts: Literal["off", "keep", "drop"] = "off"
+    """off: a rollout is as old as the policy it started on (stale ones cancelled); keep/drop: rollouts run on
+    across updates, and their sampled tokens older than ``max_staleness`` policies are trained (keep) or
+    masked out (drop)."""
     max_refills: int = 2
     oversample_zero_variance: bool = False
     checkpoint_every: int = 0
@@ -124,7 +130,8 @@ class LoopSettings:
             samples_per_prompt=c.rollout.samples_per_prompt, micro_batch_tokens=c.train.micro_batch_tokens,
             global_batch_size=c.train.global_batch_size, temperature=c.rollout.temperature,
             top_p=c.rollout.top_p, top_k=c.rollout.top_k,
-            concurrency=c.rollout.concurrency, max_staleness=c.rollout.max_staleness, max_refills=c.train.max_refills,
+            concurrency=c.rollout.concurrency, max_staleness=c.rollout.max_staleness,
+            partial_rollouts=c.rollout.partial_rollouts, max_refills=c.train.max_refills,
             oversample_zero_variance=c.train.oversample_zero_variance, checkpoint_every=c.train.checkpoint_every,
             eval_every=c.train.eval_every, eval_samples=c.train.eval_samples,
             infra_failure_policy=c.train.infra_failure_policy, seed=c.train.seed,
@@ -357,9 +364,33 @@ class TrainLoop:
         return RolloutScheduler(
             SchedulerSettings(batch_size=s.batch_size, samples_per_prompt=s.samples_per_prompt, slots=s.concurrency,
                               max_staleness=s.max_staleness, max_refills=s.max_refills,
-                              replace_zero_variance=s.oversample_zero_variance, admission=self.admission),
+                              replace_zero_variance=s.oversample_zero_variance, admission=self.admission,
+                              partial=s.partial_rollouts != "off"),
             rollout_fn=self._counted, draw=self.stream.next, emit=self.run_dir.events.emit,
             policy=first_step, next_step=first_step, end_step=end_step, id_prefix=self._tag, redo=redo)
+
+    def _token_policy(self, version: int, started: int) -> int:
+        """The policy a sampled token came from: its weight version's, or (version unknown) the rollout's start."""
+        return self._policy_of_version.get(version, started)
+
+    def _drop_stale_tokens(self, step: int, groups: Sequence[Group]) -> int:
+        """``partial_rollouts = "drop"``: mask out (loss mask 0) every sampled token older than ``max_staleness``
+        policies, in place in the groups' results. Returns how many tokens were masked."""
+        dropped = 0
+        for g in groups:
+            started = g.policies
+            for k, r in enumerate(g.results):
+                new_samples = []
+                for smp in r.samples:
+                    if not smp.weight_versions:
+                        new_samples.append(smp)
+                        continue
+                    mask = [0 if m and step - self._token_policy(v, started.get(r.rollout_id, step)) > self.s.max_staleness
+                            else m for m, v in zip(smp.loss_mask, smp.weight_versions, strict=True)]
+                    dropped += sum(smp.loss_mask) - sum(mask)
+                    new_samples.append(smp.model_copy(update={"loss_mask": mask}) if mask != smp.loss_mask else smp)
+                g.results[k] = dataclasses.replace(r, samples=new_samples)
+        return dropped
 
     def _commit(self, sched: RolloutScheduler | None) -> None:
         """The data state a checkpoint of the step just completed holds: the cursor and, read at the same
@@ -489,22 +520,31 @@ class TrainLoop:
         rollouts whose tokens came from more than one version crossed a weight update."""
         lags = [step - p for g in groups for p in g.policies.values()]
         ages: Counter[int] = Counter()
-        crossed = 0
+        crossed = turns_crossed = 0
         for g in groups:
             for r in g.results:
                 start = g.policies.get(r.rollout_id, step)
                 versions: set[int] = set()
+                turn_versions: list[int] = []
                 for smp in r.samples:
                     for m, v in zip(smp.loss_mask, smp.weight_versions or [-1] * len(smp.loss_mask), strict=True):
                         if not m:
                             continue
                         versions.add(v)
-                        ages[step - self._policy_of_version.get(v, start)] += 1
+                        ages[step - self._token_policy(v, start)] += 1
+                    if smp.weight_versions:
+                        turn_versions += [smp.weight_versions[t.start] for t in smp.turn_spans
+                                          if t.end > t.start and smp.weight_versions[t.start] >= 0]
+                # Turns sampled on newer weights than the rollout's first turn (a turn is never split: the
+                # sync lets requests in flight finish on the old weights).
+                first = min(turn_versions, default=0)
+                turns_crossed += sum(1 for v in turn_versions if v > first)
                 crossed += len(versions - {-1}) > 1
         out = {f"tokens_age/{k}": float(n) for k, n in sorted(ages.items())}
         if lags:
             out |= {"policy_lag_mean": sum(lags) / len(lags), "policy_lag_max": float(max(lags))}
         out["rollouts_crossed_version"] = float(crossed)
+        out["turns_crossed_version"] = float(turns_crossed)
         return out
 
     async def finish_step(self, step: int, started: float, rolled: StepRollouts) -> StepMetrics:
@@ -516,11 +556,15 @@ class TrainLoop:
             detail = next((r.detail for r in results if r.detail), "")
             raise TrainingError(f"step {step}: every rollout failed for an infrastructure reason ({dict(reasons)}"
                                 f"{', last: ' + detail[:300] if detail else ''}); is the engine alive?")
+        # The batch's ages as sampled, before the drop policy masks anything.
+        ages = self._age_metrics(step, rolled.groups)
+        if self.s.partial_rollouts == "drop":
+            ages["tokens_dropped_stale"] = float(self._drop_stale_tokens(step, rolled.groups))
+            results = [r for g in rolled.groups for r in g.results]
         self.progress.phase = "train"
         t1 = time.monotonic()
         outcome, stats, excluded = await asyncio.to_thread(self.train_on, results)
         t_train = time.monotonic() - t1
-        ages = self._age_metrics(step, rolled.groups)
         t_sync = 0.0
         if outcome.trained:
             self.progress.phase = "sync"
@@ -528,6 +572,10 @@ class TrainLoop:
             await self.sync(self.backend, outcome.weight_version)
             t_sync = time.monotonic() - t2
             self._policy_of_version[outcome.weight_version] = step + 1
+            if isinstance(self.sync, WeightSync) and self.sync.last is not None:
+                # Of the sync: waiting for requests in flight (in_flight = wait) and staging the checkpoint.
+                ages["time_sync_drain_s"] = self.sync.last.drain_seconds
+                ages["time_sync_stage_s"] = self.sync.last.stage_seconds
         t_rollout = rolled.wait_s
         # What the policy did this step, replaced groups included (training saw only ``results``).
         sampled = results + [r for g in rolled.dropped for r in g.results]

@@ -24,6 +24,10 @@ on ``p`` only if ``s - p <= max_staleness`` (``K``); a group is as old as its ol
   ``rollout_cancelled`` event each) and its finished ones are never trained. Its prompt is not redrawn:
   ``stale_groups`` in the step's metrics says how often that happened (a bias against long tasks when it
   is frequent: raise ``K`` or the slot count).
+* **Partial rollouts** (``partial``): no group is cancelled or dropped for its age; a rollout in flight across
+  weight updates runs on (its later turns sample from the new weights) and the loop decides per token what
+  its tokens older than the bound are worth (``rollout.partial_rollouts``: keep or drop). Batches still take
+  the oldest groups first, and the launch bound still holds.
 * **Zero variance** (``replace_zero_variance``): a complete group whose kept rewards are all equal is
   dropped (``group_replaced``) while the current step's budget of ``batch_size`` lasts; the launch bound
   then lets a fresh prompt start in its place.
@@ -136,6 +140,9 @@ class SchedulerSettings:
     max_refills: int
     replace_zero_variance: bool
     admission: AdmissionPolicy
+    partial: bool = False
+    """Partial rollouts (``rollout.partial_rollouts`` keep/drop): no group is cancelled or dropped for its age;
+    the loop decides per token what its older tokens are worth. The launch bound still holds."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +274,9 @@ class RolloutScheduler:
             if self._error is not None:
                 raise SchedulerError(f"a rollout raised instead of returning a result: "
                                      f"{type(self._error).__name__}: {self._error}") from self._error
-            ready = sorted((g for g in self._live.values() if g.done_at is not None),
+            floor = step - self.s.max_staleness
+            ready = sorted((g for g in self._live.values()
+                            if g.done_at is not None and (self.s.partial or g.oldest() >= floor)),
                            key=lambda g: (g.oldest(), g.done_at))
             if len(ready) >= self.s.batch_size:
                 break
@@ -406,6 +415,9 @@ class RolloutScheduler:
             live.slot_policy.pop(slot.index, None)
         if len(live.final) < self.s.samples_per_prompt:
             return
+        if not self.s.partial and live.oldest() < self.next_step - self.s.max_staleness:
+            self._drop_stale(live)  # complete, but too old for any step left (defensive: _expire saw it first)
+            return
         results = [live.final[i] for i in sorted(live.final)]
         common = uniform_reward(results, self.s.admission)
         if common is not None and self._replace_budget > 0:
@@ -420,14 +432,19 @@ class RolloutScheduler:
 
     def _expire(self) -> None:
         """Drop every group the next step can no longer train (its oldest kept rollout is too old)."""
+        if self.s.partial:
+            return  # rollouts run on across updates: their later turns sample from newer weights
         floor = self.next_step - self.s.max_staleness
         for live in [g for g in self._live.values() if g.oldest() < floor]:
-            del self._live[live.seq]
-            self._stale_groups += 1
-            self._wasted_s += live.busy_s
-            for rid in list(live.running):
-                self._cancel(self._runs[rid], "stale")
-                self._cancelled += 1
+            self._drop_stale(live)
+
+    def _drop_stale(self, live: _Live) -> None:
+        del self._live[live.seq]
+        self._stale_groups += 1
+        self._wasted_s += live.busy_s
+        for rid in list(live.running):
+            self._cancel(self._runs[rid], "stale")
+            self._cancelled += 1
 
     def _cancel(self, run: _Run, reason: Literal["stale", "stopped"]) -> None:
         if run.cancel_reason is not None:

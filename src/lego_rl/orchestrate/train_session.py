@@ -35,7 +35,7 @@ from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutFn, RolloutSlo
 from lego_rl.orchestrate.metrics_sink import TensorBoardSink
 from lego_rl.orchestrate.rollout_check import settings_from_config
 from lego_rl.orchestrate.stack import Engines, model_dir, serving_engines, serving_stack
-from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, RouteWeightSync, WeightSync
+from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
 from lego_rl.runstore import RunDir, RunLayout
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady
@@ -80,12 +80,12 @@ BACKENDS: dict[str, BackendFactory] = {"torch": torch_backend}
 """``train.backend`` name → factory. Megatron registers here when it lands."""
 
 
-def weight_sync_for(engines: Engines, staging: Path) -> WeightSync:
+def weight_sync_for(engines: Engines, staging: Path, *, in_flight: InFlight = "wait") -> WeightSync:
     """In place into an embedded engine in this process; through the serving routes (a staged checkpoint every
-    replica loads) for vLLM."""
+    replica loads) for vLLM. ``in_flight``: ``rollout.sync_in_flight``."""
     if engines.embedded is not None:
-        return EmbeddedWeightSync(engines.embedded)
-    return RouteWeightSync(engines.client, staging)
+        return EmbeddedWeightSync(engines.embedded, in_flight=in_flight)
+    return RouteWeightSync(engines.client, staging, in_flight=in_flight)
 
 
 def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn:
@@ -233,7 +233,8 @@ class TrainSession:
         backend, loss = self.backend_factory(self.r.config, model_dir)
         loop = TrainLoop(self.settings, backend=backend, loss_fn=loss, rollout_fn=rollout_fn, prompts=self.prompts,
                          run=self.run_dir, eval_prompts=self.eval_prompts, resume_index=self.resume_index,
-                         sync=weight_sync_for(engines, self.run_dir.root / "sync-weights"))
+                         sync=weight_sync_for(engines, self.run_dir.root / "sync-weights",
+                                              in_flight=self.r.config.rollout.sync_in_flight))
         if self.r.config.train.resume:
             loop.resume()
         self.loop = loop
