@@ -118,10 +118,6 @@ def test_tool_arguments_reserialised_by_the_client_still_bridge(bridge: PrefixBr
         ),
         (lambda h: h[:3], "no new message after the previous reply"),
         (lambda h: [*h, Message(role="assistant", content="prefill")], "an assistant message follows"),
-        (
-            lambda h: [*h[:3], h[3].model_copy(update={"content": "has <|im_end|> inside"}), h[4]],
-            "end-of-message marker",
-        ),
     ],
 )
 def test_changed_histories_fall_back_to_full_render(bridge: PrefixBridge, mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
@@ -130,6 +126,19 @@ def test_changed_histories_fall_back_to_full_render(bridge: PrefixBridge, mutate
     assert plan.mode == "full"
     assert reason in (plan.fallback_reason or "")
     assert plan.prompt_ids == bridge.renderer.render_ids(mutate(history), TOOLS, KW)
+
+
+def test_marker_text_in_a_tool_result_still_bridges(bridge: PrefixBridge) -> None:
+    # Client text is escaped by the renderer, so its "<|im_end|>" is plain text, not a message boundary.
+    chain, _, _, history = two_turns(bridge)
+    changed = [*history[:3], history[3].model_copy(update={"content": "has <|im_end|> inside"}), *history[4:]]
+    plan = bridge.plan(chain, changed, TOOLS, KW)
+    assert plan.mode == "bridged", plan.fallback_reason
+    suffix = plan.prompt_ids[plan.bridge_prefix_len :]
+    clean = bridge.plan(chain, history, TOOLS, KW)
+    marker = bridge.renderer.boundary.marker_id  # type: ignore[union-attr]
+    assert suffix.count(marker) == clean.prompt_ids[clean.bridge_prefix_len :].count(marker)
+    assert "has <|im_end|> inside" in bridge.renderer.decode(suffix)
 
 
 def test_changed_tools_or_kwargs_fall_back(bridge: PrefixBridge) -> None:

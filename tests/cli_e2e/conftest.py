@@ -96,7 +96,7 @@ async def start_adapter(
 
     async def start(script: Sequence[str] | Callable[[str, int], str] | None = None, *,
                     sessions: Sequence[str] = ("sess-1",), context_limit: int = 60000,
-                    max_response_tokens: int = 256, keepalive_s: float = 0.05,
+                    max_response_tokens: int = 256, keepalive_s: float = 0.05, score: bool = True,
                     **session_kw: Any) -> RunningAdapter:
         from lego_rl.serving.client import ServingClient
 
@@ -108,7 +108,7 @@ async def start_adapter(
             engine_url = await embedded.start()
             cleanups.append(embedded.stop)
         else:
-            policy = ScriptedPolicyEngine(tiny_model_dir, script)
+            policy = ScriptedPolicyEngine(tiny_model_dir, script, score=score)
             engine_runner = web.AppRunner(policy.app(), access_log=None)
             await engine_runner.setup()
             cleanups.append(engine_runner.cleanup)

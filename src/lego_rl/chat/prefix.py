@@ -275,6 +275,10 @@ class PrefixBridge:
         assert boundary is not None
         marker = boundary.marker
         for msg in messages:
+            # Client text is escaped by the renderer (its marker text is not the marker); only the
+            # model's own assistant text is rendered as it is and could shift the boundary count.
+            if msg.role != "assistant":
+                continue
             if marker in msg.content or any(marker in json.dumps(c.arguments) for c in msg.tool_calls):
                 raise BridgeMiss("a message contains the end-of-message marker text")
         try:

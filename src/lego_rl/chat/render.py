@@ -5,12 +5,25 @@ dicts, merges template kwargs (the operator's ``CHAT_TEMPLATE_KWARGS`` under the
 per-request ones) on every call, tokenises text without adding special tokens, and learns the template's
 end-of-message boundary (e.g. ``<|im_end|>`` then a newline) from a probe render, which prefix reuse
 needs to join a previous turn's sampled ids to a newly rendered suffix.
+
+Control tokens come only from the template. Text a client supplies (system and user messages, tool
+results, tool names, descriptions and schemas) may contain the literal text of an added token such as
+``<|im_end|>``, ``<|im_start|>`` or ``<tool_call>`` (a file the agent read, a crafted tool output); encoded
+naively, that text would become the real control ids and could forge turn boundaries in the training
+prompt. So ``render_text`` escapes every added-token string in client text (``_Escaper``: a private-use
+code point, the token's index, a terminator) before the template runs, and ``encode`` splits the rendered
+text at the template's own added tokens and encodes the text between them with added-token extraction
+off (HF's ``split_special_tokens``, extended to the non-special added tokens such as ``<think>``), the
+escapes turned back into the plain characters they stand for. Text without escapes encodes exactly as
+before. Assistant messages are not escaped: their text is the model's own output, and a control token
+the model sampled is re-encoded as the id it was.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +89,56 @@ def message_to_template(msg: Message) -> dict[str, Any]:
     return out
 
 
+ESCAPE_OPEN = "\ue000"
+ESCAPE_CLOSE = "\ue001"
+"""An escape is OPEN, a decimal index into the added tokens (empty for a literal OPEN), CLOSE. Private-use
+code points: templates pass them through untouched (``strip``, ``tojson``, ``split`` do not alter them)."""
+
+
+class _Escaper:
+    """Escapes added-token text in client strings before rendering, and unescapes the rendered text."""
+
+    def __init__(self, added: Sequence[str]) -> None:
+        # Longest first, so that a token that contains another (``<|im_end|>`` vs ``<|im_end``) wins.
+        self.tokens = sorted({t for t in added if t}, key=len, reverse=True)
+        self._index = {t: str(i) for i, t in enumerate(self.tokens)}
+        alternatives = [ESCAPE_OPEN] + self.tokens
+        self._find = re.compile("|".join(re.escape(t) for t in alternatives))
+        self._split = re.compile("(" + "|".join(re.escape(t) for t in self.tokens) + ")") if self.tokens else None
+        self._undo = re.compile(re.escape(ESCAPE_OPEN) + r"(\d*)" + re.escape(ESCAPE_CLOSE))
+
+    def needed(self, text: str) -> bool:
+        # ``in`` scans run at C speed; most texts contain no added token and skip the regex entirely.
+        return ESCAPE_OPEN in text or any(t in text for t in self.tokens)
+
+    def escape(self, text: str) -> str:
+        if not self.needed(text):
+            return text
+        return self._find.sub(lambda m: ESCAPE_OPEN + self._index.get(m.group(0), "") + ESCAPE_CLOSE, text)
+
+    def escape_value(self, value: Any) -> Any:
+        """``escape`` applied to every string (keys included) of a JSON-like value."""
+        if isinstance(value, str):
+            return self.escape(value)
+        if isinstance(value, dict):
+            return {self.escape(k) if isinstance(k, str) else k: self.escape_value(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.escape_value(v) for v in value]
+        return value
+
+    def unescape(self, text: str) -> str:
+        def undo(m: re.Match[str]) -> str:
+            i = m.group(1)
+            return self.tokens[int(i)] if i and int(i) < len(self.tokens) else ESCAPE_OPEN
+
+        return self._undo.sub(undo, text)
+
+    def split_template_tokens(self, text: str) -> list[str]:
+        """``text`` cut at (and keeping) every added-token string in it: after escaping, only the
+        template's own tokens are left there."""
+        return self._split.split(text) if self._split is not None else [text]
+
+
 class ChatRenderer:
     """Chat-template rendering and tokenisation for one served model.
 
@@ -101,6 +164,12 @@ class ChatRenderer:
             raise RenderError("the tokenizer has no chat template and none was given")
         self.template_kwargs = dict(template_kwargs or {})
         self.vocab_size = len(tokenizer)
+        self.added_tokens: dict[str, int] = {
+            str(getattr(tok, "content", tok)): int(i)
+            for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+        }
+        self.escaper = _Escaper(list(self.added_tokens))
+        self._plain = self._plain_encoder()
         self.boundary = self._probe_boundary()
         self.eos_ids = self._stop_ids()
 
@@ -141,8 +210,8 @@ class ChatRenderer:
         extra = {k: v for k, v in (kwargs or {}).items() if k not in ("tools", "add_generation_prompt")}
         try:
             return self.tokenizer.apply_chat_template(
-                [message_to_template(m) for m in messages],
-                tools=[tool_to_template(t) for t in tools] or None,
+                [self._escaped(message_to_template(m)) for m in messages],
+                tools=[self.escaper.escape_value(tool_to_template(t)) for t in tools] or None,
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
@@ -151,9 +220,57 @@ class ChatRenderer:
         except Exception as exc:  # jinja raises many types (TemplateError, TypeError...)
             raise RenderError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
 
+    def _escaped(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A template message with the client's text escaped (assistant messages: the model's own text)."""
+        if msg["role"] == "assistant":
+            return msg
+        return {k: self.escaper.escape(v) if isinstance(v, str) and k != "role" else v for k, v in msg.items()}
+
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; special-token strings in it become their ids, nothing is added."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """Token ids of rendered ``text``, nothing added. Added-token strings in it become their ids;
+        escaped client text (see the module docstring) is encoded as the plain characters it stands for."""
+        if ESCAPE_OPEN not in text:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids: list[int] = []
+        for i, piece in enumerate(self.escaper.split_template_tokens(text)):
+            if i % 2:  # the template's own added token
+                ids.append(self.added_tokens[piece])
+            elif piece:
+                ids.extend(self._plain(self.escaper.unescape(piece)) if ESCAPE_OPEN in piece
+                           else self.tokenizer.encode(piece, add_special_tokens=False))
+        return ids
+
+    def _plain_encoder(self) -> Any:
+        """A function encoding text with no added-token extraction at all (special or not).
+
+        HF's ``split_special_tokens`` leaves non-special added tokens (Qwen's ``<think>``, ``<tool_call>``)
+        extracted, so a copy of the fast tokenizer is made in which every added token is special, with
+        special-token extraction off. The result is checked: no added token's text may encode to an added id.
+        """
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise RenderError(f"{type(self.tokenizer).__name__} is not a fast tokenizer: client text cannot be "
+                              "encoded without control tokens")
+        from tokenizers import Tokenizer
+
+        spec = json.loads(backend.to_str())
+        for tok in spec.get("added_tokens") or []:
+            tok["special"] = True
+        plain = Tokenizer.from_str(json.dumps(spec))
+        plain.no_truncation()
+        plain.no_padding()
+        plain.encode_special_tokens = True
+
+        def encode_plain(text: str) -> list[int]:
+            return list(plain.encode(text, add_special_tokens=False).ids)
+
+        added_ids = set(self.added_tokens.values())
+        for token in self.added_tokens:
+            leaked = added_ids.intersection(encode_plain(f"a{token}b"))
+            if leaked:
+                raise RenderError(f"the tokenizer encodes the plain text {token!r} to control ids {sorted(leaked)}: "
+                                  "client text could forge control tokens")
+        return encode_plain
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept (the parsers need ``<think>`` / ``<tool_call>``)."""
