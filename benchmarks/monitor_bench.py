@@ -37,11 +37,11 @@ from rich.console import Console
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.synthetic_run import write_synthetic_run  # noqa: E402
+from support.synthetic_run import write_synthetic_run
 
-from lego_rl.monitor.app import Monitor  # noqa: E402
-from lego_rl.monitor.state import RunState  # noqa: E402
-from lego_rl.monitor.views import VIEWS  # noqa: E402
+from lego_rl.monitor.app import Monitor
+from lego_rl.monitor.state import RunState
+from lego_rl.monitor.views import VIEWS
 
 LEGO = str(Path(sys.executable).with_name("lego"))
 
