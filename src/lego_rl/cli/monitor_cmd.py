@@ -1,4 +1,4 @@
-"""`lego monitor`: a live terminal view of a run."""
+"""`lego monitor` (a live terminal view of a run) and `lego report` (the same views as one offline HTML file)."""
 
 from __future__ import annotations
 
@@ -76,5 +76,30 @@ def monitor(
             pass
 
 
+def report(
+    run_dir: RunArg,
+    html: Annotated[Path, typer.Option("--html", help="Where to write the report (one self-contained file).",
+                                       show_default=False)],
+    compare_with: CompareOpt = None,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+) -> None:
+    """Write the run's views as one offline HTML file: curves, termination stacks, timing, the task grid,
+    consistency over steps. No network is needed to open it."""
+    from lego_rl.monitor.report import write_report
+
+    _check_dir(run_dir, "RUN_DIR")
+    if compare_with is not None:
+        _check_dir(compare_with, "--compare")
+    cfg: MonitorConfig = _monitor_config(config, overrides)
+    try:
+        path = write_report(run_dir, html, kl_warn=cfg.kl_warn, other=compare_with)
+    except OSError as exc:  # an existing report (never overwritten), a folder that cannot be written
+        fail(f"--html {html}: {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    out.print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+
+
 def register(app: typer.Typer) -> None:
     app.command("monitor")(monitor)
+    app.command("report")(report)
