@@ -121,6 +121,6 @@ def test_headless_chromium_screenshot_shows_the_plots(tmp_path: Path) -> None:
     assert shot[red] > 5_000 and shot[green] > 200  # the task grid's failed and solved cells
     # control: the same page without its SVG plots has none of those colours in quantity
     bare = tmp_path / "bare.html"
-    bare.write_text(re.sub(r"<svg.*?</svg>", "", text, flags=re.S), encoding="utf-8")
+    bare.write_text(re.sub(r"<svg.*?</svg>", "", text, flags=re.DOTALL), encoding="utf-8")
     control = _screenshot(bare, tmp_path / "bare.png")
     assert control[blue] < 50 and control[red] < 50 and control[orange] < 50
