@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -65,15 +68,21 @@ def monitor(
     cfg: MonitorConfig = _monitor_config(config, overrides)
     mon = Monitor(run_dir, kl_warn=cfg.kl_warn, other=compare_with)
     mon.query = search
-    if json_out:
-        print(snapshot_json(mon, rollout))
-    elif once or not out.is_terminal:
-        render_once(mon, out, rollout)
-    else:
-        try:
+    if not (json_out or once) and out.is_terminal:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is a way to quit, like q
             run_live(mon, out, cfg.refresh_s)
-        except KeyboardInterrupt:
-            pass
+        return
+    if json_out:
+        text = snapshot_json(mon, rollout) + "\n"
+    else:  # rendered whole first: rich's own writer turns a closed pipe into exit 1
+        with out.capture() as captured:
+            render_once(mon, out, rollout)
+        text = captured.get()
+    try:  # piped (CI logs, `| head`), or asked for: one snapshot
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `lego monitor --once | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
 
 
 def report(
