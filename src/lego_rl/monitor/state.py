@@ -245,19 +245,19 @@ class RunState:
     def _apply(self, e: RunEvent) -> None:
         self.last_event_ts = e.ts
         r: Rollout | None
-        if isinstance(e, RolloutStarted):
+        if isinstance(e, StageFinished):  # the most frequent kind first (five or more per rollout)
+            r = self.rollouts.get(e.rollout_id)
+            if r is not None:
+                r.stages[e.stage] = (e.status, e.duration_s)
+                if e.status != "interrupted":
+                    self._stage_time(r, e.stage, e.duration_s)
+        elif isinstance(e, RolloutStarted):
             step = self.open_step
             r = Rollout(e.rollout_id, e.instance_id, e.harness, step, e.ts, e.group_index, e.index)
             self.rollouts[e.rollout_id] = r
             self.in_flight[e.rollout_id] = r
             if step is not None and step in self.steps:
                 self.steps[step].in_flight += 1
-        elif isinstance(e, StageFinished):
-            r = self.rollouts.get(e.rollout_id)
-            if r is not None:
-                r.stages[e.stage] = (e.status, e.duration_s)
-                if e.status != "interrupted":
-                    self._stage_time(r, e.stage, e.duration_s)
         elif isinstance(e, RolloutFinished):
             self._finish(e)
         elif isinstance(e, AgentExited):
