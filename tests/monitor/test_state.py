@@ -129,3 +129,22 @@ def test_skip_line_steps_over_one_complete_line_only(tmp_path: Path) -> None:
     assert [e.kind for e in follower.read()] == ["run_started"]
     assert not follower.skip_line()  # a torn tail is not a line to skip: it may still be completed
     assert not follow_events(tmp_path / "missing.jsonl").skip_line()
+
+
+def test_a_log_replaced_under_its_name_is_counted_afresh_not_added_to(tmp_path: Path) -> None:
+    root = _fresh(tmp_path)
+    log = root / "events.jsonl"
+    log.write_bytes(b"".join(EVENTS))
+    state = RunState(root)
+    state.refresh()
+    assert sum(state.terminations.values()) == FINISHED
+    head = EVENTS[:60]
+    fresh = root / "events.jsonl.new"
+    fresh.write_bytes(b"".join(head))
+    fresh.replace(log)  # another inode under the same name: a new run written in this directory
+    state.refresh()
+    assert sum(state.terminations.values()) == sum(b'"rollout_finished"' in line for line in head)
+    assert "events.jsonl was replaced or cut shorter while followed" in _texts(state)
+    log.write_bytes(b"".join(head[:10]))  # cut shorter in place
+    state.refresh()
+    assert state.events_read == 10

@@ -3,6 +3,7 @@ with capture-pane. Against the recorded runs, and against a run that grows while
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -90,6 +91,18 @@ def test_every_view_by_key_then_drill_down_search_and_quit(screen: type[Screen])
     s.keys("task:fl-16 step:3", "Enter")
     found = s.wait("rollouts matching 'task:fl-16 step:3' (8;")
     assert found.count("s00003-g3-fl-16-") == 8 and "eval" not in found.split("rollouts matching")[1]
+    # from a termination reason and from a worst consistency step to their rollouts
+    s.keys("t")
+    s.wait("pick a reason")
+    s.keys("Enter")
+    s.wait("rollouts matching 'reason:completed'")
+    s.keys("c")
+    s.wait("pick a step")
+    s.keys("Down", "Enter")
+    worst = sorted((json.loads(line) for line in (TOY / "metrics.jsonl").read_text().splitlines()
+                    if "consistency/k3_kl" in line), key=lambda r: -r["values"]["consistency/k3_kl"])
+    picked = s.wait(f"rollouts matching 'step:{worst[1]['step']}'")
+    assert f"s{worst[1]['step']:05d}-g0" in picked
     s.keys("q")
     deadline = time.monotonic() + 10
     while "weight version" in s.text() or "rollouts matching" in s.text():

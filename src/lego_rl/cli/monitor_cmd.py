@@ -1,7 +1,10 @@
-"""`lego monitor`: a live terminal view of a run."""
+"""`lego monitor` (a live terminal view of a run) and `lego report` (the same views as one offline HTML file)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -65,16 +68,47 @@ def monitor(
     cfg: MonitorConfig = _monitor_config(config, overrides)
     mon = Monitor(run_dir, kl_warn=cfg.kl_warn, other=compare_with)
     mon.query = search
-    if json_out:
-        print(snapshot_json(mon, rollout))
-    elif once or not out.is_terminal:
-        render_once(mon, out, rollout)
-    else:
-        try:
+    if not (json_out or once) and out.is_terminal:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is a way to quit, like q
             run_live(mon, out, cfg.refresh_s)
-        except KeyboardInterrupt:
-            pass
+        return
+    if json_out:
+        text = snapshot_json(mon, rollout) + "\n"
+    else:  # rendered whole first: rich's own writer turns a closed pipe into exit 1
+        with out.capture() as captured:
+            render_once(mon, out, rollout)
+        text = captured.get()
+    try:  # piped (CI logs, `| head`), or asked for: one snapshot
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `lego monitor --once | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+
+
+def report(
+    run_dir: RunArg,
+    html: Annotated[Path, typer.Option("--html", help="Where to write the report (one self-contained file).",
+                                       show_default=False)],
+    compare_with: CompareOpt = None,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+) -> None:
+    """Write the run's views as one offline HTML file: curves, termination stacks, timing, the task grid,
+    consistency over steps. No network is needed to open it."""
+    from lego_rl.monitor.report import write_report
+
+    _check_dir(run_dir, "RUN_DIR")
+    if compare_with is not None:
+        _check_dir(compare_with, "--compare")
+    cfg: MonitorConfig = _monitor_config(config, overrides)
+    try:
+        path = write_report(run_dir, html, kl_warn=cfg.kl_warn, other=compare_with)
+    except OSError as exc:  # an existing report (never overwritten), a folder that cannot be written
+        fail(f"--html {html}: {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    out.print(f"wrote {path} ({path.stat().st_size:,} bytes)")
 
 
 def register(app: typer.Typer) -> None:
     app.command("monitor")(monitor)
+    app.command("report")(report)

@@ -93,14 +93,15 @@ class Monitor:
         if k == "/":
             self.typing = ""
             return False
+        picks = self.opened is None and self.view in ("rollouts", "terminations", "consistency")
         if k in ("UP", "k"):
-            if self.view == "rollouts" and self.opened is None:
+            if picks:
                 self.selected = max(0, self.selected - 1)
             else:
                 self.offset = max(0, self.offset - 1)
             return False
         if k in ("DOWN", "j"):
-            if self.view == "rollouts" and self.opened is None:
+            if picks:
                 self.selected += 1
             else:
                 self.offset += 1
@@ -115,12 +116,28 @@ class Monitor:
             chosen = self.snap.rollouts[min(self.selected, len(self.snap.rollouts) - 1)]
             self.opened, self.offset = detail(self.state, chosen.rollout_id), 0
             return False
+        if k in ("\r", "\n") and picks and (query := self._pick_query()) is not None:
+            self.query, self.view, self.selected, self.offset = query, "rollouts", 0, 0
+            return False
         section = KEYS.get(k)
         if k.isdigit() and 1 <= int(k) <= len(views.VIEWS):
             section = views.VIEWS[int(k) - 1][1]
         if section not in (None, self.view) and (section != "compare" or self.other is not None):
-            self.view, self.offset, self.opened = section, 0, None  # type: ignore[assignment]
+            self.view, self.offset, self.selected, self.opened = section, 0, 0, None  # type: ignore[assignment]
         return False
+
+    def _pick_query(self) -> str | None:
+        """The search that opens the selected item's rollouts: a termination reason, a worst consistency step."""
+        snap = self.snap
+        if snap is None:
+            return None
+        if self.view == "terminations" and snap.terminations and snap.terminations.examples:
+            reasons = list(snap.terminations.examples)
+            return f"reason:{reasons[min(self.selected, len(reasons) - 1)]}"
+        if self.view == "consistency" and snap.consistency and snap.consistency.worst:
+            worst = snap.consistency.worst
+            return f"step:{worst[min(self.selected, len(worst) - 1)].step}"
+        return None
 
     # -- drawing ---------------------------------------------------------------------------------------
 
@@ -145,7 +162,9 @@ class Monitor:
         if v == "overview":
             return views.overview(snap, width)
         if v == "terminations":
-            return views.terminations(snap, height)
+            n = len(snap.terminations.examples) if snap.terminations else 0
+            self.selected = min(self.selected, max(0, n - 1))
+            return views.terminations(snap, height, self.selected)
         if v == "timing":
             return views.timing(snap, height)
         if v == "tasks":
@@ -153,7 +172,9 @@ class Monitor:
             self.offset = min(self.offset, max(0, n - 1))
             return views.tasks(snap, width, height, self.offset)
         if v == "consistency":
-            return views.consistency(snap, height)
+            n = len(snap.consistency.worst) if snap.consistency else 0
+            self.selected = min(self.selected, max(0, n - 1))
+            return views.consistency(snap, height, self.selected)
         if v == "rollouts":
             n = len(snap.rollouts or [])
             self.selected = min(self.selected, max(0, n - 1))
@@ -185,6 +206,10 @@ def render_once(mon: Monitor, console: Console, rollout: str | None = None) -> N
             console.print(views.compare(mon.comparison, width, tall))
         elif section == "tasks":
             console.print(views.tasks(snap, width, tall, 0))
+        elif section == "terminations":
+            console.print(views.terminations(snap, tall))
+        elif section == "consistency":
+            console.print(views.consistency(snap, tall))
         else:
             mon.view = section
             console.print(mon.body(snap, width, tall))

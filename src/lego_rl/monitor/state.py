@@ -131,6 +131,17 @@ class _Log:
         self.size = 0
         self.mtime: float | None = None
 
+    def replaced(self) -> bool:
+        """The file under the name is not the one read so far (another inode), or is shorter than the cursor."""
+        cur = self.follower.cursor
+        if cur.inode is None:
+            return False
+        try:
+            st = self.follower.path.stat()
+        except FileNotFoundError:
+            return cur.offset > 0
+        return st.st_ino != cur.inode or st.st_size < cur.offset
+
     def read(self) -> list[object]:
         """New records; a line that does not parse is noted and stepped over (the rest is still read)."""
         out: list[object] = []
@@ -226,6 +237,11 @@ class RunState:
 
     def refresh(self) -> int:
         """Read what was appended since the last call; the number of new records."""
+        replaced = [log.name for log in (self.events, self.metrics_log) if log.replaced()]
+        if replaced:  # a different file under the name now: what was counted from the old one is void
+            self.__init__(self.root)  # type: ignore[misc]
+            self.notes_fixed.append(Note("warn", f"{' and '.join(replaced)} was replaced or cut shorter while "
+                                                 "followed (a new run in this directory?): read again from the top"))
         new = 0
         for event in self.events.read():
             self._apply(event)  # type: ignore[arg-type]
@@ -245,19 +261,19 @@ class RunState:
     def _apply(self, e: RunEvent) -> None:
         self.last_event_ts = e.ts
         r: Rollout | None
-        if isinstance(e, RolloutStarted):
+        if isinstance(e, StageFinished):  # the most frequent kind first (five or more per rollout)
+            r = self.rollouts.get(e.rollout_id)
+            if r is not None:
+                r.stages[e.stage] = (e.status, e.duration_s)
+                if e.status != "interrupted":
+                    self._stage_time(r, e.stage, e.duration_s)
+        elif isinstance(e, RolloutStarted):
             step = self.open_step
             r = Rollout(e.rollout_id, e.instance_id, e.harness, step, e.ts, e.group_index, e.index)
             self.rollouts[e.rollout_id] = r
             self.in_flight[e.rollout_id] = r
             if step is not None and step in self.steps:
                 self.steps[step].in_flight += 1
-        elif isinstance(e, StageFinished):
-            r = self.rollouts.get(e.rollout_id)
-            if r is not None:
-                r.stages[e.stage] = (e.status, e.duration_s)
-                if e.status != "interrupted":
-                    self._stage_time(r, e.stage, e.duration_s)
         elif isinstance(e, RolloutFinished):
             self._finish(e)
         elif isinstance(e, AgentExited):

@@ -127,7 +127,7 @@ def overview(snap: Snapshot, width: int) -> RenderableType:
     return t
 
 
-def terminations(snap: Snapshot, height: int) -> RenderableType:
+def terminations(snap: Snapshot, height: int, selected: int | None = None) -> RenderableType:
     tm = snap.terminations
     if tm is None:
         return Text("")
@@ -142,10 +142,13 @@ def terminations(snap: Snapshot, height: int) -> RenderableType:
         table.add_row(str(row.step), *(str(row.counts.get(r, "")) for r in reasons), str(row.policy),
                       str(row.infrastructure))
     table.add_row("all", *(str(tm.totals[r]) for r in reasons), "", "", style="bold")
-    ex = Text("\nlatest examples\n", "bold")
-    for reason, items in tm.examples.items():
-        for b in items[:2]:
-            ex.append(f"{reason:<24}", "yellow" if b.infrastructure else "")
+    ex = Text("\nlatest examples" + (" (↑/↓ pick a reason, enter lists its rollouts)" if selected is not None else "")
+              + "\n", "bold")
+    for n, (reason, items) in enumerate(tm.examples.items()):
+        for i, b in enumerate(items[:2]):
+            mark = "▶ " if n == selected and i == 0 else "  "
+            ex.append(mark)
+            ex.append(f"{reason:<24}", ("reverse " if n == selected else "") + ("yellow" if b.infrastructure else ""))
             ex.append(f"{b.rollout_id}  {b.instance_id}  {b.harness}  ")
             ex.append((b.detail or "")[:120] + "\n", "dim")
     return Group(table, ex)
@@ -189,7 +192,7 @@ def tasks(snap: Snapshot, width: int, height: int, offset: int) -> RenderableTyp
     return t
 
 
-def consistency(snap: Snapshot, height: int) -> RenderableType:
+def consistency(snap: Snapshot, height: int, selected: int | None = None) -> RenderableType:
     c = snap.consistency
     if c is None:
         return Text("")
@@ -209,8 +212,12 @@ def consistency(snap: Snapshot, height: int) -> RenderableType:
                       *(_fmt(s.by_kind.get(k, {}).get("k3_kl"), ".2e") for k in kinds),
                       style="red" if s.warn else "")
     worst = Text("\nworst steps by k3 KL: ", "bold")
-    worst.append(", ".join(f"step {s.step} ({s.overall.get('k3_kl', 0.0):.2e})" for s in c.worst))
-    worst.append("\n" + c.note + "  (search step:N in the Rollouts view)", "dim")
+    for n, s in enumerate(c.worst):
+        worst.append(("  " if n else "") + f"step {s.step} ({s.overall.get('k3_kl', 0.0):.2e})",
+                     "reverse" if n == selected else "")
+    if selected is not None:
+        worst.append("   (↑/↓ pick a step, enter lists its rollouts)", "dim")
+    worst.append("\n" + c.note, "dim")
     return Group(table, worst)
 
 
