@@ -34,6 +34,8 @@ def test_base_config_is_clean(base_toml: Path) -> None:
         (["train.backend=\"megatron\"", "train.tensor_parallel=2", "train.pipeline_parallel=8",
           "train.data_parallel=1", "cluster.gpus_per_node=8"], "parallelism"),
         (["train.tensor_parallel=2", "cluster.gpus_per_node=2"], "parallelism_backend"),
+        (["train.backend=\"megatron\"", "train.pipeline_parallel=2", "cluster.gpus_per_node=2"],
+         "parallelism_pipeline"),
         (["model.max_response_tokens=70000"], "response_len"),
         (["harness.claude_code.autocompact_pct=101"], "harness_options"),
         (["harness.claude_code.autocompact_pct=0"], "harness_options"),

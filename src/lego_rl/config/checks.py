@@ -11,6 +11,7 @@ refused) comes in as a ``HarnessInventory`` built by the caller (``lego_rl.orche
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -116,6 +117,17 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
             "parallelism_backend",
             f"the torch backend has no model parallelism (TP={tr.tensor_parallel}, PP={tr.pipeline_parallel})",
             "set train.backend = \"megatron\" or TP = PP = 1", "train.backend",
+        )
+    if tr.backend == "megatron" and tr.pipeline_parallel > 1:
+        yield error(
+            "parallelism_pipeline",
+            f"the Megatron backend runs pipeline size 1 only (train.pipeline_parallel = {tr.pipeline_parallel})",
+            "set train.pipeline_parallel = 1 and split the model with train.tensor_parallel", "train.pipeline_parallel",
+        )
+    if tr.backend == "megatron" and importlib.util.find_spec("megatron") is None:
+        yield error(
+            "backend_missing", "train.backend = \"megatron\" but megatron-core is not installed here",
+            "pip install 'lego-rl[megatron]' (the megatron extra)", "train.backend",
         )
 
 

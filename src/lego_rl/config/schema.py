@@ -200,11 +200,11 @@ class TrainConfig(Section):
     micro_batch_tokens: int = Field(default=16384, ge=1)
     """Token budget of one micro-batch."""
     tensor_parallel: int = Field(default=1, ge=1)
-    """Megatron tensor-parallel size."""
+    """Megatron tensor-parallel size (train.backend = "megatron"; must divide the model's KV heads and FFN)."""
     pipeline_parallel: int = Field(default=1, ge=1)
-    """Megatron pipeline-parallel size."""
+    """Megatron pipeline-parallel size; the Megatron backend runs 1 only (validate refuses more)."""
     data_parallel: int | None = Field(default=None, ge=1)
-    """Data-parallel size (default trainer GPUs / (TP × PP))."""
+    """Data-parallel size (default trainer GPUs / (TP × PP)); TP × PP × DP = trainer processes."""
     lr: float = Field(default=1e-6, gt=0)
     """Learning rate."""
     warmup_steps: int = Field(default=0, ge=0)

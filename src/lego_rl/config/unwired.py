@@ -21,9 +21,6 @@ UNWIRED: dict[str, str] = {
     "sandbox.rootfs": "the rollout passes a default root filesystem to bwrap (today an image without an "
                       "images.json entry is refused)",
     "grader.max_output_kb": "the grader cuts its saved output (today it keeps all of it)",
-    "train.tensor_parallel": "the Megatron backend (not written yet) reads it",
-    "train.pipeline_parallel": "the Megatron backend (not written yet) reads it",
-    "train.data_parallel": "FSDP2 / Megatron data parallelism (not written yet) reads it",
     "cluster.trainer_nodes": RAY,
     "cluster.gpus_per_node": RAY,
     "cluster.train_head": RAY,

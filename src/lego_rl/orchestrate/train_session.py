@@ -46,6 +46,7 @@ from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.tasks.rows import load_tasks
 
 if TYPE_CHECKING:
+    from lego_rl.train.megatron_backend import MegatronTrainSettings
     from lego_rl.train.torch_backend import TorchTrainSettings
 
 BackendFactory = Callable[[LegoConfig, Path], tuple[TrainerBackend, LossFn]]
@@ -76,8 +77,27 @@ def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossF
     return TorchBackend(model_dir, torch_settings(c)), make_loss(loss_config(c))
 
 
-BACKENDS: dict[str, BackendFactory] = {"torch": torch_backend}
-"""``train.backend`` name → factory. Megatron registers here when it lands."""
+def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
+    """The Megatron backend's optimizer, memory and parallel sizes from ``train.*``."""
+    from lego_rl.train.megatron_backend import MegatronTrainSettings
+
+    t = c.train
+    return MegatronTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
+                                 weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
+                                 reference_model=t.kl_coef > 0, tensor_parallel=t.tensor_parallel,
+                                 pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel)
+
+
+def megatron_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
+    # megatron-core is the `megatron` extra: a missing install is a ConfigError naming it, not an ImportError.
+    from lego_rl.train.megatron_backend import MegatronBackend, require_megatron
+
+    require_megatron()
+    return MegatronBackend(model_dir, megatron_settings(c)), make_loss(loss_config(c))
+
+
+BACKENDS: dict[str, BackendFactory] = {"torch": torch_backend, "megatron": megatron_backend}
+"""``train.backend`` name → factory."""
 
 
 def weight_sync_for(engines: Engines, staging: Path, *, in_flight: InFlight = "wait") -> WeightSync:
