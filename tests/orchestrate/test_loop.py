@@ -309,6 +309,16 @@ async def test_async_run_refills_an_infrastructure_failure_and_trains_its_group(
     # Later steps trained rollouts started one policy earlier: the overlap happened, within the bound.
     lags = [e.step - p for e in events if e.kind == "batch_taken" for p in e.started_policies]
     assert max(lags) == 1 and all(0 <= x <= 1 for x in lags)
+    last = list(follow_metrics(loop.run_dir.layout.metrics).read())[-1]
+    assert last.values["policy_lag_max"] == 1.0 and last.values["stale_groups"] == 0.0
+    assert 0.0 <= last.values["slots_idle_fraction"] <= 1.0 and last.values["tokens_age/1"] == 16
+
+
+def test_lego_train_is_asynchronous_by_default_with_staleness_1() -> None:
+    from lego_rl.config.resolve import resolve
+
+    s = LoopSettings.from_config(resolve(environ={}).config)
+    assert s.max_staleness == 1 and s.partial_rollouts == "off"
 
 
 class CrashOnTrainStep:
