@@ -148,3 +148,15 @@ def test_a_log_replaced_under_its_name_is_counted_afresh_not_added_to(tmp_path: 
     log.write_bytes(b"".join(head[:10]))  # cut shorter in place
     state.refresh()
     assert state.events_read == 10
+
+
+def test_a_monitor_started_before_the_run_picks_up_its_config(tmp_path: Path) -> None:
+    root = tmp_path / "early"
+    root.mkdir()
+    state = RunState(root)
+    state.refresh()
+    assert "holds no run" in _texts(state)
+    (root / "config.json").write_bytes((TOY / "config.json").read_bytes())
+    (root / "events.jsonl").write_bytes(b"".join(EVENTS[:20]))
+    state.refresh()
+    assert state.config_int("train", "num_rollout") == 16 and state.events_read == 20

@@ -142,3 +142,33 @@ def test_follows_a_run_as_it_is_written(screen: type[Screen], tmp_path: Path) ->
         fh.write(b"".join(metrics[5:]))
     done = s.wait("finished (completed)")
     assert "step 15/16" in done
+
+
+@pytest.mark.slow
+def test_follows_a_real_lego_train_run_from_its_first_event_to_its_end(screen: type[Screen], tmp_path: Path) -> None:
+    """`lego train` (the toy environment, tiny model on CPU) writes while the TUI watches the directory."""
+    from lego_rl.orchestrate.toy_env import make_rows
+
+    (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8)))
+    (tmp_path / "lego.toml").write_text(
+        '[serving]\ndevice = "cpu"\nport = 0\n[sandbox]\nprovider = "bwrap"\n[rollout]\nprompt_data = "toy.jsonl"\n'
+        'batch_size = 2\nsamples_per_prompt = 4\ntop_p = 1.0\n[train]\nenvironment = "first_letter"\n'
+        'num_rollout = 12\n[paths]\nrun_root = "runs/toy"\n')
+    run = tmp_path / "runs" / "toy"
+    run.mkdir(parents=True)
+    s = screen([LEGO, "monitor", str(run), "--set", "monitor.refresh_s=0.5"])
+    s.wait("holds no run")  # nothing there yet: said so, and the monitor keeps watching
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEGO_", "RUN_", "HF_", "DATA_ROOT"))}
+    train = subprocess.Popen([LEGO, "train", "-c", "lego.toml", "--json"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        s.wait("[train] running", timeout=300)
+        s.wait("finished (completed)", timeout=600)
+        assert "step 11/12" in s.text()
+    finally:
+        try:
+            _, err = train.communicate(timeout=120)  # training_finished is written just before it exits
+        except subprocess.TimeoutExpired:
+            train.kill()
+            _, err = train.communicate(timeout=60)
+    assert train.returncode == 0, err[-2000:]

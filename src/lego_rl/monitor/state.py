@@ -237,6 +237,11 @@ class RunState:
 
     def refresh(self) -> int:
         """Read what was appended since the last call; the number of new records."""
+        if not self.config and (self.root / "config.json").is_file():  # watched since before the run began
+            if self.events_read == 0 and self.metrics_read == 0:
+                self.__init__(self.root)  # type: ignore[misc]  # the config may place the log elsewhere
+            else:
+                self.config = self._read_config()
         replaced = [log.name for log in (self.events, self.metrics_log) if log.replaced()]
         if replaced:  # a different file under the name now: what was counted from the old one is void
             self.__init__(self.root)  # type: ignore[misc]
