@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CHECK, TOY
+from monitor_runs import CHECK, TOY
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app

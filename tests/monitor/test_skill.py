@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CHECK, TOY
+from monitor_runs import CHECK, TOY
 
 SKILL = Path(__file__).resolve().parents[2] / "skills" / "monitor" / "SKILL.md"
 BLOCKS = re.findall(r"```bash\n(.*?)```", SKILL.read_text(), flags=re.DOTALL)

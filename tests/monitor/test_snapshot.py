@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from conftest import CHECK, TOY
+from monitor_runs import CHECK, TOY
 
 from lego_rl.monitor.compare import compare
 from lego_rl.monitor.drill import detail

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import TOY
+from monitor_runs import TOY
 
 from lego_rl.monitor.state import RunState
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import CHECK, TOY
+from monitor_runs import CHECK, TOY
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tmux") is None, reason="tmux missing: `make system-deps` installs it"
