@@ -91,8 +91,10 @@ def main() -> None:
         state.refresh()
         n_events = state.events_read
         size_mb = (root / "events.jsonl").stat().st_size / 1e6
-        print(f"run: {len(state.rollouts):,} rollouts, {len(state.steps)} steps, {n_events:,} events "
-              f"({size_mb:.1f} MB), written in {time.perf_counter() - t0:.1f}s")
+        print(
+            f"run: {len(state.rollouts):,} rollouts, {len(state.steps)} steps, {n_events:,} events "
+            f"({size_mb:.1f} MB), written in {time.perf_counter() - t0:.1f}s"
+        )
 
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(f"{'command':<36} {'wall s':>7} {'CPU s':>7} {'CPU / baseline':>15}")
@@ -109,10 +111,14 @@ def main() -> None:
 
         live = Path(tmp) / "live"
         events, metrics = split_last_step(root, live)
-        screen = Console(file=io.StringIO(), width=160, height=50, color_system="truecolor", force_terminal=True)
+        screen = Console(
+            file=io.StringIO(), width=160, height=50, color_system="truecolor", force_terminal=True
+        )
         appended = events.count(b"\n")
         print(f"one step appended: {appended:,} events")
-        print(f"{'view':<14} {'tick, step appended':>20} {'tick, nothing new':>18} {'full re-read / tick':>20}")
+        print(
+            f"{'view':<14} {'tick, step appended':>20} {'tick, nothing new':>18} {'full re-read / tick':>20}"
+        )
         for _, section, _title in VIEWS:
             mon = Monitor(live, kl_warn=1e-3, other=root if section == "compare" else None)
             mon.view = section

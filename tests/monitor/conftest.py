@@ -23,10 +23,6 @@ sys.path.insert(0, str(TESTS))  # `support` helpers
 
 from support.synthetic_run import write_synthetic_run
 
-RUNS = Path(__file__).resolve().parent / "runs"
-TOY = RUNS / "toy-train"
-CHECK = RUNS / "rollout-check"
-
 
 @pytest.fixture
 def copy_run(tmp_path: Path) -> Callable[[Path], Path]:

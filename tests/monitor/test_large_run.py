@@ -33,7 +33,8 @@ def large(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes, bytes]
 
 
 def test_a_refresh_parses_only_what_was_appended_and_costs_a_fraction_of_a_full_read(
-        large: tuple[Path, bytes, bytes]) -> None:
+    large: tuple[Path, bytes, bytes],
+) -> None:
     root, step_events, step_row = large
     t0 = time.process_time()
     mon = Monitor(root, kl_warn=1e-3)
@@ -51,8 +52,17 @@ def test_a_refresh_parses_only_what_was_appended_and_costs_a_fraction_of_a_full_
     screen = Console(file=io.StringIO(), width=160, height=50, force_terminal=True)
     ticks = []
     for view in ("overview", "terminations", "timing", "tasks", "consistency", "rollouts", "pipeline"):
-        mon.key({"overview": "o", "terminations": "t", "timing": "s", "tasks": "g", "consistency": "c",
-                 "rollouts": "r", "pipeline": "p"}[view])
+        mon.key(
+            {
+                "overview": "o",
+                "terminations": "t",
+                "timing": "s",
+                "tasks": "g",
+                "consistency": "c",
+                "rollouts": "r",
+                "pipeline": "p",
+            }[view]
+        )
         t0 = time.process_time()
         mon.refresh()
         screen.print(mon.render(160, 50))
@@ -63,7 +73,9 @@ def test_a_refresh_parses_only_what_was_appended_and_costs_a_fraction_of_a_full_
     assert max(ticks) < full / 5, (ticks, full)
 
 
-def test_every_view_of_the_large_run_renders_and_the_json_holds_all_steps(large: tuple[Path, bytes, bytes]) -> None:
+def test_every_view_of_the_large_run_renders_and_the_json_holds_all_steps(
+    large: tuple[Path, bytes, bytes],
+) -> None:
     root = large[0]
     mon = Monitor(root, kl_warn=1e-3)
     console = Console(file=io.StringIO(), width=160)
@@ -74,5 +86,6 @@ def test_every_view_of_the_large_run_renders_and_the_json_holds_all_steps(large:
     state = RunState(root)
     state.refresh()
     rows = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
-    assert {s: a.terminations for s, a in state.steps.items() if a.metrics} == {r["step"]: r["terminations"]
-                                                                                 for r in rows}
+    assert {s: a.terminations for s, a in state.steps.items() if a.metrics} == {
+        r["step"]: r["terminations"] for r in rows
+    }

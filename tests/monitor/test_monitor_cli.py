@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CHECK, TOY
+from monitor_runs import CHECK, TOY
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
@@ -38,10 +38,21 @@ def test_once_prints_every_view_of_a_finished_train_run() -> None:
 
 
 def test_json_is_the_snapshot_with_the_opened_rollout_and_a_search() -> None:
-    data = json.loads(_ok([str(CHECK), "--json", "--rollout", "lego-example-median-s0", "--search", "tool:Bash"]))
+    data = json.loads(
+        _ok([str(CHECK), "--json", "--rollout", "lego-example-median-s0", "--search", "tool:Bash"])
+    )
     assert data["run"]["kind"] == "rollout-check" and data["run"]["status"] == "finished"
-    assert set(data) >= {"overview", "terminations", "timing", "tasks", "consistency", "behaviour", "pipeline",
-                         "rollouts", "rollout"}
+    assert set(data) >= {
+        "overview",
+        "terminations",
+        "timing",
+        "tasks",
+        "consistency",
+        "behaviour",
+        "pipeline",
+        "rollouts",
+        "rollout",
+    }
     assert [r["rollout_id"] for r in data["rollouts"]] == ["lego-example-median-s0"]
     assert data["rollout"]["patch"].startswith("diff --git")
     assert data["terminations"]["totals"] == {"completed": 1}
@@ -57,8 +68,9 @@ def test_compare_view_and_json(copy_run: Callable[[Path], Path]) -> None:
     assert data["compare"]["b"] == str(other) and all(d["delta"] == 0 for d in data["compare"]["deltas"])
 
 
-@pytest.mark.parametrize("damage", ["torn-tail", "garbage-line", "no-metrics", "no-events", "empty-files",
-                                    "truncated-config"])
+@pytest.mark.parametrize(
+    "damage", ["torn-tail", "garbage-line", "no-metrics", "no-events", "empty-files", "truncated-config"]
+)
 def test_a_damaged_run_gives_notes_never_a_traceback(damage: str, copy_run: Callable[[Path], Path]) -> None:
     root = copy_run(TOY)
     events = root / "events.jsonl"
@@ -80,16 +92,23 @@ def test_a_damaged_run_gives_notes_never_a_traceback(damage: str, copy_run: Call
     text = _ok([str(root), "--once"])
     data = json.loads(_ok([str(root), "--json"]))
     notes = " ".join(n["text"] for n in data["notes"])
-    expect = {"torn-tail": "incomplete line", "garbage-line": "events.jsonl:1128: not a valid record",
-              "no-metrics": "metrics.jsonl does not exist yet", "no-events": "events.jsonl does not exist (yet)",
-              "empty-files": "waiting for the run to write", "truncated-config": "config.json: not readable as JSON"}
+    expect = {
+        "torn-tail": "incomplete line",
+        "garbage-line": "events.jsonl:1128: not a valid record",
+        "no-metrics": "metrics.jsonl does not exist yet",
+        "no-events": "events.jsonl does not exist (yet)",
+        "empty-files": "waiting for the run to write",
+        "truncated-config": "config.json: not readable as JSON",
+    }
     assert expect[damage] in notes, notes
     assert expect[damage] in " ".join(text.split())
 
 
 def test_bad_arguments_exit_2_naming_the_path(tmp_path: Path) -> None:
     res = runner.invoke(app, ["monitor", str(tmp_path / "nope"), "--once"])
-    assert res.exit_code == 2 and f"RUN_DIR {tmp_path / 'nope'} is not a directory" in " ".join(res.output.split())
+    assert res.exit_code == 2 and f"RUN_DIR {tmp_path / 'nope'} is not a directory" in " ".join(
+        res.output.split()
+    )
     res = runner.invoke(app, ["monitor", str(TOY), "--once", "--compare", str(tmp_path / "other")])
     assert res.exit_code == 2 and "--compare" in res.output
     res = runner.invoke(app, ["monitor", str(TOY), "--once", "--set", "monitor.refresh_s=0"])
@@ -105,13 +124,27 @@ def test_a_freshly_recorded_train_run_reads_back(tmp_path: Path) -> None:
     (tmp_path / "lego.toml").write_text(
         '[serving]\ndevice = "cpu"\nport = 0\n[sandbox]\nprovider = "bwrap"\n[rollout]\nprompt_data = "toy.jsonl"\nbatch_size = 2\n'
         'samples_per_prompt = 4\ntop_p = 1.0\n[train]\nenvironment = "first_letter"\nnum_rollout = 3\n'
-        '[paths]\nrun_root = "runs/toy"\n')
+        '[paths]\nrun_root = "runs/toy"\n'
+    )
     lego = str(Path(sys.executable).with_name("lego"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEGO_", "RUN_", "HF_", "DATA_ROOT"))}
-    subprocess.run([lego, "train", "-c", "lego.toml", "--json"], cwd=tmp_path, env=env, check=True,
-                   capture_output=True, timeout=600)
-    out = subprocess.run([lego, "monitor", "runs/toy", "--json"], cwd=tmp_path, env=env, check=True,
-                         capture_output=True, text=True, timeout=120).stdout
+    subprocess.run(
+        [lego, "train", "-c", "lego.toml", "--json"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    out = subprocess.run(
+        [lego, "monitor", "runs/toy", "--json"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     data = json.loads(out)
     rows = [json.loads(x) for x in (tmp_path / "runs/toy/metrics.jsonl").read_text().splitlines()]
     assert data["run"]["status"] == "finished (completed)" and data["overview"]["step"] == 2

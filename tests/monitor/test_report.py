@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CHECK, TOY
+from monitor_runs import CHECK, TOY
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
@@ -45,7 +45,8 @@ def test_the_report_holds_every_view_and_fetches_nothing(tmp_path: Path) -> None
 
 
 def test_run_text_is_escaped_and_an_existing_report_is_never_overwritten(
-        tmp_path: Path, copy_run: Callable[[Path], Path]) -> None:
+    tmp_path: Path, copy_run: Callable[[Path], Path]
+) -> None:
     run = copy_run(CHECK)
     events = run / "events.jsonl"
     events.write_text(events.read_text().replace("lego-example-median", "<b>evil</b>&task"))
@@ -68,8 +69,8 @@ def _pixels(png: bytes) -> Counter[tuple[int, int, int]]:
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, width = 8, b"", 0
     while pos < len(png):
-        length, kind = struct.unpack(">I4s", png[pos:pos + 8])
-        data = png[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", png[pos : pos + 8])
+        data = png[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data)
             assert depth == 8 and colour in (2, 6) and interlace == 0
@@ -82,7 +83,7 @@ def _pixels(png: bytes) -> Counter[tuple[int, int, int]]:
     prev = bytearray(stride)
     counts: Counter[tuple[int, int, int]] = Counter()
     for y in range(height):
-        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b, c = prev[i], prev[i - bpp] if i >= bpp else 0
@@ -104,9 +105,22 @@ def _pixels(png: bytes) -> Counter[tuple[int, int, int]]:
 def _screenshot(html: Path, png: Path) -> Counter[tuple[int, int, int]]:
     assert CHROMIUM is not None
     # every request but the file itself would go to a dead proxy: a page that needs the network shows it
-    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--proxy-server=http://127.0.0.1:9", "--window-size=1200,2600", f"--screenshot={png}",
-                    html.as_uri()], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--proxy-server=http://127.0.0.1:9",
+            "--window-size=1200,2600",
+            f"--screenshot={png}",
+            html.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return _pixels(png.read_bytes())
 
 

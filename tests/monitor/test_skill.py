@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CHECK, TOY
+from monitor_runs import CHECK, TOY
 
 SKILL = Path(__file__).resolve().parents[2] / "skills" / "monitor" / "SKILL.md"
 BLOCKS = re.findall(r"```bash\n(.*?)```", SKILL.read_text(), flags=re.DOTALL)
@@ -27,25 +27,37 @@ def test_the_skill_is_in_agent_skills_format() -> None:
 
 
 def _run(block: str, env: dict[str, str], cwd: Path) -> str:
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], env=env, cwd=cwd, capture_output=True, text=True,
-                         check=False,
-                         timeout=300)
+    res = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert res.returncode == 0, f"{block}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
     return res.stdout
 
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="jq missing")
 @pytest.mark.parametrize("recorded", [TOY, CHECK], ids=["train", "rollout-check"])
-def test_every_command_block_runs_against_a_recorded_run(recorded: Path, tmp_path: Path,
-                                                         copy_run: Callable[[Path], Path]) -> None:
+def test_every_command_block_runs_against_a_recorded_run(
+    recorded: Path, tmp_path: Path, copy_run: Callable[[Path], Path]
+) -> None:
     run = copy_run(recorded)
     other = tmp_path / "other"
     shutil.copytree(recorded, other)
     work = tmp_path / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEGO_", "RUN_", "MONITOR_"))}
-    env.update(RUN=str(run), OTHER=str(other), WORK=str(work), COLUMNS="140",
-               PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}")
+    env.update(
+        RUN=str(run),
+        OTHER=str(other),
+        WORK=str(work),
+        COLUMNS="140",
+        PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}",
+    )
     outputs = [_run(block, env, work) for block in BLOCKS]
     assert (work / "report.html").stat().st_size > 1000
     if recorded == TOY:

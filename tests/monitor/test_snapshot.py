@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from conftest import CHECK, TOY
+from monitor_runs import CHECK, TOY
 
 from lego_rl.monitor.compare import compare
 from lego_rl.monitor.drill import detail
@@ -35,14 +35,19 @@ def test_train_run_sections_agree_with_the_metrics_rows_and_events() -> None:
     assert [(pt.step, pt.value) for pt in o.reward] == [(r["step"], r["values"]["reward_mean"]) for r in rows]
     assert [pt.value for pt in o.solve_rate] == [r["values"]["solve_rate"] for r in rows]
     assert o.step == 15 and o.steps_total == 16 and o.weight_version == rows[-1]["values"]["weight_version"]
-    assert [pt.value for pt in o.eval_pass_at_1] == [e["pass_at_1"] for e in events if e["kind"] == "eval_finished"]
+    assert [pt.value for pt in o.eval_pass_at_1] == [
+        e["pass_at_1"] for e in events if e["kind"] == "eval_finished"
+    ]
     assert o.in_flight == {} and o.eta_s is None and o.last_error is None
     # the termination mix per step, counted from rollout_finished events, equals what the trainer recorded
     assert [(s.step, s.counts) for s in tm.per_step] == [(r["step"], r["terminations"]) for r in rows]
     finished = [e for e in events if e["kind"] == "rollout_finished"]
     assert sum(t.attempts for t in tk.tasks) == len(finished)
-    solved = Counter(e["rollout_id"].split("-g")[1].split("-", 1)[1].rsplit("-", 1)[0]
-                     for e in finished if e["reward"] >= 1)
+    solved = Counter(
+        e["rollout_id"].split("-g")[1].split("-", 1)[1].rsplit("-", 1)[0]
+        for e in finished
+        if e["reward"] >= 1
+    )
     assert {t.instance_id: t.cells.count("✓") for t in tk.tasks if "✓" in t.cells} == dict(solved)
     # a zero-variance group per metrics row count (training steps only)
     assert tk.zero_variance_groups == sum(int(r["values"]["zero_variance_groups"]) for r in rows)
@@ -58,8 +63,10 @@ def test_kl_warn_marks_the_steps_above_it() -> None:
     _, snap = _snap(TOY, kl_warn=2.5e-12)
     assert snap.consistency is not None
     assert {s.step for s in snap.consistency.steps if s.warn} == {
-        s.step for s in snap.consistency.steps
-        if max([s.overall["k3_kl"], *(k["k3_kl"] for k in s.by_kind.values())]) > 2.5e-12}
+        s.step
+        for s in snap.consistency.steps
+        if max([s.overall["k3_kl"], *(k["k3_kl"] for k in s.by_kind.values())]) > 2.5e-12
+    }
     assert 0 < sum(s.warn for s in snap.consistency.steps) < len(snap.consistency.steps)
 
 
@@ -75,8 +82,10 @@ def test_rollout_check_run_timings_baseline_behaviour_and_drill_down() -> None:
     assert b.harness == "claude_code" and b.turns_max == 2 and b.tools == {"Bash": 1} and b.records_read == 1
     d = detail(state, "lego-example-median-s0")
     assert d is not None
-    assert d.timeline[-1].endswith("finished: completed, reward 1.0, 2 turns: grader: the tests failing at "
-                                   "baseline pass and none regressed")
+    assert d.timeline[-1].endswith(
+        "finished: completed, reward 1.0, 2 turns: grader: the tests failing at "
+        "baseline pass and none regressed"
+    )
     assert [t.tools for t in d.turns] == [["Bash"], []]
     assert d.patch and d.patch.startswith("diff --git") and d.grader_log and "SOLVED" in d.grader_log
     assert any("tool_use Bash" in line for line in d.transcript)
@@ -87,7 +96,9 @@ def test_synthetic_run_infrastructure_failures_examples_and_search(synthetic: Pa
     events = _raw(synthetic / "events.jsonl")
     state, snap = _snap(synthetic)
     assert snap.terminations is not None
-    infra = {e["termination"] for e in events if e["kind"] == "rollout_finished" and e["infrastructure_failure"]}
+    infra = {
+        e["termination"] for e in events if e["kind"] == "rollout_finished" and e["infrastructure_failure"]
+    }
     assert set(snap.terminations.infrastructure_reasons) == infra and infra
     for row in snap.terminations.per_step:
         assert row.infrastructure == sum(v for k, v in row.counts.items() if k in infra)
@@ -95,8 +106,13 @@ def test_synthetic_run_infrastructure_failures_examples_and_search(synthetic: Pa
         assert 0 < len(items) <= 5 and all(i.termination == reason for i in items)
     cache = TurnCache()
     hits = search(state, "reason:engine_error harness:codex", cache)
-    want = [e["rollout_id"] for e in events if e["kind"] == "rollout_finished" and e["termination"] == "engine_error"
-            and "codex" in next(s["harness"] for s in events if s.get("rollout_id") == e["rollout_id"])]
+    want = [
+        e["rollout_id"]
+        for e in events
+        if e["kind"] == "rollout_finished"
+        and e["termination"] == "engine_error"
+        and "codex" in next(s["harness"] for s in events if s.get("rollout_id") == e["rollout_id"])
+    ]
     assert sorted(h.rollout_id for h in hits) == sorted(want)
     bash = search(state, "tool:bash", cache)
     assert bash

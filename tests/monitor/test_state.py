@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import TOY
+from monitor_runs import TOY
 
 from lego_rl.monitor.state import RunState
 
@@ -28,7 +28,9 @@ def _fresh(tmp_path: Path) -> Path:
     return root
 
 
-def test_a_growing_run_is_read_once_line_by_line_and_a_torn_tail_waits_for_its_newline(tmp_path: Path) -> None:
+def test_a_growing_run_is_read_once_line_by_line_and_a_torn_tail_waits_for_its_newline(
+    tmp_path: Path,
+) -> None:
     root = _fresh(tmp_path)
     log = root / "events.jsonl"
     state = RunState(root)
@@ -44,7 +46,7 @@ def test_a_growing_run_is_read_once_line_by_line_and_a_torn_tail_waits_for_its_n
     assert state.refresh() == 0
     assert f"ends in an incomplete line ({len(torn)} bytes" in _texts(state)
     with log.open("ab") as fh:
-        fh.write(EVENTS[half][25:] + b"".join(EVENTS[half + 1:]))
+        fh.write(EVENTS[half][25:] + b"".join(EVENTS[half + 1 :]))
     assert state.refresh() == len(EVENTS) - half
     assert state.events.follower.cursor.offset == log.stat().st_size  # nothing left, nothing read twice
     assert state.refresh() == 0
@@ -82,7 +84,9 @@ def test_a_crashed_run_is_called_stalled_with_its_unfinished_rollouts(tmp_path: 
 
 
 def test_missing_and_empty_directories_are_notes(tmp_path: Path) -> None:
-    assert [n.text for n in RunState(tmp_path / "nope").notes()] == [f"{tmp_path / 'nope'}: no such directory"]
+    assert [n.text for n in RunState(tmp_path / "nope").notes()] == [
+        f"{tmp_path / 'nope'}: no such directory"
+    ]
     state = RunState(tmp_path)
     state.refresh()
     assert f"{tmp_path} holds no run (no config.json, no events.jsonl)" in _texts(state)
@@ -92,10 +96,13 @@ def test_missing_and_empty_directories_are_notes(tmp_path: Path) -> None:
 
 
 def test_a_copied_run_is_read_where_it_is_not_where_its_config_says_it_was(
-        copy_run: Callable[[Path], Path]) -> None:
+    copy_run: Callable[[Path], Path],
+) -> None:
     root = copy_run(TOY)
     config = json.loads((root / "config.json").read_text())
-    assert config["paths"]["run_log"]["value"].endswith("/events.jsonl")  # an absolute path under the old root
+    assert config["paths"]["run_log"]["value"].endswith(
+        "/events.jsonl"
+    )  # an absolute path under the old root
     (root / "events.jsonl").write_bytes(b"".join(EVENTS[:30]))
     state = RunState(root)
     assert state.refresh() == 30 + 16  # this copy's 30 events and its 16 metrics rows
@@ -148,3 +155,15 @@ def test_a_log_replaced_under_its_name_is_counted_afresh_not_added_to(tmp_path: 
     log.write_bytes(b"".join(head[:10]))  # cut shorter in place
     state.refresh()
     assert state.events_read == 10
+
+
+def test_a_monitor_started_before_the_run_picks_up_its_config(tmp_path: Path) -> None:
+    root = tmp_path / "early"
+    root.mkdir()
+    state = RunState(root)
+    state.refresh()
+    assert "holds no run" in _texts(state)
+    (root / "config.json").write_bytes((TOY / "config.json").read_bytes())
+    (root / "events.jsonl").write_bytes(b"".join(EVENTS[:20]))
+    state.refresh()
+    assert state.config_int("train", "num_rollout") == 16 and state.events_read == 20

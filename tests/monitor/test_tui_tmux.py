@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import CHECK, TOY
+from monitor_runs import CHECK, TOY
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux missing: `make system-deps` installs it")
+pytestmark = pytest.mark.skipif(
+    shutil.which("tmux") is None, reason="tmux missing: `make system-deps` installs it"
+)
 
 LEGO = str(Path(sys.executable).with_name("lego"))
 
@@ -28,12 +30,30 @@ class Screen:
         self.socket = f"lego-monitor-test-{uuid.uuid4().hex[:8]}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
         env["TERM"] = "xterm-256color"
-        self._tmux("new-session", "-d", "-s", "mon", "-x", "160", "-y", "50", "-c", str(cwd),
-                   " ".join(subprocess.list2cmdline([c]) for c in command) + "; sleep 30", env=env)
+        self._tmux(
+            "new-session",
+            "-d",
+            "-s",
+            "mon",
+            "-x",
+            "160",
+            "-y",
+            "50",
+            "-c",
+            str(cwd),
+            " ".join(subprocess.list2cmdline([c]) for c in command) + "; sleep 30",
+            env=env,
+        )
 
     def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True,
-                              env=env, timeout=30).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        ).stdout
 
     def text(self) -> str:
         return self._tmux("capture-pane", "-p", "-t", "mon")
@@ -52,7 +72,9 @@ class Screen:
             time.sleep(0.2)
 
     def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30, check=False)
+        subprocess.run(
+            ["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30, check=False
+        )
 
 
 @pytest.fixture
@@ -73,10 +95,16 @@ def test_every_view_by_key_then_drill_down_search_and_quit(screen: type[Screen])
     s = screen([LEGO, "monitor", str(TOY)])
     first = s.wait("weight version 14")
     assert "step 15/16" in first and "finished (completed)" in first and "1/o Overview" in first
-    for key, title in [("t", "termination mix per step"), ("s", "stage seconds per harness"),
-                       ("g", "24 tasks; zero-variance groups"), ("c", "rollout vs trainer log-probs"),
-                       ("b", "behaviour per harness"), ("p", "where each step's time went"),
-                       ("2", "termination mix per step"), ("o", "eval pass@1")]:
+    for key, title in [
+        ("t", "termination mix per step"),
+        ("s", "stage seconds per harness"),
+        ("g", "24 tasks; zero-variance groups"),
+        ("c", "rollout vs trainer log-probs"),
+        ("b", "behaviour per harness"),
+        ("p", "where each step's time went"),
+        ("2", "termination mix per step"),
+        ("o", "eval pass@1"),
+    ]:
         s.keys(key)
         s.wait(title)
     s.keys("r")
@@ -99,8 +127,14 @@ def test_every_view_by_key_then_drill_down_search_and_quit(screen: type[Screen])
     s.keys("c")
     s.wait("pick a step")
     s.keys("Down", "Enter")
-    worst = sorted((json.loads(line) for line in (TOY / "metrics.jsonl").read_text().splitlines()
-                    if "consistency/k3_kl" in line), key=lambda r: -r["values"]["consistency/k3_kl"])
+    worst = sorted(
+        (
+            json.loads(line)
+            for line in (TOY / "metrics.jsonl").read_text().splitlines()
+            if "consistency/k3_kl" in line
+        ),
+        key=lambda r: -r["values"]["consistency/k3_kl"],
+    )
     picked = s.wait(f"rollouts matching 'step:{worst[1]['step']}'")
     assert f"s{worst[1]['step']:05d}-g0" in picked
     s.keys("q")
@@ -142,3 +176,41 @@ def test_follows_a_run_as_it_is_written(screen: type[Screen], tmp_path: Path) ->
         fh.write(b"".join(metrics[5:]))
     done = s.wait("finished (completed)")
     assert "step 15/16" in done
+
+
+@pytest.mark.slow
+def test_follows_a_real_lego_train_run_from_its_first_event_to_its_end(
+    screen: type[Screen], tmp_path: Path
+) -> None:
+    """`lego train` (the toy environment, tiny model on CPU) writes while the TUI watches the directory."""
+    from lego_rl.orchestrate.toy_env import make_rows
+
+    (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8)))
+    (tmp_path / "lego.toml").write_text(
+        '[serving]\ndevice = "cpu"\nport = 0\n[sandbox]\nprovider = "bwrap"\n[rollout]\nprompt_data = "toy.jsonl"\n'
+        'batch_size = 2\nsamples_per_prompt = 4\ntop_p = 1.0\n[train]\nenvironment = "first_letter"\n'
+        'num_rollout = 12\n[paths]\nrun_root = "runs/toy"\n'
+    )
+    run = tmp_path / "runs" / "toy"
+    run.mkdir(parents=True)
+    s = screen([LEGO, "monitor", str(run), "--set", "monitor.refresh_s=0.5"])
+    s.wait("holds no run")  # nothing there yet: said so, and the monitor keeps watching
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEGO_", "RUN_", "HF_", "DATA_ROOT"))}
+    train = subprocess.Popen(
+        [LEGO, "train", "-c", "lego.toml", "--json"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        s.wait("[train] running", timeout=300)
+        s.wait("finished (completed)", timeout=600)
+        assert "step 11/12" in s.text()
+    finally:
+        try:
+            _, err = train.communicate(timeout=120)  # training_finished is written just before it exits
+        except subprocess.TimeoutExpired:
+            train.kill()
+            _, err = train.communicate(timeout=60)
+    assert train.returncode == 0, err[-2000:]

@@ -1,4 +1,4 @@
-"""`lego monitor` (a live terminal view of a run) and `lego report` (the same views as one offline HTML file)."""
+"""`lego monitor` (a live terminal view of a run) and `lego report` (its views as one offline HTML file)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,26 @@ from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
 from lego_rl.config.schema import MonitorConfig
 from lego_rl.errors import ConfigError
 
-RunArg = Annotated[Path, typer.Argument(help="The run directory (paths.run_root of the run).", show_default=False)]
+RunArg = Annotated[
+    Path, typer.Argument(help="The run directory (paths.run_root of the run).", show_default=False)
+]
 CompareOpt = Annotated[
-    Path | None, typer.Option("--compare", help="A second run to compare with (the Compare view).", show_default=False)
+    Path | None,
+    typer.Option("--compare", help="A second run to compare with (the Compare view).", show_default=False),
 ]
 RolloutOpt = Annotated[
-    str | None, typer.Option("--rollout", help="Also open this rollout (drill-down) in --once / --json.",
-                             show_default=False)
+    str | None,
+    typer.Option(
+        "--rollout", help="Also open this rollout (drill-down) in --once / --json.", show_default=False
+    ),
 ]
 SearchOpt = Annotated[
-    str | None, typer.Option("--search", help="Rollouts matching e.g. 'reason:engine_error harness:codex tool:Bash'.",
-                             show_default=False)
+    str | None,
+    typer.Option(
+        "--search",
+        help="Rollouts matching e.g. 'reason:engine_error harness:codex tool:Bash'.",
+        show_default=False,
+    ),
 ]
 
 
@@ -87,8 +96,12 @@ def monitor(
 
 def report(
     run_dir: RunArg,
-    html: Annotated[Path, typer.Option("--html", help="Where to write the report (one self-contained file).",
-                                       show_default=False)],
+    html: Annotated[
+        Path,
+        typer.Option(
+            "--html", help="Where to write the report (one self-contained file).", show_default=False
+        ),
+    ],
     compare_with: CompareOpt = None,
     config: ConfigOpt = None,
     overrides: SetOpt = None,

@@ -61,8 +61,9 @@ class Monitor:
         now = time.time()
         self.state.refresh()
         want = sections or (("rollouts",) if self.view == "compare" else (self.view,))
-        self.snap = build(self.state, now=now, kl_warn=self.kl_warn, sections=want, cache=self.cache,
-                          query=self.query)
+        self.snap = build(
+            self.state, now=now, kl_warn=self.kl_warn, sections=want, cache=self.cache, query=self.query
+        )
         if self.other is not None and (sections is not None or self.view == "compare"):
             self.other.refresh()
             self.comparison = compare(self.state, self.other, now)
@@ -123,11 +124,11 @@ class Monitor:
         if k.isdigit() and 1 <= int(k) <= len(views.VIEWS):
             section = views.VIEWS[int(k) - 1][1]
         if section not in (None, self.view) and (section != "compare" or self.other is not None):
-            self.view, self.offset, self.selected, self.opened = section, 0, 0, None  # type: ignore[assignment]
+            self.view, self.offset, self.selected, self.opened = str(section), 0, 0, None
         return False
 
     def _pick_query(self) -> str | None:
-        """The search that opens the selected item's rollouts: a termination reason, a worst consistency step."""
+        """The search listing the selected item's rollouts: a termination reason, a worst consistency step."""
         snap = self.snap
         if snap is None:
             return None
@@ -145,13 +146,19 @@ class Monitor:
         snap = self.snap or self.refresh()
         top = views.header(snap, self.view, self.other is not None, self.query)
         if self.typing is not None:
-            top.append(f"\nsearch (task: harness: reason: tool: step:, enter to apply, esc to cancel): {self.typing}█",
-                       "magenta")
+            top.append(
+                "\nsearch (task: harness: reason: tool: step:, enter to apply, esc to cancel): "
+                + self.typing
+                + "█",
+                "magenta",
+            )
         notes = views.notes(snap)
         n_notes = len(snap.notes)
         body_h = max(5, height - 6 - n_notes - (1 if self.typing is not None else 0))
         body = self.body(snap, width, body_h)
-        return Group(top, Rule(style="dim"), body, Rule(style="dim"), notes, views.footer(self.opened is not None))
+        return Group(
+            top, Rule(style="dim"), body, Rule(style="dim"), notes, views.footer(self.opened is not None)
+        )
 
     def body(self, snap: Snapshot, width: int, height: int) -> RenderableType:
         if self.opened is not None:
@@ -216,7 +223,11 @@ def render_once(mon: Monitor, console: Console, rollout: str | None = None) -> N
     if rollout is not None:
         d = detail(mon.state, rollout)
         console.print(Rule(f"rollout {rollout}"))
-        console.print(views.drill(views.drill_lines(d), 0, 10_000, wrap=True) if d else Text(f"no rollout {rollout!r} in this run", "red"))
+        console.print(
+            views.drill(views.drill_lines(d), 0, 10_000, wrap=True)
+            if d
+            else Text(f"no rollout {rollout!r} in this run", "red")
+        )
 
 
 def snapshot_json(mon: Monitor, rollout: str | None = None) -> str:
@@ -245,7 +256,14 @@ def cbreak(stream: TextIO) -> Iterator[int | None]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-_SEQ = {"\x1b[A": "UP", "\x1b[B": "DOWN", "\x1b[5~": "PGUP", "\x1b[6~": "PGDN", "\x1bOA": "UP", "\x1bOB": "DOWN"}
+_SEQ = {
+    "\x1b[A": "UP",
+    "\x1b[B": "DOWN",
+    "\x1b[5~": "PGUP",
+    "\x1b[6~": "PGDN",
+    "\x1bOA": "UP",
+    "\x1bOB": "DOWN",
+}
 
 
 def split_keys(data: str) -> list[str]:
@@ -265,8 +283,12 @@ def split_keys(data: str) -> list[str]:
 
 def run_live(mon: Monitor, console: Console, refresh_s: float) -> None:
     """Redraw every ``refresh_s`` and on each key until ``q`` (or Ctrl-C)."""
-    with cbreak(sys.stdin) as fd, Live(console=console, screen=True, auto_refresh=False,
-                                       redirect_stdout=False, redirect_stderr=False) as live:
+    with (
+        cbreak(sys.stdin) as fd,
+        Live(
+            console=console, screen=True, auto_refresh=False, redirect_stdout=False, redirect_stderr=False
+        ) as live,
+    ):
         mon.refresh()
         next_tick = time.monotonic() + refresh_s
         while True:

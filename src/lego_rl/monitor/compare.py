@@ -41,12 +41,24 @@ def compare(a: RunState, b: RunState, now: float) -> Comparison:
         tb = b.tasks.get(task_id)
         if tb is None or ta.solve_rate is None or tb.solve_rate is None:
             continue
-        deltas.append(TaskDelta(instance_id=task_id, a=ta.solve_rate, b=tb.solve_rate,
-                                delta=tb.solve_rate - ta.solve_rate))
+        deltas.append(
+            TaskDelta(
+                instance_id=task_id, a=ta.solve_rate, b=tb.solve_rate, delta=tb.solve_rate - ta.solve_rate
+            )
+        )
     deltas.sort(key=lambda d: (-abs(d.delta), d.instance_id))
     ups = sorted(d.delta for d in deltas if d.delta > 0)
     downs = sorted(d.delta for d in deltas if d.delta < 0)
     return Comparison(
-        a=str(a.root), b=str(b.root), reward_a=oa.reward, reward_b=ob.reward, solve_a=oa.solve_rate,
-        solve_b=ob.solve_rate, deltas=deltas, up=len(ups), down=len(downs),
-        median_up=quantile(ups, 0.5) if ups else None, median_down=quantile(downs, 0.5) if downs else None)
+        a=str(a.root),
+        b=str(b.root),
+        reward_a=oa.reward,
+        reward_b=ob.reward,
+        solve_a=oa.solve_rate,
+        solve_b=ob.solve_rate,
+        deltas=deltas,
+        up=len(ups),
+        down=len(downs),
+        median_up=quantile(ups, 0.5) if ups else None,
+        median_down=quantile(downs, 0.5) if downs else None,
+    )

@@ -1,5 +1,6 @@
-"""One rollout opened up: its events as a timeline and its saved artifacts (CLI transcript, tool calls per turn,
-the patch, the grader's log), each read with a size cap so a 100 MB transcript cannot stall the monitor."""
+"""One rollout opened up: its events as a timeline and its saved artifacts (CLI transcript, tool calls per
+turn, the patch, the grader's log), each read with a size cap so a 100 MB transcript cannot stall the
+monitor."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from lego_rl.monitor.snapshot import TOOL_RE, RolloutBrief, _turn_records, artifact_files, brief
+from lego_rl.monitor.snapshot import TOOL_RE, RolloutBrief, _turn_records, artifact_files, as_int, brief
 from lego_rl.monitor.state import RunState
 
 TAIL_BYTES = 16_384
@@ -84,8 +85,10 @@ def detail(state: RunState, rollout_id: str) -> RolloutDetail | None:
     if r is None:
         return None
     t0 = r.started
-    timeline = [f"+{0.0:8.2f}s  started: {r.instance_id} on {r.harness}, group {r.group_index} #{r.index}"
-                + (f", step {r.step}" if r.step is not None else "")]
+    timeline = [
+        f"+{0.0:8.2f}s  started: {r.instance_id} on {r.harness}, group {r.group_index} #{r.index}"
+        + (f", step {r.step}" if r.step is not None else "")
+    ]
     elapsed = 0.0
     for stage, (status, seconds) in r.stages.items():
         elapsed += seconds
@@ -93,8 +96,11 @@ def detail(state: RunState, rollout_id: str) -> RolloutDetail | None:
     if r.exit_code is not None:
         timeline.append(f"{'':11}  agent exited with code {r.exit_code}")
     if r.finished is not None:
-        timeline.append(f"+{r.finished - t0:8.2f}s  finished: {r.termination}, reward {r.reward}, {r.turns} turns"
-                        + (" (infrastructure)" if r.infrastructure else "") + (f": {r.detail}" if r.detail else ""))
+        timeline.append(
+            f"+{r.finished - t0:8.2f}s  finished: {r.termination}, reward {r.reward}, {r.turns} turns"
+            + (" (infrastructure)" if r.infrastructure else "")
+            + (f": {r.detail}" if r.detail else "")
+        )
     else:
         timeline.append(f"{'':11}  in flight")
     if r.refilled_by:
@@ -106,12 +112,18 @@ def detail(state: RunState, rollout_id: str) -> RolloutDetail | None:
     for rec in _turn_records(state, r):
         text = str(rec.get("text") or "")
         out = rec.get("output_ids")
-        turns.append(TurnBrief(
-            turn=int(rec.get("turn") or 0), kind=str(rec.get("kind") or ""),  # type: ignore[call-overload]
-            render_mode=str(rec.get("render_mode") or ""), output_tokens=len(out) if isinstance(out, list) else 0,
-            tool_calls=int(rec.get("tool_calls") or 0),  # type: ignore[call-overload]
-            tools=[a or b for a, b in TOOL_RE.findall(text)], finish_reason=str(rec.get("finish_reason") or ""),
-            text=text[:300]))
+        turns.append(
+            TurnBrief(
+                turn=as_int(rec.get("turn")),
+                kind=str(rec.get("kind") or ""),
+                render_mode=str(rec.get("render_mode") or ""),
+                output_tokens=len(out) if isinstance(out, list) else 0,
+                tool_calls=as_int(rec.get("tool_calls")),
+                tools=[a or b for a, b in TOOL_RE.findall(text)],
+                finish_reason=str(rec.get("finish_reason") or ""),
+                text=text[:300],
+            )
+        )
     transcript: list[str] = []
     for path in files:
         if path.name.endswith("-events.jsonl") or path.name.startswith("cli-"):
@@ -121,6 +133,14 @@ def detail(state: RunState, rollout_id: str) -> RolloutDetail | None:
     patch = folder / "patch.diff"
     grader = folder / "grader.log"
     return RolloutDetail(
-        rollout=brief(r), timeline=timeline, folder=str(folder), artifacts={p.name: p.stat().st_size for p in files},
-        turns=turns, transcript=transcript, patch=_tail(patch) if patch.is_file() else None,
-        grader_log=_tail(grader) if grader.is_file() else None, problems=list(r.problems), note=note)
+        rollout=brief(r),
+        timeline=timeline,
+        folder=str(folder),
+        artifacts={p.name: p.stat().st_size for p in files},
+        turns=turns,
+        transcript=transcript,
+        patch=_tail(patch) if patch.is_file() else None,
+        grader_log=_tail(grader) if grader.is_file() else None,
+        problems=list(r.problems),
+        note=note,
+    )

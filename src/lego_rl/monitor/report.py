@@ -40,8 +40,11 @@ def _table(head: list[str], rows: list[list[str]], left: int = 1, classes: list[
     body = []
     for n, row in enumerate(rows):
         cls = f' class="{classes[n]}"' if classes and classes[n] else ""
-        body.append(f"<tr{cls}>" + "".join(f'<td class="{"l" if i < left else ""}">{escape(c)}</td>'
-                                            for i, c in enumerate(row)) + "</tr>")
+        body.append(
+            f"<tr{cls}>"
+            + "".join(f'<td class="{"l" if i < left else ""}">{escape(c)}</td>' for i, c in enumerate(row))
+            + "</tr>"
+        )
     return f"<table><tr>{th}</tr>{''.join(body)}</table>"
 
 
@@ -52,17 +55,26 @@ def _f(v: float | None, spec: str = ".3f") -> str:
 def _overview(s: Snapshot) -> str:
     o = s.overview
     assert o is not None
-    curves = line_chart("reward and solve rate per step", {
-        "reward mean": [(p.step, p.value) for p in o.reward],
-        "solve rate": [(p.step, p.value) for p in o.solve_rate],
-        "eval pass@1": [(p.step, p.value) for p in o.eval_pass_at_1]})
-    facts = [["latest step", "-" if o.step is None else f"{o.step}" + (f" of {o.steps_total}" if o.steps_total else "")],
-             ["weight version", "-" if o.weight_version is None else str(o.weight_version)],
-             ["rollouts finished", str(o.rollouts_finished)],
-             ["in flight", ", ".join(f"{k} {v}" for k, v in o.in_flight.items()) or "none"],
-             ["rollouts / min", _f(o.rollouts_per_min, ".1f")],
-             ["trained tokens / s", _f(o.trained_tokens_per_s, ",.0f")],
-             ["last error", o.last_error or "none"]] + [["baseline", b] for b in o.baseline]
+    curves = line_chart(
+        "reward and solve rate per step",
+        {
+            "reward mean": [(p.step, p.value) for p in o.reward],
+            "solve rate": [(p.step, p.value) for p in o.solve_rate],
+            "eval pass@1": [(p.step, p.value) for p in o.eval_pass_at_1],
+        },
+    )
+    facts = [
+        [
+            "latest step",
+            "-" if o.step is None else f"{o.step}" + (f" of {o.steps_total}" if o.steps_total else ""),
+        ],
+        ["weight version", "-" if o.weight_version is None else str(o.weight_version)],
+        ["rollouts finished", str(o.rollouts_finished)],
+        ["in flight", ", ".join(f"{k} {v}" for k, v in o.in_flight.items()) or "none"],
+        ["rollouts / min", _f(o.rollouts_per_min, ".1f")],
+        ["trained tokens / s", _f(o.trained_tokens_per_s, ",.0f")],
+        ["last error", o.last_error or "none"],
+    ] + [["baseline", b] for b in o.baseline]
     return curves + _table(["", ""], facts)
 
 
@@ -78,14 +90,29 @@ def _terminations(s: Snapshot) -> str:
         else:
             colours[r] = POLICY_COLOURS[p % len(POLICY_COLOURS)]
             p += 1
-    chart = stacked_bars("terminations per step (infrastructure reasons in yellow)", [r.step for r in tm.per_step],
-                         {r: [float(row.counts.get(r, 0)) for row in tm.per_step] for r in reasons}, colours=colours)
-    totals = _table(["reason", "family", "rollouts"],
-                    [[r, "infrastructure" if r in tm.infrastructure_reasons else "policy", str(tm.totals[r])]
-                     for r in reasons], left=2)
-    examples = _table(["reason", "rollout", "task", "harness", "detail"],
-                      [[r, b.rollout_id, b.instance_id, b.harness, b.detail[:160]]
-                       for r, items in tm.examples.items() for b in items[:3]], left=5)
+    chart = stacked_bars(
+        "terminations per step (infrastructure reasons in yellow)",
+        [r.step for r in tm.per_step],
+        {r: [float(row.counts.get(r, 0)) for row in tm.per_step] for r in reasons},
+        colours=colours,
+    )
+    totals = _table(
+        ["reason", "family", "rollouts"],
+        [
+            [r, "infrastructure" if r in tm.infrastructure_reasons else "policy", str(tm.totals[r])]
+            for r in reasons
+        ],
+        left=2,
+    )
+    examples = _table(
+        ["reason", "rollout", "task", "harness", "detail"],
+        [
+            [r, b.rollout_id, b.instance_id, b.harness, b.detail[:160]]
+            for r, items in tm.examples.items()
+            for b in items[:3]
+        ],
+        left=5,
+    )
     return chart + totals + "<h3>latest examples</h3>" + examples
 
 
@@ -95,11 +122,16 @@ def _timing(s: Snapshot, state: RunState) -> str:
         if step is not None:
             merged.setdefault(stage, {}).setdefault(step, []).extend(times)
     order = {name: i for i, name in enumerate(STAGE_ORDER)}
-    per_stage = {stage: [(float(step), quantile(sorted(times), 0.5)) for step, times in sorted(by_step.items())]
-                 for stage, by_step in sorted(merged.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))}
+    per_stage = {
+        stage: [(float(step), quantile(sorted(times), 0.5)) for step, times in sorted(by_step.items())]
+        for stage, by_step in sorted(merged.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))
+    }
     chart = line_chart("stage p50 seconds per step (all harnesses)", per_stage, log=True) if per_stage else ""
-    rows = [[t.scope, t.harness, t.stage, str(t.n), f"{t.p50:.2f}", f"{t.p90:.2f}", f"{t.max:.2f}"]
-            for t in s.timing or [] if not t.scope.startswith("step ")]
+    rows = [
+        [t.scope, t.harness, t.stage, str(t.n), f"{t.p50:.2f}", f"{t.p90:.2f}", f"{t.max:.2f}"]
+        for t in s.timing or []
+        if not t.scope.startswith("step ")
+    ]
     table = _table(["scope", "harness", "stage", "n", "p50 s", "p90 s", "max s"], rows, left=3)
     return chart + (table if rows else '<p class="empty">no stage timings</p>')
 
@@ -113,18 +145,27 @@ def _tasks(s: Snapshot) -> str:
     cols = max(t.attempts for t in shown)
     name_w = 7 * min(40, max(len(t.instance_id) for t in shown)) + 60
     w, h = name_w + cols * CELL + 10, len(shown) * CELL + 20
-    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
-             f'aria-label="task grid" font-size="8">')]
+    opening = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
+        'role="img" aria-label="task grid" font-size="8">'
+    )
+    parts = [opening]
     for row_i, t in enumerate(shown):
         y = 10 + row_i * CELL
         rate = "-" if t.solve_rate is None else f"{t.solve_rate:.0%}"
         mark = " ∅" if t.zero_variance_groups else ""
         parts.append(f'<text x="0" y="{y + 7}">{escape(t.instance_id[:40])} {rate}{mark}</text>')
-        parts.extend(f'<rect x="{name_w + j * CELL}" y="{y}" width="{CELL - 1}" height="{CELL - 1}" '
-                     f'fill="{OUTCOME_COLOUR.get(c, "#999")}"/>' for j, c in enumerate(t.cells))
+        parts.extend(
+            f'<rect x="{name_w + j * CELL}" y="{y}" width="{CELL - 1}" height="{CELL - 1}" '
+            f'fill="{OUTCOME_COLOUR.get(c, "#999")}"/>'
+            for j, c in enumerate(t.cells)
+        )
     parts.append("</svg>")
-    head = (f"<p>{len(tk.tasks)} tasks; zero-variance groups (no GRPO signal, marked ∅): {tk.zero_variance_groups}"
-            f" of {tk.groups}. Cells: green solved, red failed, yellow infrastructure, oldest first.</p>")
+    head = (
+        f"<p>{len(tk.tasks)} tasks; zero-variance groups (no GRPO signal, marked ∅): "
+        f"{tk.zero_variance_groups} of {tk.groups}. "
+        "Cells: green solved, red failed, yellow infrastructure, oldest first.</p>"
+    )
     more = f"<p>{len(tk.tasks) - len(shown)} more tasks not drawn.</p>" if len(tk.tasks) > len(shown) else ""
     return head + "\n".join(parts) + more
 
@@ -136,14 +177,32 @@ def _consistency(s: Snapshot) -> str:
         return f'<p class="empty">{escape(c.note)}</p>'
     kl = {"overall": [(float(x.step), x.overall["k3_kl"]) for x in c.steps if "k3_kl" in x.overall]}
     for kind in sorted({k for x in c.steps for k in x.by_kind}):
-        kl[kind] = [(float(x.step), x.by_kind[kind]["k3_kl"]) for x in c.steps if "k3_kl" in x.by_kind.get(kind, {})]
-    chart = line_chart(f"k3 KL per step (dashed: monitor.kl_warn = {c.kl_warn:g})", kl, log=True, hline=c.kl_warn)
-    pearson = line_chart("Pearson (rollout vs trainer log-probs) per step",
-                         {"pearson": [(float(x.step), x.overall["pearson"]) for x in c.steps if "pearson" in x.overall]})
-    rows = [[str(x.step), _f(x.overall.get("pearson"), ".5f"), _f(x.overall.get("mean_abs_diff"), ".2e"),
-             _f(x.overall.get("p99_abs_diff"), ".2e"), _f(x.overall.get("k3_kl"), ".2e")] for x in c.worst]
-    worst = _table(["step", "pearson", "mean |Δ|", "p99 |Δ|", "k3 KL"], rows, left=0,
-                   classes=["warn" if x.warn else "" for x in c.worst])
+        kl[kind] = [
+            (float(x.step), x.by_kind[kind]["k3_kl"]) for x in c.steps if "k3_kl" in x.by_kind.get(kind, {})
+        ]
+    chart = line_chart(
+        f"k3 KL per step (dashed: monitor.kl_warn = {c.kl_warn:g})", kl, log=True, hline=c.kl_warn
+    )
+    pearson = line_chart(
+        "Pearson (rollout vs trainer log-probs) per step",
+        {"pearson": [(float(x.step), x.overall["pearson"]) for x in c.steps if "pearson" in x.overall]},
+    )
+    rows = [
+        [
+            str(x.step),
+            _f(x.overall.get("pearson"), ".5f"),
+            _f(x.overall.get("mean_abs_diff"), ".2e"),
+            _f(x.overall.get("p99_abs_diff"), ".2e"),
+            _f(x.overall.get("k3_kl"), ".2e"),
+        ]
+        for x in c.worst
+    ]
+    worst = _table(
+        ["step", "pearson", "mean |Δ|", "p99 |Δ|", "k3 KL"],
+        rows,
+        left=0,
+        classes=["warn" if x.warn else "" for x in c.worst],
+    )
     return chart + pearson + "<h3>worst steps</h3>" + worst + f"<p>{escape(c.note)}</p>"
 
 
@@ -152,46 +211,97 @@ def _pipeline(s: Snapshot) -> str:
     assert p is not None
     if not p.steps:
         return '<p class="empty">no finished step</p>'
-    chart = stacked_bars("seconds per step: rollouts, train, sync", [x.step for x in p.steps], {
-        "rollouts": [x.time_rollout_s or 0.0 for x in p.steps], "train": [x.time_train_s or 0.0 for x in p.steps],
-        "sync": [x.time_sync_s or 0.0 for x in p.steps]})
+    chart = stacked_bars(
+        "seconds per step: rollouts, train, sync",
+        [x.step for x in p.steps],
+        {
+            "rollouts": [x.time_rollout_s or 0.0 for x in p.steps],
+            "train": [x.time_train_s or 0.0 for x in p.steps],
+            "sync": [x.time_sync_s or 0.0 for x in p.steps],
+        },
+    )
     return chart + f"<p>bottleneck over the last 5 steps: {escape(p.bottleneck or '-')}</p>"
 
 
 def _behaviour(s: Snapshot) -> str:
-    rows = [[b.harness, str(b.rollouts), f"{b.turns_mean:.1f}", f"{b.turns_p50:.0f}", f"{b.turns_p90:.0f}",
-             str(b.turns_max), " ".join(f"{k}:{v}" for k, v in b.turns_histogram.items()),
-             ", ".join(f"{k} {v}" for k, v in b.tools.items()) or "-", _f(b.tool_calls_per_turn, ".2f")]
-            for b in s.behaviour or []]
-    return _table(["harness", "rollouts", "turns mean", "p50", "p90", "max", "turns histogram", "tools",
-                   "calls/turn"], rows, left=1) if rows else '<p class="empty">no finished rollouts</p>'
+    rows = [
+        [
+            b.harness,
+            str(b.rollouts),
+            f"{b.turns_mean:.1f}",
+            f"{b.turns_p50:.0f}",
+            f"{b.turns_p90:.0f}",
+            str(b.turns_max),
+            " ".join(f"{k}:{v}" for k, v in b.turns_histogram.items()),
+            ", ".join(f"{k} {v}" for k, v in b.tools.items()) or "-",
+            _f(b.tool_calls_per_turn, ".2f"),
+        ]
+        for b in s.behaviour or []
+    ]
+    return (
+        _table(
+            [
+                "harness",
+                "rollouts",
+                "turns mean",
+                "p50",
+                "p90",
+                "max",
+                "turns histogram",
+                "tools",
+                "calls/turn",
+            ],
+            rows,
+            left=1,
+        )
+        if rows
+        else '<p class="empty">no finished rollouts</p>'
+    )
 
 
 def _compare(c: Comparison) -> str:
-    chart = line_chart("reward per step, A vs B", {"A reward": [(p.step, p.value) for p in c.reward_a],
-                                                   "B reward": [(p.step, p.value) for p in c.reward_b]})
+    chart = line_chart(
+        "reward per step, A vs B",
+        {
+            "A reward": [(p.step, p.value) for p in c.reward_a],
+            "B reward": [(p.step, p.value) for p in c.reward_b],
+        },
+    )
     rows = [[d.instance_id, f"{d.a:.2f}", f"{d.b:.2f}", f"{d.delta:+.2f}"] for d in c.deltas[:50]]
-    return (f"<p>A = {escape(c.a)}<br>B = {escape(c.b)}</p>" + chart +
-            f"<p>{len(c.deltas)} tasks in both: {c.up} up, {c.down} down</p>" +
-            _table(["task", "A", "B", "B - A"], rows))
+    return (
+        f"<p>A = {escape(c.a)}<br>B = {escape(c.b)}</p>"
+        + chart
+        + f"<p>{len(c.deltas)} tasks in both: {c.up} up, {c.down} down</p>"
+        + _table(["task", "A", "B", "B - A"], rows)
+    )
 
 
 def render_html(state: RunState, snap: Snapshot, comparison: Comparison | None = None) -> str:
-    parts = [("overview", "Overview", _overview(snap)), ("terminations", "Terminations", _terminations(snap)),
-             ("timing", "Stage timing", _timing(snap, state)), ("tasks", "Tasks", _tasks(snap)),
-             ("consistency", "Consistency", _consistency(snap)), ("pipeline", "Pipeline", _pipeline(snap)),
-             ("behaviour", "Behaviour", _behaviour(snap))]
+    parts = [
+        ("overview", "Overview", _overview(snap)),
+        ("terminations", "Terminations", _terminations(snap)),
+        ("timing", "Stage timing", _timing(snap, state)),
+        ("tasks", "Tasks", _tasks(snap)),
+        ("consistency", "Consistency", _consistency(snap)),
+        ("pipeline", "Pipeline", _pipeline(snap)),
+        ("behaviour", "Behaviour", _behaviour(snap)),
+    ]
     if comparison is not None:
         parts.append(("compare", "Compare", _compare(comparison)))
-    notes = "".join(f'<li class="note-{escape(n.level)}">{escape(n.level)}: {escape(n.text)}</li>' for n in snap.notes)
+    notes = "".join(
+        f'<li class="note-{escape(n.level)}">{escape(n.level)}: {escape(n.text)}</li>' for n in snap.notes
+    )
     nav = "".join(f'<a href="#{sid}">{title}</a>' for sid, title, _ in parts)
     body = "".join(f'<section id="{sid}"><h2>{title}</h2>{html}</section>' for sid, title, html in parts)
     made = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>lego report: '
-            f"{escape(snap.run.root)}</title><style>{CSS}</style></head><body>"
-            f"<h1>lego report: {escape(snap.run.root)}</h1><p>{escape(snap.run.kind)} run, {escape(snap.run.status)};"
-            f" {snap.run.events_read:,} events, {snap.run.metrics_rows} metrics rows; written {made}</p>"
-            f"<ul>{notes}</ul><nav>{nav}</nav>{body}</body></html>")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>lego report: '
+        f"{escape(snap.run.root)}</title><style>{CSS}</style></head><body>"
+        f"<h1>lego report: {escape(snap.run.root)}</h1>"
+        f"<p>{escape(snap.run.kind)} run, {escape(snap.run.status)}; {snap.run.events_read:,} events, "
+        f"{snap.run.metrics_rows} metrics rows; written {made}</p>"
+        f"<ul>{notes}</ul><nav>{nav}</nav>{body}</body></html>"
+    )
 
 
 def write_report(root: Path, out: Path, *, kl_warn: float, other: Path | None = None) -> Path:
@@ -206,4 +316,3 @@ def write_report(root: Path, out: Path, *, kl_warn: float, other: Path | None = 
         b.refresh()
         comparison = compare(state, b, now)
     return write_new(out, render_html(state, snap, comparison), what="report")
-

@@ -19,8 +19,16 @@ from pydantic import BaseModel, Field
 from lego_rl.monitor.state import Rollout, RunState
 
 SECTIONS = ("overview", "terminations", "timing", "tasks", "consistency", "behaviour", "pipeline", "rollouts")
-STAGE_ORDER = ("harness_lookup", "sandbox_setup", "harness_install", "agent", "patch", "grading", "cleanup",
-               "samples")
+STAGE_ORDER = (
+    "harness_lookup",
+    "sandbox_setup",
+    "harness_install",
+    "agent",
+    "patch",
+    "grading",
+    "cleanup",
+    "samples",
+)
 CONSISTENCY_FIELDS = ("pearson", "mean_abs_diff", "p99_abs_diff", "max_abs_diff", "k3_kl", "tokens")
 TOOL_RE = re.compile(r"<function=([A-Za-z0-9_.:-]{1,64})>|\"name\"\s*:\s*\"([A-Za-z0-9_.:-]{1,64})\"")
 BEHAVIOUR_ROLLOUTS = 50
@@ -202,10 +210,23 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return float(sorted_values[i])
 
 
+def as_int(value: object) -> int:
+    """A count from a JSON record written by another component: 0 when absent or not a number."""
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
 def brief(r: Rollout) -> RolloutBrief:
-    return RolloutBrief(rollout_id=r.rollout_id, instance_id=r.instance_id, harness=r.harness, step=r.step,
-                        termination=r.termination, reward=r.reward, infrastructure=r.infrastructure,
-                        turns=r.turns, detail=r.detail[:300])
+    return RolloutBrief(
+        rollout_id=r.rollout_id,
+        instance_id=r.instance_id,
+        harness=r.harness,
+        step=r.step,
+        termination=r.termination,
+        reward=r.reward,
+        infrastructure=r.infrastructure,
+        turns=r.turns,
+        detail=r.detail[:300],
+    )
 
 
 def _value(state: RunState, step: int, name: str) -> float | None:
@@ -257,22 +278,43 @@ def overview(state: RunState, now: float) -> Overview:
     if total is not None and timed and state.finished is None:
         step_s = sum(m.finished_at - m.started_at for _, m in timed) / len(timed)
         eta = max(0.0, (total - (done[-1] + 1)) * step_s)
-    staleness = {k: v for k, v in (last.metrics.values.items() if last and last.metrics else ())
-                 if k.startswith("staleness")}
+    staleness = {
+        k: v
+        for k, v in (last.metrics.values.items() if last and last.metrics else ())
+        if k.startswith("staleness")
+    }
     version = None
     if last is not None:
-        version = last.finished.weight_version if last.finished else int(last.metrics.values.get(  # type: ignore[union-attr]
-            "weight_version", last.weight_version))
+        version = (
+            last.finished.weight_version
+            if last.finished
+            else int(
+                last.metrics.values.get(  # type: ignore[union-attr]
+                    "weight_version", last.weight_version
+                )
+            )
+        )
     elif state.open_step is not None:
         version = state.steps[state.open_step].weight_version
     return Overview(
-        step=done[-1] if done else None, steps_total=total, weight_version=version, reward=reward,
-        solve_rate=solve, eval_pass_at_1=[Point(step=e.step, value=e.pass_at_1) for e in state.evals],
-        in_flight=dict(sorted(in_flight.items())), rollouts_finished=len(state.rollouts) - len(state.in_flight),
-        rollouts_per_min=per_min, trained_tokens_per_s=tokens_s, staleness=staleness, eta_s=eta,
+        step=done[-1] if done else None,
+        steps_total=total,
+        weight_version=version,
+        reward=reward,
+        solve_rate=solve,
+        eval_pass_at_1=[Point(step=e.step, value=e.pass_at_1) for e in state.evals],
+        in_flight=dict(sorted(in_flight.items())),
+        rollouts_finished=len(state.rollouts) - len(state.in_flight),
+        rollouts_per_min=per_min,
+        trained_tokens_per_s=tokens_s,
+        staleness=staleness,
+        eta_s=eta,
         last_error=state.last_error[1] if state.last_error else None,
-        baseline=[f"{b.instance_id}: {'solved (bad: the task is already solved)' if b.solved else 'unsolved'}"
-                  f"{' — ' + b.error if b.error else ''}" for b in state.baselines],
+        baseline=[
+            f"{b.instance_id}: {'solved (bad: the task is already solved)' if b.solved else 'unsolved'}"
+            f"{' — ' + b.error if b.error else ''}"
+            for b in state.baselines
+        ],
     )
 
 
@@ -284,10 +326,17 @@ def terminations(state: RunState) -> Terminations:
         if not counts and agg.metrics is not None:  # no events for this step's rollouts: the metrics row's
             counts = {str(k): v for k, v in agg.metrics.terminations.items()}
         infra = sum(v for k, v in counts.items() if k in state.infra_reasons)
-        per_step.append(StepTerminations(step=s, counts=dict(sorted(counts.items())),
-                                         policy=sum(counts.values()) - infra, infrastructure=infra))
+        per_step.append(
+            StepTerminations(
+                step=s,
+                counts=dict(sorted(counts.items())),
+                policy=sum(counts.values()) - infra,
+                infrastructure=infra,
+            )
+        )
     return Terminations(
-        totals=dict(state.terminations.most_common()), infrastructure_reasons=sorted(state.infra_reasons),
+        totals=dict(state.terminations.most_common()),
+        infrastructure_reasons=sorted(state.infra_reasons),
         per_step=per_step,
         examples={k: [brief(r) for r in reversed(v)] for k, v in sorted(state.examples.items())},
     )
@@ -304,10 +353,20 @@ def timing(state: RunState) -> list[StageTiming]:
     order = {s: i for i, s in enumerate(STAGE_ORDER)}
     rows = []
     for (scope, harness, stage), times in sorted(
-            merged.items(), key=lambda kv: (kv[0][0] != "all steps", kv[0][0], kv[0][1], order.get(kv[0][2], 99))):
+        merged.items(), key=lambda kv: (kv[0][0] != "all steps", kv[0][0], kv[0][1], order.get(kv[0][2], 99))
+    ):
         times.sort()
-        rows.append(StageTiming(scope=scope, harness=harness, stage=stage, n=len(times), p50=quantile(times, 0.5),
-                                p90=quantile(times, 0.9), max=times[-1]))
+        rows.append(
+            StageTiming(
+                scope=scope,
+                harness=harness,
+                stage=stage,
+                n=len(times),
+                p50=quantile(times, 0.5),
+                p90=quantile(times, 0.9),
+                max=times[-1],
+            )
+        )
     return rows
 
 
@@ -323,8 +382,15 @@ def tasks(state: RunState) -> Tasks:
         zv = sum(1 for rewards in trained if len(set(rewards)) == 1)
         zero += zv
         groups += len(trained)
-        rows.append(TaskRow(instance_id=task.instance_id, cells="".join(SYMBOL[c] for c in task.cells),
-                            attempts=len(task.cells), solve_rate=task.solve_rate, zero_variance_groups=zv))
+        rows.append(
+            TaskRow(
+                instance_id=task.instance_id,
+                cells="".join(SYMBOL[c] for c in task.cells),
+                attempts=len(task.cells),
+                solve_rate=task.solve_rate,
+                zero_variance_groups=zv,
+            )
+        )
     return Tasks(tasks=rows, zero_variance_groups=zero, groups=groups)
 
 
@@ -348,11 +414,15 @@ def consistency(state: RunState, kl_warn: float) -> Consistency:
             kls = [overall.get("k3_kl", 0.0), *(k.get("k3_kl", 0.0) for k in by_kind.values())]
             steps.append(ConsistencyStep(step=s, overall=overall, by_kind=by_kind, warn=max(kls) > kl_warn))
     worst = sorted(steps, key=lambda c: -c.overall.get("k3_kl", 0.0))[:5]
-    note = ("per-step figures over every trained token (metrics rows, consistency/*); per-turn figures are not "
-            "recorded: open a worst step's rollouts in the drill-down")
+    note = (
+        "per-step figures over every trained token (metrics rows, consistency/*); per-turn figures are not "
+        "recorded: open a worst step's rollouts in the drill-down"
+    )
     if not steps:
-        note = ("no consistency figures in this run: they are written by steps that trained (metrics rows, "
-                "consistency/*)")
+        note = (
+            "no consistency figures in this run: they are written by steps that trained (metrics rows, "
+            "consistency/*)"
+        )
     return Consistency(kl_warn=kl_warn, steps=steps, worst=worst, note=note)
 
 
@@ -395,7 +465,7 @@ class TurnCache:
                 text = rec.get("text")
                 if isinstance(text, str):
                     tools.update(a or b for a, b in TOOL_RE.findall(text))
-                calls += int(rec.get("tool_calls") or 0)  # type: ignore[call-overload]
+                calls += as_int(rec.get("tool_calls"))
                 out_ids = rec.get("output_ids")
                 if isinstance(out_ids, list):
                     lengths.append(len(out_ids))
@@ -426,13 +496,22 @@ def behaviour(state: RunState, cache: TurnCache) -> list[HarnessBehaviour]:
         buckets: Counter[str] = Counter()
         for v in values:
             buckets[_bucket(v)] += 1
-        out.append(HarnessBehaviour(
-            harness=harness, rollouts=len(values), turns_mean=sum(values) / len(values),
-            turns_p50=quantile(values, 0.5), turns_p90=quantile(values, 0.9), turns_max=values[-1],
-            turns_histogram={b: buckets[b] for b in _BUCKETS if buckets[b]}, tools=dict(tools.most_common(12)),
-            tool_calls_per_turn=calls / n_turns if n_turns else None,
-            output_tokens_p50=quantile(lengths, 0.5) if lengths else None,
-            output_tokens_p90=quantile(lengths, 0.9) if lengths else None, records_read=records))
+        out.append(
+            HarnessBehaviour(
+                harness=harness,
+                rollouts=len(values),
+                turns_mean=sum(values) / len(values),
+                turns_p50=quantile(values, 0.5),
+                turns_p90=quantile(values, 0.9),
+                turns_max=values[-1],
+                turns_histogram={b: buckets[b] for b in _BUCKETS if buckets[b]},
+                tools=dict(tools.most_common(12)),
+                tool_calls_per_turn=calls / n_turns if n_turns else None,
+                output_tokens_p50=quantile(lengths, 0.5) if lengths else None,
+                output_tokens_p90=quantile(lengths, 0.9) if lengths else None,
+                records_read=records,
+            )
+        )
     return out
 
 
@@ -455,19 +534,33 @@ def pipeline(state: RunState) -> Pipeline:
         v = agg.metrics.values if agg.metrics else {}
         tr, tt, ts = v.get("time_rollout_s"), v.get("time_train_s"), v.get("time_sync_s")
         total = (tr or 0.0) + (tt or 0.0) + (ts or 0.0)
-        excluded = sum(agg.finished.excluded_rollouts.values()) if agg.finished else int(v.get("excluded_rollouts", 0))
-        steps.append(PipelineStep(
-            step=s, time_rollout_s=tr, time_train_s=tt, time_sync_s=ts,
-            trainer_idle=tr / total if tr is not None and total > 0 else None,
-            rollout_idle=((tt or 0.0) + (ts or 0.0)) / total if tr is not None and total > 0 else None,
-            excluded=excluded, refills=agg.refills or int(v.get("refills", 0)),
-            weight_version=agg.finished.weight_version if agg.finished else None))
+        excluded = (
+            sum(agg.finished.excluded_rollouts.values())
+            if agg.finished
+            else int(v.get("excluded_rollouts", 0))
+        )
+        steps.append(
+            PipelineStep(
+                step=s,
+                time_rollout_s=tr,
+                time_train_s=tt,
+                time_sync_s=ts,
+                trainer_idle=tr / total if tr is not None and total > 0 else None,
+                rollout_idle=((tt or 0.0) + (ts or 0.0)) / total if tr is not None and total > 0 else None,
+                excluded=excluded,
+                refills=agg.refills or int(v.get("refills", 0)),
+                weight_version=agg.finished.weight_version if agg.finished else None,
+            )
+        )
     recent = [p for p in steps[-5:] if p.trainer_idle is not None]
     bottleneck = None
     if recent:
         idle = sum(p.trainer_idle or 0.0 for p in recent) / len(recent)
-        bottleneck = ("rollouts (the trainer waits for them)" if idle > 0.5
-                      else "training and sync (the rollouts wait for them)")
+        bottleneck = (
+            "rollouts (the trainer waits for them)"
+            if idle > 0.5
+            else "training and sync (the rollouts wait for them)"
+        )
     last = state.steps[steps[-1].step].metrics if steps else None
     staleness = {k: v for k, v in (last.values.items() if last else ()) if k.startswith("staleness")}
     return Pipeline(steps=steps, bottleneck=bottleneck, staleness=staleness)
@@ -492,7 +585,9 @@ def _matches(state: RunState, r: Rollout, term: str, cache: TurnCache) -> bool:
     key, sep, value = term.partition(":")
     if not sep:
         value = term.lower()
-        return any(value in (x or "").lower() for x in (r.rollout_id, r.instance_id, r.harness, r.termination))
+        return any(
+            value in (x or "").lower() for x in (r.rollout_id, r.instance_id, r.harness, r.termination)
+        )
     value = value.lower()
     if key == "task":
         return value in r.instance_id.lower()
@@ -507,15 +602,29 @@ def _matches(state: RunState, r: Rollout, term: str, cache: TurnCache) -> bool:
     return False
 
 
-def build(state: RunState, *, now: float, kl_warn: float, sections: Iterable[str] = SECTIONS,
-          cache: TurnCache | None = None, query: str | None = None) -> Snapshot:
+def build(
+    state: RunState,
+    *,
+    now: float,
+    kl_warn: float,
+    sections: Iterable[str] = SECTIONS,
+    cache: TurnCache | None = None,
+    query: str | None = None,
+) -> Snapshot:
     """The snapshot of ``state`` with the named sections filled (the rest None)."""
     cache = cache or TurnCache()
     want = set(sections)
     snap = Snapshot(
-        run=RunInfo(root=str(state.root), kind=state.kind, status=state.status(now), started_at=state.started_at,
-                    last_event_at=state.last_event_ts, events_read=state.events_read,
-                    metrics_rows=state.metrics_read, resumes=state.resumes),
+        run=RunInfo(
+            root=str(state.root),
+            kind=state.kind,
+            status=state.status(now),
+            started_at=state.started_at,
+            last_event_at=state.last_event_ts,
+            events_read=state.events_read,
+            metrics_rows=state.metrics_read,
+            resumes=state.resumes,
+        ),
         notes=[Note(level=n.level, text=n.text) for n in state.notes(now)],
     )
     if "overview" in want:
@@ -533,8 +642,9 @@ def build(state: RunState, *, now: float, kl_warn: float, sections: Iterable[str
     if "pipeline" in want:
         snap.pipeline = pipeline(state)
     if "rollouts" in want:
-        snap.rollouts = (search(state, query, cache) if query
-                         else [brief(r) for r in reversed(state.recent)][:50])
+        snap.rollouts = (
+            search(state, query, cache) if query else [brief(r) for r in reversed(state.recent)][:50]
+        )
     return snap
 
 

@@ -132,7 +132,7 @@ class _Log:
         self.mtime: float | None = None
 
     def replaced(self) -> bool:
-        """The file under the name is not the one read so far (another inode), or is shorter than the cursor."""
+        """Another file is under the name now (another inode), or the file is shorter than the cursor."""
         cur = self.follower.cursor
         if cur.inode is None:
             return False
@@ -183,7 +183,8 @@ class RunState:
         self.config: dict[str, object] = self._read_config()
         self.layout = RunLayout(self.root, self._moved("artifacts"), self._moved("run_log"))
         self.events = _Log(follow_events(self.layout.events), "events.jsonl")  # type: ignore[arg-type]
-        self.metrics_log = _Log(follow_metrics(self.layout.metrics), "metrics.jsonl")  # type: ignore[arg-type]
+        metrics = follow_metrics(self.layout.metrics)
+        self.metrics_log = _Log(metrics, "metrics.jsonl")  # type: ignore[arg-type]
         self.rollouts: dict[str, Rollout] = {}
         self.in_flight: dict[str, Rollout] = {}
         self.recent: deque[Rollout] = deque(maxlen=RECENT_KEPT)
@@ -220,7 +221,9 @@ class RunState:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            self.notes_fixed.append(Note("warn", f"{path}: not readable as JSON ({exc}); config values unknown"))
+            self.notes_fixed.append(
+                Note("warn", f"{path}: not readable as JSON ({exc}); config values unknown")
+            )
             return {}
         return data if isinstance(data, dict) else {}
 
@@ -237,11 +240,21 @@ class RunState:
 
     def refresh(self) -> int:
         """Read what was appended since the last call; the number of new records."""
+        if not self.config and (self.root / "config.json").is_file():  # watched since before the run began
+            if self.events_read == 0 and self.metrics_read == 0:
+                self.__init__(self.root)  # type: ignore[misc]  # the config may place the log elsewhere
+            else:
+                self.config = self._read_config()
         replaced = [log.name for log in (self.events, self.metrics_log) if log.replaced()]
         if replaced:  # a different file under the name now: what was counted from the old one is void
             self.__init__(self.root)  # type: ignore[misc]
-            self.notes_fixed.append(Note("warn", f"{' and '.join(replaced)} was replaced or cut shorter while "
-                                                 "followed (a new run in this directory?): read again from the top"))
+            self.notes_fixed.append(
+                Note(
+                    "warn",
+                    f"{' and '.join(replaced)} was replaced or cut shorter while "
+                    "followed (a new run in this directory?): read again from the top",
+                )
+            )
         new = 0
         for event in self.events.read():
             self._apply(event)  # type: ignore[arg-type]
@@ -252,7 +265,9 @@ class RunState:
             assert isinstance(row, StepMetrics)
             agg = self.steps.get(row.step)
             if agg is None:
-                agg = self.steps[row.step] = StepAgg(row.step, row.started_at, int(row.values.get("weight_version", 0)))
+                agg = self.steps[row.step] = StepAgg(
+                    row.step, row.started_at, int(row.values.get("weight_version", 0))
+                )
             agg.metrics = row
             rows += 1
         self.metrics_read += rows
@@ -280,8 +295,11 @@ class RunState:
             if (r := self.rollouts.get(e.rollout_id)) is not None:
                 r.exit_code = e.exit_code
         elif isinstance(e, SessionCloseFailed | ArtifactNotSaved):
-            what = (f"session close failed: {e.error}" if isinstance(e, SessionCloseFailed)
-                    else f"artifact {e.name} not saved: {e.error}")
+            what = (
+                f"session close failed: {e.error}"
+                if isinstance(e, SessionCloseFailed)
+                else f"artifact {e.name} not saved: {e.error}"
+            )
             if (r := self.rollouts.get(e.rollout_id)) is not None:
                 r.problems.append(what)
             self.last_error = (e.ts, f"{e.rollout_id}: {what}")
@@ -382,15 +400,25 @@ class RunState:
         if not self.root.is_dir():
             return [Note("error", f"{self.root}: no such directory")]
         if not self.events.exists:
-            out.append(Note("error" if not self.config else "warn",
-                            f"{self.layout.events} does not exist (yet): the run has not started writing events"
-                            if self.config else f"{self.root} holds no run (no config.json, no events.jsonl)"))
+            out.append(
+                Note(
+                    "error" if not self.config else "warn",
+                    f"{self.layout.events} does not exist (yet): the run has not started writing events"
+                    if self.config
+                    else f"{self.root} holds no run (no config.json, no events.jsonl)",
+                )
+            )
         if not self.metrics_log.exists and self.kind == "train":
             out.append(Note("info", "metrics.jsonl does not exist yet: no step has finished"))
         for log in (self.events, self.metrics_log):
             if log.torn_bytes:
-                out.append(Note("warn", f"{log.name} ends in an incomplete line ({log.torn_bytes} bytes without a "
-                                        "newline): a writer mid-line, or a crash while writing; not read yet"))
+                out.append(
+                    Note(
+                        "warn",
+                        f"{log.name} ends in an incomplete line ({log.torn_bytes} bytes without a "
+                        "newline): a writer mid-line, or a crash while writing; not read yet",
+                    )
+                )
             out.extend(Note("error", f"skipped: {bad}") for bad in log.bad_lines)
         out.append(self.status_note(now))
         return out
@@ -419,8 +447,11 @@ class RunState:
             return Note("error" if "failed" in status else "info", f"run {status}{detail}")
         if status == "stalled or crashed":
             quiet = now - (self.events.mtime or now)
-            return Note("warn", f"no event for {quiet / 60:.0f} min and no training_finished: the run crashed "
-                                f"(killed, out of memory) or is stuck; {len(self.in_flight)} rollouts never finished")
+            return Note(
+                "warn",
+                f"no event for {quiet / 60:.0f} min and no training_finished: the run crashed "
+                f"(killed, out of memory) or is stuck; {len(self.in_flight)} rollouts never finished",
+            )
         if status == "not started":
             return Note("info", "waiting for the run to write its first event to events.jsonl")
         return Note("info", "running")
