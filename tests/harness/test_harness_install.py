@@ -24,6 +24,7 @@ from lego_rl.harness.install import (
     version_of,
 )
 from lego_rl.harness.toolchain import sha512_integrity
+from lego_rl.rollout.recording import RecordingSandbox
 
 TOOL = '#!/bin/sh\necho "tool 1.2.3 as $(id -un)"\n'
 
@@ -144,3 +145,18 @@ async def test_bad_inputs_are_refused_precisely(make_sandbox: MakeSandbox, tmp_p
     with pytest.raises(HarnessError, match="no usable 'python3.12'"):
         await python_version(sb, "python3.12")
     assert await python_version(sb, "python3") >= (3, 11)
+
+
+async def test_the_rollouts_recording_wrapper_keeps_the_shared_path(
+    make_sandbox: MakeSandbox, tmp_path: Path, trees: Path
+) -> None:
+    """Rollouts wrap their sandbox (RecordingSandbox): the wrapper must pass mounts through, not fall back to
+    copying 186 MB (a rollout's harness_install was 3.6-5.8 s instead of ~0.1 s before it did)."""
+    sb = RecordingSandbox(await make_sandbox(), "agent")
+    archive = tool_tgz(tmp_path)
+    assert sb.readonly_mounts
+    await install_archive(sb, archive, "/opt/lego/tool", integrity=sha512_integrity(archive))
+    [tree] = list(trees.iterdir())
+    assert sb.mounts() == {"/opt/lego/tool": str(tree)}
+    assert [e["op"] for e in sb.log] == ["mount_readonly"]  # recorded with the sandbox's commands
+    assert (await sb.exec(["/opt/lego/tool/bin/tool"], user="agent")).stdout == "tool 1.2.3 as agent\n"

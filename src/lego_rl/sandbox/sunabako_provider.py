@@ -199,7 +199,8 @@ async def destroy(node: Any, sandbox_id: str, sdk: Any, *, stop_window_s: float 
             return
         except sdk.SandboxError as exc:
             last = exc
-            if "not found" in str(exc):
+            # "No such file or directory": its state dir is already gone (a gc of the node got there first).
+            if "not found" in str(exc) or "no such" in str(exc).lower():
                 return
             await asyncio.sleep(0.2)
             try:
