@@ -29,18 +29,19 @@ unshare -n env LEGO="${lego}" PY="${python}" RUNS="${runs}" DEMOS="${DEMOS:-}" b
     ip link set lo up
     demos="${DEMOS:-${RUNS}/demos.jsonl}"
     if [ -z "${DEMOS}" ]; then
-        echo "main job [1/3]: recording demonstrations through Claude Code (${RUNS}/demos)" >&2
+        printf "\n" >&2; echo "main job [1/3]: recording demonstrations through Claude Code (${RUNS}/demos)" >&2
         "${PY}" scripts/record_demos.py -c lego.toml --lego "${LEGO}" --ids lego-example-median -n 1 \
             --run-root "${RUNS}/demos" --out "${demos}"
     fi
-    echo "main job [2/3]: SFT warm start on ${demos} (${RUNS}/sft)" >&2
+    printf "\n" >&2; echo "main job [2/3]: SFT warm start on ${demos} (${RUNS}/sft)" >&2
     "${LEGO}" train -c lego.toml --sft "${demos}" --run-root "${RUNS}/sft"
     checkpoint="${RUNS}/sft/checkpoints/$(cat "${RUNS}/sft/checkpoints/latest")"
-    echo "main job [3/3]: GRPO through Claude Code from ${checkpoint} (${RUNS}/grpo)" >&2
+    printf "\n" >&2; echo "main job [3/3]: GRPO through Claude Code from ${checkpoint} (${RUNS}/grpo)" >&2
     "${LEGO}" train -c lego.toml --run-root "${RUNS}/grpo" --set "model.checkpoint=\"${checkpoint}\"" "$@"
 ' main-job "$@"
 rc=$?
 elapsed=$(( $(date +%s) - started ))
+printf "\n" >&2
 case ${rc} in
     0)
         echo "main job: trained in ${elapsed}s; metrics, TensorBoard scalars and checkpoints under ${runs}/sft and ${runs}/grpo." >&2 ;;

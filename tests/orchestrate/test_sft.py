@@ -230,3 +230,72 @@ def test_collect_demonstrations_keeps_rewarded_rollouts_of_each_run(tmp_path: Pa
     (tmp_path / "empty").mkdir()
     with pytest.raises(Exception, match="no sandboxes/\\*/samples.jsonl"):
         collect_demonstrations([tmp_path / "empty"])
+
+
+class CheckpointOnlyBackendDouble:
+    """TEST DOUBLE of a TrainerBackend for the runner's bookkeeping (no model): train_step counts calls,
+    checkpoints are a JSON file of the extra state."""
+
+    def __init__(self) -> None:
+        self.weight_version = 0
+        self.trained_on: list[list[str]] = []
+
+    def train_step(self, step, loss_fn, *, old_logprobs, temperature, top_p=1.0, top_k=-1):  # type: ignore[no-untyped-def]
+        from lego_rl.train.backend import StepResult
+
+        self.trained_on.append(list(step.rollout_ids))
+        self.weight_version += 1
+        return StepResult(metrics={"loss": 1.0 / self.weight_version, "tokens": 1.0}, weight_version=self.weight_version)
+
+    def save_checkpoint(self, path: Path, *, extra_state: dict) -> None:  # type: ignore[type-arg]
+        path.mkdir(parents=True)
+        (path / "extra.json").write_text(json.dumps(extra_state))
+
+    def load_checkpoint(self, path: Path) -> dict:  # type: ignore[type-arg]
+        return json.loads((path / "extra.json").read_text())
+
+
+def sft_runner(tmp_path: Path, backend: CheckpointOnlyBackendDouble, *, resume: bool = False, steps: int = 4):  # type: ignore[no-untyped-def]
+    from lego_rl.orchestrate.sft import SftRunner, SftSettings
+    from lego_rl.runstore import RunDir
+
+    demos_file = tmp_path / "d.jsonl"
+    if not demos_file.exists():
+        write_demos(demos_file, demo_samples(3))
+    demos = load_demonstrations(demos_file, micro_batch_tokens=4096)
+    run = RunDir.open(tmp_path / "run", config={}, resume=resume)
+    return SftRunner(SftSettings(steps=steps, batch_size=2, micro_batch_tokens=4096, seed=1), backend=backend,
+                     demos=demos, run=run)
+
+
+async def test_stop_checkpoints_the_last_completed_step_and_resume_draws_on(tmp_path: Path) -> None:
+    first = sft_runner(tmp_path, CheckpointOnlyBackendDouble())
+    first.on_step = lambda row: first.request_stop() if row.step == 1 else None
+    assert await first.run() == "stopped"
+    first.run_dir.close()
+    assert (tmp_path / "run/checkpoints/latest").read_text().strip() == "step-000001"
+    backend = CheckpointOnlyBackendDouble()
+    again = sft_runner(tmp_path, backend, resume=True)
+    assert again.resume() == 1
+    assert await again.run() == "completed"
+    again.run_dir.close()
+    whole_backend = CheckpointOnlyBackendDouble()
+    (tmp_path / "whole").mkdir()
+    whole = sft_runner(tmp_path / "whole", whole_backend)
+    await whole.run()
+    # The resumed run trained steps 2 and 3 on the same demonstrations as an uninterrupted run did.
+    assert backend.trained_on == whole_backend.trained_on[2:]
+    steps = [r.step for r in follow_metrics(tmp_path / "run/metrics.jsonl").read()]
+    assert steps == [0, 1, 2, 3]
+
+
+async def test_resume_refuses_a_grpo_checkpoint(tmp_path: Path) -> None:
+    from lego_rl.errors import ConfigError
+
+    runner_ = sft_runner(tmp_path, CheckpointOnlyBackendDouble())
+    grpo = tmp_path / "run/checkpoints/step-000004"
+    grpo.mkdir(parents=True)
+    (grpo / "extra.json").write_text(json.dumps({"step": 4, "cursor": {"epoch": 0, "position": 3}, "seed": 1}))
+    (tmp_path / "run/checkpoints/latest").write_text("step-000004\n")
+    with pytest.raises(ConfigError, match="was not written by SFT"):
+        runner_.resume()

@@ -22,13 +22,13 @@ solved the task) moves it to where some rollouts succeed; ``lego train`` then st
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import ValidationError
@@ -38,12 +38,15 @@ from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError, TaskDataError
 from lego_rl.orchestrate.loop import DataCursor, Prompt, PromptStream, TrainingError
 from lego_rl.orchestrate.stack import model_dir
-from lego_rl.runstore import RunDir, RunLayout, StepMetrics, replace_file
+from lego_rl.runstore import RunDir, RunLayout, StepMetrics, follow_metrics, replace_file
 from lego_rl.runstore.events import CheckpointSaved, StepFinished, StepStarted, TrainingFinished
 from lego_rl.train.backend import TrainerBackend
 from lego_rl.train.batching import plan_steps
 from lego_rl.train.losses import SftLoss
 from lego_rl.trajectory.sample import Sample
+
+if TYPE_CHECKING:
+    from lego_rl.orchestrate.train_session import BackendFactory
 
 SFT_STATE_KEY = "sft_step"
 """The key that marks a checkpoint as SFT's (a GRPO resume refuses it: it has no ``cursor``)."""
@@ -155,7 +158,7 @@ class SftRunner:
     """The SFT loop over a backend and demonstrations, writing to ``run`` (no config, no printing)."""
 
     def __init__(self, settings: SftSettings, *, backend: TrainerBackend, demos: list[Demonstration],
-                 run: RunDir, on_step: Any = None) -> None:
+                 run: RunDir, on_step: Callable[[StepMetrics], None] | None = None) -> None:
         self.s = settings
         self.backend = backend
         self.demos = demos
@@ -281,7 +284,7 @@ class SftSummary:
 class SftSession:
     """``lego train`` with ``train.sft_data``: data and run directory checked up front, then the SFT loop."""
 
-    def __init__(self, r: ResolvedConfig, *, backends: dict[str, Any] | None = None) -> None:
+    def __init__(self, r: ResolvedConfig, *, backends: dict[str, BackendFactory] | None = None) -> None:
         from lego_rl.orchestrate.train_session import BACKENDS
 
         self.r = r
@@ -325,9 +328,7 @@ class SftSession:
         finally:
             self.sink.close()
             self.run_dir.close()
-        losses = [json.loads(line)["values"].get("loss") for line in
-                  self.run_dir.layout.metrics.read_text().splitlines() if line.strip()] \
-            if self.run_dir.layout.metrics.exists() else []
+        losses = [row.values.get("loss") for row in follow_metrics(self.run_dir.layout.metrics).read()]
         pointer = self.run_dir.layout.checkpoints / "latest"
         ckpt = str(self.run_dir.layout.checkpoints / pointer.read_text().strip()) if pointer.exists() else None
         return SftSummary(status=status, run_root=str(self.run_dir.root), steps_done=runner.next_step,
