@@ -457,7 +457,10 @@ class MegatronBackend:
         if path.exists():  # checked on every rank before any collective, so all ranks raise alike
             raise FileExistsError(f"checkpoint {path} already exists; it is never overwritten (save under a new "
                                   "name or move it away)")
-        hf = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in self.export_weights()}
+        hf: dict[str, torch.Tensor] = {}
+        for name, t in self.export_weights():  # a collective: every rank gathers, rank 0 keeps
+            if self.layout.rank == 0:
+                hf[name] = t.detach().to("cpu", copy=True).contiguous()
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "weight_version": self._version, "rng": rng_state()}
         writes_shard = self.layout.dp_rank == 0
