@@ -164,6 +164,11 @@ class MegatronBackend:
             raise ConfigError(f"{self.model_dir} is not a model directory (no config.json)",
                               parameter="model.checkpoint", value=str(self.model_dir))
         self.shape = Qwen3Shape.from_hf_config(json.loads(cfg_path.read_text()), source=str(cfg_path))
+        if self.shape.num_experts:
+            raise ConfigError(f"{cfg_path}: Qwen3-MoE ({self.shape.num_experts} experts) is not trained by the "
+                              "Megatron backend yet (its weight mapping exists; routing, expert parallelism and "
+                              "routing replay do not); use train.backend = \"torch\"",
+                              parameter="train.backend", value="megatron")
         check_tp(self.shape, settings.tensor_parallel)
         self.device = self._pick_device(settings.device)
         self.layout: ParallelLayout = mm.init_parallel(settings.tensor_parallel, settings.pipeline_parallel,
