@@ -67,7 +67,9 @@ LOCAL_SPEC_FIELD_NOTES = 124e12
 
 
 def rank0() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
+    if dist.is_initialized():
+        return dist.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"  # under torchrun before the backend joins the group
 
 
 def say(*parts: Any) -> None:
@@ -302,7 +304,6 @@ def baseline_local_spec(shape: Qwen3Shape, tp: int, device: str, rows: int, seq:
 
 def part_throughput(tmp: Path, tp: int, device: str, sizes: list[str], mb_tokens: int, micro_batches: int,
                     seg_tokens: int, steps: int, deadline: float, baseline: bool, recompute: bool) -> None:
-    world = dist.get_world_size() if dist.is_initialized() else 1
     for name in sizes:
         if time.monotonic() > deadline:
             say(f"skipped {name}: out of time")
@@ -314,6 +315,7 @@ def part_throughput(tmp: Path, tp: int, device: str, sizes: list[str], mb_tokens
             model = write_random_qwen3(tmp / name, name)
             shape = Qwen3Shape.from_hf_config(json.loads((model / "config.json").read_text()))
             be = megatron(model, tp, device=device, gradient_checkpointing=recompute)
+            world = dist.get_world_size() if dist.is_initialized() else 1  # the backend joined the group
             step = synthetic_step(shape.vocab, micro_batches=micro_batches, mb_tokens=mb_tokens,
                                   seg_tokens=min(seg_tokens, mb_tokens), context=seg_tokens // 8)
             tokens = sum(mb.num_tokens for mb in step.micro_batches)
@@ -376,10 +378,16 @@ def main() -> None:
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.monotonic()
-    tmp = args.tmp or Path(tempfile.mkdtemp(prefix="mcore-bench-"))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank must read the files rank 0 writes
+        tmp = args.tmp or Path(f"/tmp/mcore-bench-{os.environ.get('MASTER_PORT', '0')}")
+    else:
+        tmp = args.tmp or Path(tempfile.mkdtemp(prefix="mcore-bench-"))
     parts = args.parts.split(",")
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # join now: rank 0 writes the models, the others wait for it
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    if device == "cuda":
         say(f"{time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()} ×{torch.cuda.device_count()}, torch "
             f"{torch.__version__}")
     if "parity" in parts:

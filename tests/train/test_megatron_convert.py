@@ -107,8 +107,6 @@ def test_unsupported_configs_are_refused_by_field(tiny_model: Path) -> None:
     cfg = json.loads((tiny_model / "config.json").read_text())
     with pytest.raises(ConfigError, match="model_type 'llama'"):
         Qwen3Shape.from_hf_config({**cfg, "model_type": "llama"})
-    with pytest.raises(ConfigError, match="model_type 'qwen3_moe'"):
-        Qwen3Shape.from_hf_config({**cfg, "model_type": "qwen3_moe"})
     with pytest.raises(ConfigError, match="attention_bias"):
         Qwen3Shape.from_hf_config({**cfg, "attention_bias": True})
     with pytest.raises(ConfigError, match="rope type 'yarn'"):
@@ -122,3 +120,52 @@ def test_unsupported_configs_are_refused_by_field(tiny_model: Path) -> None:
 def test_num_params_matches_the_hf_model(tiny_model: Path) -> None:
     shape = Qwen3Shape.from_hf_config(json.loads((tiny_model / "config.json").read_text()))
     assert shape.num_params() == sum(t.numel() for t in hf_state(tiny_model).values())
+
+
+def test_qwen3_moe_round_trip_is_bit_identical() -> None:
+    moe = ensure_tiny_model(moe=True)
+    cfg = json.loads((moe / "config.json").read_text())
+    shape = Qwen3Shape.from_hf_config(cfg)
+    assert (shape.num_experts, shape.moe_ffn, shape.experts_per_token) == (8, 128, 2)
+    state = hf_state(moe)
+    assert shape.num_params() == sum(t.numel() for t in state.values())
+    for tp in (1, 2):
+        back = round_trip(state, shape, tp)
+        assert back.keys() == state.keys()
+        assert all(torch.equal(back[n], t) for n, t in state.items()), tp
+    with pytest.raises(ConfigError, match="every layer must be routed"):
+        Qwen3Shape.from_hf_config({**cfg, "mlp_only_layers": [0]})
+
+
+def test_names_and_shapes_are_megatron_cores_own(tiny_model: Path) -> None:
+    """The mapping's names and per-rank shapes against a GPTModel megatron-core builds itself (dense and MoE)."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
+    import torch.nn.functional as F
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from lego_rl.train.megatron_model import cpu_device_shim, init_parallel
+
+    init_parallel(1, 1, None, torch.device("cpu"))
+    for model in (tiny_model, ensure_tiny_model(moe=True)):
+        shape = Qwen3Shape.from_hf_config(json.loads((model / "config.json").read_text()))
+        moe = dict(num_moe_experts=shape.num_experts, moe_router_topk=shape.experts_per_token,
+                   moe_ffn_hidden_size=shape.moe_ffn, moe_token_dispatcher_type="allgather",
+                   moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0) if shape.num_experts else {}
+        config = TransformerConfig(
+            num_layers=shape.num_layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
+            num_query_groups=shape.kv_heads, kv_channels=shape.head_dim, ffn_hidden_size=shape.ffn,
+            normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+            qk_layernorm=True, use_cpu_initialization=True, perform_initialization=False,
+            bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+            gradient_accumulation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False, **moe)
+        spec = get_gpt_layer_local_spec(num_experts=shape.num_experts or None, qk_layernorm=True,
+                                        normalization="RMSNorm")
+        rows = padded_vocab(shape.vocab, 1)
+        with cpu_device_shim(torch.device("cpu")):
+            gpt = GPTModel(config, spec, vocab_size=rows, max_sequence_length=4096, position_embedding_type="rope",
+                           share_embeddings_and_output_weights=shape.tied)
+        theirs = {n: tuple(p.shape) for n, p in gpt.named_parameters()}
+        ours = {n: tuple(t.shape) for n, t in hf_to_mcore(hf_state(model).__getitem__, shape, rows)}
+        assert ours == theirs, model.name

@@ -164,6 +164,11 @@ class MegatronBackend:
             raise ConfigError(f"{self.model_dir} is not a model directory (no config.json)",
                               parameter="model.checkpoint", value=str(self.model_dir))
         self.shape = Qwen3Shape.from_hf_config(json.loads(cfg_path.read_text()), source=str(cfg_path))
+        if self.shape.num_experts:
+            raise ConfigError(f"{cfg_path}: Qwen3-MoE ({self.shape.num_experts} experts) is not trained by the "
+                              "Megatron backend yet (its weight mapping exists; routing, expert parallelism and "
+                              "routing replay do not); use train.backend = \"torch\"",
+                              parameter="train.backend", value="megatron")
         check_tp(self.shape, settings.tensor_parallel)
         self.device = self._pick_device(settings.device)
         self.layout: ParallelLayout = mm.init_parallel(settings.tensor_parallel, settings.pipeline_parallel,
@@ -457,7 +462,10 @@ class MegatronBackend:
         if path.exists():  # checked on every rank before any collective, so all ranks raise alike
             raise FileExistsError(f"checkpoint {path} already exists; it is never overwritten (save under a new "
                                   "name or move it away)")
-        hf = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in self.export_weights()}
+        hf: dict[str, torch.Tensor] = {}
+        for name, t in self.export_weights():  # a collective: every rank gathers, rank 0 keeps
+            if self.layout.rank == 0:
+                hf[name] = t.detach().to("cpu", copy=True).contiguous()
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "weight_version": self._version, "rng": rng_state()}
         writes_shard = self.layout.dp_rank == 0

@@ -17,6 +17,10 @@ Layout differences, and why they exist on the Megatron side:
   masked out of every softmax by the backend; the HF side never sees them.
 * **Tied embeddings** (``tie_word_embeddings``): no ``output_layer.weight``; HF exports only
   ``model.embed_tokens.weight``, as the torch backend's ``named_parameters`` does.
+* **Qwen3-MoE** (every layer routed, no shared expert): HF ``mlp.gate`` is Megatron's ``mlp.router``; expert
+  ``e``'s gate/up/down are ``mlp.experts.local_experts.{e}.linear_fc1`` (fused, like the dense MLP) and
+  ``linear_fc2`` (the local spec's ``SequentialMLP``, expert parallel size 1). The backend does not run MoE
+  models yet; the mapping is here, tested against megatron-core's own MoE ``GPTModel``, for the one that will.
 
 Why not mbridge: it tracks Megatron-LM's main branch (its bridges import ``megatron.core`` modules and
 TransformerConfig fields of a matching version) and pulls in Transformer Engine specs; the versions usable
@@ -67,17 +71,30 @@ class Qwen3Shape:
     rope_theta: float
     norm_eps: float
     max_positions: int
+    num_experts: int = 0
+    """Routed experts per layer (Qwen3-MoE); 0 for a dense model."""
+    moe_ffn: int = 0
+    """Each expert's intermediate size (``moe_intermediate_size``)."""
+    experts_per_token: int = 0
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any], *, source: str = "config.json") -> Qwen3Shape:
         """From a ``config.json`` dict. Anything this mapping does not reproduce is a ``ConfigError`` naming
         the field (a silently different model would train something the engine does not serve)."""
         model_type = cfg.get("model_type")
-        if model_type != "qwen3":
+        if model_type not in ("qwen3", "qwen3_moe"):
             raise ConfigError(
                 f"{source}: model_type {model_type!r} is not supported by the Megatron backend's weight "
-                "conversion (dense 'qwen3' only; use train.backend = \"torch\" for other models)",
+                "conversion ('qwen3' and 'qwen3_moe' only; use train.backend = \"torch\" for other models)",
                 parameter="model.checkpoint", value=model_type)
+        experts = 0
+        if model_type == "qwen3_moe":
+            experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+            if int(cfg.get("decoder_sparse_step", 1)) != 1 or cfg.get("mlp_only_layers"):
+                raise ConfigError(f"{source}: Qwen3-MoE with dense layers (decoder_sparse_step "
+                                  f"{cfg.get('decoder_sparse_step')}, mlp_only_layers {cfg.get('mlp_only_layers')}) "
+                                  "is not supported: every layer must be routed", parameter="model.checkpoint",
+                                  value=model_type)
         for key, ok in (("attention_bias", False), ("use_sliding_window", False)):
             if bool(cfg.get(key, ok)) != ok:
                 raise ConfigError(f"{source}: {key} = {cfg.get(key)!r} is not supported by the Megatron backend",
@@ -102,13 +119,17 @@ class Qwen3Shape:
             head_dim=int(cfg.get("head_dim") or hidden // heads), ffn=int(cfg["intermediate_size"]),
             vocab=int(cfg["vocab_size"]), tied=bool(cfg.get("tie_word_embeddings", False)),
             rope_theta=float(theta), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_positions=int(cfg.get("max_position_embeddings", 32768)),
+            max_positions=int(cfg.get("max_position_embeddings", 32768)), num_experts=experts,
+            moe_ffn=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
+            experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
         )
 
     def num_params(self) -> int:
         """Parameters of the HF model (the tied head counted once): N in the 6·N·tokens FLOP estimate."""
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads) + 2 * self.head_dim
-        layer = attn + 3 * self.hidden * self.ffn + 2 * self.hidden
+        mlp = (self.num_experts * (3 * self.hidden * self.moe_ffn + self.hidden) if self.num_experts
+               else 3 * self.hidden * self.ffn)
+        layer = attn + mlp + 2 * self.hidden
         head = 0 if self.tied else self.vocab * self.hidden
         return self.num_layers * layer + self.vocab * self.hidden + head + self.hidden
 
@@ -155,12 +176,28 @@ def mcore_names(shape: Qwen3Shape) -> list[str]:
         p = f"decoder.layers.{i}."
         names += [p + "input_layernorm.weight", p + "self_attention.linear_qkv.weight",
                   p + "self_attention.q_layernorm.weight", p + "self_attention.k_layernorm.weight",
-                  p + "self_attention.linear_proj.weight", p + "pre_mlp_layernorm.weight",
-                  p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
+                  p + "self_attention.linear_proj.weight", p + "pre_mlp_layernorm.weight"]
+        if shape.num_experts:
+            names.append(p + "mlp.router.weight")
+            for e in range(shape.num_experts):
+                names += [p + f"mlp.experts.local_experts.{e}.linear_fc1.weight",
+                          p + f"mlp.experts.local_experts.{e}.linear_fc2.weight"]
+        else:
+            names += [p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
     names.append("decoder.final_layernorm.weight")
     if not shape.tied:
         names.append("output_layer.weight")
     return names
+
+
+def _hf_mlp(suffix: str) -> str:
+    """HF prefix (inside a layer) of the MLP a Megatron ``linear_fc1``/``linear_fc2`` suffix belongs to:
+    ``mlp.`` for the dense MLP, ``mlp.experts.{e}.`` for routed expert ``e``."""
+    if suffix.startswith("mlp.experts.local_experts."):
+        return f"mlp.experts.{suffix.split('.')[3]}."
+    if suffix.startswith("mlp.linear_fc"):
+        return "mlp."
+    raise KeyError(f"{suffix!r} is not an MLP weight of the Megatron Qwen3 model")
 
 
 def _pad_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
@@ -192,11 +229,14 @@ def hf_to_mcore(get: Callable[[str], torch.Tensor], shape: Qwen3Shape, vocab_row
                 yield name, torch.cat([q, k, v], dim=1).reshape(g * (qpg + 2) * d, h)  # [G*(Q/G+2)*D, H]
             elif suffix == "self_attention.linear_proj.weight":
                 yield name, get(hf + "self_attn.o_proj.weight")  # [H, Q*D]
-            elif suffix == "mlp.linear_fc1.weight":
-                gate = get(hf + "mlp.gate_proj.weight")  # [F, H]
-                yield name, torch.cat([gate, get(hf + "mlp.up_proj.weight")])  # [2F, H]
-            elif suffix == "mlp.linear_fc2.weight":
-                yield name, get(hf + "mlp.down_proj.weight")  # [H, F]
+            elif suffix == "mlp.router.weight":
+                yield name, get(hf + "mlp.gate.weight")  # [E, H]
+            elif suffix.endswith("linear_fc1.weight"):
+                src = hf + _hf_mlp(suffix)
+                gate = get(src + "gate_proj.weight")  # [F, H]
+                yield name, torch.cat([gate, get(src + "up_proj.weight")])  # [2F, H]
+            elif suffix.endswith("linear_fc2.weight"):
+                yield name, get(hf + _hf_mlp(suffix) + "down_proj.weight")  # [H, F]
             else:  # pragma: no cover - mcore_names and this function list the same suffixes
                 raise AssertionError(f"no HF source for {name}")
 
@@ -226,11 +266,14 @@ def mcore_to_hf(name: str, full: torch.Tensor, shape: Qwen3Shape) -> list[tuple[
                 (hf + "self_attn.v_proj.weight", v.reshape(g * d, h))]  # [G*D, H]
     if suffix == "self_attention.linear_proj.weight":
         return [(hf + "self_attn.o_proj.weight", full)]
-    if suffix == "mlp.linear_fc1.weight":
+    if suffix == "mlp.router.weight":
+        return [(hf + "mlp.gate.weight", full)]  # [E, H]
+    if suffix.endswith("linear_fc1.weight"):
         gate, up = full.chunk(2)  # [F, H] each
-        return [(hf + "mlp.gate_proj.weight", gate), (hf + "mlp.up_proj.weight", up)]
-    if suffix == "mlp.linear_fc2.weight":
-        return [(hf + "mlp.down_proj.weight", full)]
+        src = hf + _hf_mlp(suffix)
+        return [(src + "gate_proj.weight", gate), (src + "up_proj.weight", up)]
+    if suffix.endswith("linear_fc2.weight"):
+        return [(hf + _hf_mlp(suffix) + "down_proj.weight", full)]
     raise KeyError(f"{name!r} is not a parameter of the Megatron Qwen3 model")
 
 
