@@ -151,6 +151,20 @@ class AdapterCore:
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
 
+    def refuse_if_failed(self, session: Session) -> None:
+        """Refuse a request on a session the engine already failed, as the outage it was.
+
+        503 (the protocols' overloaded / server error), not the session's own refusal (403): Claude Code
+        words a 403 as "Failed to authenticate", OpenCode's retries would end on it, and every CLI's
+        error then names an engine failure, which the harnesses classify as the adapter's, not the
+        policy's. The HTTP edge calls this before it starts a stream, so the status reaches the client
+        as an HTTP status (OpenCode reads an error inside a 200 stream as ``UnknownError``)."""
+        if session.state == "open" and session.infra_failure is not None:
+            raise ProviderError(
+                f"session {session.id!r} already failed ({session.infra_failure}); no further requests are "
+                "served", status_code=503,
+            )
+
     async def run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         """Run one model turn for ``session``; see the module docstring for the steps."""
         async with self._serialised(session.id, req.side_label):
@@ -174,8 +188,8 @@ class AdapterCore:
 
     async def _run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         clock = _Clock()
-        # Admitted only once the chain is ours: a session that failed or closed while this request
-        # waited refuses it here.
+        # Checked again once the chain is ours: a request that waited behind the failing turn is refused.
+        self.refuse_if_failed(session)
         session.admit_request()
         messages = restore_tool_order(merge_assistant_runs(req.messages))
         if not messages:
