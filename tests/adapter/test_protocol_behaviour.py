@@ -164,3 +164,44 @@ async def test_repeated_identical_request_is_labelled(make_harness, protocol: st
     records = h.sessions.get("sess-a").records
     assert [r.repeat_of for r in records] == [None, None, 0]
     assert len(h.engine.calls) == 3
+
+
+def _chat(model: str, max_tokens: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "messages": HI}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return body
+
+
+async def test_unknown_model_name_is_logged_once_per_session(
+    make_harness, renderer: Any, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The served model answers whatever name a request carries; a name that is neither the served one
+    nor in ``adapter.model_aliases`` is logged once per session (not once per request)."""
+    from lego_rl.adapter.core import AdapterCore
+
+    h = await make_harness(["a"] * 8, sessions=("sess-a", "sess-b"))
+    h.core.known_models = AdapterCore(renderer, h.engine, max_context_tokens=4096, model_name="lego",
+                                      model_aliases=["claude-haiku-4-5"]).known_models
+    caplog.set_level("WARNING", logger="lego_rl.adapter.core")
+    for key, model in [("sess-a", "gpt-9"), ("sess-a", "gpt-9"), ("sess-a", "lego"), ("sess-a", "claude-haiku-4-5"),
+                       ("sess-b", "gpt-9")]:
+        r = await h.client.post("/v1/chat/completions", json=_chat(model), headers={"Authorization": f"Bearer {key}"})
+        assert r.status == 200
+    warned = [rec.getMessage() for rec in caplog.records if "served model" in rec.getMessage()]
+    assert len(warned) == 2, warned
+    assert all("'gpt-9'" in w and "adapter.model_aliases" in w for w in warned)
+    assert ["sess-a" in warned[0], "sess-b" in warned[1]] == [True, True]
+
+
+async def test_client_output_limit_above_the_cap_is_logged_once(make_harness, caplog: pytest.LogCaptureFixture
+                                                                ) -> None:
+    """Claude Code asks for 128000 output tokens; the adapter's cap (here the core's 1024) cuts first and the
+    CLI then reports its own number. The operator is told once per session which cap applies."""
+    h = await make_harness(["a"] * 4)
+    caplog.set_level("WARNING", logger="lego_rl.adapter.core")
+    for limit in (128000, 128000, 10):
+        r = await post(h, "chat", _chat("lego", limit))
+        assert r.status == 200
+    warned = [rec.getMessage() for rec in caplog.records if "caps a reply" in rec.getMessage()]
+    assert len(warned) == 1 and "128000" in warned[0] and "CLAUDE_CODE_MAX_OUTPUT_TOKENS=1024" in warned[0]

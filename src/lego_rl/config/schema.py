@@ -81,6 +81,9 @@ class AdapterConfig(Section):
     """Requests one session may make before it is refused (stops CLIs that loop)."""
     max_body_mb: float = Field(default=32.0, gt=0)
     """Largest accepted request body."""
+    model_aliases: list[str] = Field(default_factory=list)
+    """Model names clients may send besides `model.served_name` without a warning (the served model answers
+    every request whatever name it carries; any other name is logged once per session, naming this key)."""
 
 
 class AgentConfig(Section):
