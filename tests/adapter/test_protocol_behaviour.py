@@ -205,3 +205,67 @@ async def test_client_output_limit_above_the_cap_is_logged_once(make_harness, ca
         assert r.status == 200
     warned = [rec.getMessage() for rec in caplog.records if "caps a reply" in rec.getMessage()]
     assert len(warned) == 1 and "128000" in warned[0] and "CLAUDE_CODE_MAX_OUTPUT_TOKENS=1024" in warned[0]
+
+
+CAPTURES = Path("/work/shared/captures")
+
+
+def _claude_main_body() -> dict[str, Any]:
+    """Claude Code 2.1.332's first main request, as captured from the real CLI (or a reduced copy of its
+    shape where the capture folder is absent)."""
+    import json
+
+    path = CAPTURES / "claude" / "01-request.json"
+    if path.is_file():
+        return json.loads(path.read_text())["body"]
+    return {"model": "claude-opus-5-5", "max_tokens": 128000, "stream": True,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332"},
+                       {"type": "text", "text": "You are a Claude agent."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}],
+            "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]}
+
+
+TITLE_SCHEMA = {"type": "json_schema", "schema": {"type": "object", "properties": {"title": {"type": "string"}},
+                                                  "required": ["title"], "additionalProperties": False}}
+
+
+@pytest.mark.parametrize(
+    ("change", "headers", "label"),
+    [
+        ({}, {}, None),  # the main turn
+        ({"messages": [{"role": "user", "content": "quota"}], "max_tokens": 1, "tools": None}, {}, "quota"),
+        ({"tools": None, "output_config": {"effort": "low", "format": TITLE_SCHEMA}}, {}, "title"),
+        ({"tools": None, "output_format": TITLE_SCHEMA}, {}, "title"),  # the SDK's deprecated spelling
+        ({"tools": None, "output_format": {"type": "json_schema", "schema": {
+            "type": "object", "properties": {"selected_memories": {"type": "array"}}}}}, {},
+         "structured:selected_memories"),
+        ({}, {"x-claude-code-request-class": "compaction"}, "compaction"),
+        ({}, {"x-claude-code-request-class": "auxiliary", "x-claude-code-auxiliary-type": "generate_session_title"},
+         "generate_session_title"),
+        ({}, {"x-claude-code-request-class": "subagent", "x-claude-code-agent-type": "Explore"}, "subagent:Explore"),
+        ({}, {"x-claude-code-request-class": "main"}, None),
+        ({"messages": [{"role": "user", "content": "quota"}], "max_tokens": 1}, {}, None),  # tools offered: a turn
+    ],
+    ids=["main", "quota", "title", "title-deprecated", "structured", "compaction", "auxiliary", "subagent",
+         "main-header", "quota-with-tools"],
+)
+def test_claude_code_side_request_shapes_are_labelled(change: dict[str, Any], headers: dict[str, str],
+                                                      label: str | None) -> None:
+    from lego_rl.adapter.anthropic import AnthropicDialect
+
+    body = {k: v for k, v in {**_claude_main_body(), **change}.items() if v is not None}
+    req = AnthropicDialect().parse_request(body, path="/v1/messages", query={}, headers=headers)
+    assert req.side_label == label
+
+
+async def test_quota_probe_is_a_side_request_off_the_main_chain(make_harness) -> None:
+    h = await make_harness(["Hello.", "x", "Again."])
+    main = {"model": "m", "max_tokens": 50, "messages": HI,
+            "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]}
+    quota = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]}
+    for body in (main, quota):
+        r = await post(h, "anthropic", body)
+        assert r.status == 200
+    records = h.sessions.get("sess-a").records
+    assert [(r.kind, r.side_label) for r in records] == [("main", None), ("side", "quota")]
+    assert set(h.sessions.get("sess-a").chains) == {"main", "side:quota"}
