@@ -19,12 +19,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
 
 
 def plugin_command(name: str, binary: Path, adapter: Any, work: Path, home: Path, *, session: str = "sess-1",
-                   prompt: str = "Say hello.", overrides: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
+                   prompt: str = "Say hello.", overrides: dict[str, Any] | None = None,
+                   **request_kw: Any) -> tuple[list[str], dict[str, str]]:
     """The argv and environment the lego plugin would run in a sandbox, with the sandbox install path
     swapped for the host's npm install and HOME moved into the test's folder."""
     handle = get_harness(name, overrides or {}, environ={}, pm=get_plugin_manager({}))
     request = RunRequest(session_id=session, base_url=adapter.url, model="lego-tiny", prompt=prompt,
-                         workdir=str(work), time_budget_s=120, user="root")
+                         workdir=str(work), time_budget_s=120, user="root", **request_kw)
     spec = handle.command(request)
     launcher = len(list(itertools.takewhile(lambda a: a.startswith(INSTALL_ROOT), spec.argv)))
     env = {k: str(home) if v.startswith("/var/tmp/lego-") else v for k, v in spec.env.items()}
@@ -142,3 +143,22 @@ async def test_engine_outage_reads_as_a_server_error_in_every_cli(start_adapter,
     assert "no replica answered" in codex.stdout, codex.stdout[-2000:]
     outcome = classified("codex", codex)
     assert outcome.kind == "adapter_error", outcome
+
+
+async def test_claude_code_names_the_sessions_output_cap(start_adapter, cli_path, tmp_path: Path) -> None:
+    """A rollout's output cap of 48 tokens: Claude Code, as the plugin runs it, must report that cap, not
+    its own default ("exceeded the 128000 output token maximum"), and ask for no more than it."""
+    adapter = await start_adapter(lambda prompt, i: "word " * 200, max_response_tokens=48)
+    work, home = tmp_path / "repo", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    argv, env = plugin_command("claude_code", cli_path("claude"), adapter, work, home, max_response_tokens=48)
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "48"
+    argv[argv.index("--max-turns") + 1] = "2"
+    res = await run_caged(argv, forwards=adapter.forwards, env=env, cwd=work, timeout=400)  # 4 slow scored turns on 2 shared cores
+    assert not res.timed_out
+    result = [line for line in res.stdout.splitlines() if '"type":"result"' in line][-1]
+    assert "exceeded the 48 output token maximum" in result, result[-1500:]
+    records = adapter.sessions.get("sess-1").records
+    assert records and {r.stop_reason for r in records} == {"max_tokens"}
+    assert all(len(r.output_ids) == 48 for r in records)
