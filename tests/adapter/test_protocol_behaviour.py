@@ -164,3 +164,108 @@ async def test_repeated_identical_request_is_labelled(make_harness, protocol: st
     records = h.sessions.get("sess-a").records
     assert [r.repeat_of for r in records] == [None, None, 0]
     assert len(h.engine.calls) == 3
+
+
+def _chat(model: str, max_tokens: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "messages": HI}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return body
+
+
+async def test_unknown_model_name_is_logged_once_per_session(
+    make_harness, renderer: Any, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The served model answers whatever name a request carries; a name that is neither the served one
+    nor in ``adapter.model_aliases`` is logged once per session (not once per request)."""
+    from lego_rl.adapter.core import AdapterCore
+
+    h = await make_harness(["a"] * 8, sessions=("sess-a", "sess-b"))
+    h.core.known_models = AdapterCore(renderer, h.engine, max_context_tokens=4096, model_name="lego",
+                                      model_aliases=["claude-haiku-4-5"]).known_models
+    caplog.set_level("WARNING", logger="lego_rl.adapter.core")
+    for key, model in [("sess-a", "gpt-9"), ("sess-a", "gpt-9"), ("sess-a", "lego"), ("sess-a", "claude-haiku-4-5"),
+                       ("sess-b", "gpt-9")]:
+        r = await h.client.post("/v1/chat/completions", json=_chat(model), headers={"Authorization": f"Bearer {key}"})
+        assert r.status == 200
+    warned = [rec.getMessage() for rec in caplog.records if "served model" in rec.getMessage()]
+    assert len(warned) == 2, warned
+    assert all("'gpt-9'" in w and "adapter.model_aliases" in w for w in warned)
+    assert ["sess-a" in warned[0], "sess-b" in warned[1]] == [True, True]
+
+
+async def test_client_output_limit_above_the_cap_is_logged_once(make_harness, caplog: pytest.LogCaptureFixture
+                                                                ) -> None:
+    """Claude Code asks for 128000 output tokens; the adapter's cap (here the core's 1024) cuts first and the
+    CLI then reports its own number. The operator is told once per session which cap applies."""
+    h = await make_harness(["a"] * 4)
+    caplog.set_level("WARNING", logger="lego_rl.adapter.core")
+    for limit in (128000, 128000, 10):
+        r = await post(h, "chat", _chat("lego", limit))
+        assert r.status == 200
+    warned = [rec.getMessage() for rec in caplog.records if "caps a reply" in rec.getMessage()]
+    assert len(warned) == 1 and "128000" in warned[0] and "CLAUDE_CODE_MAX_OUTPUT_TOKENS=1024" in warned[0]
+
+
+CAPTURES = Path("/work/shared/captures")
+
+
+def _claude_main_body() -> dict[str, Any]:
+    """Claude Code 2.1.332's first main request, as captured from the real CLI (or a reduced copy of its
+    shape where the capture folder is absent)."""
+    import json
+
+    path = CAPTURES / "claude" / "01-request.json"
+    if path.is_file():
+        return json.loads(path.read_text())["body"]
+    return {"model": "claude-opus-5-5", "max_tokens": 128000, "stream": True,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332"},
+                       {"type": "text", "text": "You are a Claude agent."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}],
+            "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]}
+
+
+TITLE_SCHEMA = {"type": "json_schema", "schema": {"type": "object", "properties": {"title": {"type": "string"}},
+                                                  "required": ["title"], "additionalProperties": False}}
+
+
+@pytest.mark.parametrize(
+    ("change", "headers", "label"),
+    [
+        ({}, {}, None),  # the main turn
+        ({"messages": [{"role": "user", "content": "quota"}], "max_tokens": 1, "tools": None}, {}, "quota"),
+        ({"tools": None, "output_config": {"effort": "low", "format": TITLE_SCHEMA}}, {}, "title"),
+        ({"tools": None, "output_format": TITLE_SCHEMA}, {}, "title"),  # the SDK's deprecated spelling
+        ({"tools": None, "output_format": {"type": "json_schema", "schema": {
+            "type": "object", "properties": {"selected_memories": {"type": "array"}}}}}, {},
+         "structured:selected_memories"),
+        ({}, {"x-claude-code-request-class": "compaction"}, "compaction"),
+        ({}, {"x-claude-code-request-class": "auxiliary", "x-claude-code-auxiliary-type": "generate_session_title"},
+         "generate_session_title"),
+        ({}, {"x-claude-code-request-class": "subagent", "x-claude-code-agent-type": "Explore"}, "subagent:Explore"),
+        ({}, {"x-claude-code-request-class": "main"}, None),
+        ({"messages": [{"role": "user", "content": "quota"}], "max_tokens": 1}, {}, None),  # tools offered: a turn
+    ],
+    ids=["main", "quota", "title", "title-deprecated", "structured", "compaction", "auxiliary", "subagent",
+         "main-header", "quota-with-tools"],
+)
+def test_claude_code_side_request_shapes_are_labelled(change: dict[str, Any], headers: dict[str, str],
+                                                      label: str | None) -> None:
+    from lego_rl.adapter.anthropic import AnthropicDialect
+
+    body = {k: v for k, v in {**_claude_main_body(), **change}.items() if v is not None}
+    req = AnthropicDialect().parse_request(body, path="/v1/messages", query={}, headers=headers)
+    assert req.side_label == label
+
+
+async def test_quota_probe_is_a_side_request_off_the_main_chain(make_harness) -> None:
+    h = await make_harness(["Hello.", "x", "Again."])
+    main = {"model": "m", "max_tokens": 50, "messages": HI,
+            "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]}
+    quota = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]}
+    for body in (main, quota):
+        r = await post(h, "anthropic", body)
+        assert r.status == 200
+    records = h.sessions.get("sess-a").records
+    assert [(r.kind, r.side_label) for r in records] == [("main", None), ("side", "quota")]
+    assert set(h.sessions.get("sess-a").chains) == {"main", "side:quota"}

@@ -248,6 +248,16 @@ def test_classifiers_read_each_clis_final_events() -> None:
         ),
     )
     assert codex.kind == "adapter_error" and "Connection failed" in codex.detail
+    # An engine failure inside the stream (response.failed), as Codex 0.162 words it (real run, issue 16).
+    codex = classify(
+        harness="codex",
+        request=r,
+        outcome=outcome(
+            '{"type":"turn.failed","error":{"message":"stream disconnected before completion: model engine '
+            'error: generate r-1: no replica answered within 30s"}}'
+        ),
+    )
+    assert codex.kind == "adapter_error"
     oc = classify(
         harness="opencode", request=r, outcome=outcome("\n".join(['{"type":"step_finish"}'] * 7), 0)
     )

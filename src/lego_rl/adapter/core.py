@@ -119,6 +119,7 @@ class AdapterCore:
         tool_parser: ToolParserStyle = "auto",
         sampling: SamplingDefaults | None = None,
         model_name: str = "lego",
+        model_aliases: Sequence[str] = (),
         verify_bridges: bool = False,
     ) -> None:
         if max_context_tokens <= 0 or max_response_tokens <= 0:
@@ -134,6 +135,8 @@ class AdapterCore:
         self.tool_parser = tool_parser
         self.sampling = sampling or SamplingDefaults()
         self.model_name = model_name
+        self.known_models = frozenset({model_name, *model_aliases})
+        """Names a request may carry without a warning (``adapter.model_aliases`` plus the served name)."""
         self._chain_locks: dict[tuple[str, str | None], _ChainLock] = {}
 
     def template_kwargs(self, session: Session | None, req: CanonicalRequest) -> dict[str, Any]:
@@ -150,6 +153,20 @@ class AdapterCore:
             return len(self.renderer.render_ids(messages, req.tools, self.template_kwargs(session, req)))
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
+
+    def refuse_if_failed(self, session: Session) -> None:
+        """Refuse a request on a session the engine already failed, as the outage it was.
+
+        503 (the protocols' overloaded / server error), not the session's own refusal (403): Claude Code
+        words a 403 as "Failed to authenticate", OpenCode's retries would end on it, and every CLI's
+        error then names an engine failure, which the harnesses classify as the adapter's, not the
+        policy's. The HTTP edge calls this before it starts a stream, so the status reaches the client
+        as an HTTP status (OpenCode reads an error inside a 200 stream as ``UnknownError``)."""
+        if session.state == "open" and session.infra_failure is not None:
+            raise ProviderError(
+                f"session {session.id!r} already failed ({session.infra_failure}); no further requests are "
+                "served", status_code=503,
+            )
 
     async def run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         """Run one model turn for ``session``; see the module docstring for the steps."""
@@ -174,9 +191,10 @@ class AdapterCore:
 
     async def _run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         clock = _Clock()
-        # Admitted only once the chain is ours: a session that failed or closed while this request
-        # waited refuses it here.
+        # Checked again once the chain is ours: a request that waited behind the failing turn is refused.
+        self.refuse_if_failed(session)
         session.admit_request()
+        self._notice_model(session, req)
         messages = restore_tool_order(merge_assistant_runs(req.messages))
         if not messages:
             raise ProtocolError("the request has no messages", param="messages")
@@ -198,6 +216,16 @@ class AdapterCore:
         remaining = window - len(plan.prompt_ids)
         cap = min(self.max_response_tokens, session.max_response_tokens or self.max_response_tokens)
         if req.max_tokens is not None:
+            if req.max_tokens > cap and "output_cap" not in session.notices:
+                # The client will word a cut at our cap with its own number ("exceeded the 128000 output
+                # token maximum" in Claude Code): say once which cap applies and how to tell the client.
+                session.notices.add("output_cap")
+                log.warning(
+                    "adapter: session %s: the client asked for up to %d output tokens, this adapter caps a "
+                    "reply at %d; a client that reports the limit itself names its own number (tell it the "
+                    "cap, e.g. CLAUDE_CODE_MAX_OUTPUT_TOKENS=%d for Claude Code)",
+                    session.id, req.max_tokens, cap, cap,
+                )
             cap = min(cap, req.max_tokens)
         if remaining <= 0 or cap <= 0:
             if remaining <= 0:
@@ -254,6 +282,18 @@ class AdapterCore:
             prompt_tokens=len(plan.prompt_ids),
             completion_tokens=len(result.output_ids),
             parse_failures=parsed.parse_failures,
+        )
+
+    def _notice_model(self, session: Session, req: CanonicalRequest) -> None:
+        """Log, once per session, a model name that is neither the served model nor an alias: the served
+        model answers anyway, but a CLI configured for another model is usually a setup mistake."""
+        if not req.model or req.model in self.known_models or "model:" + req.model in session.notices:
+            return
+        session.notices.add("model:" + req.model)
+        log.warning(
+            "adapter: session %s: request names model %r, not the served model %r; the served model answers "
+            "it (add the name to adapter.model_aliases if it is expected)",
+            session.id, req.model, self.model_name,
         )
 
     async def _generate(

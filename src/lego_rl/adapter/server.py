@@ -129,6 +129,7 @@ class AdapterServer:
             req = dialect.parse_request(body, path=request.path, query=request.query, headers=request.headers)
             if route.operation == "count_tokens":
                 return web.json_response(dialect.count_tokens_body(self.core.count_tokens(session, req)))
+            self.core.refuse_if_failed(session)  # before a stream starts: the client gets the HTTP status
             if req.stream:
                 return await self.stream(request, dialect, session, req)
             resp = await self.core.run_turn(session, req)

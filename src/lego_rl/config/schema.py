@@ -77,6 +77,9 @@ class AdapterConfig(Section):
     """Port the adapter listens on."""
     public_host: str = "auto"
     """Address advertised to sandboxes; `auto` = this node's routable IP (set it when that is not reachable)."""
+    model_aliases: list[str] = Field(default_factory=list)
+    """Model names clients may send besides `model.served_name` without a warning (the served model answers
+    every request whatever name it carries; any other name is logged once per session, naming this key)."""
     max_requests_per_session: int = Field(default=500, ge=1)
     """Requests one session may make before it is refused (stops CLIs that loop)."""
     max_body_mb: float = Field(default=32.0, gt=0)

@@ -177,10 +177,16 @@ class CodexHarness(HarnessPlugin[CodexConfig]):
             return outcome
         low = message.lower()
         hit = "turn limit" in low or "max_turns" in low
-        # Connection failures and 5xx answers are the adapter's (or engine's), not the policy's.
+        # Connection failures, 5xx answers and engine failures reported inside the stream
+        # (``response.failed``: "stream disconnected before completion: model engine error: ...") are the
+        # adapter's (or engine's), not the policy's.
         adapter = not hit and any(
-            s in low for s in ("connection failed", "error sending request", "unexpected status 5")
-        )
+            s in low
+            for s in (
+                "connection failed", "error sending request", "unexpected status 5",
+                "stream disconnected before completion", "model engine error",
+            )
+        )  # fmt: skip
         return outcome.model_copy(
             update={
                 "hit_turn_limit": hit or outcome.hit_turn_limit,
