@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -271,6 +272,66 @@ def check(
         if written is not None:
             out.print(escape(f"{written} valid rows written to {write_valid_to}"), highlight=False)
     raise typer.Exit(EXIT_INFRA if result.count("error") else EXIT_FAILED if result.count("invalid") else EXIT_OK)
+
+
+@tasks_app.command("screen")
+def screen_tasks(
+    data: Annotated[Path, typer.Option("--data", help="Task JSONL to screen (its rows are kept verbatim).")],
+    runs: Annotated[list[Path], typer.Option("--run", help="Run directory whose rollouts are the attempts, e.g. "
+                                             "a `lego rollout-check -n K` run (repeatable; read in order).")],
+    k: Annotated[int, typer.Option("-k", min=1, help="Attempts per task.")] = 4,
+    min_solved: Annotated[int, typer.Option("--min-solved", min=0, help="Keep tasks solved at least this often.")] = 1,
+    max_solved: Annotated[int | None, typer.Option("--max-solved", min=0, help="... and at most this often "
+                                                   "(default k-1).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Screened dataset JSONL (atomically).")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Per-task report JSONL (atomically).")] = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Keep the tasks whose pass rate over K recorded attempts is inside a band (default: solved 1..K-1 of K).
+
+    Only rollouts already in the run directories are read (generate them with `lego rollout-check -n K`);
+    infrastructure failures are not attempts. Exit codes: 0 some task kept; 1 none kept; 2 bad usage."""
+    from lego_rl.errors import TaskDataError
+    from lego_rl.runstore.files import replace_file
+    from lego_rl.swe.dataset_check import read_dataset
+    from lego_rl.tasks.screen import read_attempts, screen
+
+    try:
+        rows = [r for r in read_dataset(data) if r.task is not None]
+        attempts = read_attempts(runs)
+        verdicts = screen([r.instance_id or "" for r in rows], attempts, k=k, min_solved=min_solved,
+                          max_solved=max_solved)
+    except (TaskDataError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    kept = {v.instance_id for v in verdicts if v.decision == "kept"}
+    band = (min_solved, k - 1 if max_solved is None else max_solved)
+    if output is not None:
+        replace_file(output, "".join(r.line + "\n" for r in rows if r.instance_id in kept))
+    if report is not None:
+        replace_file(report, "".join(v.model_dump_json() + "\n" for v in verdicts))
+    decisions = dict(sorted(Counter(v.decision for v in verdicts).items()))
+    summary = {"tasks": len(verdicts), "kept": len(kept), "decisions": decisions,
+               "terminations": dict(attempts.terminations.most_common()),
+               "infrastructure_failures": sum(attempts.infrastructure.values()),
+               "band": list(band), "k": k,
+               "output": str(output) if output else None, "report": str(report) if report else None}
+    if as_json:
+        out.print_json(json.dumps({"summary": summary, "tasks": [v.model_dump() for v in verdicts]}))
+    else:
+        table = Table(title=escape(f"lego tasks screen: {len(kept)} of {len(verdicts)} kept (k={k}, band "
+                                   f"{band[0]}..{band[1]})"), title_justify="left")
+        for col in ("decision", "tasks"):
+            table.add_column(col)
+        for decision, n in decisions.items():
+            table.add_row(decision, str(n))
+        out.print(table)
+        mix = Table(title="termination mix", title_justify="left")
+        for col in ("termination", "rollouts"):
+            mix.add_column(col)
+        for reason, n in attempts.terminations.most_common():
+            mix.add_row(escape(reason), str(n))
+        out.print(mix)
+    raise typer.Exit(EXIT_OK if kept else EXIT_FAILED)
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:
