@@ -66,6 +66,15 @@ def test_screen_a_recorded_training_run(tmp_path: Path) -> None:
     assert [json.loads(line)["instance_id"] for line in report.read_text().splitlines()] == ids
     assert got["summary"]["terminations"] == {"completed": 544} and got["summary"]["band"] == [1, 7]
 
+    # the last 8 attempts of each task: what the policy does at the end of training
+    res = runner.invoke(app, ["tasks", "screen", "--data", str(data), "--run", str(TOY), "-k", "8",
+                              "--window", "last", "--json"])
+    late = {t["instance_id"]: t["solved"] for t in json.loads(res.stdout)["tasks"]}
+    assert all(late[i] == sum(r >= 1.0 for r in by_hand[i][-8:]) for i in by_hand)
+    assert late != {t["instance_id"]: t["solved"] for t in got["tasks"]}  # the policy learned in between
+    assert runner.invoke(app, ["tasks", "screen", "--data", str(data), "--run", str(TOY), "--window", "middle"]
+                         ).exit_code == 2
+
     # a band nothing fits: exit 1, nothing kept; an empty band is bad usage
     res = runner.invoke(app, ["tasks", "screen", "--data", str(data), "--run", str(TOY), "-k", "8",
                               "--min-solved", "8", "--max-solved", "8", "--json"])

@@ -283,6 +283,9 @@ def screen_tasks(
     min_solved: Annotated[int, typer.Option("--min-solved", min=0, help="Keep tasks solved at least this often.")] = 1,
     max_solved: Annotated[int | None, typer.Option("--max-solved", min=0, help="... and at most this often "
                                                    "(default k-1).")] = None,
+    window: Annotated[str, typer.Option("--window", help="first: each task's first K attempts (a screening "
+                                        "run); last: its last K (a training run: what stopped carrying signal).")
+                      ] = "first",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Screened dataset JSONL (atomically).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Per-task report JSONL (atomically).")] = None,
     as_json: JsonOut = False,
@@ -296,11 +299,13 @@ def screen_tasks(
     from lego_rl.swe.dataset_check import read_dataset
     from lego_rl.tasks.screen import read_attempts, screen
 
+    if window not in ("first", "last"):
+        raise _fail(f"--window {window!r} is not one of first, last")
     try:
         rows = [r for r in read_dataset(data) if r.task is not None]
         attempts = read_attempts(runs)
         verdicts = screen([r.instance_id or "" for r in rows], attempts, k=k, min_solved=min_solved,
-                          max_solved=max_solved)
+                          max_solved=max_solved, window="first" if window == "first" else "last")
     except (TaskDataError, ValueError) as exc:
         raise _fail(str(exc)) from None
     kept = {v.instance_id for v in verdicts if v.decision == "kept"}
@@ -313,7 +318,7 @@ def screen_tasks(
     summary = {"tasks": len(verdicts), "kept": len(kept), "decisions": decisions,
                "terminations": dict(attempts.terminations.most_common()),
                "infrastructure_failures": sum(attempts.infrastructure.values()),
-               "band": list(band), "k": k,
+               "band": list(band), "k": k, "window": window,
                "output": str(output) if output else None, "report": str(report) if report else None}
     if as_json:
         out.print_json(json.dumps({"summary": summary, "tasks": [v.model_dump() for v in verdicts]}))

@@ -8,7 +8,7 @@ The attempts are read from the runs' event logs (``rollout_started`` names the t
 gives reward and termination): the rollouts of a ``lego rollout-check -n k`` run (the policy through the
 same stack as training) or of any run. Only policy outcomes count: a rollout lost to the infrastructure
 is not an attempt (it says nothing about difficulty) and is reported in the termination mix. Per task
-the first ``k`` attempts in log order are used; a task with fewer is ``too few attempts`` (not kept:
+the first ``k`` attempts in log order are used (or the last ``k``: ``window``); a task with fewer is ``too few attempts`` (not kept:
 record more rollouts for it and screen again; reading the logs again costs nothing, so a second screen
 over more runs is the resume).
 """
@@ -81,14 +81,18 @@ def read_attempts(runs: Iterable[Path]) -> Attempts:
 
 
 def screen(ids: Sequence[str], attempts: Attempts, *, k: int, min_solved: int = 1,
-           max_solved: int | None = None, solved_at: float = 1.0) -> list[TaskScreen]:
-    """A verdict for each of ``ids`` (dataset order). ``solved_at``: the reward that counts as solved."""
+           max_solved: int | None = None, solved_at: float = 1.0,
+           window: Literal["first", "last"] = "first") -> list[TaskScreen]:
+    """A verdict for each of ``ids`` (dataset order). ``solved_at``: the reward that counts as solved.
+    ``window="last"`` judges each task by its last ``k`` attempts: over a training run, the tasks that
+    stopped carrying signal (always solved lately) fall out of the band and can be retired."""
     high = k - 1 if max_solved is None else max_solved
     if k < 1 or not 0 <= min_solved <= high <= k:
         raise ValueError(f"the band {min_solved}..{high} of k={k} is empty or outside 0..k")
     verdicts = []
     for iid in ids:
-        rewards = attempts.rewards.get(iid, [])[:k]
+        every = attempts.rewards.get(iid, [])
+        rewards = every[:k] if window == "first" else every[-k:]
         solved = sum(r >= solved_at for r in rewards)
         decision: Decision
         if len(rewards) < k:
