@@ -100,7 +100,7 @@ def test_oci_image_to_graded_task(tmp_path: Path) -> None:
     assert asyncio.run(agent_runs_pyenv_python()) == "pyenv python as agent\n"
     res = CliRunner().invoke(app, ["tasks", "check", "--data", str(data), "--images", str(images), "--json"])
     assert res.exit_code == 0, res.output
-    [check] = json.loads(res.stdout)
+    [check] = [r["check"] for r in json.loads(res.stdout)["rows"]]
     assert {k: check[k] for k in ("instance_id", "baseline", "reference", "verdict", "baseline_reason")} == {
         "instance_id": "e2e", "baseline": "fails", "reference": "passes", "verdict": "gradable",
         "baseline_reason": "tests failed"}

@@ -23,7 +23,7 @@ def test_example_tasks_are_gradable() -> None:
     result = CliRunner().invoke(app, ["tasks", "check", "--data", str(EXAMPLES / "tasks.jsonl"),
                                       "--images", str(EXAMPLES / "images.json"), "--json"])
     assert result.exit_code == 0, result.output
-    checks = json.loads(result.stdout)
+    checks = [r["check"] for r in json.loads(result.stdout)["rows"]]
     assert {c["instance_id"] for c in checks} == {"lego-example-duration", "lego-example-median",
                                                   "lego-example-slugify"}
     assert all((c["baseline"], c["reference"], c["verdict"]) == ("fails", "passes", "gradable") for c in checks)

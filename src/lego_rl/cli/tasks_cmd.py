@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -164,41 +165,178 @@ def check(
     provider_option: Annotated[list[str] | None, typer.Option(
         "--provider-option", help="KEY=VALUE for the provider's constructor, e.g. state_dir=/var/lib/sunabako "
         "(repeatable; VALUE is JSON when it parses, else a string).")] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-j", min=1, help="Rows checked at once.")] = 2,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Verdict JSONL (one line per row, with "
+                                                "reasons). Resumable: rows already judged with the same inputs "
+                                                "are reused; published atomically when the run ends.")] = None,
+    write_valid_to: Annotated[Path | None, typer.Option("--write-valid", help="Write the rows that pass, verbatim, "
+                                                        "to this JSONL (atomically).")] = None,
+    repeat: Annotated[bool, typer.Option("--repeat/--no-repeat", help="Run the tests a second time and require the "
+                                         "same per-test verdicts (determinism).")] = True,
     as_json: JsonOut = False,
 ) -> None:
-    """Prove each task is gradable: the agent's workspace sets up as in a rollout, the unmodified image's tests
-    run and fail, the reference solution (if any) passes."""
+    """Prove each task is gradable: the agent's workspace sets up as in a rollout and shows neither history
+    beyond the base commit nor the hidden tests; the unmodified repository's tests run and fail; the reference
+    fix (if any) passes; a second run gives every test the same verdict.
+
+    Exit codes: 0 every row valid; 1 some row invalid (named with its reasons); 2 bad usage (missing file,
+    unknown id); 3 some row could not be checked (sandbox or grader failure: run again to retry those rows)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from lego_rl.errors import TaskDataError
     from lego_rl.images import load_images_json
-    from lego_rl.swe.check import check_tasks
-    from lego_rl.tasks import load_tasks, select_ids
+    from lego_rl.swe.check import REASONS
+    from lego_rl.swe.dataset_check import (
+        MALFORMED,
+        CheckOptions,
+        RowVerdict,
+        check_dataset,
+        read_dataset,
+        write_valid,
+    )
 
     try:
-        loaded = load_tasks(data)
-        loaded.raise_on_issues(str(data))
-        rows = select_ids(loaded.rows, _ids(ids), source=str(data))
+        rows = read_dataset(data)
         mapping = load_images_json(images_json) if images_json else None
     except TaskDataError as exc:
         raise _fail(str(exc)) from None
-    options = _key_values(provider_option or [])
-    with err.status(escape(f"checking {len(rows)} tasks with {provider}"), spinner="dots") if not as_json else _null():
-        checks = asyncio.run(check_tasks(rows, provider=provider, images=mapping, timeout=timeout,
-                                         provider_options=options, dataset_dir=data.resolve().parent))
+    wanted = _ids(ids)
+    if wanted:
+        by_id = {r.instance_id: r for r in rows}
+        missing = [i for i in wanted if i not in by_id]
+        if missing:
+            raise _fail(f"{data}: ids not found: {', '.join(missing)}")
+        rows = [by_id[i] for i in wanted]
+    if not rows:
+        raise _fail(f"{data}: no task rows")
+    options = CheckOptions(provider=provider, provider_options=_key_values(provider_option or []),
+                           images=mapping, timeout=timeout, repeat=repeat)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[tally]}"), console=err, disable=as_json) as bar:
+        tally: dict[str, int] = {"valid": 0, "invalid": 0, "error": 0, "reused": 0}
+        job = bar.add_task(escape(f"checking {data.name} ({provider}, {concurrency} at once)"), total=len(rows),
+                           tally="")
+
+        def step(v: RowVerdict, reused: bool) -> None:
+            tally[v.status] += 1
+            tally["reused"] += reused
+            bar.update(job, advance=1, tally=" ".join(f"{k} {n}" for k, n in tally.items()))
+            if v.status != "valid" and not reused:
+                color = "red" if v.status == "error" else "yellow"
+                where = f"row {v.row} {v.instance_id or '-'}: "
+                bar.console.print(f"[{color}]{v.status}[/] {escape(where)}"
+                                  f"{escape(', '.join(v.reasons) or v.detail)}", highlight=False)
+
+        try:
+            result = asyncio.run(check_dataset(rows, dataset_dir=data.resolve().parent, options=options,
+                                               output=output, concurrency=concurrency, on_verdict=step))
+        except FileExistsError as exc:
+            raise _fail(str(exc)) from None
+    written = None
+    if write_valid_to is not None:
+        written = write_valid(write_valid_to, rows, result.verdicts)
+    summary = result.summary() | {"output": str(output) if output else None,
+                                  "valid_written": str(write_valid_to) if written is not None else None}
     if as_json:
-        out.print_json(json.dumps([c.as_dict() for c in checks]))
+        out.print_json(json.dumps({"summary": summary, "rows": [v.model_dump() for v in result.verdicts]}))
     else:
         table = Table(title="lego tasks check", title_justify="left")
-        for col in ("task", "unmodified image", "reference", "time (setup+base+ref)", "verdict"):
+        for col in ("row", "task", "unmodified", "reference", "repeat", "time (setup+base+ref+again)", "verdict"):
             table.add_column(col, overflow="fold")
-        for c in checks:
-            color = {"gradable": "green", "not gradable": "yellow", "grader error": "red", "setup error": "red"}[c.verdict]
-            timing = " + ".join(f"{t:.1f} s" for t in (c.workspace_s, c.baseline_s, c.reference_s) if t is not None)
-            table.add_row(escape(c.instance_id), escape(c.baseline_reason or c.baseline), escape(c.reference),
-                          timing, f"[{color}]{c.verdict}[/] {escape(c.detail)}")
+        for v in result.verdicts:
+            c = v.check or {}
+            color = {"valid": "green", "invalid": "yellow", "error": "red"}[v.status]
+            timing = " + ".join(f"{c[k]:.1f}" for k in ("workspace_s", "baseline_s", "reference_s", "repeat_s")
+                                if c.get(k) is not None)
+            table.add_row(str(v.row), escape(v.instance_id or "-"), escape(c.get("baseline_reason") or "-"),
+                          escape(c.get("reference", "-")), escape(c.get("repeat", "-")), timing,
+                          f"[{color}]{v.status}[/] {escape(', '.join(v.reasons))}"
+                          + (f"\n{escape(v.detail)}" if v.detail and v.status != "valid" else ""))
         out.print(table)
-    verdicts = {c.verdict for c in checks}
-    infra = {"grader error", "setup error"} & verdicts
-    raise typer.Exit(EXIT_INFRA if infra else EXIT_FAILED if "not gradable" in verdicts else EXIT_OK)
+        totals = Table(title="summary", title_justify="left")
+        for col in ("rows", "valid", "invalid", "error", "reused", "rows/min", "sandbox s", "setup s", "tests s"):
+            totals.add_column(col)
+        cost = summary["cost_s"]
+        totals.add_row(*(str(summary[k]) for k in ("rows", "valid", "invalid", "error", "reused")),
+                       str(summary["rows_per_min"] or "-"), *(f"{cost[k]:.1f}" for k in ("sandbox", "setup", "tests")))
+        out.print(totals)
+        if summary["reasons"]:
+            reasons = Table(title="reasons", title_justify="left")
+            for col in ("reason", "rows", "meaning"):
+                reasons.add_column(col, overflow="fold")
+            for reason, n in summary["reasons"].items():
+                meaning = "the row does not parse, or names a missing file" if reason == MALFORMED else REASONS.get(
+                    reason, "")
+                reasons.add_row(escape(reason), str(n), escape(meaning))
+            out.print(reasons)
+        if written is not None:
+            out.print(escape(f"{written} valid rows written to {write_valid_to}"), highlight=False)
+    raise typer.Exit(EXIT_INFRA if result.count("error") else EXIT_FAILED if result.count("invalid") else EXIT_OK)
+
+
+@tasks_app.command("screen")
+def screen_tasks(
+    data: Annotated[Path, typer.Option("--data", help="Task JSONL to screen (its rows are kept verbatim).")],
+    runs: Annotated[list[Path], typer.Option("--run", help="Run directory whose rollouts are the attempts, e.g. "
+                                             "a `lego rollout-check -n K` run (repeatable; read in order).")],
+    k: Annotated[int, typer.Option("-k", min=1, help="Attempts per task.")] = 4,
+    min_solved: Annotated[int, typer.Option("--min-solved", min=0, help="Keep tasks solved at least this often.")] = 1,
+    max_solved: Annotated[int | None, typer.Option("--max-solved", min=0, help="... and at most this often "
+                                                   "(default k-1).")] = None,
+    window: Annotated[str, typer.Option("--window", help="first: each task's first K attempts (a screening "
+                                        "run); last: its last K (a training run: what stopped carrying signal).")
+                      ] = "first",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Screened dataset JSONL (atomically).")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Per-task report JSONL (atomically).")] = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Keep the tasks whose pass rate over K recorded attempts is inside a band (default: solved 1..K-1 of K).
+
+    Only rollouts already in the run directories are read (generate them with `lego rollout-check -n K`);
+    infrastructure failures are not attempts. Exit codes: 0 some task kept; 1 none kept; 2 bad usage."""
+    from lego_rl.errors import TaskDataError
+    from lego_rl.runstore.files import replace_file
+    from lego_rl.swe.dataset_check import read_dataset
+    from lego_rl.tasks.screen import read_attempts, screen
+
+    if window not in ("first", "last"):
+        raise _fail(f"--window {window!r} is not one of first, last")
+    try:
+        rows = [r for r in read_dataset(data) if r.task is not None]
+        attempts = read_attempts(runs)
+        verdicts = screen([r.instance_id or "" for r in rows], attempts, k=k, min_solved=min_solved,
+                          max_solved=max_solved, window="first" if window == "first" else "last")
+    except (TaskDataError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    kept = {v.instance_id for v in verdicts if v.decision == "kept"}
+    band = (min_solved, k - 1 if max_solved is None else max_solved)
+    if output is not None:
+        replace_file(output, "".join(r.line + "\n" for r in rows if r.instance_id in kept))
+    if report is not None:
+        replace_file(report, "".join(v.model_dump_json() + "\n" for v in verdicts))
+    decisions = dict(sorted(Counter(v.decision for v in verdicts).items()))
+    summary = {"tasks": len(verdicts), "kept": len(kept), "decisions": decisions,
+               "terminations": dict(attempts.terminations.most_common()),
+               "infrastructure_failures": sum(attempts.infrastructure.values()),
+               "band": list(band), "k": k, "window": window,
+               "output": str(output) if output else None, "report": str(report) if report else None}
+    if as_json:
+        out.print_json(json.dumps({"summary": summary, "tasks": [v.model_dump() for v in verdicts]}))
+    else:
+        table = Table(title=escape(f"lego tasks screen: {len(kept)} of {len(verdicts)} kept (k={k}, band "
+                                   f"{band[0]}..{band[1]})"), title_justify="left")
+        for col in ("decision", "tasks"):
+            table.add_column(col)
+        for decision, n in decisions.items():
+            table.add_row(decision, str(n))
+        out.print(table)
+        mix = Table(title="termination mix", title_justify="left")
+        for col in ("termination", "rollouts"):
+            mix.add_column(col)
+        for reason, n in attempts.terminations.most_common():
+            mix.add_row(escape(reason), str(n))
+        out.print(mix)
+    raise typer.Exit(EXIT_OK if kept else EXIT_FAILED)
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:
@@ -212,14 +350,6 @@ def _key_values(items: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             parsed[key] = raw
     return parsed
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def register(app: typer.Typer) -> None:
