@@ -128,3 +128,54 @@ def test_two_gloo_ranks_match_one_process_and_checkpoints_resume(tmp_path: Path)
     assert one_step(alone, step) == pytest.approx(loss2, abs=1e-5)
     for name, value in full_params(alone).items():
         torch.testing.assert_close(value, dp["params2"][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+TOML = """
+[serving]
+device = "cpu"
+port = 0
+
+[sandbox]
+provider = "bwrap"
+
+[rollout]
+prompt_data = "toy.jsonl"
+batch_size = 2
+samples_per_prompt = 8
+top_p = 1.0
+
+[train]
+environment = "first_letter"
+num_rollout = 2
+micro_batch_tokens = 64
+
+[paths]
+run_root = "runs/dp"
+"""
+
+
+@pytest.mark.slow
+def test_lego_train_under_torchrun_trains_with_two_ranks(tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node 2 lego train``: rank 0 runs the loop and the engine, rank 1 follows its trainer
+    calls (gloo on CPU); both exit 0 and the run directory has its rows and a checkpoint."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from lego_rl.orchestrate.toy_env import make_rows
+    from lego_rl.runstore.log import follow_metrics
+
+    (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8, letters="a")))
+    (tmp_path / "lego.toml").write_text(TOML)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEGO_", "SWE_", "ADAPTER_"))
+           and k not in {"PROMPT_DATA", "RUN_ROOT", "RUN_LOG", "HF_CHECKPOINT", "DATA_ROOT"}}
+    lego = str(Path(sys.executable).with_name("lego"))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           lego, "train", "-c", "lego.toml", "--json"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = list(follow_metrics(tmp_path / "runs" / "dp" / "metrics.jsonl").read())
+    assert [r.step for r in rows] == [0, 1]
+    assert any("loss" in r.values for r in rows), [r.values for r in rows]  # some step trained across ranks
+    assert (tmp_path / "runs" / "dp" / "checkpoints" / "latest").read_text().strip() == "step-000001"

@@ -24,7 +24,6 @@ UNWIRED: dict[str, str] = {
     "rollout.max_staleness": "the asynchronous scheduler admits rollouts by weight version",
     "train.tensor_parallel": "the Megatron backend (not written yet) reads it",
     "train.pipeline_parallel": "the Megatron backend (not written yet) reads it",
-    "train.data_parallel": "FSDP2 / Megatron data parallelism (not written yet) reads it",
     "cluster.trainer_nodes": RAY,
     "cluster.gpus_per_node": RAY,
     "cluster.train_head": RAY,

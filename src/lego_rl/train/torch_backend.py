@@ -23,8 +23,14 @@
 * **KL reference.** With ``reference_model`` a frozen copy of the loaded weights scores each micro-batch
   (``ref_logprobs``) for the loss's k3 KL.
 
-Not here yet: FSDP2 sharding, and feeding the captured nucleus (score centering) from ``MicroBatch``, which
-does not carry it; a loss that needs it fails with a message naming the missing inputs.
+* **Chunked head.** Logprobs come from the decoder's last hidden state through the LM head a chunk of
+  positions at a time (``train.head_logprobs``): no ``[T, V]`` logits; a post-processed head (soft-capping,
+  scaling) is detected at load and scored from the full logits instead.
+* **Captured nucleus.** A micro-batch that carries the sampler's nucleus has it replayed, and the candidates'
+  logprobs go to the loss (score centering).
+* **FSDP2.** When a process group exists (torchrun), the model is sharded per decoder layer over it; each rank
+  runs its round-robin share of a step's micro-batches and the loss is scaled by the world size (FSDP averages
+  gradients). ``train.distributed`` keeps the ranks' calls in step.
 """
 
 from __future__ import annotations
