@@ -58,15 +58,16 @@ class RankZeroBackend:
 
     def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float = 1.0,
                          top_k: int = -1) -> list[torch.Tensor]:
-        kw = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+        kw: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
         self._announce("compute_logprobs", list(micro_batches), **kw)
         return self.inner.compute_logprobs(micro_batches, **kw)
 
     def train_step(self, step: OptimizerStep, loss_fn: LossFn, *, old_logprobs: Sequence[torch.Tensor],
                    temperature: float, top_p: float = 1.0, top_k: int = -1) -> StepResult:
-        kw = {"old_logprobs": list(old_logprobs), "temperature": temperature, "top_p": top_p, "top_k": top_k}
+        kw: dict[str, Any] = {"old_logprobs": list(old_logprobs), "temperature": temperature, "top_p": top_p,
+                              "top_k": top_k}
         self._announce("train_step", step, loss_fn, **kw)
-        return self.inner.train_step(step, loss_fn, **kw)  # type: ignore[arg-type]
+        return self.inner.train_step(step, loss_fn, **kw)
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         self._announce("export_weights")

@@ -492,7 +492,7 @@ class TorchBackend:
             raise ValueError(
                 f"extra_state must be JSON-serialisable (the loop's cursor and step): {exc}"
             ) from exc
-        model_state: dict[str, torch.Tensor] | None = None
+        model_state: dict[str, Any] | None = None
         if self.world > 1:
             # Sharded: gather full tensors to rank 0 (CPU), which writes the same files a single process does;
             # the optimizer state is keyed by parameter name there, so any world size can resume from it.
@@ -548,7 +548,8 @@ class TorchBackend:
             opts = StateDictOptions(full_state_dict=True)
             if self.world > 1:
                 self.model.reshard()  # the root stays unsharded after a forward; loading writes the shards
-                set_model_state_dict(self.model, _read_checkpoint(path, self.model), options=opts)
+                full: dict[str, Any] = _read_checkpoint(path, self.model)
+                set_model_state_dict(self.model, full, options=opts)
             else:
                 load_checkpoint_into(self.model, path)
             set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"]["by_name"], options=opts)
