@@ -165,14 +165,18 @@ def train(
                 fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
             err.print("nothing was started; run `lego validate` for the full picture", markup=False)
             raise typer.Exit(EXIT_USAGE)
+        from lego_rl.orchestrate.train_session import TrainSession, follow_rank_zero_session, start_ranks
+
+        explicit_dp = r.config.train.data_parallel if r.is_explicit("train.data_parallel") else None
+        if start_ranks(r.config, data_parallel=explicit_dp) > 0:  # torchrun: this rank follows rank 0's trainer calls, nothing else
+            follow_rank_zero_session(r.config)
+            raise typer.Exit(EXIT_OK)
         session: TrainSession | SftSession
         if r.config.train.sft_data:
             from lego_rl.orchestrate.sft import SftSession
 
             session = SftSession(r)
         else:
-            from lego_rl.orchestrate.train_session import TrainSession
-
             session = TrainSession(r)
     except (ConfigError, TaskDataError) as exc:
         fail(exc)

@@ -74,7 +74,52 @@ def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossF
     # Imported here: torch and transformers load only when a run actually trains.
     from lego_rl.train.torch_backend import TorchBackend
 
-    return TorchBackend(model_dir, torch_settings(c)), make_loss(loss_config(c))
+    backend = TorchBackend(model_dir, torch_settings(c))
+    if backend.world > 1:  # under torchrun: this is rank 0 (the others follow, see start_ranks)
+        from lego_rl.train.distributed import RankZeroBackend
+
+        return RankZeroBackend(backend), make_loss(loss_config(c))
+    return backend, make_loss(loss_config(c))
+
+
+def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1): join the process group and return this process's rank; else 0.
+
+    Rank 0 goes on to run the whole session (its torch backend is wrapped in ``RankZeroBackend``); a caller on
+    any other rank runs ``follow_rank_zero_session`` instead. ``train.data_parallel``, when set, must equal the
+    number of ranks torchrun started (pass it only when the operator set it: resolution fills in a default).
+    """
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dp = data_parallel
+    if dp is not None and dp != world:
+        raise ConfigError(f"train.data_parallel = {dp} but {world} process(es) were started (torchrun "
+                          f"--nproc-per-node); make them equal or unset train.data_parallel",
+                          parameter="train.data_parallel", value=dp)
+    if world == 1:
+        return 0
+    if c.train.backend != "torch":
+        raise ConfigError(f"several processes (WORLD_SIZE={world}) need train.backend = \"torch\" (FSDP2), got "
+                          f"{c.train.backend!r}", parameter="train.backend", value=c.train.backend)
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        gpu = torch.cuda.is_available() and c.serving.device != "cpu"
+        if gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if gpu else "gloo")
+    return int(dist.get_rank())
+
+
+def follow_rank_zero_session(c: LegoConfig) -> int:
+    """Ranks 1..N-1 of ``lego train`` under torchrun: build the same torch backend and make the calls rank 0
+    announces until it stops (``train.distributed``). Returns the number of calls made."""
+    from lego_rl.train.distributed import follow_rank_zero
+    from lego_rl.train.torch_backend import TorchBackend
+
+    return follow_rank_zero(TorchBackend(model_dir(c.model.checkpoint), torch_settings(c)))
 
 
 def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
@@ -310,6 +355,9 @@ class TrainSession:
                     status = await loop.run()
                 finally:
                     drainer.cancel()
+                    stop = getattr(loop.backend, "stop", None)  # RankZeroBackend: release the other ranks
+                    if stop is not None:
+                        stop()
         finally:
             self.sink.close()
             self.run_dir.close()

@@ -27,6 +27,7 @@ that of the untruncated ``softmax(logits / T)`` (a metric; no gradient).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -137,7 +138,8 @@ def head_logprobs(
         args = (hidden[sl], targets[sl],  # [n_c, H], [n_c]
                 None if nucleus_ids is None else nucleus_ids[sl],  # [n_c, K]
                 None if nucleus_valid is None else nucleus_valid[sl])  # [n_c, K]
-        kwargs = dict(temperature=temperature, top_p=top_p, top_k=top_k, with_entropy=with_entropy)
+        kwargs: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "top_k": top_k,
+                                  "with_entropy": with_entropy}
         if grad and checkpoint_chunks:
             # The chunk's [n_c, V] tensors are dropped after the forward and rebuilt in the backward.
             lp, ent, cand = checkpoint(_chunk_outputs, head, *args, use_reentrant=False, **kwargs)

@@ -23,8 +23,14 @@
 * **KL reference.** With ``reference_model`` a frozen copy of the loaded weights scores each micro-batch
   (``ref_logprobs``) for the loss's k3 KL.
 
-Not here yet: FSDP2 sharding, and feeding the captured nucleus (score centering) from ``MicroBatch``, which
-does not carry it; a loss that needs it fails with a message naming the missing inputs.
+* **Chunked head.** Logprobs come from the decoder's last hidden state through the LM head a chunk of
+  positions at a time (``train.head_logprobs``): no ``[T, V]`` logits; a post-processed head (soft-capping,
+  scaling) is detected at load and scored from the full logits instead.
+* **Captured nucleus.** A micro-batch that carries the sampler's nucleus has it replayed, and the candidates'
+  logprobs go to the loss (score centering).
+* **FSDP2.** When a process group exists (torchrun), the model is sharded per decoder layer over it; each rank
+  runs its round-robin share of a step's micro-batches and the loss is scaled by the world size (FSDP averages
+  gradients). ``train.distributed`` keeps the ranks' calls in step.
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
 from lego_rl.errors import ConfigError
@@ -95,6 +103,23 @@ class TorchTrainSettings(BaseModel):
     model's full ``[T, V]`` logits in one piece (the unchunked baseline)."""
 
 
+def _read_checkpoint(path: Path, model: Any) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights as a full state dict of ``model``'s names (FSDP's loader takes every key: a
+    tied ``lm_head.weight`` the file leaves out is the embedding's tensor)."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{path} holds no *.safetensors checkpoint", parameter="weights_path", value=str(path))
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    emb_name = next(n for n, p in model.named_parameters() if p is model.get_input_embeddings().weight)
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
+        state["lm_head.weight"] = state[emb_name]
+    return state
+
+
 def _segment_starts(mb: MicroBatch) -> torch.Tensor:
     """[T] bool, True at each segment's first token (it has no prediction)."""
     starts = torch.zeros(mb.num_tokens, dtype=torch.bool)  # [T]
@@ -127,6 +152,11 @@ class TorchBackend:
         self.settings = settings
         self.model_dir = Path(model_dir)
         self.device = torch.device(settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # Data parallel (FSDP2) whenever a process group exists: torchrun started this process as one rank.
+        self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.rank = dist.get_rank() if self.world > 1 else 0
+        if self.world > 1 and self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(
                 f"device {settings.device!r} asked for but CUDA is not available",
@@ -135,6 +165,8 @@ class TorchBackend:
             )
         self.model, self.config, _ = load_model(self.model_dir, self.device, "float32")
         self.model.train()  # gradient checkpointing only acts in train mode
+        if self.world > 1:
+            self._shard()
         _disable_dropout(self.model)
         if settings.gradient_checkpointing:
             # transformers 5.x renamed it (the old name warns); >= 4.51 is supported, which has only the old one.
@@ -165,6 +197,26 @@ class TorchBackend:
         )
         self._version = 0
         self._chunked = settings.logprob_chunk_tokens > 0 and self._probe_chunking()
+
+    def _shard(self) -> None:
+        """FSDP2 over this host's ranks: each decoder layer is one unit (all-gathered for its forward and
+        backward, resharded after), the root holds embeddings, final norm and head. Gradients are
+        reduce-scattered as the mean over ranks; ``train_step`` scales each rank's loss by the world size so
+        that the result is the step's full gradient (a sum over micro-batches wherever they ran). Done with the
+        loss rather than ``set_gradient_divide_factor(1.0)``: gloo has no PREMUL_SUM for that."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        for layer in getattr(self.model.get_decoder(), "layers", []):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+    def _my_share(self, n: int) -> list[int | None]:
+        """Indices of ``n`` micro-batches this rank runs, round-robin, padded with None to the same count on
+        every rank: a sharded forward is a collective, so every rank must run as many as the others."""
+        per_rank = -(-n // self.world)
+        return [i if i < n else None for i in range(self.rank, per_rank * self.world, self.world)]
 
     # ------------------------------------------------------------------------------------ forward
 
@@ -265,6 +317,8 @@ class TorchBackend:
     def compute_logprobs(
         self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float = 1.0, top_k: int = -1
     ) -> list[torch.Tensor]:
+        if self.world > 1:
+            return self._compute_logprobs_sharded(micro_batches, temperature=temperature, top_p=top_p, top_k=top_k)
         out = []
         with torch.no_grad():
             for mb in micro_batches:
@@ -272,6 +326,24 @@ class TorchBackend:
                                              top_k=top_k)
                 out.append(lp.cpu())  # [T]
         return out
+
+    def _compute_logprobs_sharded(
+        self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float, top_k: int
+    ) -> list[torch.Tensor]:
+        """Each rank scores its share (a padding slot re-scores micro-batch 0 and drops it); every rank gets
+        every result."""
+        mine: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for i in self._my_share(len(micro_batches)):
+                mb = micro_batches[0 if i is None else i]
+                lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False, top_p=top_p,
+                                             top_k=top_k)
+                if i is not None:
+                    mine[i] = lp.cpu()  # [T]
+        gathered: list[dict[int, torch.Tensor]] = [{} for _ in range(self.world)]
+        dist.all_gather_object(gathered, mine)
+        merged = {i: lp for part in gathered for i, lp in part.items()}
+        return [merged[i] for i in range(len(micro_batches))]
 
     # ------------------------------------------------------------------------------------ training
 
@@ -303,12 +375,11 @@ class TorchBackend:
                 spans.setdefault(slot, set()).add(i)
         shared = {i for members in spans.values() if len(members) > 1 for i in members}
         sums = [torch.zeros(r) for _ in step.micro_batches]  # [R] each
-        with torch.no_grad():
-            for i in sorted(shared):
-                mb = step.micro_batches[i]
-                lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False, top_p=top_p,
-                                             top_k=top_k)
-                sums[i] = _rollout_sums(lp.cpu() - old_logprobs[i], mb, r)  # [R]
+        order = sorted(shared)
+        current = self.compute_logprobs([step.micro_batches[i] for i in order], temperature=temperature,
+                                        top_p=top_p, top_k=top_k) if order else []  # [T_i] each
+        for i, lp in zip(order, current, strict=True):
+            sums[i] = _rollout_sums(lp - old_logprobs[i], step.micro_batches[i], r)  # [R]
         total = torch.stack(sums).sum(0)  # [R]
         return [total - s for s in sums]  # [R] each
 
@@ -338,7 +409,9 @@ class TorchBackend:
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
         loss_sum = 0.0
-        for i, mb in enumerate(step.micro_batches):
+        for slot in self._my_share(len(step.micro_batches)):
+            i = 0 if slot is None else slot  # a padding slot reruns micro-batch 0 with its loss zeroed
+            mb = step.micro_batches[i]
             scored = self._score(self.model, mb, temperature, with_entropy=True, top_p=top_p, top_k=top_k)
             ref = None
             if self.reference is not None:
@@ -363,13 +436,27 @@ class TorchBackend:
                 nucleus_valid=None if mb.nucleus_valid is None else mb.nucleus_valid.to(dev),  # [T, K]
             )
             out = loss_fn(inp)
-            out.loss.backward()  # gradients add up over micro-batches: the token weights carry 1/(N_r R)
+            # Gradients add up over micro-batches (the token weights carry 1/(N_r R)); FSDP averages over
+            # ranks, so each rank's share is scaled by the world size to keep the sum.
+            scale = 0.0 if slot is None else float(self.world)
+            (out.loss * scale).backward()
+            if slot is None:
+                continue
             loss_sum += float(out.loss.detach())
             for key, value in out.metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
+        if self.world > 1:
+            parts: list[tuple[float, dict[str, float]]] = [(0.0, {}) for _ in range(self.world)]
+            dist.all_gather_object(parts, (loss_sum, metrics))
+            loss_sum, metrics = 0.0, {}
+            for part_loss, part in parts:
+                loss_sum += part_loss
+                for key, value in part.items():
+                    metrics[key] = metrics.get(key, 0.0) + value
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.settings.max_grad_norm if self.settings.max_grad_norm is not None else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if not torch.isfinite(torch.tensor(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(
@@ -395,7 +482,8 @@ class TorchBackend:
         """Parameters by their HF names (tied weights once, under the embedding's name), detached views:
         copy them before the next ``train_step`` if they must outlive it."""
         for name, p in self.model.named_parameters():
-            yield name, p.detach()
+            # Sharded (FSDP2): every rank must walk this together, each all-gather is a collective.
+            yield name, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
 
     def save_checkpoint(self, path: Path, *, extra_state: dict[str, Any]) -> None:
         try:
@@ -404,29 +492,70 @@ class TorchBackend:
             raise ValueError(
                 f"extra_state must be JSON-serialisable (the loop's cursor and step): {exc}"
             ) from exc
+        model_state: dict[str, Any] | None = None
+        if self.world > 1:
+            # Sharded: gather full tensors to rank 0 (CPU), which writes the same files a single process does;
+            # the optimizer state is keyed by parameter name there, so any world size can resume from it.
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+                get_optimizer_state_dict,
+            )
+
+            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            self.model.reshard()  # the root stays unsharded after a forward; state dicts work on the shards
+            model_state = get_model_state_dict(self.model, options=opts)
+            optimizer_state: dict[str, Any] = {"by_name": get_optimizer_state_dict(self.model, self.optimizer,
+                                                                                  options=opts)}
+        else:
+            optimizer_state = self.optimizer.state_dict()
         state = {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer_state,
             "scheduler": self.scheduler.state_dict(),
             "weight_version": self._version,
             "rng": rng_state(),
         }
 
         def fill(tmp: Path) -> None:
-            self.model.save_pretrained(str(tmp), safe_serialization=True)
+            self.model.save_pretrained(str(tmp), safe_serialization=True, state_dict=model_state)
             for name in _MODEL_SIDE_FILES:
                 if (self.model_dir / name).is_file() and not (tmp / name).exists():
                     shutil.copy2(self.model_dir / name, tmp / name)
             write_new(tmp / TRAINER_STATE, lambda fh: torch.save(state, fh), what="trainer state")
             write_new(tmp / EXTRA_STATE, extra_json, what="extra state")
 
-        publish_checkpoint(Path(path), fill, info={"weight_version": self._version, "backend": "torch"})
+        if self.rank == 0:
+            publish_checkpoint(Path(path), fill, info={"weight_version": self._version, "backend": "torch",
+                                                       "world_size": self.world})
+        if self.world > 1:
+            dist.barrier()  # no rank reads the checkpoint before rank 0 has published it
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         path = Path(path)
         read_marker(path)
-        load_checkpoint_into(self.model, path)
         state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        by_name = isinstance(state["optimizer"], dict) and "by_name" in state["optimizer"]
+        if self.world > 1 or by_name:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            if not by_name:
+                raise ValueError(f"checkpoint {path} was written by one process (optimizer state by position); "
+                                 f"resume it with one process, not {self.world}")
+            opts = StateDictOptions(full_state_dict=True)
+            if self.world > 1:
+                self.model.reshard()  # the root stays unsharded after a forward; loading writes the shards
+                full: dict[str, Any] = _read_checkpoint(path, self.model)
+                set_model_state_dict(self.model, full, options=opts)
+            else:
+                load_checkpoint_into(self.model, path)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"]["by_name"], options=opts)
+        else:
+            load_checkpoint_into(self.model, path)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self._version = int(state["weight_version"])
         set_rng_state(state["rng"])

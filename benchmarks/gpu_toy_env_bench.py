@@ -1,0 +1,201 @@
+"""Evidence 3: the toy environment (``first_letter``) trained end to end on one GPU, engine and trainer side by side.
+
+The embedded engine (bf16) serves a random-init Qwen3-architecture model; the product's loop (``TrainLoop``) draws
+``--prompts`` × ``--samples`` rollouts of up to ``--max-tokens`` answer tokens per step through the environment,
+trains them with the torch backend (fp32 master weights, bf16 autocast, chunked head logprobs) and syncs the
+weights into the engine in place. Per step it prints the loop's time split (rollout / train / sync), the trainer's
+tokens/s over every packed token (old-logprob pass + forward/backward + AdamW), model FLOP/s utilisation against
+the H200's 790 TFLOP/s bf16 ceiling (6 · params · tokens / train time: attention and the old-logprob pass are left
+out, so it is a lower bound), peak GPU memory, and the loop's engine-vs-trainer consistency figures.
+
+Attention kernels are chosen, not left to SDPA's heuristics: ``--sdpa`` names the one backend both sides may use
+(SDPA picks cuDNN for bf16 otherwise, whose decode graphs are rebuilt every step: FIELD-NOTES.md). The baseline in
+the same run is the same loop with ``--baseline-sdpa`` (default: SDPA's own choice, cuDNN included).
+
+    python3 benchmarks/gpu_toy_env_bench.py --model qwen3-0.6b --steps 3          # on the GPU machine
+    python benchmarks/gpu_toy_env_bench.py --model tiny --steps 1 --max-tokens 8  # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_backend_bench import H200_BF16_FLOPS, build_model  # noqa: E402
+
+from lego_rl.chat.render import ChatRenderer  # noqa: E402
+from lego_rl.orchestrate.environments import Sampler  # noqa: E402
+from lego_rl.orchestrate.loop import LoopSettings, Prompt, TrainLoop  # noqa: E402
+from lego_rl.orchestrate.toy_env import FirstLetterEnv, make_rows  # noqa: E402
+from lego_rl.orchestrate.train_session import env_rollout_fn  # noqa: E402
+from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync  # noqa: E402
+from lego_rl.runstore import RunDir  # noqa: E402
+from lego_rl.serving.client import ServingClient  # noqa: E402
+from lego_rl.serving.server import EmbeddedServer  # noqa: E402
+from lego_rl.serving.tiny_model import ensure_tiny_model  # noqa: E402
+from lego_rl.train.backend import LossFn, StepResult  # noqa: E402
+from lego_rl.train.batching import MicroBatch, OptimizerStep  # noqa: E402
+from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
+from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
+
+SDPA = {
+    "flash": torch.nn.attention.SDPBackend.FLASH_ATTENTION,
+    "efficient": torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+    "math": torch.nn.attention.SDPBackend.MATH,
+    "cudnn": torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
+}
+
+
+@contextlib.contextmanager
+def only_sdpa(name: str) -> Iterator[None]:
+    """Allow one SDPA backend process-wide (the engine steps in a worker thread, so a thread-local
+    ``sdpa_kernel`` context would not reach it); ``no-cudnn`` allows all but cuDNN (flash cannot take the packed
+    block-diagonal mask and efficient cannot take GQA, so no single one serves both sides); ``auto`` leaves
+    SDPA's choice alone."""
+    if name == "auto" or not torch.cuda.is_available():
+        yield
+        return
+    flags = {"flash": torch.backends.cuda.enable_flash_sdp, "efficient": torch.backends.cuda.enable_mem_efficient_sdp,
+             "math": torch.backends.cuda.enable_math_sdp, "cudnn": torch.backends.cuda.enable_cudnn_sdp}
+    before = {"flash": torch.backends.cuda.flash_sdp_enabled(), "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+              "math": torch.backends.cuda.math_sdp_enabled(), "cudnn": torch.backends.cuda.cudnn_sdp_enabled()}
+    for k, f in flags.items():
+        f(k != "cudnn" if name == "no-cudnn" else k == name)
+    try:
+        yield
+    finally:
+        for k, f in flags.items():
+            f(before[k])
+
+
+class TimedBackend:
+    """The torch backend with its two trainer phases timed and the packed tokens counted (the loop's own
+    ``time_train_s`` also holds admission, advantages and packing)."""
+
+    def __init__(self, inner: TorchBackend) -> None:
+        self.inner = inner
+        self.seconds = {"old_logprobs": 0.0, "train_step": 0.0}
+        self.tokens = 0
+
+    @property
+    def weight_version(self) -> int:
+        return self.inner.weight_version
+
+    def _sync(self) -> None:
+        if self.inner.device.type == "cuda":
+            torch.cuda.synchronize(self.inner.device)
+
+    def compute_logprobs(self, micro_batches: Sequence[MicroBatch], **kw: Any) -> list[torch.Tensor]:
+        t0 = time.perf_counter()
+        out = self.inner.compute_logprobs(micro_batches, **kw)
+        self._sync()
+        self.seconds["old_logprobs"] += time.perf_counter() - t0
+        return out
+
+    def train_step(self, step: OptimizerStep, loss_fn: LossFn, **kw: Any) -> StepResult:
+        t0 = time.perf_counter()
+        out = self.inner.train_step(step, loss_fn, **kw)
+        self._sync()
+        self.seconds["train_step"] += time.perf_counter() - t0
+        self.tokens += sum(mb.num_tokens for mb in step.micro_batches)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def prepare(name: str, tmp: Path) -> Path:
+    """The model directory, with the tiny model's tokenizer and chat template beside a larger random model
+    (its ids beyond the tokenizer decode to nothing: the reward is sparse, the compute is real)."""
+    if name == "tiny":
+        return ensure_tiny_model()
+    out = build_model(name, tmp / name)
+    for f in ensure_tiny_model().iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+            shutil.copy2(f, out / f.name)
+    return out
+
+
+async def run(model: Path, tmp: Path, label: str, sdpa: str, a: argparse.Namespace) -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    # Built directly, not through its entry point: the GPU machine runs from a source tree without dist-info.
+    env = FirstLetterEnv(max_tokens=a.max_tokens)
+    settings = LoopSettings(num_rollout=a.steps, batch_size=a.prompts, samples_per_prompt=a.samples,
+                            micro_batch_tokens=a.micro_batch_tokens, concurrency=a.prompts * a.samples,
+                            seed=0, top_p=1.0)
+    with only_sdpa(sdpa):
+        async with EmbeddedServer(model, port=0, device=device, dtype=dtype,
+                                  max_batch=a.prompts * a.samples) as srv:
+            renderer = ChatRenderer.from_pretrained(model)
+            async with ServingClient([srv.url]) as client:
+                sampler = Sampler(client, renderer, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=a.max_tokens)
+                rundir = RunDir.open(tmp / f"run-{label}", config={"benchmark": label})
+                rows = [Prompt(r["id"], env.parse_row(r)) for r in make_rows(256, letters="aest", seed=0)]
+                inner = TorchBackend(model, TorchTrainSettings(lr=1e-6, device=device,
+                                                               logprob_chunk_tokens=a.chunk))
+                backend = TimedBackend(inner)
+                n_params = sum(p.numel() for p in inner.model.parameters())
+                loop = TrainLoop(settings, backend=backend, loss_fn=make_loss(LossConfig()),  # type: ignore[arg-type]
+                                 rollout_fn=env_rollout_fn(env, sampler, rundir), prompts=rows, run=rundir,
+                                 sync=EmbeddedWeightSync(srv.engine))
+                print(f"[{label}] SDPA={sdpa} device={device} engine dtype={dtype} trainer fp32+autocast "
+                      f"params={n_params / 1e6:.1f}M chunk={a.chunk} chunked={inner._chunked}", flush=True)
+                for step in range(a.steps):
+                    backend.seconds = {"old_logprobs": 0.0, "train_step": 0.0}
+                    backend.tokens = 0
+                    if device == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    m = (await loop.run_step(step)).values
+                    t_trainer = sum(backend.seconds.values())
+                    line = (f"[{label}] step {step}: rollout {m['time_rollout_s']:.2f}s train {m['time_train_s']:.2f}s "
+                            f"sync {m['time_sync_s']:.2f}s reward {m.get('reward_mean', float('nan')):.3f}")
+                    if backend.tokens:
+                        mfu = 6 * n_params * backend.tokens / backend.seconds["train_step"] / H200_BF16_FLOPS
+                        line += (f" | packed tokens {backend.tokens} old-logprobs {backend.seconds['old_logprobs']:.2f}s "
+                                 f"train_step {backend.seconds['train_step']:.2f}s trainer {backend.tokens / t_trainer:,.0f} tok/s "
+                                 f"MFU {100 * mfu:.2f}% (train_step only)")
+                        line += " | consistency " + " ".join(
+                            f"{k.split('/', 1)[1]}={v:.6g}" for k, v in sorted(m.items())
+                            if k.startswith("consistency/") and k.count("/") == 1)
+                    else:
+                        line += " | nothing trained (every group uniform)"
+                    if device == "cuda":
+                        line += f" | peak GPU {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+                    print(line, flush=True)
+                rundir.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=["tiny", "qwen3-0.6b"], default="tiny")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--micro-batch-tokens", type=int, default=16384)
+    ap.add_argument("--chunk", type=int, default=1024)
+    ap.add_argument("--sdpa", choices=["flash", "efficient", "math", "cudnn", "no-cudnn", "auto"], default="no-cudnn")
+    ap.add_argument("--baseline-sdpa", choices=["flash", "efficient", "math", "cudnn", "auto", "none"], default="auto")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        model = prepare(a.model, tmp)
+        asyncio.run(run(model, tmp, "chosen", a.sdpa, a))
+        if a.baseline_sdpa != "none":
+            asyncio.run(run(model, tmp, "baseline", a.baseline_sdpa, a))
+
+
+if __name__ == "__main__":
+    main()
