@@ -19,6 +19,7 @@ every client SDK reads as a final, non-retryable error.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -45,6 +46,8 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_BODY_LIMIT_SETTING = "adapter.max_body_mb"
 """The setting an operator raises when a body is refused (the 413 text names it)."""
 BODY_CHUNK_BYTES = 1024 * 1024
+OFF_LOOP_BYTES = 256 * 1024
+"""Bodies larger than this are JSON-decoded and parsed on a worker thread (smaller: the hop costs more)."""
 DEFAULT_KEEPALIVE_S = 5.0
 SESSION_PREFIX = "/s/{session}"
 NO_RETRY = {"x-should-retry": "false"}
@@ -125,10 +128,14 @@ class AdapterServer:
             if route.operation == "unsupported":
                 raise ProtocolError(f"{route.feature} is not supported by this adapter", status=400)
             session = self.session_for(request)
-            body = await self.read_json(request)
-            req = dialect.parse_request(body, path=request.path, query=request.query, headers=request.headers)
+            body, size = await self.read_json_sized(request)
+            parse = functools.partial(dialect.parse_request, body, path=request.path, query=request.query,
+                                      headers=request.headers)
+            # Large bodies are decoded on a worker thread: the event loop serves every other session.
+            req = await asyncio.to_thread(parse) if size > OFF_LOOP_BYTES else parse()
             if route.operation == "count_tokens":
-                return web.json_response(dialect.count_tokens_body(self.core.count_tokens(session, req)))
+                count = await asyncio.to_thread(self.core.count_tokens, session, req)
+                return web.json_response(dialect.count_tokens_body(count))
             if req.stream:
                 return await self.stream(request, dialect, session, req)
             resp = await self.core.run_turn(session, req)
@@ -153,11 +160,13 @@ class AdapterServer:
             raise
 
     async def read_json(self, request: web.Request) -> Any:
-        """The request's JSON body, read to its end (Content-Length or chunked) under ``max_body_bytes``.
+        """The request's JSON body, read to its end (Content-Length or chunked) under ``max_body_bytes``."""
+        return (await self.read_json_sized(request))[0]
 
-        ``StreamReader.read(n)`` returns as soon as *some* bytes are buffered, so one call would cut a
-        large body wherever the socket's first buffer ended: read until EOF instead.
-        """
+    async def read_json_sized(self, request: web.Request) -> tuple[Any, int]:
+        """``read_json`` and the body's size. ``StreamReader.read(n)`` returns as soon as *some* bytes
+        are buffered, so one call would cut a large body wherever the socket's first buffer ended: read
+        until EOF instead. Bodies over ``OFF_LOOP_BYTES`` are decoded on a worker thread."""
         limit = self.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise self._too_large(request.content_length)
@@ -172,7 +181,7 @@ class AdapterServer:
             raise ProtocolError("request body is empty: expected a JSON object")
         raw = b"".join(chunks)
         try:
-            return json.loads(raw)
+            return (await asyncio.to_thread(json.loads, raw) if size > OFF_LOOP_BYTES else json.loads(raw)), size
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
 
