@@ -8,6 +8,12 @@ Sessions: the ``/s/{session}/`` path prefix names the session when present (head
 so a harness may keep a dummy API key); otherwise the bearer token or ``x-api-key`` does. A request
 never touches any session but the one it names.
 
+Records (``records_dir``, the standalone adapter): each session's turn records are appended and fsynced
+as each turn ends, before its answer is sent (``RecordJournal``), with a status file holding the
+failure reason; with ``auto_open``, a request for a new key is validated before its session is opened.
+Logs: one JSON line (logger ``lego_rl.adapter.server``) per 4xx/5xx answer, engine error, session
+open/close and record save.
+
 Streams: a request with ``stream: true`` is answered with ``text/event-stream`` as soon as it is
 parsed and admitted; SSE comments keep the connection alive while the engine works, then the dialect's
 complete event sequence follows, or its error events if the turn failed. A client that asked for a
@@ -34,7 +40,7 @@ from lego_rl.adapter.chat_completions import ChatCompletionsDialect
 from lego_rl.adapter.core import AdapterCore
 from lego_rl.adapter.dialect import Dialect, Route, WireError
 from lego_rl.adapter.responses import ResponsesDialect
-from lego_rl.adapter.sessions import Session, SessionRegistry
+from lego_rl.adapter.sessions import RecordJournal, Session, SessionRegistry
 from lego_rl.errors import ProtocolError, ProviderError
 
 log = logging.getLogger(__name__)
@@ -91,6 +97,7 @@ class AdapterServer:
         self.keepalive_s = keepalive_s
         self.auto_open = auto_open
         self.records_dir = records_dir
+        self.journal = RecordJournal(records_dir) if records_dir is not None else None
         self.body_limit_setting = body_limit_setting
 
     def app(self) -> web.Application:
@@ -112,8 +119,19 @@ class AdapterServer:
         return web.json_response({"status": "ok", "open_sessions": len(self.sessions.open_ids())})
 
     async def _save_all(self, app: web.Application) -> None:
-        for session in self.sessions.close_all(out_dir=self.records_dir):
-            log.info("adapter: session %s closed, %d turn records saved", session.id, len(session.records))
+        for session in self.sessions.close_all():
+            await self.after_turn(session)
+            log_event("session_closed", session=session.id, records=len(session.records),
+                      infra_failure=session.infra_failure, termination=session.termination)
+
+    async def after_turn(self, session: Session) -> None:
+        """Make the session's new records and status durable (``records_dir`` only), on a worker thread."""
+        if self.journal is None:
+            return
+        turns = await asyncio.to_thread(self.journal.sync, session)
+        if turns:
+            log_event("records_saved", session=session.id, turns=turns,
+                      path=str(self.journal.records_path(session.id)))
 
     def _handler(self, dialect: Dialect, route: Route) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -124,40 +142,55 @@ class AdapterServer:
     # -- one request ---------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request, dialect: Dialect, route: Route) -> web.StreamResponse:
+        session: Session | None = None
         try:
             if route.operation == "unsupported":
                 raise ProtocolError(f"{route.feature} is not supported by this adapter", status=400)
-            session = self.session_for(request)
+            session, unknown = self.known_session(request)
             body, size = await self.read_json_sized(request)
             parse = functools.partial(dialect.parse_request, body, path=request.path, query=request.query,
                                       headers=request.headers)
             # Large bodies are decoded on a worker thread: the event loop serves every other session.
             req = await asyncio.to_thread(parse) if size > OFF_LOOP_BYTES else parse()
+            if session is None:  # only a valid request opens a session (no empty record files)
+                session = self.open_unknown(request, unknown)
             if route.operation == "count_tokens":
                 count = await asyncio.to_thread(self.core.count_tokens, session, req)
                 return web.json_response(dialect.count_tokens_body(count))
             if req.stream:
                 return await self.stream(request, dialect, session, req)
             resp = await self.core.run_turn(session, req)
+            await self.after_turn(session)
             return web.json_response(dialect.render_response(resp, req))
         except Exception as exc:  # noqa: BLE001 - the edge maps every error once
             err = to_wire_error(exc)
+            log_answer(err, session, request.path)
+            if session is not None:
+                await self.after_turn(session)
             # Every refusal here is final (a failed session refuses all later calls too): the header
             # stops the Anthropic/OpenAI SDKs' automatic retries, which Claude Code applies even to 401.
             return web.json_response(dialect.error_body(err), status=err.status, headers=NO_RETRY)
 
-    def session_for(self, request: web.Request) -> Session:
+    def known_session(self, request: web.Request) -> tuple[Session | None, ProtocolError | None]:
+        """The open session the request names, or (None, the 401) when ``auto_open`` may open it once
+        the request is known to be valid; other refusals are raised."""
         token = request.match_info.get("session") or _header_token(request)
         try:
-            return self.sessions.get(token)
-        except ProtocolError:
+            return self.sessions.get(token), None
+        except ProtocolError as exc:
             if self.auto_open is None or not token:
                 raise
-            try:
-                return self.auto_open(token)
-            except ValueError:  # closed (ids are single use) or malformed: keep the 401
-                pass
-            raise
+            return None, exc
+
+    def open_unknown(self, request: web.Request, refusal: ProtocolError | None) -> Session:
+        token = request.match_info.get("session") or _header_token(request)
+        assert self.auto_open is not None and token and refusal is not None
+        try:
+            session = self.auto_open(token)
+        except ValueError as exc:  # closed (ids are single use) or not a safe name: keep the 401
+            raise ProtocolError(f"{refusal} ({exc})", status=401, kind="authentication_error") from None
+        log_event("session_opened", session=session.id, via="first request")
+        return session
 
     async def read_json(self, request: web.Request) -> Any:
         """The request's JSON body, read to its end (Content-Length or chunked) under ``max_body_bytes``."""
@@ -211,10 +244,13 @@ class AdapterServer:
         except BaseException:
             turn.cancel()
             raise
+        await self.after_turn(session)
         try:
             events = dialect.stream_events(turn.result(), req)
         except Exception as exc:  # noqa: BLE001 - becomes the protocol's in-stream error
-            events = dialect.stream_error_events(to_wire_error(exc), req.model)
+            err = to_wire_error(exc)
+            log_answer(err, session, request.path, in_stream=True)
+            events = dialect.stream_error_events(err, req.model)
         try:
             await resp.write(b"".join(event.encode() for event in events))
             await resp.write_eof()
@@ -229,3 +265,17 @@ def _header_token(request: web.Request) -> str | None:
         return auth[7:].strip() or None
     return request.headers.get("x-api-key") or None
 
+
+
+def log_event(event: str, **fields: Any) -> None:
+    """One structured log line: a JSON object with ``event`` first (errors at WARNING/ERROR, else INFO)."""
+    level = fields.pop("level", logging.INFO)
+    log.log(level, "%s", json.dumps({"event": event, **fields}, default=str))
+
+
+def log_answer(err: WireError, session: Session | None, path: str, *, in_stream: bool = False) -> None:
+    """The log line of a 4xx/5xx answer; engine errors (502/503...) are logged as ``engine_error``."""
+    engine = err.status >= 500 and err.message.startswith("model engine error")
+    log_event("engine_error" if engine else "error_answer", level=logging.ERROR if err.status >= 500 else logging.WARNING,
+              status=err.status, type=err.kind, session=session.id if session else None, path=path,
+              in_stream=in_stream, message=err.message[:500])
