@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopKind
 from lego_rl.adapter.sessions import Session
 from lego_rl.adapter.stops import find_stop, keep_prefix
+from lego_rl.chat.messages import Message
 from lego_rl.chat.parsers import (
     ToolParserStyle,
     merge_assistant_runs,
@@ -45,7 +46,6 @@ from lego_rl.chat.parsers import (
     parse_turn,
     restore_tool_order,
 )
-from lego_rl.chat.messages import Message
 from lego_rl.chat.prefix import PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer, RenderError
 from lego_rl.errors import ProtocolError, ProviderError

@@ -283,11 +283,8 @@ class ChatRenderer:
         No token covers more than ``max_token_bytes`` bytes, so ``n`` bytes of text take at least
         ``n / max_token_bytes`` tokens; halved, because normalisation (NFC) may shorten the text. Cheap
         enough to refuse a 10 MiB request before rendering and tokenising it costs seconds and GBs."""
-        size = 0
-        for m in messages:
-            size += len(m.content.encode("utf-8", "surrogatepass")) + len((m.reasoning or "").encode("utf-8", "surrogatepass"))
-        for t in tools:
-            size += len(t.description.encode("utf-8", "surrogatepass"))
+        texts = [m.content for m in messages] + [m.reasoning or "" for m in messages] + [t.description for t in tools]
+        size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
         return size // (2 * self.max_token_bytes)
 
     def _longest_token_bytes(self) -> int:
