@@ -277,5 +277,5 @@ def log_answer(err: WireError, session: Session | None, path: str, *, in_stream:
     """The log line of a 4xx/5xx answer; engine errors (502/503...) are logged as ``engine_error``."""
     engine = err.status >= 500 and err.message.startswith("model engine error")
     level = logging.ERROR if err.status >= 500 else logging.WARNING
-    log_event("engine_error" if engine else "error_answer", level=level, status=err.status, type=err.kind, session=session.id if session else None, path=path,
-              in_stream=in_stream, message=err.message[:500])
+    log_event("engine_error" if engine else "error_answer", level=level, status=err.status, type=err.kind,
+              session=session.id if session else None, path=path, in_stream=in_stream, message=err.message[:500])
