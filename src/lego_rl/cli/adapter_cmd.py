@@ -35,7 +35,7 @@ def adapter(
     """
     import asyncio
 
-    from lego_rl.adapter.standalone import StandaloneOptions, serve_standalone
+    from lego_rl.adapter.standalone import DEFAULT_RECORDS_DIR, StandaloneOptions, serve_standalone
     from lego_rl.errors import ConfigError
 
     try:
@@ -53,7 +53,9 @@ def adapter(
                              open_sessions=open_sessions, sessions=session, max_context_tokens=max_context_tokens or None,
                              max_response_tokens=max_response_tokens, template_kwargs=kwargs,
                              max_body_bytes=int(max_body_mb * 1024 * 1024))
-    err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model})", markup=False, highlight=False)
+    records = open_sessions or DEFAULT_RECORDS_DIR
+    err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model}); turn records in {records}/",
+              markup=False, highlight=False)
     # The adapter's structured lines (errors answered, engine errors, sessions, record saves) on stderr.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
