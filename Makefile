@@ -23,12 +23,14 @@ setup: system-deps $(STAMP)
 
 # System packages: bubblewrap (local sandboxes), debootstrap/skopeo/umoci (root filesystems and image import),
 # iproute2 (loopback-only network namespaces for CLI and Ray tests; the agent sandbox's egress relay), acl
-# (setfacl: task images whose files carry ACLs, in the workspace tests).
+# (setfacl: task images whose files carry ACLs, in the workspace tests), tmux (the `lego monitor` TUI tests drive
+# it in a real terminal), chromium-headless-shell (the `lego report` test screenshots the HTML), xfsprogs (mkfs.xfs: the sunabako
+# reflink-staging test builds a real XFS filesystem on a loop device).
 system-deps:
-	@missing=""; for bin in bwrap debootstrap skopeo umoci ip setfacl; do command -v $$bin >/dev/null || missing="$$missing $$bin"; done; \
+	@missing=""; for bin in bwrap debootstrap skopeo umoci ip setfacl tmux chromium-headless-shell mkfs.xfs; do command -v $$bin >/dev/null || missing="$$missing $$bin"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages for:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap debootstrap skopeo umoci iproute2 acl >/dev/null; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap debootstrap skopeo umoci iproute2 acl tmux chromium-headless-shell xfsprogs >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
@@ -36,15 +38,17 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	$(VENV)/bin/pip install -q --upgrade pip
 	# torch 2.13.0 first: pip takes the CPU build from this machine's wheel cache instead of a CUDA download.
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e '.[serve,sunabako,dev]'
+	$(VENV)/bin/pip install -q -e '.[serve,train,sunabako,dev]'
 	LEGO_PYTHON=$(VENV)/bin/python scripts/install_plugins.sh
 	touch $(STAMP)
 
 # Real components the suite runs against: vLLM (CPU build, own venv), the coding CLIs from npm/PyPI,
 # and two debootstrap root filesystems for sandbox tests: bookworm, and trixie for OpenHands (Python 3.13;
 # its interpreter also builds the OpenHands site trees, so it comes before the CLIs and the toolchain).
-# Each script caches its result.
+# Each script caches its result. megatron-core (the `megatron` extra, 0.16.1: the newest for Python 3.11, one
+# binary wheel, installs in seconds, no Transformer Engine or Apex) runs the Megatron backend's CPU tests.
 test-deps: setup
+	$(VENV)/bin/pip install -q 'megatron-core==0.16.1'
 	scripts/setup_vllm.sh
 	scripts/build_rootfs.sh
 	scripts/build_rootfs_trixie.sh

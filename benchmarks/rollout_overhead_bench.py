@@ -89,7 +89,7 @@ async def one_rollout(i: int, root: Path, tiny: Path, renderer: Any, row: Any) -
             runners.append(runner)
             urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
         client = ServingClient(urls, vocab_size=renderer.vocab_size)
-        core = AdapterCore(renderer, client, context_limit=60000, max_response_tokens=1024)
+        core = AdapterCore(renderer, client, max_context_tokens=60000, max_response_tokens=1024)
         runner = web.AppRunner(AdapterServer(core, sessions).app(), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -10,7 +10,9 @@
 # published sha512 before it is recorded. Needs the npm registry, PyPI, `npm` on PATH (for the OpenCode
 # plugin tree), bwrap and the Debian trixie rootfs of scripts/build_rootfs_trixie.sh: the OpenHands site
 # tree is built for the harness's default python3.13 by that rootfs's own interpreter
-# (scripts/trixie_python.sh), so the host needs no Python 3.13.
+# (scripts/trixie_python.sh), so the host needs no Python 3.13; the same interpreter copies itself, with its
+# loader and libraries, into the runtime tree (runtime/python-3.13.tgz) that sandboxes mount to run OpenHands
+# on any image.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

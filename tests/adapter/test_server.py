@@ -135,8 +135,8 @@ async def test_engine_failure_mid_stream_ends_the_stream_well_formed(make_harnes
     assert "1 logprobs for 3 output tokens" in message
     session = h.sessions.get("sess-a")
     assert session.records == [] and session.infra_failure is not None
-    r = await post(h, protocol)  # the failed session refuses further requests (not retried as a 5xx)
-    assert r.status == 403 and "already failed" in error_message(protocol, await r.json())
+    r = await post(h, protocol, json_body=dict(good, stream=True))  # refused before a stream starts
+    assert r.status == 503 and "already failed" in error_message(protocol, await r.json())
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

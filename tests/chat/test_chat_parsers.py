@@ -228,3 +228,15 @@ def test_split_assistant_items_are_merged() -> None:
     out = merge_assistant_runs(msgs)
     assert len(out) == 3
     assert (out[1].content, out[1].reasoning, [c.id for c in out[1].tool_calls]) == ("text", "r", ["a"])
+
+
+@pytest.mark.parametrize("style", ["auto", "qwen3_coder", "hermes"])
+def test_no_tools_offered_means_no_tool_calls(style: str) -> None:
+    """OpenCode's title request offers no tools; a sampled call must come back as text, not as a call
+    the client has no tool for (it was parsed, and OpenCode's title came back empty)."""
+    xml = _xml("bash", cmd="ls")
+    hermes = '<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call>'
+    turn = parse_turn(f"<think>t</think>Title: {xml}\n{hermes}", [], style=style)  # type: ignore[arg-type]
+    assert turn.tool_calls == [] and turn.parse_failures == 0
+    assert turn.reasoning == "t"
+    assert turn.text == f"Title: {xml}\n{hermes}"

@@ -157,6 +157,10 @@ def test_sigterm_stops_with_a_resumable_state_and_resume_continues(toy: Path) ->
     assert latest == f"step-{done[-1]:06d}"  # the last completed step, not the abandoned one
     events = read_events(root / "events.jsonl")
     assert events[-1].kind == "training_finished" and events[-1].status == "stopped"
+    # Both sides stopped: every rollout started either finished or was cancelled (none left running).
+    started = {e.rollout_id for e in events if e.kind == "rollout_started"}
+    ended = {e.rollout_id for e in events if e.kind in ("rollout_finished", "rollout_cancelled")}
+    assert started <= ended, started - ended
 
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--steps", str(done[-1] + 2), "--json"])
     assert res.exit_code == 0, res.output

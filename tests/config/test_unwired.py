@@ -35,12 +35,12 @@ def findings(path: Path, *overrides: str, environ: dict[str, str] | None = None)
 
 
 def test_a_set_unwired_key_is_an_error_naming_value_source_and_feature(base_toml: Path) -> None:
-    base_toml.write_text(base_toml.read_text() + "\n[train]\ntensor_parallel = 2\n")
+    base_toml.write_text(base_toml.read_text() + "\n[grader]\nmax_output_kb = 7\n")
     [f] = [f for f in findings(base_toml) if f.code == "not_implemented"]
-    assert f.severity == "error" and f.keys == ("train.tensor_parallel",)
-    assert f.message == ("not implemented yet: train.tensor_parallel = 2 (from lego.toml:10) — it has no effect "
-                         f"until {UNWIRED['train.tensor_parallel']}")
-    assert "1" in f.fix
+    assert f.severity == "error" and f.keys == ("grader.max_output_kb",)
+    assert f.message == ("not implemented yet: grader.max_output_kb = 7 (from lego.toml:10) — it has no effect "
+                         f"until {UNWIRED['grader.max_output_kb']}")
+    assert "1024" in f.fix
 
 
 @pytest.mark.parametrize("key", sorted(UNWIRED))

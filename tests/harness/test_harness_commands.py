@@ -144,6 +144,10 @@ def test_codex_command_points_a_responses_provider_at_the_adapter() -> None:
     assert settings["model_providers.lego.base_url"] == '"http://127.0.0.1:18091/v1"'
     assert settings["model_providers.lego.wire_api"] == '"responses"'
     assert settings["model_providers.lego.env_key"] == '"LEGO_SESSION_KEY"'
+    # One turn is one request: no stream or request retries, and no idle cut inside the time budget.
+    assert settings["model_providers.lego.stream_max_retries"] == "0"
+    assert settings["model_providers.lego.request_max_retries"] == "0"
+    assert int(settings["model_providers.lego.stream_idle_timeout_ms"]) >= request().time_budget_s * 1000
     assert settings["web_search"] == '"disabled"' and settings["analytics.enabled"] == "false"
     assert spec.env["LEGO_SESSION_KEY"] == "sess-42"
     assert not spec.env["CODEX_HOME"].startswith("/tmp/")
@@ -180,7 +184,12 @@ def test_opencode_config_and_flags() -> None:
 
 def test_openhands_runner_gets_its_settings_from_a_file() -> None:
     spec = harness("openhands").command(request())
-    assert spec.argv[0] == "python3.13" and spec.argv[1].endswith("lego_openhands_runner.py")
+    # The toolchain's Python by default; setting `python` selects the image's interpreter.
+    assert spec.argv[0] == "/opt/lego/python/3.13/bin/python3.13"
+    assert spec.argv[1] == "/opt/lego/openhands/1.58.2-py3.13-lego_openhands_runner.py"
+    image = harness("openhands", python="python3.13")
+    assert image.command(request()).argv[0] == "python3.13"
+    assert [p.kind for p in image.toolchain_pins()] == ["pypi"]
     run = json.loads(spec.files[spec.argv[2]])
     assert run["base_url"] == "http://127.0.0.1:18091/v1" and run["api_key"] == "sess-42"
     assert run["max_turns"] == 7 and run["model"] == "qwen-tiny"
@@ -239,6 +248,16 @@ def test_classifiers_read_each_clis_final_events() -> None:
         ),
     )
     assert codex.kind == "adapter_error" and "Connection failed" in codex.detail
+    # An engine failure inside the stream (response.failed), as Codex 0.162 words it (real run, issue 16).
+    codex = classify(
+        harness="codex",
+        request=r,
+        outcome=outcome(
+            '{"type":"turn.failed","error":{"message":"stream disconnected before completion: model engine '
+            'error: generate r-1: no replica answered within 30s"}}'
+        ),
+    )
+    assert codex.kind == "adapter_error"
     oc = classify(
         harness="opencode", request=r, outcome=outcome("\n".join(['{"type":"step_finish"}'] * 7), 0)
     )

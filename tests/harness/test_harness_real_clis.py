@@ -79,6 +79,24 @@ async def test_openhands_refuses_an_image_without_its_python(
         await handle.install(sb, toolchain)
 
 
+async def test_openhands_runs_on_bookworm_with_the_mounted_python(
+    make_sandbox: MakeSandbox, toolchain: Toolchain
+) -> None:
+    """The toolchain brings Python 3.13 (loader and libraries included) to an image with 3.11 and glibc 2.36."""
+    handle = get_harness("openhands", environ={}, pm=get_plugin_manager({}))
+    needs(toolchain, handle)
+    sb = await make_sandbox()
+    await handle.install(sb, toolchain)
+    assert set(sb.mounts()) == {"/opt/lego/python/3.13", "/opt/lego/openhands/1.58.2-py3.13"}
+    assert await handle.verify(sb, "agent") == "openhands-sdk 1.58.2"
+    # sys.executable is the launcher, so a child Python gets the same loader; image programs run as usual.
+    code = "import subprocess, sys; print(subprocess.run([sys.executable, '-c', 'import ssl, sqlite3; print(1)'], "
+    code += "capture_output=True, text=True).stdout.strip(), subprocess.run(['ldd', '--version'], "
+    code += "capture_output=True, text=True).stdout.split()[4])"
+    res = await sb.exec(["/opt/lego/python/3.13/bin/python3.13", "-c", code], user="agent")
+    assert res.stdout.split() == ["1", "2.36"], res.stderr
+
+
 @pytest.mark.root
 @pytest.mark.parametrize(
     ("name", "expect"),

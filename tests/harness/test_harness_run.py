@@ -56,8 +56,9 @@ class ScriptedHarness(HarnessPlugin):
     archive: ClassVar[Path]
 
     async def install(self, sandbox: Any, toolchain: Toolchain, options: Any) -> str:
+        # Copied, not mounted: these tests are about running, and one of them deletes the install.
         await install_archive(
-            sandbox, self.archive, "/opt/lego/scripted", integrity=sha512_integrity(self.archive)
+            sandbox, self.archive, "/opt/lego/scripted", integrity=sha512_integrity(self.archive), share=False
         )
         return options.binary
 

@@ -7,6 +7,8 @@ served on purpose. One slow test fetches a real 5 kB tarball from the npm regist
 
 from __future__ import annotations
 
+import sys
+import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -166,3 +168,20 @@ async def test_a_site_tree_for_one_python_does_not_stand_in_for_another(tmp_path
     assert kept == entry and not fetched
     [(pin, exc)] = failures
     assert pin == pins["3.13"] and "no-python3.13" in str(exc)
+
+
+@pytest.mark.slow
+async def test_a_runtime_is_built_by_the_named_interpreter_and_checked(tmp_path: Path) -> None:
+    """The runtime builder runs under --python; an interpreter of another minor version is refused."""
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    pin = ToolchainPin(role="runtime", kind="runtime", name="python", version=here, with_dependencies=True)
+    [(entry, fetched)] = await fetch_toolchain([pin], tmp_path, python=sys.executable)
+    assert fetched and entry.kind == "runtime" and entry.file == f"runtime/python-{here}.tgz"
+    assert Toolchain(tmp_path).resolve(pin) == tmp_path / entry.file
+    with tarfile.open(tmp_path / entry.file) as tar:
+        names = set(tar.getnames())
+    assert {f"python/bin/python{here}", f"python/libexec/python{here}", "python/libexec/lib/libc.so.6",
+            f"python/lib/python{here}/os.py"} <= names  # fmt: skip
+    other = pin.model_copy(update={"version": "3.99"})
+    with pytest.raises(HarnessError, match=rf"--python .* is python{here}, not python3.99"):
+        await fetch_toolchain([other], tmp_path, python=sys.executable)

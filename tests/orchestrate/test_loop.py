@@ -24,7 +24,7 @@ from lego_rl.runstore import RunDir, read_events
 from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.termination import TerminationReason as TR
-from lego_rl.trajectory.sample import Sample
+from lego_rl.trajectory.sample import Sample, TurnSpan
 from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
 
@@ -109,7 +109,7 @@ async def test_step_trains_and_writes_metrics_row_and_events(tmp_path: Path, tin
     [stored] = list(follow_metrics(loop.run_dir.layout.metrics).read())
     assert stored == row
     kinds = [e.kind for e in read_events(loop.run_dir.layout.events)]
-    assert kinds == ["run_started", "step_started", "step_finished"]
+    assert kinds == ["run_started", "step_started", "batch_taken", "step_finished"]
 
 
 async def test_infrastructure_failure_is_refilled_in_its_slot_not_dropped(tmp_path: Path, tiny: Path) -> None:
@@ -237,12 +237,17 @@ async def test_stop_abandons_the_step_in_flight_and_checkpoints_the_last_complet
                                                                                    tiny: Path) -> None:
     hold = asyncio.Event()
     reached = asyncio.Event()
+    cancelled: list[str] = []
 
     class Holding(ScriptedRollouts):
         async def __call__(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
-            if slot.rollout_id.startswith("s00001"):
+            if slot.group_index >= 2:  # groups 0, 1 are step 0's batch; later ones never finish on their own
                 reached.set()
-                await hold.wait()  # step 1 never finishes on its own
+                try:
+                    await hold.wait()
+                except asyncio.CancelledError:
+                    cancelled.append(slot.rollout_id)
+                    raise
             return await super().__call__(prompt, slot)
 
     loop = make_loop(tmp_path, tiny, Holding(alternate), num_rollout=5)
@@ -256,6 +261,11 @@ async def test_stop_abandons_the_step_in_flight_and_checkpoints_the_last_complet
     assert events[-1].kind == "training_finished" and events[-1].status == "stopped"
     assert events[-1].steps_done == 1
     assert [e.step for e in events if e.kind == "step_finished"] == [0]
+    # Both sides stopped: every held rollout was cancelled (and said so) before run() returned.
+    stopped = sorted(e.rollout_id for e in events if e.kind == "rollout_cancelled")
+    assert stopped and stopped == sorted(cancelled)
+    assert all(e.reason == "stopped" for e in events if e.kind == "rollout_cancelled")
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
 
 async def test_evaluation_reports_pass_at_1_over_k_samples(tmp_path: Path, tiny: Path) -> None:
@@ -276,3 +286,121 @@ async def test_evaluation_reports_pass_at_1_over_k_samples(tmp_path: Path, tiny:
 def test_eval_every_without_held_out_rows_is_refused(tmp_path: Path, tiny: Path) -> None:
     with pytest.raises(ConfigError, match="train.eval_data"):
         make_loop(tmp_path, tiny, ScriptedRollouts(alternate), eval_every=1)
+
+
+# -- asynchronous runs (rollout.max_staleness = 1, the default) -------------------------------------
+
+
+async def test_async_run_refills_an_infrastructure_failure_and_trains_its_group(tmp_path: Path, tiny: Path) -> None:
+    def flaky(prompt: Prompt, slot: RolloutSlot) -> Outcome:
+        if slot.group_index == 1 and slot.index == 2 and slot.attempt == 0:
+            return TR.SANDBOX_SETUP, None
+        return alternate(prompt, slot)
+
+    loop = make_loop(tmp_path, tiny, ScriptedRollouts(flaky), num_rollout=3, max_staleness=1)
+    assert await loop.run() == "completed"
+    events = read_events(loop.run_dir.layout.events)
+    [refill] = [e for e in events if e.kind == "rollout_refilled"]
+    assert refill.failed_rollout_id.endswith("-2") and refill.new_rollout_id == refill.failed_rollout_id + "-refill1"
+    [batch] = [e for e in events if e.kind == "batch_taken" and refill.new_rollout_id in e.rollout_ids]
+    assert refill.failed_rollout_id not in batch.rollout_ids and len(batch.rollout_ids) == 8
+    row = [r for r in follow_metrics(loop.run_dir.layout.metrics).read() if r.step == batch.step][0]
+    assert row.values["refills"] == 1 and row.values["admitted_rollouts"] == 8 and row.values["trained"] == 1.0
+    # Later steps trained rollouts started one policy earlier: the overlap happened, within the bound.
+    lags = [e.step - p for e in events if e.kind == "batch_taken" for p in e.started_policies]
+    assert max(lags) == 1 and all(0 <= x <= 1 for x in lags)
+    last = list(follow_metrics(loop.run_dir.layout.metrics).read())[-1]
+    assert last.values["policy_lag_max"] == 1.0 and last.values["stale_groups"] == 0.0
+    assert 0.0 <= last.values["slots_idle_fraction"] <= 1.0 and last.values["tokens_age/1"] == 16
+
+
+def test_lego_train_is_asynchronous_by_default_with_staleness_1() -> None:
+    from lego_rl.config.resolve import resolve
+
+    s = LoopSettings.from_config(resolve(environ={}).config)
+    assert s.max_staleness == 1 and s.partial_rollouts == "off"
+
+
+class CrashOnTrainStep:
+    """TEST DOUBLE around the real ``TorchBackend``: its ``crash_at``-th ``train_step`` raises, as a trainer
+    process dying mid-step would end the run (everything else is the real backend)."""
+
+    def __init__(self, inner: TorchBackend, crash_at: int) -> None:
+        self.inner = inner
+        self.crash_at = crash_at
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    @property
+    def weight_version(self) -> int:
+        return self.inner.weight_version
+
+    def train_step(self, *args: object, **kwargs: object) -> object:
+        self.calls += 1
+        if self.calls == self.crash_at:
+            raise RuntimeError("the trainer died mid-step")
+        return self.inner.train_step(*args, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_trainer_crash_mid_step_resumes_from_the_checkpoint_training_no_rollout_twice(
+        tmp_path: Path, tiny: Path) -> None:
+    a = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), name="crash", num_rollout=4, checkpoint_every=1,
+                  max_staleness=1)
+    a.backend = CrashOnTrainStep(a.backend, crash_at=3)  # type: ignore[assignment]  # step 2 dies
+    with pytest.raises(RuntimeError, match="died mid-step"):
+        await a.run()
+    a.run_dir.close()
+    assert (a.run_dir.layout.checkpoints / "latest").read_text().strip() == "step-000001"
+    b = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), name="crash", num_rollout=4, resume=True,
+                  resume_index=1, max_staleness=1)
+    assert b.resume() == 1 and b.backend.weight_version == 2
+    assert await b.run() == "completed"
+    assert b.backend.weight_version == 4
+    events = read_events(b.run_dir.layout.events)
+    assert [e.step for e in events if e.kind == "step_finished"] == [0, 1, 2, 3]
+    batches = [e for e in events if e.kind == "batch_taken"]
+    assert [e.step for e in batches] == [0, 1, 2, 2, 3]  # step 2's first batch died with the trainer
+    trained = [rid for e in batches[:2] + batches[3:] for rid in e.rollout_ids]
+    assert len(trained) == len(set(trained)) == 4 * 8
+    assert all(rid.startswith("r1-") for e in batches[3:] for rid in e.rollout_ids)
+    # The prompts drawn but not trained before the crash were drawn again first: none skipped.
+    assert set(batches[2].prompt_ids) == set(batches[3].prompt_ids)
+    assert [e.status for e in events if e.kind == "training_finished"] == ["failed", "completed"]
+
+
+class CrossingRollouts(ScriptedRollouts):
+    """TEST DOUBLE: ``ScriptedRollouts`` whose two sampled tokens are two turns recorded as a rollout that
+    crossed a weight update records them: the first turn on the version before the engines' current one, the
+    second on the current one (``version_now``, read when the rollout runs)."""
+
+    def __init__(self, decide: Callable[[Prompt, RolloutSlot], Outcome], version_now: Callable[[], int]) -> None:
+        super().__init__(decide)
+        self.version_now = version_now
+
+    async def __call__(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+        result = await super().__call__(prompt, slot)
+        v = self.version_now()
+        spans = [TurnSpan(turn=0, start=3, end=4, render_mode="bridged"),
+                 TurnSpan(turn=1, start=4, end=5, render_mode="bridged")]
+        result.samples = [s.model_copy(update={"weight_versions": [-1, -1, -1, max(v - 1, 0), v], "turn_spans": spans})
+                          for s in result.samples]
+        return result
+
+
+@pytest.mark.parametrize("policy", ["keep", "drop"])
+async def test_partial_rollouts_train_or_mask_the_tokens_older_than_the_bound(tmp_path: Path, tiny: Path,
+                                                                              policy: str) -> None:
+    holder: list[TrainLoop] = []
+    rollouts = CrossingRollouts(alternate, lambda: holder[0].backend.weight_version)
+    loop = make_loop(tmp_path, tiny, rollouts, max_staleness=0, partial_rollouts=policy)
+    holder.append(loop)
+    await loop.run_step(0)  # version 0 -> 1; step 1's rollouts sample their first turn on 0, second on 1
+    row = await loop.run_step(1)
+    assert row.values["tokens_age/0"] == 8 and row.values["tokens_age/1"] == 8  # as sampled, before masking
+    assert row.values["rollouts_crossed_version"] == 8 and row.values["turns_crossed_version"] == 8
+    if policy == "drop":
+        assert row.values["tokens_dropped_stale"] == 8 and row.values["tokens"] == 8  # only the fresh turn
+    else:
+        assert "tokens_dropped_stale" not in row.values and row.values["tokens"] == 16

@@ -70,12 +70,14 @@ async def train(tmp: Path, name: str, loss: object) -> tuple[list[float], list[b
                 rewards.append(row.values["reward_mean"])
                 changed.append(any(not torch.equal(a, b) for a, b in zip(before, backend.model.parameters())))
             run.close()
-    # Signal per step from the log: some group (s<step>-g<k>-...) holds two different rewards.
+    # Signal per step from the log: some group (g<k>-...) trained in the step (batch_taken) holds two
+    # different rewards.
+    events = read_events(run.layout.events)
+    step_of = {rid: e.step for e in events if e.kind == "batch_taken" for rid in e.rollout_ids}
     by_group: dict[tuple[int, str], set[float]] = defaultdict(set)
-    for e in read_events(run.layout.events):
-        if e.kind == "rollout_finished" and e.reward is not None:
-            step_tag, group = e.rollout_id.split("-")[:2]
-            by_group[(int(step_tag[1:]), group)].add(e.reward)
+    for e in events:
+        if e.kind == "rollout_finished" and e.reward is not None and e.rollout_id in step_of:
+            by_group[(step_of[e.rollout_id], e.rollout_id.split("-")[0])].add(e.reward)
     signal = [any(len(v) > 1 for (s, _), v in by_group.items() if s == step) for step in range(STEPS)]
     return rewards, changed, signal, run
 

@@ -230,3 +230,48 @@ async def test_every_trained_token_carries_the_version_that_sampled_it(tiny_mode
     for s in samples:  # each turn's span holds exactly its record's version
         for span in s.turn_spans:
             assert set(s.weight_versions[span.start:span.end]) == {records[span.turn].weight_versions[0]}
+
+
+async def test_keep_in_flight_sync_does_not_wait_and_splits_the_turn_by_version(engine: EmbeddedEngine) -> None:
+    """``in_flight = "keep"``: the sync returns while a long generation is still running; that turn's tokens
+    before the swap carry the old version and old-weights logprobs, the rest the new ones."""
+    trainer = ModelWeights(hf_model())
+    old = copy.deepcopy(trainer.model)
+    long = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_tokens=300, temperature=1.0, seed=9),
+                                               request_id="long", ignore_eos=True))
+    while not engine._rows or len(engine._rows[0].out.token_ids) < 20:  # mid-generation
+        await asyncio.sleep(0.01)
+    trainer.step(seed=2)
+    report = await EmbeddedWeightSync(engine, in_flight="keep").push(trainer)
+    assert not long.done()  # the sync did not wait for it
+    done = await long
+    assert len(done.token_ids) == 300 and set(done.versions) == {"default", "1"}
+    split = done.versions.index("1")
+    ids = PROMPT + done.token_ids
+    got = torch.tensor(done.logprobs)
+    old_lp = teacher_forced_logprobs(old, ids, len(PROMPT), 1.0)[:split]
+    new_lp = teacher_forced_logprobs(trainer.model, ids, len(PROMPT), 1.0)[split:]
+    assert float((old_lp - got[:split]).abs().max()) < 1e-4
+    assert float((new_lp - got[split:]).abs().max()) < 1e-4
+    assert report.drain_seconds < 1.0
+
+
+async def test_route_sync_reaches_every_replica_and_keeps_sessions_sticky(tiny_model: Path, tmp_path: Path) -> None:
+    """Several URLs (vLLM replicas; here two embedded servers on the same routes): each one is synced and
+    labelled, and a session keeps going to the replica it was on."""
+    trainer = ModelWeights(hf_model())
+    async with (EmbeddedServer(tiny_model) as a, EmbeddedServer(tiny_model) as b,
+                ServingClient([a.url, b.url]) as c):
+        sp = SamplingParams(max_tokens=8, seed=1, ignore_eos=True)
+        await asyncio.gather(*(c.generate(PROMPT, sp, session_id=f"s{i}") for i in range(4)))
+        before = {f"s{i}": c.replica_for(f"s{i}") for i in range(4)}
+        assert set(before.values()) == {a.url, b.url}  # sessions were spread over both replicas
+        trainer.step(seed=7)
+        report = await RouteWeightSync(c, tmp_path / "stage", in_flight="wait").push(trainer)
+        assert report.version == 1 and await c.weight_versions() == {a.url: 1, b.url: 1}
+        assert {s: c.replica_for(s) for s in before} == before
+        for s in before:
+            r = await c.generate(PROMPT, sp, session_id=s)
+            assert {w.version for w in r.weight_versions} == {1}
+            ours = teacher_forced_logprobs(trainer.model, PROMPT + r.output_ids, len(PROMPT), 1.0)
+            assert float((ours - torch.tensor(r.logprobs)).abs().max()) < 1e-4

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -200,3 +202,53 @@ async def test_huge_output_is_capped_not_fatal(make_sandbox: MakeSandbox) -> Non
     assert 0 < len(res.stdout) <= 100_000_000
     if len(res.stdout) < 100_000_000:
         assert res.truncated
+
+
+@pytest.fixture
+def host_folder() -> Iterator[Path]:
+    """A world-traversable host folder (pytest's tmp_path is 0700, which the agent could not enter)."""
+    folder = Path(tempfile.mkdtemp(prefix="lego-mount-test-", dir="/var/tmp"))
+    os.chmod(folder, 0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_readonly_mount_cannot_be_written_by_anyone(
+    make_sandbox: MakeSandbox, host_folder: Path
+) -> None:
+    """A mounted toolchain is shared by every rollout on the host: no sandbox user may change it."""
+    (host_folder / "bin").mkdir()
+    tool = host_folder / "bin" / "tool"
+    tool.write_text("#!/bin/sh\necho tool-ok\n")
+    tool.chmod(0o755)
+    sb = await make_sandbox()
+    if not sb.readonly_mounts:
+        with pytest.raises(SandboxError, match="cannot mount host folders"):
+            await sb.mount_readonly(host_folder, "/opt/lego/t")
+        return
+    await sb.mount_readonly(host_folder, "/opt/lego/t")
+    assert sb.mounts() == {"/opt/lego/t": str(host_folder)}
+    assert (await sb.exec(["/opt/lego/t/bin/tool"], user="agent")).stdout == "tool-ok\n"
+    for user in ("agent", "root"):
+        for attack in (
+            "echo evil > /opt/lego/t/bin/tool",
+            "touch /opt/lego/t/new",
+            "rm -f /opt/lego/t/bin/tool",
+            "mv /opt/lego/t/bin /opt/lego/t/bin2",
+            "chmod 777 /opt/lego/t/bin/tool",
+            "mount -o remount,rw /opt/lego/t",
+            "umount /opt/lego/t",
+        ):
+            res = await sb.exec(attack, user=user)
+            assert res.exit_code != 0, f"{attack!r} as {user} succeeded"
+    # Nothing reached the host, and the mount is still there in a later exec.
+    assert tool.read_text() == "#!/bin/sh\necho tool-ok\n" and sorted(os.listdir(host_folder)) == ["bin"]
+    assert (await sb.exec(["/opt/lego/t/bin/tool"], user="agent")).stdout == "tool-ok\n"
+    # Another mount at the same place replaces the first; bad input is refused, naming it.
+    other = host_folder / "bin"
+    await sb.mount_readonly(other, "/opt/lego/t")
+    assert (await sb.exec(["/opt/lego/t/tool"], user="agent")).stdout == "tool-ok\n"
+    with pytest.raises(SandboxError, match="mount target '/opt/../etc'"):
+        await sb.mount_readonly(host_folder, "/opt/../etc")
+    with pytest.raises(SandboxError, match="mount source .*nope .* is not a directory"):
+        await sb.mount_readonly(host_folder / "nope", "/opt/lego/u")

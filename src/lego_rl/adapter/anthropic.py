@@ -9,6 +9,10 @@ Quirks of the real client this must accept (Claude Code, measured in FIELD-NOTES
   block list and on later turns as a plain string: both render to the same system message.
 * ``thinking``, ``context_management`` and ``output_config`` are sent on every call; ``output_config.
   effort`` becomes the request's reasoning effort, the rest is kept as metadata only.
+* Side requests are labelled and kept off the main chain (``claude_code_side_label``): ``count_tokens``,
+  the quota probe (one user message ``quota``, ``max_tokens: 1``), tool-free structured helpers such as
+  the session title (a ``json_schema`` output format, no tools), and any request whose
+  ``x-claude-code-request-class`` header names a class other than ``main``.
 * A ``DeferredToolPlaceholder`` tool with ``defer_loading: true``: deferred tools are not loaded into
   the model's context, so they are not offered. Tools of unknown ``type`` (Anthropic's versioned
   server/client tools) are passed through to the model as plain function tools.
@@ -182,6 +186,48 @@ def parse_tools(raw: Any) -> list[ToolSpec]:
     return tools
 
 
+REQUEST_CLASS_HEADER = "x-claude-code-request-class"
+AUXILIARY_TYPE_HEADER = "x-claude-code-auxiliary-type"
+AGENT_TYPE_HEADER = "x-claude-code-agent-type"
+
+
+def _output_schema(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The JSON schema of a structured-output request (``output_config.format``, or the deprecated
+    ``output_format`` the SDK moves there), None for a free-text request."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    fmt = fmt if isinstance(fmt, dict) else body.get("output_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
+        return fmt["schema"]
+    return None
+
+
+def claude_code_side_label(body: Mapping[str, Any], headers: Mapping[str, str], tools: list[ToolSpec]
+                           ) -> str | None:
+    """The side label of a Claude Code request that is not a turn of the main agent, else None.
+
+    Claude Code 2.1 sends, besides its main turns: a quota probe (``[{"role": "user", "content":
+    "quota"}]`` with ``max_tokens: 1``), tool-free helpers that ask for structured output (the session
+    title: a ``json_schema`` with one ``title`` property; memory selection and others), and, where it
+    classifies its requests, an ``x-claude-code-request-class`` header (``main``, ``subagent``,
+    ``compaction``, ``auxiliary``, ``side_reply``...) refined by ``x-claude-code-auxiliary-type`` /
+    ``x-claude-code-agent-type``. Each becomes its own side chain so it never forks the main chain."""
+    request_class = headers.get(REQUEST_CLASS_HEADER, "").strip()
+    if request_class and request_class != "main":
+        if request_class == "subagent" and headers.get(AGENT_TYPE_HEADER):
+            return f"subagent:{headers[AGENT_TYPE_HEADER].strip()}"
+        return headers.get(AUXILIARY_TYPE_HEADER, "").strip() or request_class
+    messages = body.get("messages")
+    if body.get("max_tokens") == 1 and messages == [{"role": "user", "content": "quota"}] and not tools:
+        return "quota"
+    schema = _output_schema(body)
+    if schema is not None and not tools:
+        props = schema.get("properties")
+        names = sorted(props) if isinstance(props, dict) else []
+        return "title" if names == ["title"] else "structured:" + ",".join(names)
+    return None
+
+
 def _blocks(resp: CanonicalResponse) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if resp.reasoning:
@@ -212,11 +258,12 @@ class AnthropicDialect(Dialect):
         stops = stop_sequences(body.get("stop_sequences"), "stop_sequences", single_string=False)
         output_config = get_field(body, "output_config", dict, "") or {}
         thinking = get_field(body, "thinking", dict, "")
+        tools = parse_tools(body.get("tools"))
         return CanonicalRequest(
             protocol="anthropic",
             model=get_field(body, "model", str, "", required=not counting) or "",
             messages=messages,
-            tools=parse_tools(body.get("tools")),
+            tools=tools,
             max_tokens=positive_int(body, "max_tokens", required=not counting),
             temperature=get_field(body, "temperature", (int, float), ""),
             top_p=get_field(body, "top_p", (int, float), ""),
@@ -224,7 +271,7 @@ class AnthropicDialect(Dialect):
             stop=stops,
             stream=bool(get_field(body, "stream", bool, "")),
             reasoning_effort=get_field(output_config, "effort", str, "output_config"),
-            side_label="count_tokens" if counting else None,
+            side_label="count_tokens" if counting else claude_code_side_label(body, headers, tools),
             raw_metadata={k: v for k, v in (("thinking", thinking), ("tool_choice", body.get("tool_choice")))
                           if v is not None},
         )

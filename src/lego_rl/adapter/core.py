@@ -3,7 +3,8 @@
 Front ends call ``AdapterCore.run_turn(session, request)`` with a ``CanonicalRequest`` and render the
 returned ``CanonicalResponse`` in their protocol (JSON or SSE). One turn is:
 
-1. admit the request on the session (closed, failed or over-limit sessions are refused);
+1. wait for any turn still running on the same chain of the session, then admit the request
+   (closed, failed or over-limit sessions are refused);
 2. fold split assistant items into one message, restore parallel tool results to call order (by id),
    and merge template kwargs
    (operator defaults < client's ``template_kwargs``/``reasoning_effort`` < the session's per-sample kwargs);
@@ -22,16 +23,27 @@ returned ``CanonicalResponse`` in their protocol (JSON or SSE). One turn is:
 For prefix reuse to match, the echoed assistant turn must carry the tool-call ids this core issued
 (``CanonicalResponse.tool_calls[i].id``) and its visible text; arguments and reasoning may differ.
 The engine call is not streamed: front ends emit their SSE events from the finished response.
+
+Concurrent requests on one chain (the main chain, or one side label) of a session are serialised, not
+refused: a client that sends its next request before the previous answer arrived (a retry after a
+cut-off stream, a CLI firing two calls at once) gets each answered in arrival order, and the later one
+is planned against the chain as the earlier one left it, so both cannot claim the same place on the
+main chain. Different chains of a session (a title request beside the main turn) run concurrently.
+A request identical to one already answered on its chain (same history, tools and template kwargs) is
+still answered, and its record says which turn it repeats (``TurnRecord.repeat_of``).
 Errors are raised, never returned: ``ProtocolError`` (client's fault, 4xx) and ``ProviderError``
 (engine's fault, 5xx); the HTTP edge maps them into the protocol's error shape.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,11 +58,13 @@ from lego_rl.chat.parsers import (
     parse_turn,
     restore_tool_order,
 )
-from lego_rl.chat.prefix import PrefixBridge, PromptPlan
+from lego_rl.chat.prefix import ChainState, PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer, RenderError
 from lego_rl.errors import ProtocolError, ProviderError
 from lego_rl.serving.protocol import LOGPROB_TOLERANCE, GenerateResult, SamplingParams
 from lego_rl.trajectory.records import TurnRecord
+
+log = logging.getLogger(__name__)
 
 
 class GenerateBackend(Protocol):
@@ -106,6 +120,7 @@ class AdapterCore:
         tool_parser: ToolParserStyle = "auto",
         sampling: SamplingDefaults | None = None,
         model_name: str = "lego",
+        model_aliases: Sequence[str] = (),
         verify_bridges: bool = False,
     ) -> None:
         if max_context_tokens <= 0 or max_response_tokens <= 0:
@@ -121,6 +136,9 @@ class AdapterCore:
         self.tool_parser = tool_parser
         self.sampling = sampling or SamplingDefaults()
         self.model_name = model_name
+        self.known_models = frozenset({model_name, *model_aliases})
+        """Names a request may carry without a warning (``adapter.model_aliases`` plus the served name)."""
+        self._chain_locks: dict[tuple[str, str | None], _ChainLock] = {}
 
     def template_kwargs(self, session: Session | None, req: CanonicalRequest) -> dict[str, Any]:
         """Kwargs for this turn: operator defaults < client's < the session's per-sample kwargs."""
@@ -150,10 +168,47 @@ class AdapterCore:
         return ProtocolError(f"prompt is too long: at least {floor} tokens > {window} maximum (the context window; "
                              "the request's text alone is too large to render)", param="messages")
 
+    def refuse_if_failed(self, session: Session) -> None:
+        """Refuse a request on a session the engine already failed, as the outage it was.
+
+        503 (the protocols' overloaded / server error), not the session's own refusal (403): Claude Code
+        words a 403 as "Failed to authenticate", OpenCode's retries would end on it, and every CLI's
+        error then names an engine failure, which the harnesses classify as the adapter's, not the
+        policy's. The HTTP edge calls this before it starts a stream, so the status reaches the client
+        as an HTTP status (OpenCode reads an error inside a 200 stream as ``UnknownError``)."""
+        if session.state == "open" and session.infra_failure is not None:
+            raise ProviderError(
+                f"session {session.id!r} already failed ({session.infra_failure}); no further requests are "
+                "served", status_code=503,
+            )
+
     async def run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         """Run one model turn for ``session``; see the module docstring for the steps."""
+        async with self._serialised(session.id, req.side_label):
+            return await self._run_turn(session, req)
+
+    @asynccontextmanager
+    async def _serialised(self, session_id: str, label: str | None) -> AsyncIterator[None]:
+        """Hold the lock of one chain of one session; the entry is dropped when nobody holds or waits."""
+        key = (session_id, label)
+        entry = self._chain_locks.get(key)
+        if entry is None:
+            entry = self._chain_locks[key] = _ChainLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._chain_locks[key]
+
+    async def _run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         clock = _Clock()
+        # Checked again once the chain is ours: a request that waited behind the failing turn is refused.
+        self.refuse_if_failed(session)
         session.admit_request()
+        self._notice_model(session, req)
         messages = restore_tool_order(merge_assistant_runs(req.messages))
         if not messages:
             raise ProtocolError("the request has no messages", param="messages")
@@ -167,17 +222,34 @@ class AdapterCore:
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
         clock.render_s = clock.elapsed()
+        repeat_of = _repeated_turn(chain, plan)
+        if repeat_of is not None:
+            log.warning(
+                "adapter: session %s: request repeats turn %d on chain %s (the client sent it again, "
+                "e.g. a stream retry); answered and recorded with repeat_of=%d",
+                session.id, repeat_of, req.side_label or "main", repeat_of,
+            )
 
         window = min(self.max_context_tokens, session.max_context_tokens or self.max_context_tokens)
         remaining = window - len(plan.prompt_ids)
         cap = min(self.max_response_tokens, session.max_response_tokens or self.max_response_tokens)
         if req.max_tokens is not None:
+            if req.max_tokens > cap and "output_cap" not in session.notices:
+                # The client will word a cut at our cap with its own number ("exceeded the 128000 output
+                # token maximum" in Claude Code): say once which cap applies and how to tell the client.
+                session.notices.add("output_cap")
+                log.warning(
+                    "adapter: session %s: the client asked for up to %d output tokens, this adapter caps a "
+                    "reply at %d; a client that reports the limit itself names its own number (tell it the "
+                    "cap, e.g. CLAUDE_CODE_MAX_OUTPUT_TOKENS=%d for Claude Code)",
+                    session.id, req.max_tokens, cap, cap,
+                )
             cap = min(cap, req.max_tokens)
         if remaining <= 0 or cap <= 0:
             if remaining <= 0:
                 session.termination = "context_limit"
             return self._no_call(
-                session, req, plan, clock, "context_limit" if remaining <= 0 else "max_tokens"
+                session, req, plan, clock, "context_limit" if remaining <= 0 else "max_tokens", repeat_of
             )
 
         params = self._sampling_params(req, min(cap, remaining))
@@ -202,6 +274,7 @@ class AdapterCore:
 
         record = self._record(session, req, plan, clock, stop, result=result, versions=versions)
         record.parse_failures, record.tool_calls = parsed.parse_failures, len(parsed.tool_calls)
+        record.repeat_of = repeat_of
         session.records.append(record)
         # The chain node shares the record's id lists: long sessions keep one copy of each prompt.
         plan.prompt_ids = record.prompt_ids
@@ -227,6 +300,18 @@ class AdapterCore:
             prompt_tokens=len(plan.prompt_ids),
             completion_tokens=len(result.output_ids),
             parse_failures=parsed.parse_failures,
+        )
+
+    def _notice_model(self, session: Session, req: CanonicalRequest) -> None:
+        """Log, once per session, a model name that is neither the served model nor an alias: the served
+        model answers anyway, but a CLI configured for another model is usually a setup mistake."""
+        if not req.model or req.model in self.known_models or "model:" + req.model in session.notices:
+            return
+        session.notices.add("model:" + req.model)
+        log.warning(
+            "adapter: session %s: request names model %r, not the served model %r; the served model answers "
+            "it (add the name to adapter.model_aliases if it is expected)",
+            session.id, req.model, self.model_name,
         )
 
     async def _generate(
@@ -296,10 +381,18 @@ class AdapterCore:
             raise ProviderError(f"engine returned token id {wrong} outside the vocabulary (size {vocab})")
 
     def _no_call(
-        self, session: Session, req: CanonicalRequest, plan: PromptPlan, clock: _Clock, stop: StopKind
+        self,
+        session: Session,
+        req: CanonicalRequest,
+        plan: PromptPlan,
+        clock: _Clock,
+        stop: StopKind,
+        repeat_of: int | None,
     ) -> CanonicalResponse:
         """Answer without calling the engine: the context window (or the output cap) is used up."""
-        session.records.append(self._record(session, req, plan, clock, stop))
+        record = self._record(session, req, plan, clock, stop)
+        record.repeat_of = repeat_of
+        session.records.append(record)
         return CanonicalResponse(
             id=_response_id(req),
             model=req.model or self.model_name,
@@ -346,6 +439,27 @@ class AdapterCore:
             total_s=clock.elapsed(),
             text=self.renderer.decode(result.output_ids) if result is not None else "",
         )
+
+
+@dataclass
+class _ChainLock:
+    """The lock of one session chain and how many requests hold or wait for it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+def _repeated_turn(chain: ChainState, plan: PromptPlan) -> int | None:
+    """The latest answered turn of ``chain`` whose request was exactly this one (None when none was).
+
+    Compared by the bridge's own identities: the hash of the whole history, the tool schemas and the
+    template kwargs. Turns answered without an engine call are not in the chain and are not matched."""
+    n_messages = len(plan.history_hashes) - 1
+    for node in reversed(chain.nodes):
+        if (node.n_messages == n_messages and node.history_hash == plan.history_hashes[-1]
+                and node.tools_key == plan.tools_key and node.kwargs_key == plan.kwargs_key):
+            return node.turn
+    return None
 
 
 @dataclass

@@ -157,6 +157,7 @@ class AdapterServer:
             if route.operation == "count_tokens":
                 count = await asyncio.to_thread(self.core.count_tokens, session, req)
                 return web.json_response(dialect.count_tokens_body(count))
+            self.core.refuse_if_failed(session)  # before a stream starts: the client gets the HTTP status
             if req.stream:
                 return await self.stream(request, dialect, session, req)
             resp = await self.core.run_turn(session, req)

@@ -57,6 +57,8 @@ class Session:
     """Last limit the session ran into, for the rollout's termination taxonomy."""
     chains: dict[str, ChainState] = field(default_factory=dict)
     """Bridging state per chain: ``"main"`` and one per side label, so side calls never touch main."""
+    notices: set[str] = field(default_factory=set)
+    """Warnings already logged for this session (the core logs each kind once per session)."""
 
     def chain(self, label: str | None) -> ChainState:
         """The bridging chain for ``label`` (None = main chain), created on first use."""

@@ -9,6 +9,9 @@ are understood, both inside ``<tool_call> ... </tool_call>``:
 
 Several calls per turn are allowed. A call that cannot be parsed is never a crash: its text is handed
 back to the client as plain text and counted in ``parse_failures``, which the turn record keeps.
+Calls are parsed only when the request offered tools: a request without tools (OpenCode's title
+request, Claude Code's quota probe) gets any ``<tool_call>`` text back as text, since a client that
+offered nothing has no tool to run and may not even accept a call in its reply.
 """
 
 from __future__ import annotations
@@ -131,10 +134,16 @@ def parse_turn(
     style: ToolParserStyle = "auto",
     new_id: Callable[[], str] = new_call_id,
 ) -> ParsedTurn:
-    """Parse decoded sampled text (end-of-message token already removed) into a ``ParsedTurn``."""
+    """Parse decoded sampled text (end-of-message token already removed) into a ``ParsedTurn``.
+
+    With no ``tools`` the body is all text: nothing was offered, so nothing can be called.
+    """
     reasoning, body = split_reasoning(text)
-    by_name = {model_tool_name(t): t for t in tools}
     out = ParsedTurn(reasoning=reasoning)
+    if not tools:
+        out.text = body.strip()
+        return out
+    by_name = {model_tool_name(t): t for t in tools}
     pieces: list[str] = []
     pos = 0
     while True:

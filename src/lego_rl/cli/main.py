@@ -43,6 +43,7 @@ def _register() -> None:
         adapter_cmd,
         config_cmd,
         harness_cmd,
+        monitor_cmd,
         rollout_cmd,
         sandbox_cmd,
         serving_cmd,
@@ -51,7 +52,7 @@ def _register() -> None:
     )
 
     for module in (config_cmd, rollout_cmd, train_cmd, tasks_cmd, harness_cmd, serving_cmd, adapter_cmd,
-                   sandbox_cmd):
+                   sandbox_cmd, monitor_cmd):
         module.register(app)
 
 

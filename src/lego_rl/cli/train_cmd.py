@@ -20,6 +20,7 @@ from lego_rl.errors import ConfigError, LegoError, TaskDataError
 
 if TYPE_CHECKING:
     from lego_rl.orchestrate.loop import LoopProgress
+    from lego_rl.orchestrate.sft import SftProgress, SftSession, SftSummary
     from lego_rl.orchestrate.train_session import TrainSession, TrainSummary
 
 EXIT_STOPPED = 130
@@ -57,10 +58,22 @@ def progress_line(p: LoopProgress) -> Text:
     )
 
 
-async def _drive(session: TrainSession, *, live: Live | None) -> TrainSummary:
+def sft_progress_line(p: SftProgress) -> Text:
+    return Text(f"SFT step {min(p.step + 1, p.total_steps)}/{p.total_steps}  {p.phase:<8}  loss {_num(p.last_loss)}")
+
+
+def _status(session: TrainSession | SftSession) -> Text | None:
+    from lego_rl.orchestrate.sft import SftSession
+
+    if isinstance(session, SftSession):
+        return sft_progress_line(session.runner.progress) if session.runner is not None else None
+    return progress_line(session.loop.progress) if session.loop is not None else None
+
+
+async def _drive(session: TrainSession | SftSession, *, live: Live | None) -> TrainSummary | SftSummary:
     """Run the session; the first Ctrl-C/SIGTERM stops cleanly, a second one cancels at once."""
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(session.run())
+    task: asyncio.Future[TrainSummary | SftSummary] = asyncio.ensure_future(session.run())
     signals = 0
 
     def on_signal(signum: int) -> None:
@@ -79,8 +92,9 @@ async def _drive(session: TrainSession, *, live: Live | None) -> TrainSummary:
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=0.5)
-            if live is not None and session.loop is not None:
-                live.update(progress_line(session.loop.progress))
+            line = _status(session) if live is not None else None
+            if live is not None and line is not None:
+                live.update(line)
         return task.result()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -103,6 +117,9 @@ def train(
     vllm_url: Annotated[list[str] | None, typer.Option("--vllm-url", help="Sample from these running vLLM "
                                                        "servers instead of starting the embedded engine "
                                                        "(repeatable).")] = None,
+    sft: Annotated[Path | None, typer.Option("--sft", help="Supervised fine-tuning on these demonstrations "
+                                             "(Samples as JSON lines) instead of GRPO; sets train.sft_data. "
+                                             "--steps then counts SFT steps (train.sft_steps).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Train the policy with GRPO: roll out, score, update, sync the engines, repeat.
@@ -117,6 +134,8 @@ def train(
 
     lego train -c lego.toml --run-root runs/exp1 --resume  (continue after a stop)
 
+    lego train -c lego.toml --sft demos.jsonl --steps 30 --run-root runs/sft1  (supervised warm start; then --set model.checkpoint=runs/sft1/checkpoints/step-000029)
+
     The config is validated first (as `lego validate` does); a failing check starts nothing.
     """  # noqa: E501 (one line per paragraph: rich wraps help text itself)
     typed: dict[str, tuple[Any, str]] = {}
@@ -124,8 +143,10 @@ def train(
         typed["rollout.prompt_data"] = (str(data), "--data")
     if environment is not None:
         typed["train.environment"] = (environment, "--env")
+    if sft is not None:
+        typed["train.sft_data"] = (str(sft), "--sft")
     if steps is not None:
-        typed["train.num_rollout"] = (steps, "--steps")
+        typed["train.sft_steps" if sft is not None else "train.num_rollout"] = (steps, "--steps")
     if run_root is not None:
         typed["paths.run_root"] = (str(run_root), "--run-root")
     if resume:
@@ -144,13 +165,20 @@ def train(
                 fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
             err.print("nothing was started; run `lego validate` for the full picture", markup=False)
             raise typer.Exit(EXIT_USAGE)
-        from lego_rl.orchestrate.train_session import TrainSession
+        session: TrainSession | SftSession
+        if r.config.train.sft_data:
+            from lego_rl.orchestrate.sft import SftSession
 
-        session = TrainSession(r)
+            session = SftSession(r)
+        else:
+            from lego_rl.orchestrate.train_session import TrainSession
+
+            session = TrainSession(r)
     except (ConfigError, TaskDataError) as exc:
         fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
     from lego_rl.orchestrate.loop import TrainingError
+    from lego_rl.orchestrate.train_session import TrainSummary
     from lego_rl.serving.errors import EngineFailed, EngineUnavailable
 
     try:
@@ -175,6 +203,10 @@ def train(
         raise typer.Exit(EXIT_INFRA) from None
     if as_json:
         out.print_json(json.dumps(summary.as_dict()))
+    elif not isinstance(summary, TrainSummary):  # SFT
+        out.print(f"SFT {summary.status}: {summary.steps_done}/{summary.sft_steps} steps, loss "
+                  f"{_num(summary.first_loss)} -> {_num(summary.last_loss)}. Checkpoint (model.checkpoint of the "
+                  f"GRPO run): {summary.checkpoint}", markup=False, highlight=False)
     else:
         out.print(f"{summary.status}: {summary.steps_done}/{summary.num_rollout} steps, reward "
                   f"{_num(summary.last_reward_mean)}, weight version {summary.weight_version}. "

@@ -11,6 +11,7 @@ refused) comes in as a ``HarnessInventory`` built by the caller (``lego_rl.orche
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -117,6 +118,17 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
             f"the torch backend has no model parallelism (TP={tr.tensor_parallel}, PP={tr.pipeline_parallel})",
             "set train.backend = \"megatron\" or TP = PP = 1", "train.backend",
         )
+    if tr.backend == "megatron" and tr.pipeline_parallel > 1:
+        yield error(
+            "parallelism_pipeline",
+            f"the Megatron backend runs pipeline size 1 only (train.pipeline_parallel = {tr.pipeline_parallel})",
+            "set train.pipeline_parallel = 1 and split the model with train.tensor_parallel", "train.pipeline_parallel",
+        )
+    if tr.backend == "megatron" and importlib.util.find_spec("megatron") is None:
+        yield error(
+            "backend_missing", "train.backend = \"megatron\" but megatron-core is not installed here",
+            "pip install 'lego-rl[megatron]' (the megatron extra)", "train.backend",
+        )
 
 
 @check
@@ -176,6 +188,18 @@ def score_centering(r: ResolvedConfig) -> Iterator[Finding]:
             "score_centering",
             "train.use_score_centering needs each token's nucleus probabilities, but rollout.capture_nucleus is off",
             "set rollout.capture_nucleus = true", "train.use_score_centering", "rollout.capture_nucleus",
+        )
+    if r.config.rollout.capture_nucleus and r.config.serving.backend == "vllm":
+        # return_sampling_mask is lego's extension (serving.server); vLLM ignores it and the reply has no
+        # nucleus, so every generate request would fail validation at the first rollout.
+        yield error(
+            "nucleus_unavailable",
+            "rollout.capture_nucleus needs the engine to return each token's nucleus, which only lego's embedded "
+            "engine does (serving.backend = \"vllm\" replies without it)"
+            + ("; train.use_score_centering depends on it" if r.config.train.use_score_centering else ""),
+            "set serving.backend = \"embedded\", or rollout.capture_nucleus = false and "
+            "train.use_score_centering = false",
+            "rollout.capture_nucleus", "serving.backend", "train.use_score_centering",
         )
 
 

@@ -77,6 +77,9 @@ class AdapterConfig(Section):
     """Port the adapter listens on."""
     public_host: str = "auto"
     """Address advertised to sandboxes; `auto` = this node's routable IP (set it when that is not reachable)."""
+    model_aliases: list[str] = Field(default_factory=list)
+    """Model names clients may send besides `model.served_name` without a warning (the served model answers
+    every request whatever name it carries; any other name is logged once per session, naming this key)."""
     max_requests_per_session: int = Field(default=500, ge=1)
     """Requests one session may make before it is refused (stops CLIs that loop)."""
     max_body_mb: float = Field(default=32.0, gt=0)
@@ -169,7 +172,20 @@ class RolloutConfig(Section):
     use_rollout_routing_replay: bool = False
     """R3: record MoE expert routes at rollout and replay them in training (MoE models only)."""
     max_staleness: int = Field(default=1, ge=0)
-    """Weight versions a rollout may lag behind the trainer when it is admitted."""
+    """Policies (trained steps) a rollout may lag behind the step that trains it: a rollout started while the
+    engines served step p's policy is trained at step s only if s - p <= max_staleness. 0 = synchronous (no
+    rollout runs while the trainer trains); 1 (default) overlaps each step's rollouts with the previous
+    step's training. Work past the bound is not started, or cancelled (see partial_rollouts)."""
+    sync_in_flight: Literal["wait", "keep"] = "wait"
+    """What a weight sync does to generation requests in flight: wait = they finish on the old weights before
+    the swap (the sync waits for the longest one, bounded by max_response_tokens); keep = they are frozen and
+    continue on the new weights (a turn may then span two versions, each token tagged with its own)."""
+    partial_rollouts: Literal["off", "keep", "drop"] = "off"
+    """Rollouts in flight across a weight update. off: a rollout is as old as the policy it started on, and
+    one past rollout.max_staleness is cancelled. keep / drop: it is never cancelled for its age; it runs on
+    (its later turns sample from the new weights) and is trained with each token's own weight version: keep
+    trains its tokens older than max_staleness too, each corrected by its own sampling log-prob
+    (train.is_correction), drop masks them out of the loss (its reward still counts in its group)."""
     concurrency: int = Field(default=8, ge=1)
     """Rollouts in flight at once during a training step (sandboxes and CLIs for coding tasks, engine
     requests for an environment); the engine batches what arrives."""
@@ -187,11 +203,11 @@ class TrainConfig(Section):
     micro_batch_tokens: int = Field(default=16384, ge=1)
     """Token budget of one micro-batch."""
     tensor_parallel: int = Field(default=1, ge=1)
-    """Megatron tensor-parallel size."""
+    """Megatron tensor-parallel size (train.backend = "megatron"; must divide the model's KV heads and FFN)."""
     pipeline_parallel: int = Field(default=1, ge=1)
-    """Megatron pipeline-parallel size."""
+    """Megatron pipeline-parallel size; the Megatron backend runs 1 only (validate refuses more)."""
     data_parallel: int | None = Field(default=None, ge=1)
-    """Data-parallel size (default trainer GPUs / (TP × PP))."""
+    """Data-parallel size (default trainer GPUs / (TP × PP)); TP × PP × DP = trainer processes."""
     lr: float = Field(default=1e-6, gt=0)
     """Learning rate."""
     warmup_steps: int = Field(default=0, ge=0)
@@ -249,6 +265,14 @@ class TrainConfig(Section):
     up to rollout.batch_size extra prompts per step; off = such groups stay in with zero advantage."""
     seed: int = 0
     """Seed of the prompt order (reshuffled every epoch over the dataset)."""
+    sft_data: str | None = None
+    """Demonstrations for supervised fine-tuning (Samples as JSON lines, e.g. rollouts' samples.jsonl; see
+    docs/training.md). When set, `lego train` runs SFT on them (cross-entropy on the loss-masked tokens) with
+    the same trainer backend instead of GRPO; its checkpoints are model directories a later run can start from."""
+    sft_steps: int = Field(default=20, ge=1)
+    """SFT optimizer steps (the demonstrations repeat in a reshuffled order every epoch)."""
+    sft_batch_size: int = Field(default=4, ge=1)
+    """Demonstrations (whole rollouts, every segment) per SFT optimizer step."""
 
 
 class ClusterConfig(Section):

@@ -21,11 +21,6 @@ UNWIRED: dict[str, str] = {
     "sandbox.rootfs": "the rollout passes a default root filesystem to bwrap (today an image without an "
                       "images.json entry is refused)",
     "grader.max_output_kb": "the grader cuts its saved output (today it keeps all of it)",
-    "rollout.max_staleness": "the asynchronous scheduler admits rollouts by weight version",
-    "train.tensor_parallel": "the Megatron backend (not written yet) reads it",
-    "train.pipeline_parallel": "the Megatron backend (not written yet) reads it",
-    "train.data_parallel": "FSDP2 / Megatron data parallelism (not written yet) reads it",
-    "train.use_score_centering": "the loss has it, but micro-batches do not carry the captured nucleus yet",
     "cluster.trainer_nodes": RAY,
     "cluster.gpus_per_node": RAY,
     "cluster.train_head": RAY,
@@ -35,7 +30,5 @@ UNWIRED: dict[str, str] = {
     "cluster.gloo_socket_ifname": RAY,
     "cluster.start_ray": RAY,
     "cluster.ray_address": RAY,
-    "monitor.refresh_s": "the run monitor (not written yet) reads it",
-    "monitor.kl_warn": "the run monitor (not written yet) reads it",
 }
 """``section.key`` → what will read it (completes "it has no effect until ...")."""

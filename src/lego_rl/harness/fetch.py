@@ -6,6 +6,8 @@
   every tarball against its registry integrity) and pack the resulting ``node_modules`` tree.
 * A PyPI pin ``with_dependencies``: ``pip install --target`` with the sandbox's Python version
   (pip checks each download against the index's sha256) and pack the site-packages tree.
+* A runtime pin (``python``): the interpreter named by ``--python`` runs ``pyruntime_build.py``, which
+  copies itself, its standard library, its loader and C libraries into a tree that is packed.
 
 Files are written to a temporary name and renamed into place, and the lockfile is updated after
 each artifact, so an interrupted fetch never leaves a file that looks complete. An artifact already
@@ -216,11 +218,41 @@ async def _fetch_pypi_tree(folder: Path, pin: ToolchainPin, python: str | None) 
     )  # fmt: skip
 
 
+async def _fetch_runtime(folder: Path, pin: ToolchainPin, python: str | None) -> LockEntry:
+    if pin.name != "python":
+        raise HarnessError(f"{pin.key}: the only runtime lego builds is 'python'")
+    interp = python or _find_python(pin.version)
+    if interp is None:
+        raise HarnessError(
+            f"{pin.key} is built by a Python {pin.version} interpreter: none on the host; pass --python "
+            "(in a lego-rl checkout, scripts/trixie_python.sh runs the trixie rootfs's python3.13)"
+        )
+    (folder / "runtime").mkdir(parents=True, exist_ok=True)
+    if os.sep in interp:
+        interp = os.path.abspath(interp)  # the builder runs in a scratch folder
+    rel = f"runtime/python-{pin.version}.tgz"
+    builder = Path(__file__).with_name("pyruntime_build.py")
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".runtime-") as scratch:
+        out = Path(scratch) / "python"
+        await _run([interp, str(builder), str(out)], Path(scratch), f"building {pin.key}")
+        made = (Path(scratch) / "python" / "RUNTIME").read_text().split()
+        if made[0] != f"python{pin.version}":
+            raise HarnessError(f"{pin.key}: --python {interp} is {made[0]}, not python{pin.version}")
+        _pack_tree(Path(scratch) / "python", folder / rel, "python")
+    return LockEntry(
+        kind="runtime", name=pin.name, version=pin.version, file=rel,
+        integrity=sha512_integrity(folder / rel), size=(folder / rel).stat().st_size, fetched_at=now_iso(),
+        source=f"pyruntime_build.py run by {interp} (Python {made[1]}, {made[3]})",
+    )  # fmt: skip
+
+
 async def _fetch_one(
     session: aiohttp.ClientSession, folder: Path, pin: ToolchainPin, python: str | None
 ) -> LockEntry:
     if pin.kind == "npm":
         return await (_fetch_npm_tree if pin.with_dependencies else _fetch_npm)(session, folder, pin)
+    if pin.kind == "runtime":
+        return await _fetch_runtime(folder, pin, python)
     if pin.with_dependencies:
         return await _fetch_pypi_tree(folder, pin, python)
     raise HarnessError(f"{pin.key}: a PyPI pin must set with_dependencies (a site tree is installed)")

@@ -108,8 +108,9 @@ def lego_harness_install(
     :returns: an awaitable giving the absolute path of the installed executable in the sandbox.
 
     Use in harness plugins:
-        Use ``lego_rl.harness.install.install_archive``: it checks the hash, uploads, extracts and
-        verifies. Never reach the network from the sandbox. Raise ``HarnessError`` on failure.
+        Use ``lego_rl.harness.install.install_archive``: it checks the hash, then mounts the host's
+        shared read-only tree or uploads and extracts. Never write into an installed tree (it may be
+        read-only); never reach the network from the sandbox. Raise ``HarnessError`` on failure.
     """
 
 

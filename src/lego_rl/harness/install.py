@@ -1,9 +1,18 @@
-"""Offline install helpers shared by harness plugins: upload an archive, check, extract, verify.
+"""Offline install helpers shared by harness plugins: a pinned archive made available in a sandbox.
 
-Everything goes through the ``Sandbox`` contract (``exec`` / ``write_file``), so it works the same on
-bwrap, sunabako and e2b. Installs run as root into ``/opt/lego/...`` and are made world-readable so
-the agent user can run them. A marker file records the installed archive's hash: installing the same
-archive twice (a reused snapshot) is a no-op, and a different archive replaces the old tree.
+Two ways, one result (the archive's tree at ``dest``, world-readable, with a marker file holding the
+archive's hash):
+
+* **shared** (a sandbox with ``readonly_mounts``, i.e. bwrap): the archive is extracted once per host
+  into ``$LEGO_TOOLCHAIN_TREES/<hash>-s<strip>/`` (default /var/cache/lego-rl/toolchain-trees) and
+  mounted read-only at ``dest``. A rollout then pays one ``mkdir`` instead of uploading and untarring
+  186 MB, and the agent (root included) cannot change the CLI it runs. Each tree records a digest of
+  its files, checked once per process before first use, so a damaged or edited tree is refused.
+* **copy** (every other provider: sunabako 0.1.2 takes mounts only at create, e2b runs elsewhere): the
+  archive is uploaded, size-checked, extracted next to ``dest`` and moved into place, as root.
+
+Installing the same archive twice (a reused snapshot) is a no-op; a different archive replaces the
+old tree.
 """
 
 from __future__ import annotations
@@ -11,13 +20,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import hashlib
 import lzma
 import os
 import posixpath
 import secrets
 import shlex
 import shutil
+import stat
+import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from lego_rl.errors import HarnessError
@@ -26,6 +39,9 @@ from lego_rl.sandbox.base import ExecResult, Sandbox
 
 INSTALL_ROOT = "/opt/lego"
 MARKER = ".lego-installed"
+TREE_DIGEST = ".lego-tree-sha256"
+"""In a shared tree: the digest of every other entry (``tree_digest``), written when it was extracted."""
+DEFAULT_TREES = "/var/cache/lego-rl/toolchain-trees"
 _INSTALL_TIMEOUT_S = 600.0
 
 
@@ -90,6 +106,105 @@ def _plain_tar(archive: Path, integrity: str) -> Path:
     return target
 
 
+def trees_dir() -> Path:
+    """``$LEGO_TOOLCHAIN_TREES`` or /var/cache/lego-rl/toolchain-trees: where shared trees are extracted."""
+    return Path(os.environ.get("LEGO_TOOLCHAIN_TREES") or DEFAULT_TREES)
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over every entry below ``root`` (path, type, mode bits, content or link target), sorted.
+
+    The digest file itself is left out. Owners are not hashed: extraction makes everything root's.
+    """
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in sorted(dirnames + filenames):
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            if rel == TREE_DIGEST:
+                continue
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            digest.update(f"{rel}\0{stat.S_IFMT(st.st_mode)}\0{stat.S_IMODE(st.st_mode):o}\0".encode())
+            if stat.S_ISLNK(st.st_mode):
+                digest.update(os.readlink(path).encode())
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as fh:
+                    while chunk := fh.read(1 << 20):
+                        digest.update(chunk)
+            digest.update(b"\n")
+    return digest.hexdigest()
+
+
+# Trees whose digest this process has checked, keyed by path and the digest file's mtime.
+_verified_trees: dict[tuple[str, int], bool] = {}
+_tree_lock = threading.Lock()
+
+
+def shared_tree(archive: Path, integrity: str, strip_components: int) -> Path:
+    """The host tree of ``archive`` (already hash-checked), extracted once per host; checked once per process.
+
+    Extraction goes to a hidden temporary folder and is renamed into place, so concurrent processes
+    never see a half tree (the loser of a race drops its copy). Everything is root's, world-readable,
+    and writable by nobody else.
+    """
+    root = trees_dir()
+    tree = root / f"{integrity_hex(integrity)[:40]}-s{strip_components}"
+    with _tree_lock:  # one extraction per process at a time; other processes are handled by the rename
+        if not tree.is_dir():
+            _extract_tree(archive, integrity, root, tree, strip_components)
+        stamp = tree / TREE_DIGEST
+        try:
+            key = (str(tree), stamp.stat().st_mtime_ns)
+            recorded = stamp.read_text().strip()
+        except OSError:
+            raise HarnessError(
+                f"shared toolchain tree {tree} has no {TREE_DIGEST}: delete the folder to have it extracted again"
+            ) from None
+        if key not in _verified_trees:
+            actual = tree_digest(tree)
+            if actual != recorded:
+                raise HarnessError(
+                    f"shared toolchain tree {tree} was changed after extraction (digest {actual[:16]}..., "
+                    f"recorded {recorded[:16]}...): delete it to extract again"
+                )
+            _verified_trees[key] = True
+    return tree
+
+
+def _extract_tree(archive: Path, integrity: str, root: Path, tree: Path, strip_components: int) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HarnessError(f"cannot create the shared toolchain folder {root} ({exc.strerror}); "
+                           "set LEGO_TOOLCHAIN_TREES to a writable, world-traversable folder") from None
+    os.chmod(root, 0o755)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{tree.name}."))
+    try:
+        res = subprocess.run(
+            ["tar", _tar_flags(archive.name), str(archive), "-C", str(tmp),
+             f"--strip-components={strip_components}", "--no-same-owner", "--no-same-permissions"],
+            capture_output=True, text=True, timeout=_INSTALL_TIMEOUT_S,
+        )  # fmt: skip
+        if res.returncode != 0:
+            raise HarnessError(f"extracting {archive.name} into {root} failed: {res.stderr.strip()[-600:]}")
+        # Readable and traversable by all, writable by root alone (tar kept the archive's x bits).
+        subprocess.run(["chmod", "-R", "u+rwX,go+rX,go-w", str(tmp)], check=True, capture_output=True)
+        (tmp / MARKER).write_text(integrity_hex(integrity) + "\n")
+        (tmp / TREE_DIGEST).write_text(tree_digest(tmp) + "\n")
+        os.chmod(tmp, 0o755)
+        try:
+            os.rename(tmp, tree)
+        except OSError:
+            if not tree.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process extracted it first
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 async def install_archive(
     sb: Sandbox,
     archive: Path,
@@ -98,23 +213,37 @@ async def install_archive(
     integrity: str,
     strip_components: int = 1,
     timeout: float = _INSTALL_TIMEOUT_S,
+    share: bool = True,
 ) -> bool:
-    """Install ``archive`` (a host file already checked by ``Toolchain.resolve``) at ``dest``.
+    """Make ``archive`` (a host file already checked by ``Toolchain.resolve``) available at ``dest``.
 
-    The archive's sha512 must equal ``integrity`` (the pin) on the host; inside the sandbox the upload's size is
-    checked (a truncated copy is caught before extraction), the tree is extracted next to ``dest`` and
-    moved into place, made world-readable, and marked with the archive's hash. Returns False when
-    ``dest`` already holds this exact archive.
+    The archive's sha512 must equal ``integrity`` (the pin) on the host. With ``share`` and a sandbox
+    that has ``readonly_mounts``, the host tree (``shared_tree``) is mounted read-only at ``dest``;
+    otherwise the archive is copied in (module docstring). Returns False when ``dest`` already holds
+    this exact archive.
     """
     if not posixpath.isabs(dest) or ".." in dest.split("/"):
         raise HarnessError(f"install destination must be an absolute path without '..', got {dest!r}")
     _tar_flags(archive.name)  # refuse an unknown format before any work
-    want = integrity_hex(integrity)
     actual = await asyncio.to_thread(cached_integrity, archive)  # memoised: hashed once per file version
     if actual != integrity:
         raise HarnessError(
             f"refusing {archive}: its sha512 {actual[:24]}... does not match {integrity[:24]}..."
         )
+    if share and sb.readonly_mounts:
+        tree = await asyncio.to_thread(shared_tree, archive, integrity, strip_components)
+        if sb.mounts().get(posixpath.normpath(dest)) == str(tree.resolve()):
+            return False
+        await sb.mount_readonly(tree, dest)
+        return True
+    return await _copy_archive(sb, archive, dest, integrity, strip_components, timeout)
+
+
+async def _copy_archive(
+    sb: Sandbox, archive: Path, dest: str, integrity: str, strip_components: int, timeout: float
+) -> bool:
+    """The copy path: upload, size check, extract next to ``dest``, move into place, mark."""
+    want = integrity_hex(integrity)
     q = shlex.quote(dest)
     probe = await sb.exec(["sh", "-c", f"cat {q}/{MARKER} 2>/dev/null"], user="root", timeout=30)
     if probe.exit_code == 0 and probe.stdout.strip() == want:

@@ -41,13 +41,15 @@ class Harness(BaseModel):
 
 
 class ToolchainPin(BaseModel):
-    """One host-side artifact a harness installs from: an npm tarball or a PyPI wheel set."""
+    """One host-side artifact a harness installs from: an npm tarball, a PyPI wheel set, or a runtime."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     role: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
     """Why the harness needs it (``node``, ``cli``, ``native``, ``plugin``, ``wheels``)."""
-    kind: Literal["npm", "pypi"]
+    kind: Literal["npm", "pypi", "runtime"]
+    """``runtime``: an interpreter tree built on the host (name ``python``, version the minor version,
+    ``with_dependencies``), mounted so a harness runs on any image (``harness.pyruntime_build``)."""
     name: str
     """Registry package name; for ``pypi`` the top-level requirement."""
     version: str

@@ -9,6 +9,7 @@ Layout of ``$LEGO_TOOLCHAIN_DIR`` (default ``./.lego/toolchain``)::
     npm/<name>-<version>.tgz   registry tarballs, byte for byte
     npm/<name>-<version>-tree.tgz   a package plus its dependency tree (``node_modules``)
     pypi/<name>-<version>-py<X.Y>-site.tgz   a site-packages tree for the sandbox's Python
+    runtime/python-<X.Y>.tgz   a relocatable Python with its own loader and libraries (any image)
 
 ``lego toolchain fetch`` (``lego_rl.harness.fetch``) fills it; ``Toolchain.resolve`` reads it.
 """
@@ -66,7 +67,7 @@ class LockEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["npm", "pypi"]
+    kind: Literal["npm", "pypi", "runtime"]
     name: str
     version: str
     file: str

@@ -54,6 +54,10 @@ class Completion:
     finish_reason: FinishReason
     text: str
     """The visible answer (decoded output without its end-of-message token)."""
+    nucleus_ids: list[list[int]] | None = None
+    """Per output token, the ids of the nucleus it was sampled from (``rollout.capture_nucleus``)."""
+    nucleus_probs: list[list[float]] | None = None
+    """The sampler's probabilities of those ids."""
 
 
 @dataclass
@@ -77,13 +81,15 @@ class Sampler:
     """
 
     def __init__(self, client: ServingClient, renderer: ChatRenderer, *, temperature: float, top_p: float,
-                 top_k: int, max_tokens: int) -> None:
+                 top_k: int, max_tokens: int, capture_nucleus: bool = False) -> None:
         self.client = client
         self.renderer = renderer
         self.temperature = temperature
         self.top_p = top_p
         self.top_k = top_k
         self.max_tokens = max_tokens
+        self.capture_nucleus = capture_nucleus
+        """Ask the engine for each token's nucleus (score centering replays it in the trainer)."""
 
     async def chat(self, messages: Sequence[Message], *, max_tokens: int | None = None,
                    session_id: str | None = None) -> Completion:
@@ -98,12 +104,15 @@ class Sampler:
             max_tokens=max_tokens or self.max_tokens, temperature=self.temperature, top_p=self.top_p,
             top_k=self.top_k, stop_token_ids=sorted(self.renderer.eos_ids),
         )
-        res = await self.client.generate(prompt_ids, params, session_id=session_id)
+        res = await self.client.generate(prompt_ids, params, session_id=session_id,
+                                         return_nucleus=self.capture_nucleus)
         versions = [res.version_of(i) for i in range(len(res.output_ids))]
         return Completion(
             prompt_ids=list(prompt_ids), output_ids=list(res.output_ids), logprobs=list(res.logprobs),
             weight_versions=[-1 if v is None else v for v in versions], finish_reason=res.finish_reason,
             text=self.renderer.decode(self.renderer.strip_end_of_message(res.output_ids)),
+            nucleus_ids=None if res.nucleus is None else [e.ids for e in res.nucleus],
+            nucleus_probs=None if res.nucleus is None else [e.probs for e in res.nucleus],
         )
 
 
@@ -137,6 +146,8 @@ def completion_sample(c: Completion, *, rollout_id: str, group_index: int, index
         rollout_logprobs=[0.0] * n_prompt + c.logprobs,
         weight_versions=[-1] * n_prompt + c.weight_versions, reward=reward, termination=termination,
         text=c.text,
+        nucleus_ids=None if c.nucleus_ids is None else [[] for _ in c.prompt_ids] + c.nucleus_ids,
+        nucleus_probs=None if c.nucleus_probs is None else [[] for _ in c.prompt_ids] + c.nucleus_probs,
     )
 
 

@@ -1,33 +1,36 @@
-"""The synchronous training loop: rollouts → admission → GRPO advantages → packing → train → sync.
+"""The training loop: rollouts → admission → GRPO advantages → packing → train → sync, steps overlapped.
 
-One step (``TrainLoop.run_step``):
+The rollouts come from a ``RolloutScheduler`` (``orchestrate.scheduler``): ``rollout.concurrency`` slots
+kept busy while the trainer works, the groups of a step started at most ``rollout.max_staleness`` policies
+before the step trains them (0: the synchronous loop, through the same code). One step (``run``):
 
-1. draw ``rollout.batch_size`` prompts from the data cursor (a seeded shuffle, reshuffled per epoch);
-2. run ``rollout.samples_per_prompt`` rollouts of each through the ``RolloutFn``, at most
-   ``rollout.concurrency`` in flight. A rollout that fails for a reason admission would exclude (an
-   infrastructure failure) is *refilled*: a new rollout for the same prompt and slot, up to
-   ``train.max_refills`` times, so one sandbox hiccup does not shrink the group;
-3. with ``train.oversample_zero_variance``, a group whose admitted rewards are all equal is dropped and a
-   fresh prompt drawn in its place (at most ``batch_size`` extra prompts per step);
-4. ``admit`` (``train.infra_failure_policy``), ``grpo_advantages`` over distinct rollouts per group;
-5. when some advantage is non-zero: ``plan_steps`` into optimizer steps of ``train.global_batch_size``
+1. take ``rollout.batch_size`` complete groups of ``rollout.samples_per_prompt`` rollouts from the
+   scheduler (waiting for them if they are not ready). Infrastructure failures were refilled per sample
+   slot (``train.max_refills``); with ``train.oversample_zero_variance`` uniform-reward groups were
+   replaced by fresh prompts (at most ``batch_size`` per step); groups too old for this step were cancelled;
+2. ``admit`` (``train.infra_failure_policy``), ``grpo_advantages`` over distinct rollouts per group;
+3. when some advantage is non-zero: ``plan_steps`` into optimizer steps of ``train.global_batch_size``
    rollouts and micro-batches of ``train.micro_batch_tokens`` tokens; old logprobs for *all* of them
-   are computed before the first update (the PPO ratio's base is the policy that sampled the step), then
-   ``backend.train_step`` per optimizer step. When every advantage is zero nothing is trained: the
-   parameters (and the weight version) stay exactly as they were;
-6. weight sync (the ``WeightSyncFn`` hook) when the weights changed;
-7. a ``StepMetrics`` row and ``step_finished`` event; a checkpoint every ``train.checkpoint_every``
+   are computed before the first update (the PPO ratio's base is the trainer's policy at the start of the
+   step; the rollout's own per-token logprobs, whatever version sampled each token, are the behaviour
+   policy of the TIS/MIS correction), then ``backend.train_step`` per optimizer step. When every advantage
+   is zero nothing is trained: the parameters (and the weight version) stay exactly as they were;
+4. weight sync (the ``WeightSyncFn`` hook) when the weights changed, with rollouts still in flight (the
+   sync decides what happens to their requests: ``orchestrate.weight_sync``); the scheduler then serves
+   groups on the new policy;
+5. a ``StepMetrics`` row and ``step_finished`` event; a checkpoint every ``train.checkpoint_every``
    steps; held-out pass@1 every ``train.eval_every`` steps.
 
-Stopping: ``request_stop()`` (the CLI calls it on Ctrl-C / SIGTERM) abandons the step in flight and
-saves a checkpoint of the last *completed* step with the data cursor as it was then, so a resume redoes
-the abandoned step from the same prompts. The asynchronous scheduler (a later issue) reuses the pieces
-here: ``StepRollouts`` and ``train_on``.
+Stopping: ``request_stop()`` (the CLI calls it on Ctrl-C / SIGTERM) abandons the batch being waited for,
+cancels every rollout in flight (each cleans up its sandbox and session) and saves a checkpoint of the last
+*completed* step with the data cursor and the prompts drawn but not trained as they were then, so a resume
+draws those prompts again first and trains no rollout twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import random
 import time
@@ -42,18 +45,26 @@ from pydantic import BaseModel
 
 from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError, LegoError
+from lego_rl.orchestrate.scheduler import (
+    Group,
+    Prompt,
+    RolloutFn,
+    RolloutScheduler,
+    RolloutSlot,
+    SchedulerSettings,
+    StepRollouts,
+)
+from lego_rl.orchestrate.weight_sync import WeightSync
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore import RunDir, StepMetrics, replace_file
 from lego_rl.runstore.events import (
     CheckpointSaved,
     EvalFinished,
-    GroupReplaced,
     RolloutRefilled,
     StepFinished,
     StepStarted,
     TrainingFinished,
 )
-from lego_rl.termination import TerminationReason
 from lego_rl.train.advantages import (
     AdmissionPolicy,
     SamplelessOutcome,
@@ -71,27 +82,7 @@ class TrainingError(LegoError):
     """The loop cannot go on (e.g. every rollout of a step failed: a dead engine). The message says why."""
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """A dataset row as the loop sees it: a stable id and the row object the ``RolloutFn`` understands."""
-
-    id: str
-    row: Any
-
-
-@dataclass(frozen=True)
-class RolloutSlot:
-    """Where a rollout belongs: its unique id, its group (prompt) and index within the group."""
-
-    rollout_id: str
-    group_index: int
-    index: int
-    attempt: int = 0
-    """0 for the first try of the slot; n for its n-th refill."""
-
-
-RolloutFn = Callable[[Prompt, RolloutSlot], Awaitable[RolloutResult]]
-"""One rollout: never raises for a failed rollout (the result's termination says what happened)."""
+__all__ = ["Group", "Prompt", "RolloutFn", "RolloutSlot", "StepRollouts"]  # re-exported: the loop's vocabulary
 
 WeightSyncFn = Callable[[TrainerBackend, int], Awaitable[None]]
 """Push the backend's weights to the engines and label them with the given version."""
@@ -116,6 +107,13 @@ class LoopSettings:
     """The sampler's truncation: the trainer scores tokens under the same distribution (serving.protocol)."""
     top_k: int = -1
     concurrency: int = 8
+    """Rollout slots: rollouts in flight at most."""
+    max_staleness: int = 1
+    """Policies a trained rollout may lag behind the step that trains it (0: synchronous)."""
+    partial_rollouts: Literal["off", "keep", "drop"] = "off"
+    """off: a rollout is as old as the policy it started on (stale ones cancelled); keep/drop: rollouts run on
+    across updates, and their sampled tokens older than ``max_staleness`` policies are trained (keep) or
+    masked out (drop)."""
     max_refills: int = 2
     oversample_zero_variance: bool = False
     checkpoint_every: int = 0
@@ -132,7 +130,8 @@ class LoopSettings:
             samples_per_prompt=c.rollout.samples_per_prompt, micro_batch_tokens=c.train.micro_batch_tokens,
             global_batch_size=c.train.global_batch_size, temperature=c.rollout.temperature,
             top_p=c.rollout.top_p, top_k=c.rollout.top_k,
-            concurrency=c.rollout.concurrency, max_refills=c.train.max_refills,
+            concurrency=c.rollout.concurrency, max_staleness=c.rollout.max_staleness,
+            partial_rollouts=c.rollout.partial_rollouts, max_refills=c.train.max_refills,
             oversample_zero_variance=c.train.oversample_zero_variance, checkpoint_every=c.train.checkpoint_every,
             eval_every=c.train.eval_every, eval_samples=c.train.eval_samples,
             infra_failure_policy=c.train.infra_failure_policy, seed=c.train.seed,
@@ -210,27 +209,6 @@ class LoopProgress:
 
 
 @dataclass
-class Group:
-    prompt: Prompt
-    group_index: int
-    results: list[RolloutResult] = field(default_factory=list)
-
-
-@dataclass
-class StepRollouts:
-    """What one step's rollout phase produced."""
-
-    groups: list[Group]
-    """The groups trained on."""
-    dropped: list[Group] = field(default_factory=list)
-    """Zero-variance groups replaced by fresh prompts: reported in the step's rewards, never trained on."""
-    refills: int = 0
-    replaced_groups: int = 0
-    zero_variance_groups: int = 0
-    """Uniform-reward groups seen in this step (replaced or kept)."""
-
-
-@dataclass
 class TrainOutcome:
     trained: bool
     metrics: dict[str, float]
@@ -274,7 +252,15 @@ class TrainLoop:
         self._gate = asyncio.Semaphore(settings.concurrency)
         self._stop = asyncio.Event()
         self._committed = DataCursor()
+        self._committed_pending: list[str] = []
+        """Ids of prompts drawn but not trained when the last completed step ended (launched groups)."""
+        self._redo: list[Prompt] = []
+        """Prompts a resumed run draws first: those its checkpoint had drawn but not trained."""
+        self._resumed = False
         self._last_checkpoint_step: int | None = None
+        self._policy_of_version: dict[int, int] = {}
+        """Engine weight version -> the policy (step index) it was first served for: a token's age is the
+        training step minus this."""
 
     # -- checkpoints --------------------------------------------------------------------------------
 
@@ -284,7 +270,8 @@ class TrainLoop:
     def save_checkpoint(self, step: int) -> Path:
         """Checkpoint after ``step`` (the last completed one) with the cursor as that step left it."""
         path = self._checkpoint_dir(step)
-        state = {"step": step, "cursor": self._committed.model_dump(), "seed": self.s.seed}
+        state = {"step": step, "cursor": self._committed.model_dump(), "pending": self._committed_pending,
+                 "seed": self.s.seed}
         self.backend.save_checkpoint(path, extra_state=state)
         # Written after the backend returned: ``latest`` never names a checkpoint still being written.
         replace_file(self.run_dir.layout.checkpoints / "latest", path.name + "\n")
@@ -309,8 +296,17 @@ class TrainLoop:
             raise ConfigError(f"checkpoint {path} was trained with train.seed={state['seed']}, this run has "
                               f"{self.s.seed}: the prompt order would differ", parameter="train.seed",
                               value=self.s.seed)
+        by_id = {p.id: p for p in self.stream.prompts}
+        pending = [str(x) for x in state.get("pending", [])]
+        unknown = [x for x in pending if x not in by_id]
+        if unknown:
+            raise ConfigError(f"checkpoint {path} names prompts the training data no longer has: {unknown[:5]}; "
+                              "resume with the data the run started with", parameter="rollout.prompt_data")
         self.stream = PromptStream(self.stream.prompts, seed=self.s.seed, cursor=cursor)
         self._committed = cursor
+        self._committed_pending = pending
+        self._redo = [by_id[x] for x in pending]
+        self._resumed = True
         self._last_checkpoint_step = step
         self.next_step = step + 1
         self.progress.step = self.next_step
@@ -352,45 +348,55 @@ class TrainLoop:
             self._slot(step, prompt, f"{base}-{i}", group_index, i, counts) for i in range(n)))
         return Group(prompt, group_index, list(results))
 
-    def _uniform(self, group: Group) -> float | None:
-        """The common reward of a group whose admitted rollouts all scored the same (None otherwise)."""
-        admitted = [r for r in group.results if r.termination not in self.admission.excluded]
-        rewards = {0.0 if r.termination in self.admission.zero_reward else r.reward for r in admitted}
-        if len(admitted) < 2 or len(rewards) != 1 or None in rewards:
-            return None
-        return next(iter(rewards))  # type: ignore[return-value]
+    async def _counted(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+        """The rollout function as the scheduler calls it, counted in the progress view."""
+        self.progress.in_flight += 1
+        try:
+            return await self.rollout_fn(prompt, slot)
+        finally:
+            self.progress.in_flight -= 1
+            self.progress.rollouts_done += 1
 
-    async def collect(self, step: int) -> StepRollouts:
-        """The step's rollouts: ``batch_size`` groups (refilled; zero-variance groups replaced if configured)."""
-        counts: Counter[str] = Counter()
-        prompts = [self.stream.next() for _ in range(self.s.batch_size)]
-        groups = list(await asyncio.gather(*(self._group(step, p, g, counts) for g, p in enumerate(prompts))))
-        out = StepRollouts(groups=[])
-        spare = self.s.batch_size if self.s.oversample_zero_variance else 0
-        next_index = len(groups)
-        while groups:
-            keep: list[Group] = []
-            retry = 0
-            for g in groups:
-                common = self._uniform(g)
-                if common is not None:
-                    out.zero_variance_groups += 1
-                    if spare > 0:
-                        spare -= 1
-                        retry += 1
-                        out.replaced_groups += 1
-                        out.dropped.append(g)
-                        self.run_dir.events.emit(GroupReplaced(step=step, prompt_id=g.prompt.id, reward=common))
+    def scheduler(self, *, first_step: int, end_step: int) -> RolloutScheduler:
+        """A scheduler for steps ``first_step`` .. ``end_step - 1`` (drawing from this loop's prompt stream)."""
+        s = self.s
+        redo, self._redo = self._redo, []
+        return RolloutScheduler(
+            SchedulerSettings(batch_size=s.batch_size, samples_per_prompt=s.samples_per_prompt, slots=s.concurrency,
+                              max_staleness=s.max_staleness, max_refills=s.max_refills,
+                              replace_zero_variance=s.oversample_zero_variance, admission=self.admission,
+                              partial=s.partial_rollouts != "off"),
+            rollout_fn=self._counted, draw=self.stream.next, emit=self.run_dir.events.emit,
+            policy=first_step, next_step=first_step, end_step=end_step, id_prefix=self._tag, redo=redo)
+
+    def _token_policy(self, version: int, started: int) -> int:
+        """The policy a sampled token came from: its weight version's, or (version unknown) the rollout's start."""
+        return self._policy_of_version.get(version, started)
+
+    def _drop_stale_tokens(self, step: int, groups: Sequence[Group]) -> int:
+        """``partial_rollouts = "drop"``: mask out (loss mask 0) every sampled token older than ``max_staleness``
+        policies, in place in the groups' results. Returns how many tokens were masked."""
+        dropped = 0
+        for g in groups:
+            started = g.policies
+            for k, r in enumerate(g.results):
+                new_samples = []
+                for smp in r.samples:
+                    if not smp.weight_versions:
+                        new_samples.append(smp)
                         continue
-                keep.append(g)
-            out.groups.extend(keep)
-            fresh = [self.stream.next() for _ in range(retry)]
-            groups = list(await asyncio.gather(*(
-                self._group(step, p, next_index + k, counts) for k, p in enumerate(fresh))))
-            next_index += len(fresh)
-        out.groups.sort(key=lambda g: g.group_index)
-        out.refills = counts["refills"]
-        return out
+                    mask = [0 if m and step - self._token_policy(v, started.get(r.rollout_id, step)) > self.s.max_staleness
+                            else m for m, v in zip(smp.loss_mask, smp.weight_versions, strict=True)]
+                    dropped += sum(smp.loss_mask) - sum(mask)
+                    new_samples.append(smp.model_copy(update={"loss_mask": mask}) if mask != smp.loss_mask else smp)
+                g.results[k] = dataclasses.replace(r, samples=new_samples)
+        return dropped
+
+    def _commit(self, sched: RolloutScheduler | None) -> None:
+        """The data state a checkpoint of the step just completed holds: the cursor and, read at the same
+        instant, the prompts drawn but not trained (a resume draws those first)."""
+        self._committed = self.stream.cursor
+        self._committed_pending = [p.id for p in sched.pending_prompts()] if sched is not None else []
 
     # -- training -----------------------------------------------------------------------------------
 
@@ -485,22 +491,63 @@ class TrainLoop:
     # -- one step -----------------------------------------------------------------------------------
 
     async def run_step(self, step: int) -> StepMetrics:
-        """One whole step: rollouts, then training, sync and the metrics row."""
-        started, t_rollout, rolled = await self.rollout_phase(step)
-        return await self.finish_step(step, started, t_rollout, rolled)
+        """One whole step on its own: its rollouts (nothing is started for a later step), training, sync and
+        the metrics row. ``run()`` overlaps the steps instead."""
+        sched = self.scheduler(first_step=step, end_step=step + 1)
+        sched.start()
+        try:
+            started = self._step_started(step)
+            rolled = await sched.take(step)
+        finally:
+            await sched.close()
+        row = await self.finish_step(step, started, rolled)
+        self.next_step = step + 1
+        self._commit(None)
+        return row
 
-    async def rollout_phase(self, step: int) -> tuple[float, float, StepRollouts]:
-        """The step's rollouts (cancellable: nothing is trained or written but events)."""
-        started = time.time()
+    def _step_started(self, step: int) -> float:
         self.progress.step = step
         self.progress.phase = "rollout"
-        self.progress.rollouts_done = self.progress.rollouts_planned = 0
+        self.progress.rollouts_done = 0
+        self.progress.rollouts_planned = self.s.batch_size * self.s.samples_per_prompt
         self.run_dir.events.emit(StepStarted(step=step, weight_version=self.backend.weight_version))
-        t0 = time.monotonic()
-        rolled = await self.collect(step)
-        return started, time.monotonic() - t0, rolled
+        self._policy_of_version.setdefault(self.backend.weight_version, step)
+        return time.time()
 
-    async def finish_step(self, step: int, started: float, t_rollout: float, rolled: StepRollouts) -> StepMetrics:
+    def _age_metrics(self, step: int, groups: Sequence[Group]) -> dict[str, float]:
+        """How old what this step trains is, in policies: per rollout (the policy it started on) and per sampled
+        token (the weight version that produced it, or the rollout's start where no version was recorded);
+        rollouts whose tokens came from more than one version crossed a weight update."""
+        lags = [step - p for g in groups for p in g.policies.values()]
+        ages: Counter[int] = Counter()
+        crossed = turns_crossed = 0
+        for g in groups:
+            for r in g.results:
+                start = g.policies.get(r.rollout_id, step)
+                versions: set[int] = set()
+                turn_versions: list[int] = []
+                for smp in r.samples:
+                    for m, v in zip(smp.loss_mask, smp.weight_versions or [-1] * len(smp.loss_mask), strict=True):
+                        if not m:
+                            continue
+                        versions.add(v)
+                        ages[step - self._token_policy(v, start)] += 1
+                    if smp.weight_versions:
+                        turn_versions += [smp.weight_versions[t.start] for t in smp.turn_spans
+                                          if t.end > t.start and smp.weight_versions[t.start] >= 0]
+                # Turns sampled on newer weights than the rollout's first turn (a turn is never split: the
+                # sync lets requests in flight finish on the old weights).
+                first = min(turn_versions, default=0)
+                turns_crossed += sum(1 for v in turn_versions if v > first)
+                crossed += len(versions - {-1}) > 1
+        out = {f"tokens_age/{k}": float(n) for k, n in sorted(ages.items())}
+        if lags:
+            out |= {"policy_lag_mean": sum(lags) / len(lags), "policy_lag_max": float(max(lags))}
+        out["rollouts_crossed_version"] = float(crossed)
+        out["turns_crossed_version"] = float(turns_crossed)
+        return out
+
+    async def finish_step(self, step: int, started: float, rolled: StepRollouts) -> StepMetrics:
         """Train on the step's rollouts, sync, write the row. Not to be cancelled halfway: the optimizer
         step runs in a worker thread that a cancellation would not stop."""
         results = [r for g in rolled.groups for r in g.results]
@@ -509,6 +556,11 @@ class TrainLoop:
             detail = next((r.detail for r in results if r.detail), "")
             raise TrainingError(f"step {step}: every rollout failed for an infrastructure reason ({dict(reasons)}"
                                 f"{', last: ' + detail[:300] if detail else ''}); is the engine alive?")
+        # The batch's ages as sampled, before the drop policy masks anything.
+        ages = self._age_metrics(step, rolled.groups)
+        if self.s.partial_rollouts == "drop":
+            ages["tokens_dropped_stale"] = float(self._drop_stale_tokens(step, rolled.groups))
+            results = [r for g in rolled.groups for r in g.results]
         self.progress.phase = "train"
         t1 = time.monotonic()
         outcome, stats, excluded = await asyncio.to_thread(self.train_on, results)
@@ -519,6 +571,12 @@ class TrainLoop:
             t2 = time.monotonic()
             await self.sync(self.backend, outcome.weight_version)
             t_sync = time.monotonic() - t2
+            self._policy_of_version[outcome.weight_version] = step + 1
+            if isinstance(self.sync, WeightSync) and self.sync.last is not None:
+                # Of the sync: waiting for requests in flight (in_flight = wait) and staging the checkpoint.
+                ages["time_sync_drain_s"] = self.sync.last.drain_seconds
+                ages["time_sync_stage_s"] = self.sync.last.stage_seconds
+        t_rollout = rolled.wait_s
         # What the policy did this step, replaced groups included (training saw only ``results``).
         sampled = results + [r for g in rolled.dropped for r in g.results]
         rewards = [r.reward for r in sampled
@@ -533,7 +591,12 @@ class TrainLoop:
             "time_rollout_s": t_rollout, "time_train_s": t_train, "time_sync_s": t_sync,
             "time_step_s": t_rollout + t_train + t_sync,
             "excluded_rollouts": float(sum(excluded.values())),
+            "stale_groups": float(rolled.stale_groups), "cancelled_rollouts": float(rolled.cancelled_rollouts),
+            **ages,
         }
+        if rolled.slot_capacity_s > 0:
+            values["slots_idle_fraction"] = max(0.0, 1.0 - rolled.slot_busy_s / rolled.slot_capacity_s)
+            values["slots_wasted_fraction"] = rolled.slot_wasted_s / rolled.slot_capacity_s
         reward_mean = _mean(rewards)
         if reward_mean is not None:
             values["reward_mean"] = reward_mean
@@ -545,7 +608,6 @@ class TrainLoop:
             step=step, admitted_rollouts=int(stats["admitted_rollouts"]), excluded_rollouts=dict(excluded),
             zero_variance_groups=rolled.zero_variance_groups, trained=outcome.trained,
             weight_version=outcome.weight_version, reward_mean=reward_mean))
-        self._committed = self.stream.cursor
         self.progress.last_reward = reward_mean
         self.progress.last_solve_rate = values.get("solve_rate")
         self.progress.step_seconds.append(values["time_step_s"])
@@ -603,14 +665,23 @@ class TrainLoop:
     async def run(self) -> Literal["completed", "stopped"]:
         """Steps ``next_step`` .. ``num_rollout - 1``; a final checkpoint; ``completed`` or ``stopped``."""
         last_done = self.next_step - 1
+        sched: RolloutScheduler | None = None
         try:
+            if self._resumed:
+                # The engines started from the base checkpoint; the resumed policy is the trainer's.
+                await self.sync(self.backend, self.backend.weight_version)
+            sched = self.scheduler(first_step=self.next_step, end_step=self.s.num_rollout)
+            sched.start()
             for step in range(self.next_step, self.s.num_rollout):
                 if self.stop_requested:
                     break
-                stopped, phase = await self._until_stopped(self.rollout_phase(step))
+                started = self._step_started(step)
+                stopped, rolled = await self._until_stopped(sched.take(step))
                 if stopped:
                     break
-                await self.finish_step(step, *phase)
+                await self.finish_step(step, started, rolled)
+                sched.set_policy(step + 1)
+                self._commit(sched)
                 last_done = step
                 self.next_step = step + 1
                 final = step == self.s.num_rollout - 1
@@ -625,6 +696,10 @@ class TrainLoop:
             self.run_dir.events.emit(TrainingFinished(status="failed", steps_done=last_done + 1,
                                                       detail=f"{type(exc).__name__}: {exc}"[:500]))
             raise
+        finally:
+            if sched is not None:
+                # Both sides stop: every rollout in flight is cancelled and has cleaned up before we return.
+                await sched.close()
         if last_done >= 0 and self._last_checkpoint_step != last_done:
             self.save_checkpoint(last_done)
         status: Literal["completed", "stopped"] = "stopped" if self.stop_requested else "completed"

@@ -117,7 +117,7 @@ async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
             tool_parser=cfg.serving.tool_call_parser,  # type: ignore[arg-type]
             sampling=SamplingDefaults(temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                                       nucleus=ro.capture_nucleus, routed_experts=ro.use_rollout_routing_replay),
-            model_name=cfg.model.served_name,
+            model_name=cfg.model.served_name, model_aliases=cfg.adapter.model_aliases,
         )
         sessions = SessionRegistry()
         server = AdapterServer(core, sessions, max_body_bytes=int(cfg.adapter.max_body_mb * 1024 * 1024))

@@ -13,6 +13,7 @@ The trainer comes from ``BACKENDS[train.backend]``: a factory ``(config, model_d
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -31,11 +32,12 @@ from lego_rl.images.importer import load_images_json
 from lego_rl.orchestrate.environments import Environment, Sampler, completion_sample, load_environment
 from lego_rl.orchestrate.harnesses import harness_factory
 from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
+from lego_rl.orchestrate.metrics_sink import TensorBoardSink
 from lego_rl.orchestrate.rollout_check import settings_from_config
 from lego_rl.orchestrate.stack import Engines, model_dir, serving_engines, serving_stack
-from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, RouteWeightSync, WeightSync
+from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
-from lego_rl.runstore import RunDir
+from lego_rl.runstore import RunDir, RunLayout
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady
 from lego_rl.serving.errors import EngineFailed, EngineUnavailable, InvalidReply
 from lego_rl.termination import TerminationReason, is_infrastructure_failure
@@ -44,6 +46,7 @@ from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.tasks.rows import load_tasks
 
 if TYPE_CHECKING:
+    from lego_rl.train.megatron_backend import MegatronTrainSettings
     from lego_rl.train.torch_backend import TorchTrainSettings
 
 BackendFactory = Callable[[LegoConfig, Path], tuple[TrainerBackend, LossFn]]
@@ -54,7 +57,7 @@ def loss_config(c: LegoConfig) -> LossConfig:
     t = c.train
     return LossConfig(algorithm=t.algorithm, clip_low=t.clip_low, clip_high=t.clip_high, dual_clip_c=t.dual_clip_c,
                       is_correction=t.is_correction, is_level=t.is_level, is_low=t.is_low, is_high=t.is_high,
-                      kl_coef=t.kl_coef)
+                      kl_coef=t.kl_coef, use_score_centering=t.use_score_centering)
 
 
 def torch_settings(c: LegoConfig) -> TorchTrainSettings:
@@ -74,16 +77,35 @@ def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossF
     return TorchBackend(model_dir, torch_settings(c)), make_loss(loss_config(c))
 
 
-BACKENDS: dict[str, BackendFactory] = {"torch": torch_backend}
-"""``train.backend`` name → factory. Megatron registers here when it lands."""
+def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
+    """The Megatron backend's optimizer, memory and parallel sizes from ``train.*``."""
+    from lego_rl.train.megatron_backend import MegatronTrainSettings
+
+    t = c.train
+    return MegatronTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
+                                 weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
+                                 reference_model=t.kl_coef > 0, tensor_parallel=t.tensor_parallel,
+                                 pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel)
 
 
-def weight_sync_for(engines: Engines, staging: Path) -> WeightSync:
+def megatron_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
+    # megatron-core is the `megatron` extra: a missing install is a ConfigError naming it, not an ImportError.
+    from lego_rl.train.megatron_backend import MegatronBackend, require_megatron
+
+    require_megatron()
+    return MegatronBackend(model_dir, megatron_settings(c)), make_loss(loss_config(c))
+
+
+BACKENDS: dict[str, BackendFactory] = {"torch": torch_backend, "megatron": megatron_backend}
+"""``train.backend`` name → factory."""
+
+
+def weight_sync_for(engines: Engines, staging: Path, *, in_flight: InFlight = "wait") -> WeightSync:
     """In place into an embedded engine in this process; through the serving routes (a staged checkpoint every
-    replica loads) for vLLM."""
+    replica loads) for vLLM. ``in_flight``: ``rollout.sync_in_flight``."""
     if engines.embedded is not None:
-        return EmbeddedWeightSync(engines.embedded)
-    return RouteWeightSync(engines.client, staging)
+        return EmbeddedWeightSync(engines.embedded, in_flight=in_flight)
+    return RouteWeightSync(engines.client, staging, in_flight=in_flight)
 
 
 def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn:
@@ -205,6 +227,7 @@ class TrainSession:
         self.eval_prompts = (self._load(Path(c.train.eval_data), "train.eval_data") if c.train.eval_data else [])
         self.settings.check(has_eval_rows=bool(self.eval_prompts))
         root = Path(c.paths.run_root or "runs/unnamed")
+        self.sink = TensorBoardSink(RunLayout(root))  # before the run directory: a missing package starts nothing
         self.run_dir = RunDir.open(
             root, config=config_json(r), resume=c.train.resume,
             artifacts=Path(c.paths.artifacts) if c.paths.artifacts else None,
@@ -230,13 +253,19 @@ class TrainSession:
         backend, loss = self.backend_factory(self.r.config, model_dir)
         loop = TrainLoop(self.settings, backend=backend, loss_fn=loss, rollout_fn=rollout_fn, prompts=self.prompts,
                          run=self.run_dir, eval_prompts=self.eval_prompts, resume_index=self.resume_index,
-                         sync=weight_sync_for(engines, self.run_dir.root / "sync-weights"))
+                         sync=weight_sync_for(engines, self.run_dir.root / "sync-weights",
+                                              in_flight=self.r.config.rollout.sync_in_flight))
         if self.r.config.train.resume:
             loop.resume()
         self.loop = loop
         if self._stop_early:
             loop.request_stop()
         return loop
+
+    async def _drain_tensorboard(self, interval_s: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.sink.drain()
 
     def request_stop(self) -> None:
         """Stop at the next safe point (before the loop exists: as soon as it does)."""
@@ -254,7 +283,8 @@ class TrainSession:
                     self.run_dir.events.emit(ServingReady(adapter="", serving=engines.urls))
                     sampler = Sampler(engines.client, engines.renderer, temperature=c.rollout.temperature,
                                       top_p=c.rollout.top_p, top_k=c.rollout.top_k,
-                                      max_tokens=c.model.max_response_tokens)
+                                      max_tokens=c.model.max_response_tokens,
+                                      capture_nucleus=c.rollout.capture_nucleus)
                     rollout_fn = env_rollout_fn(self.env, sampler, self.run_dir)
                 else:
                     st = await stack.enter_async_context(serving_stack(c))
@@ -264,7 +294,7 @@ class TrainSession:
                     self.run_dir.events.emit(ServingReady(adapter=st.adapter_url, serving=st.serving_urls))
                     images_path = Path(c.sandbox.images) if c.sandbox.images else None
                     ctx = RolloutContext(
-                        settings=settings_from_config(self.r), run=self.run_dir, sessions=st.sessions,
+                        settings=settings_from_config(self.r, st.adapter_url), run=self.run_dir, sessions=st.sessions,
                         adapter_url=st.adapter_url, harness_for=harness_factory(self.r),
                         toolchain=Toolchain(Path(c.paths.toolchain_dir or "")),
                         images=load_images_json(images_path) if images_path and images_path.exists() else None,
@@ -272,8 +302,16 @@ class TrainSession:
                     )
                     rollout_fn = agent_rollout_fn(ctx)
                 loop = self._make_loop(model_dir(c.model.checkpoint), rollout_fn, engines)
-                status = await loop.run()
+                # TensorBoard reads the rows back from metrics.jsonl as the loop appends them.
+                self.sink.start(loop.next_step)
+                self.sink.follow(self.run_dir.layout.metrics)
+                drainer = asyncio.create_task(self._drain_tensorboard())
+                try:
+                    status = await loop.run()
+                finally:
+                    drainer.cancel()
         finally:
+            self.sink.close()
             self.run_dir.close()
         return TrainSummary(status=status, run_root=str(self.run_dir.root), steps_done=loop.next_step,
                             num_rollout=self.settings.num_rollout, last_reward_mean=loop.progress.last_reward,

@@ -15,15 +15,25 @@ Versions: the engine is labelled with ``backend.weight_version`` (0 = the loaded
 step) and every sampled token carries the label of the weights that produced it, end to end
 (``GenerateResult.weight_versions`` -> ``TurnRecord.weight_versions`` -> ``Sample.weight_versions``).
 
-A sync while generation is in flight (decided): **requests in flight finish on the old weights**. The sync
-pauses the engines in ``wait`` mode: nothing new is admitted, running requests decode to their end (stop or
+A sync while generation is in flight: by default (``in_flight = "wait"``) **requests in flight finish on the
+old weights**. The sync pauses the engines in ``wait`` mode: nothing new is admitted, running requests decode to their end (stop or
 length) under the old weights and every one of their tokens is tagged with the old version; then the weights
 are swapped, the prefix caches emptied, and the engines resumed. Requests that arrived meanwhile wait in the
 queue and run entirely on the new version. So a turn is never split across versions, no rollout is aborted
 (none is labelled ``weight_sync_interrupted`` by a sync) and no KV computed by old weights is reused; the
 cost is that a sync waits for the longest generation in flight (bounded by ``max_tokens``). A rollout's later
 turns may run on a newer version than its earlier ones; the per-token versions say so and admission
-(``rollout.max_staleness``) decides what that rollout is worth.
+(``rollout.max_staleness``, ``rollout.partial_rollouts``) decides what that rollout is worth.
+
+``in_flight = "keep"`` (``rollout.sync_in_flight``) does not wait: requests in flight are frozen, the weights
+swapped, and they continue on the new weights with their KV recomputed first, so a turn may be split across two
+versions (every token still tagged with the one that sampled it, its logprob that version's). The sync then
+costs the load only, not the longest generation in flight; a turn's tokens are trained each with its own
+version (the rollout's per-token logprobs are the behaviour policy of TIS/MIS). Aborting in-flight requests is
+not offered: the adapter does not resubmit an aborted turn, so the CLI would see a failed request.
+
+Every replica behind the client is synced (each is paused, loaded, labelled and resumed); the client's sticky
+routing of sessions to replicas is untouched, so a rollout's later turns go where its prefix cache was.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 from pydantic import BaseModel
@@ -42,8 +52,9 @@ from pydantic import BaseModel
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.engine import EmbeddedEngine
 
-PAUSE_MODE = "wait"
-"""How every sync pauses the engines: requests in flight finish on the old weights (module docstring)."""
+InFlight = Literal["wait", "keep"]
+"""What a sync does to requests in flight (module docstring): finish them on the old weights, or freeze them and
+continue them on the new ones."""
 
 
 class WeightSource(Protocol):
@@ -91,13 +102,14 @@ class WeightSync(ABC):
 class EmbeddedWeightSync(WeightSync):
     """In-place copy into an in-process ``EmbeddedEngine``."""
 
-    def __init__(self, engine: EmbeddedEngine) -> None:
+    def __init__(self, engine: EmbeddedEngine, *, in_flight: InFlight = "wait") -> None:
         self.engine = engine
+        self.in_flight = in_flight
 
     async def push(self, source: WeightSource) -> SyncReport:
         version = source.weight_version
         start = time.perf_counter()
-        await self.engine.pause(PAUSE_MODE)
+        await self.engine.pause(self.in_flight)
         drained = time.perf_counter()
         try:
             moved = await self.engine.update_weights(source.export_weights(), version)
@@ -116,9 +128,10 @@ class EmbeddedWeightSync(WeightSync):
 class RouteWeightSync(WeightSync):
     """A staged safetensors checkpoint, loaded by every replica through vLLM's routes."""
 
-    def __init__(self, client: ServingClient, staging_dir: str | Path) -> None:
+    def __init__(self, client: ServingClient, staging_dir: str | Path, *, in_flight: InFlight = "wait") -> None:
         self.client = client
         self.staging_dir = Path(staging_dir)
+        self.in_flight = in_flight
 
     async def push(self, source: WeightSource) -> SyncReport:
         version = source.weight_version
@@ -127,7 +140,7 @@ class RouteWeightSync(WeightSync):
         # Staged before the pause: the engines keep sampling while the checkpoint is written.
         moved = await asyncio.to_thread(write_checkpoint, source, target)
         start = time.perf_counter()
-        await self.client.update_weights(target, version, pause_mode=PAUSE_MODE)
+        await self.client.update_weights(target, version, pause_mode=self.in_flight)
         end = time.perf_counter()
         # Older staged versions are no longer read by anyone (every replica now serves this one).
         for old in self.staging_dir.glob("v*"):

@@ -230,10 +230,12 @@ class _Rollout:
             async with asyncio.timeout(s.guard_s):
                 reason, detail = await self._stages()
         except asyncio.CancelledError:
-            # The run is stopping (SIGTERM, Ctrl-C, a cancelled scheduler): the stages have cleaned up and
-            # saved what existed; the outcome is saved too, then the cancellation goes on.
+            # The run is stopping (SIGTERM, Ctrl-C) or the scheduler cancelled it (its group went stale): the
+            # stages have cleaned up and saved what existed; the outcome is saved too, then the cancellation
+            # goes on. The scheduler's rollout_cancelled event says which.
             await self._finish(TerminationReason.INTERRUPTED,
-                               "the run was stopped while this rollout was in flight", None)
+                               "cancelled while in flight (the run stopped, or the scheduler dropped it as stale)",
+                               None)
             raise
         except _Failure as exc:
             reason, detail = exc.reason, str(exc)

@@ -65,6 +65,18 @@ class RecordingSandbox(Sandbox):
         self._entry("read_file", start, path=path, user=user, size=len(data))
         return data
 
+    @property
+    def readonly_mounts(self) -> bool:  # type: ignore[override]
+        return self.inner.readonly_mounts
+
+    async def mount_readonly(self, source: Path, target: str) -> None:
+        start = time.time()
+        await self.inner.mount_readonly(source, target)
+        self._entry("mount_readonly", start, source=str(source), target=target)
+
+    def mounts(self) -> dict[str, str]:
+        return self.inner.mounts()
+
     async def close(self) -> None:
         await self.inner.close()
 

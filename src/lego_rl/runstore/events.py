@@ -184,6 +184,36 @@ class GroupReplaced(_Event):
     reward: float
 
 
+class RolloutCancelled(_Event):
+    """The scheduler cancelled a rollout in flight: ``stale`` when no step left within ``rollout.max_staleness``
+    could still train it, ``stopped`` when the run stopped or failed. The rollout itself ends ``interrupted``
+    (its sandbox destroyed and session closed by ``generate()``); nothing of it is trained."""
+
+    kind: Literal["rollout_cancelled"] = "rollout_cancelled"
+    rollout_id: str
+    prompt_id: str
+    reason: Literal["stale", "stopped"]
+    started_policy: int
+    """The policy (steps trained into the engines' weights) it started on."""
+    next_step: int
+    """The next step the trainer takes a batch for."""
+
+
+class BatchTaken(_Event):
+    """The rollouts a step trains on, chosen by the scheduler: each with the policy it started on. A rollout
+    id appears in at most one of these over a run (resumes included): nothing is trained twice."""
+
+    kind: Literal["batch_taken"] = "batch_taken"
+    step: int
+    rollout_ids: list[str]
+    prompt_ids: list[str]
+    """One per group, in the batch's order."""
+    started_policies: list[int]
+    """Aligned with ``rollout_ids``."""
+    wait_s: float
+    """How long the trainer waited for the batch (0 when it was ready)."""
+
+
 class StepFinished(_Event):
     """The step's rollouts were admitted, trained on (unless none carried signal) and synced."""
 
@@ -245,6 +275,8 @@ RunEvent = Annotated[
     | StepStarted
     | RolloutRefilled
     | GroupReplaced
+    | RolloutCancelled
+    | BatchTaken
     | StepFinished
     | CheckpointSaved
     | EvalFinished

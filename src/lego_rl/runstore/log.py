@@ -177,6 +177,22 @@ class JsonlFollower(Generic[T]):
         else:
             self.cursor = Cursor(cur.inode, cur.offset + len(raw) + 1, number)
 
+    def skip_line(self) -> bool:
+        """Step the cursor over the complete line at it (one that raised ``RunLogError``), for a reader that
+        reports a bad line and reads on (the monitor); False when no complete line is there."""
+        try:
+            fh = self.path.open("rb")
+        except FileNotFoundError:
+            return False
+        with fh:
+            fh.seek(self.cursor.offset)
+            raw = fh.readline()
+        if not raw.endswith(b"\n"):
+            return False
+        cur = self.cursor
+        self.cursor = Cursor(cur.inode, cur.offset + len(raw), cur.line + 1)
+        return True
+
     async def follow(self, *, interval_s: float = 0.5) -> AsyncIterator[T]:
         """Yield records forever as they are written (the monitor's tail); cancel to stop."""
         while True:

@@ -14,9 +14,12 @@ party can add one with ``pip install``.
 from __future__ import annotations
 
 import abc
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from lego_rl.errors import SandboxError
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,14 @@ class ImageSpec:
 MAX_ERROR_CHARS = 2000
 
 
+def check_mount_target(target: str, sandbox_id: str) -> str:
+    """``target`` normalised; ``SandboxError`` unless it is an absolute path below ``/`` without ``..``."""
+    if not posixpath.isabs(target) or ".." in target.split("/") or posixpath.normpath(target) == "/":
+        raise SandboxError(f"mount target {target!r} in sandbox {sandbox_id} must be an absolute path "
+                           "below / without '..'")
+    return posixpath.normpath(target)
+
+
 def cut_message(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """Keep an error message readable: the head and tail of an oversized text, the middle elided."""
     text = text.strip()
@@ -63,6 +74,10 @@ class Sandbox(abc.ABC):
 
     id: str
     image: ImageSpec
+    readonly_mounts: ClassVar[bool] = False
+    """Whether ``mount_readonly`` works here. Without it, a caller that wants a host folder inside the
+    sandbox copies it in (``harness.install`` does: the documented fallback for sunabako 0.1.2, whose
+    mounts are fixed at create, and e2b, whose sandboxes run on another machine)."""
 
     @abc.abstractmethod
     async def exec(
@@ -88,6 +103,17 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def read_file(self, path: str, *, user: str | None = None) -> bytes:
         """Read ``path`` inside the sandbox."""
+
+    async def mount_readonly(self, source: Path, target: str) -> None:
+        """Show the host folder ``source`` at ``target`` for every later exec, read-only for every user
+        (root included), replacing an earlier mount at ``target``. Providers that cannot set
+        ``readonly_mounts = False`` and keep this refusal."""
+        raise SandboxError(f"{type(self).__name__} {self.id} cannot mount host folders (readonly_mounts is "
+                           "False): copy the files in with write_file instead")
+
+    def mounts(self) -> dict[str, str]:
+        """The read-only mounts made by ``mount_readonly``, guest path -> host folder."""
+        return {}
 
     @abc.abstractmethod
     async def close(self) -> None:

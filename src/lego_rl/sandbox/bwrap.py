@@ -29,10 +29,10 @@ import time
 import uuid
 from pathlib import Path
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from lego_rl.errors import SandboxError, SandboxLost, SandboxTimeout
-from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider
+from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider, check_mount_target
 from lego_rl.sandbox.base import cut_message as cut
 from lego_rl.sandbox.bwrap_state import (
     DEFAULT_STATE_ROOT,
@@ -58,6 +58,8 @@ MAX_EXEC_OUTPUT = 64 << 20  # bytes kept per stream of one exec; read_file is no
 
 
 class BwrapSandbox(Sandbox):
+    readonly_mounts: ClassVar[bool] = True
+
     def __init__(self, meta: SandboxMeta, directory: Path, *, network: str, memory_mb: int | None,
                  image: ImageSpec, bwrap: str, relay: EgressRelay | None = None) -> None:
         self.id = meta.id
@@ -70,6 +72,8 @@ class BwrapSandbox(Sandbox):
         self._bwrap = bwrap
         self._procs = ProcessGroup()
         self._closed = False
+        self._mounts: dict[str, str] = {}
+        """guest path -> host folder, bound read-only into every exec (``mount_readonly``)."""
         self.relay = relay
         """The egress relay of ``network="allowlist"`` (its namespace fd is held until close)."""
 
@@ -102,8 +106,11 @@ class BwrapSandbox(Sandbox):
         if self.memory_mb is not None:
             limit = self.memory_mb << 20
             argv += ["prlimit", f"--data={limit}:{limit}", "--"]
-        argv += [self._bwrap, "--bind", str(self._root), "/", "--proc", "/proc", "--dev", "/dev",
-                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", self.id,
+        argv += [self._bwrap, "--bind", str(self._root), "/", "--proc", "/proc", "--dev", "/dev"]
+        # Sorted, so a mount nested in another one is bound after (on top of) its parent.
+        for target in sorted(self._mounts):
+            argv += ["--ro-bind", self._mounts[target], target]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", self.id,
                  "--die-with-parent", "--new-session"]
         if self.network == "none":
             argv.append("--unshare-net")
@@ -185,6 +192,28 @@ class BwrapSandbox(Sandbox):
         if res.returncode != 0:
             raise SandboxError(f"reading {path} as {user or 'root'} in {self.id} failed: {cut(res.stderr.decode())}")
         return res.stdout
+
+    async def mount_readonly(self, source: Path, target: str) -> None:
+        """A ``--ro-bind`` in every later exec: one mount(2) per exec, nothing copied, and the kernel refuses
+        writes to it from every user (root's capability set has no CAP_SYS_ADMIN to remount it)."""
+        target = check_mount_target(target, self.id)
+        src = Path(source).resolve()
+        if not src.is_dir():
+            raise SandboxError(f"mount source {source} for {target} in sandbox {self.id} is not a directory")
+        for parent in (src, *src.parents):
+            if not os.stat(parent).st_mode & 0o001:
+                raise SandboxError(f"mount source {src} for {target} in sandbox {self.id} sits below {parent}, "
+                                   "which the agent user cannot traverse (mode o-x)")
+        # The mount point must exist: an unprivileged bwrap (the agent's) cannot create it under /opt.
+        mkdir = await self._run(["mkdir", "-p", "--", target], user="root", env=None, cwd="/", timeout=60)
+        if mkdir.returncode != 0:
+            raise SandboxError(f"creating mount point {target} in sandbox {self.id} failed: "
+                               f"{cut(mkdir.stderr.decode(errors='replace'))}")
+        self._mounts[target] = str(src)
+
+    def mounts(self) -> dict[str, str]:
+        """The read-only mounts, guest path -> host folder."""
+        return dict(self._mounts)
 
     async def close(self) -> None:
         if self._closed:

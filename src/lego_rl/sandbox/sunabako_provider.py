@@ -48,6 +48,8 @@ from typing import Any
 from lego_rl.errors import SandboxError, SandboxTimeout
 from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider, cut_message
 from lego_rl.sandbox.egress import EgressRelay, Endpoint, parse_allow, start_relay
+from lego_rl.sandbox.sunabako_stage import RootfsStage
+from lego_rl.sandbox.warm_pool import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +199,8 @@ async def destroy(node: Any, sandbox_id: str, sdk: Any, *, stop_window_s: float 
             return
         except sdk.SandboxError as exc:
             last = exc
-            if "not found" in str(exc):
+            # "No such file or directory": its state dir is already gone (a gc of the node got there first).
+            if "not found" in str(exc) or "no such" in str(exc).lower():
                 return
             await asyncio.sleep(0.2)
             try:
@@ -225,6 +228,8 @@ class SunabakoProvider(SandboxProvider):
         create_retries: int = 12,
         create_timeout_s: float = 600,
         node_config: dict[str, Any] | None = None,
+        warm_pool: int = 0,
+        stage_rootfs: bool | None = None,
     ) -> None:
         self._sdk = _sdk()
         cluster = cluster or os.environ.get("SUNABAKO_CLUSTER") or None
@@ -239,6 +244,10 @@ class SunabakoProvider(SandboxProvider):
         self.create_retries = create_retries
         self.create_timeout_s = create_timeout_s
         self.node_config = dict(node_config or {})
+        if not isinstance(warm_pool, int) or warm_pool < 0:
+            raise SandboxError(f"sunabako provider: warm_pool must be an integer >= 0, got {warm_pool!r}")
+        self.pool = WarmPool(self._create_now, warm_pool) if warm_pool else None
+        """Sandboxes created ahead (``warm_pool`` of them at most); None when off."""
         if cluster:
             try:
                 self.cluster: Any = self._sdk.Cluster.from_file(cluster)
@@ -248,7 +257,17 @@ class SunabakoProvider(SandboxProvider):
         else:
             self.cluster = None
             self.node = self._sdk.Node(name="local", state_dir=state_dir, binary=binary or _default_binary())
+        # A reflink copy of each image next to the node's state: the node's own `cp --reflink=auto` then
+        # clones it in a fraction of a second instead of copying every byte (local node only).
+        self.stage: RootfsStage | None = None
+        if self.node is not None and stage_rootfs is not False:
+            self.stage = RootfsStage.for_state_dir(state_dir, required=stage_rootfs is True)
         self._checked = False
+
+    async def aclose(self) -> None:
+        """Close the warm pool's sandboxes (and those still being made for it)."""
+        if self.pool is not None:
+            await self.pool.aclose()
 
     @property
     def nodes(self) -> list[Any]:
@@ -288,12 +307,21 @@ class SunabakoProvider(SandboxProvider):
     async def create(self, image: ImageSpec, *, memory_mb: int | None = None, network: str = "none",
                      sandbox_id: str | None = None, pids_max: int = 256, allow: Sequence[str | Endpoint] = (),
                      **unknown: Any) -> SunabakoSandbox:
+        options = {"memory_mb": memory_mb, "network": network, "pids_max": pids_max, "allow": tuple(allow)}
+        if self.pool is None or sandbox_id is not None:
+            return await self._create_now(image, dict(options, sandbox_id=sandbox_id, **unknown))
+        self._check_options(image, network, parse_allow(allow), unknown)  # refuse bad input before the pool
+        sb = await self.pool.take(image, options)
+        assert isinstance(sb, SunabakoSandbox)
+        return sb
+
+    def _check_options(self, image: ImageSpec, network: str, endpoints: Sequence[Endpoint],
+                       unknown: dict[str, Any]) -> None:
         if unknown:
             raise SandboxError(f"sunabako provider: unknown option(s) {sorted(unknown)}; "
                                "known: memory_mb, network, allow, sandbox_id, pids_max")
         if network not in NETWORKS:
             raise SandboxError(f"sunabako provider: network must be one of {NETWORKS}, got {network!r}")
-        endpoints = parse_allow(allow)
         if endpoints and network != "allowlist":
             raise SandboxError(f"sunabako provider: allow={[str(e) for e in endpoints]} needs network='allowlist' "
                                f"(network={network!r} would ignore it)")
@@ -304,10 +332,21 @@ class SunabakoProvider(SandboxProvider):
         if not image.rootfs:
             raise SandboxError(f"image {image.name!r} has no rootfs: sunabako boots an imported rootfs "
                                "(lego images), not the host's /")
+
+    async def _create_now(self, image: ImageSpec, options: dict[str, Any]) -> SunabakoSandbox:
+        """One create, now (the pool's ``make``): the SDK create with retries, relay, guest user."""
+        options = dict(options)
+        memory_mb, network = options.pop("memory_mb", None), options.pop("network", "none")
+        sandbox_id, pids_max = options.pop("sandbox_id", None), options.pop("pids_max", 256)
+        endpoints = parse_allow(options.pop("allow", ()))
+        self._check_options(image, network, endpoints, options)
         await self._check_nodes()
         runtime_network = "none" if network == "allowlist" else network
-        inner = await self._create_with_retries(image, memory_mb or self.memory_mb, runtime_network, sandbox_id,
-                                                pids_max)
+        rootfs = image.rootfs or ""
+        if self.stage is not None:
+            rootfs = await self.stage.staged(rootfs)
+        inner = await self._create_with_retries(image, rootfs, memory_mb or self.memory_mb, runtime_network,
+                                                sandbox_id, pids_max)
         sb = SunabakoSandbox(inner, image, self._sdk)
         try:
             if network == "allowlist":
@@ -326,14 +365,14 @@ class SunabakoProvider(SandboxProvider):
             raise
         return sb
 
-    async def _create_with_retries(self, image: ImageSpec, memory_mb: int, network: str,
+    async def _create_with_retries(self, image: ImageSpec, rootfs: str, memory_mb: int, network: str,
                                    sandbox_id: str | None, pids_max: int) -> Any:
         attempt = 0
         while True:
             attempt += 1
             try:
                 return await self._sdk.AsyncSandbox.create(
-                    image.rootfs, node=self.node, cluster=self.cluster, memory_mb=memory_mb,
+                    rootfs, node=self.node, cluster=self.cluster, memory_mb=memory_mb,
                     memory_mode="rss" if self.test_memory else "cgroup", runtime="native",
                     network=network, envs=dict(image.env), pids_max=pids_max, sandbox_id=sandbox_id,
                     create_timeout=self.create_timeout_s,

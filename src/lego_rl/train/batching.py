@@ -36,6 +36,10 @@ class MicroBatch:
     ``input_ids``, ``position_ids`` (restart at 0 per segment), ``loss_mask``, ``rollout_logprobs``,
     ``advantages``, ``token_weights`` and ``rollout_slots`` (index into the step's ``rollout_ids``)
     are ``[T]``; ``cu_seqlens`` is ``[S + 1]`` int32; ``sample_indices[s]`` indexes the input samples.
+
+    When the samples carry the sampler's captured nucleus, ``nucleus_ids`` ``[T, K]`` int64,
+    ``nucleus_probs`` ``[T, K]`` float32 and ``nucleus_valid`` ``[T, K]`` bool hold it per token (``K`` the
+    largest nucleus in the micro-batch; shorter ones padded, context tokens all padding); else None.
     """
 
     input_ids: torch.Tensor
@@ -47,6 +51,9 @@ class MicroBatch:
     token_weights: torch.Tensor
     rollout_slots: torch.Tensor
     sample_indices: list[int]
+    nucleus_ids: torch.Tensor | None = None
+    nucleus_probs: torch.Tensor | None = None
+    nucleus_valid: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -100,6 +107,7 @@ def _micro_batch(
         weight.append(m / (denominators[slot] * n_rollouts))  # [n]
         slots.append(torch.full((n,), slot, dtype=torch.long))  # [n]
         cu.append(cu[-1] + n)
+    nucleus = _nucleus_tensors([samples[i] for i in members])
     return MicroBatch(
         input_ids=torch.cat(ids),  # [T]
         position_ids=torch.cat(pos),  # [T]
@@ -110,7 +118,38 @@ def _micro_batch(
         token_weights=torch.cat(weight),  # [T]
         rollout_slots=torch.cat(slots),  # [T]
         sample_indices=list(members),
+        nucleus_ids=nucleus[0] if nucleus else None,  # [T, K]
+        nucleus_probs=nucleus[1] if nucleus else None,  # [T, K]
+        nucleus_valid=nucleus[2] if nucleus else None,  # [T, K]
     )
+
+
+def _nucleus_tensors(members: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The members' captured nuclei padded to ``[T, K]`` (ids, probabilities, valid), or None when no member
+    has one. A member without a capture contributes padding rows (its tokens fall back to the trainer's own
+    truncation; a loss that needs the nucleus refuses their trained tokens)."""
+    if all(s.nucleus_ids is None for s in members):
+        return None
+    spans: list[list[int]] = []
+    probs: list[list[float]] = []
+    for s in members:
+        if s.nucleus_ids is None or s.nucleus_probs is None:
+            spans.extend([] for _ in s.tokens)
+            probs.extend([] for _ in s.tokens)
+        else:
+            spans.extend(s.nucleus_ids)
+            probs.extend(s.nucleus_probs)
+    k = max(1, max(len(ids) for ids in spans))
+    t = len(spans)
+    ids_t = torch.zeros(t, k, dtype=torch.long)  # [T, K] padding points at id 0, masked by valid
+    probs_t = torch.zeros(t, k, dtype=torch.float32)  # [T, K]
+    valid = torch.zeros(t, k, dtype=torch.bool)  # [T, K]
+    for row, (ids, p) in enumerate(zip(spans, probs, strict=True)):
+        if ids:
+            ids_t[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)  # [n_k]
+            probs_t[row, : len(p)] = torch.tensor(p, dtype=torch.float32)  # [n_k]
+            valid[row, : len(ids)] = True
+    return ids_t, probs_t, valid
 
 
 def plan_steps(

@@ -153,6 +153,13 @@ def _check_shapes(inp: LossInputs, cfg: LossConfig) -> tuple[int, int]:
         for name, other in shapes.items():
             if other != shape:
                 raise ValueError(f"{name} has shape {other} but nucleus_candidate_logprobs has {shape}")
+        assert inp.nucleus_valid is not None
+        bare = int(((inp.loss_mask > 0) & ~inp.nucleus_valid.any(-1)).sum())  # trained tokens, no nucleus
+        if bare:
+            raise ValueError(
+                f"use_score_centering: {bare} trained token(s) have no captured nucleus (every sampled token "
+                "needs one: rollout.capture_nucleus on the engine that sampled them)"
+            )
     return t, r
 
 
@@ -263,3 +270,34 @@ class PolicyLoss:
 def make_loss(cfg: LossConfig) -> PolicyLoss:
     """The configured objective as a ``LossFn``."""
     return PolicyLoss(cfg)
+
+
+class SftLoss:
+    """Supervised warm start: cross-entropy of the loss-masked (demonstrated) tokens, a ``LossFn``.
+
+    ``per_token = -logprobs`` on the tokens with ``loss_mask`` 1, weighted by ``token_weights``
+    (``loss_mask / (N_r * R)``, the packing's one denominator per rollout): the step loss is the mean over
+    demonstrations of each demonstration's mean token NLL, so a long demonstration does not outweigh a short
+    one. The backend's ``train_step`` runs it like a policy loss; it reads neither ``old_logprobs`` nor
+    advantages (pass zeros), and the backend should score at temperature 1 with no truncation.
+    """
+
+    needs_rollout_log_ratio = False
+    """No sequence ratio: the backend skips GSPO's extra no-grad forward."""
+
+    def __call__(self, inp: LossInputs) -> LossOutput:
+        lp = inp.logprobs  # [T] carries the gradient
+        if lp.dim() != 1:
+            raise ValueError(f"logprobs must be [T], got shape {tuple(lp.shape)}")
+        t = lp.shape[0]
+        for name, x in {"loss_mask": inp.loss_mask, "token_weights": inp.token_weights,
+                        "entropy": inp.entropy}.items():
+            if x is not None and tuple(x.shape) != (t,):
+                raise ValueError(f"{name} has shape {tuple(x.shape)} but logprobs has ({t},)")
+        w_tok = inp.token_weights * inp.loss_mask  # [T] zero on context whatever the weights say
+        nll = -lp  # [T]
+        loss = (w_tok * nll).sum()  # []
+        metrics = {"nll": float(loss.detach()), "token_weight": float(w_tok.sum())}
+        if inp.entropy is not None:
+            metrics["entropy"] = float((w_tok * inp.entropy.detach()).sum())
+        return LossOutput(loss=loss, metrics=metrics)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -41,11 +42,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.files import write_new
-from lego_rl.serving.logprobs import sampler_logprobs
-from lego_rl.serving.sampler import GREEDY_EPS
 from lego_rl.serving.weights import load_checkpoint_into, load_model
 from lego_rl.train.backend import LossFn, LossInputs, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
+from lego_rl.train.head_logprobs import DEFAULT_CHUNK, HeadOutputs, head_logprobs
 from lego_rl.train.checkpoint import (
     EXTRA_STATE,
     TRAINER_STATE,
@@ -65,6 +65,8 @@ _MODEL_SIDE_FILES = (
     "chat_template.jinja",
 )
 """Copied from the loaded model directory into every checkpoint, so a checkpoint is a servable model."""
+
+_log = logging.getLogger(__name__)
 
 
 class TorchTrainSettings(BaseModel):
@@ -88,6 +90,9 @@ class TorchTrainSettings(BaseModel):
     """Keep a frozen copy of the loaded weights to give the loss ``ref_logprobs`` (KL penalty)."""
     device: str | None = None
     """``cuda``, ``cuda:1``, ``cpu``; None = the first CUDA device if there is one, else CPU."""
+    logprob_chunk_tokens: int = Field(default=DEFAULT_CHUNK, ge=0)
+    """Positions whose ``[chunk, V]`` logits exist at once when scoring (``train.head_logprobs``); 0 = the
+    model's full ``[T, V]`` logits in one piece (the unchunked baseline)."""
 
 
 def _segment_starts(mb: MicroBatch) -> torch.Tensor:
@@ -159,6 +164,7 @@ class TorchBackend:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self._version = 0
+        self._chunked = settings.logprob_chunk_tokens > 0 and self._probe_chunking()
 
     # ------------------------------------------------------------------------------------ forward
 
@@ -171,36 +177,90 @@ class TorchBackend:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _probe_chunking(self) -> bool:
+        """Whether this model's logits are ``lm_head(last hidden state)``, so the chunked path computes the
+        same numbers: checked once on a short sequence against the model's own logits. False (full logits,
+        the unchunked path) for a head that post-processes (logit soft-capping, scaling) or a model whose
+        forward takes no ``logits_to_keep``."""
+        ids = torch.arange(8, device=self.device) % int(self.config.vocab_size)  # [8]
+        mb_pos = torch.arange(8, device=self.device)  # [8]
+        try:
+            with torch.no_grad(), self._autocast():
+                full = self.model(input_ids=ids.unsqueeze(0), position_ids=mb_pos.unsqueeze(0),
+                                  use_cache=False).logits[0].float()  # [8, V]
+                hidden = self._hidden_states(self.model, ids, mb_pos)  # [8, H]
+                mine = self.model.get_output_embeddings()(hidden).float()  # [8, V]
+        except (TypeError, AttributeError, NotImplementedError) as exc:
+            _log.warning("chunked logprobs disabled for %s: %s", self.model_dir, exc)
+            return False
+        if mine.shape != full.shape or not torch.allclose(mine, full, rtol=1e-3, atol=1e-3):
+            _log.warning("chunked logprobs disabled for %s: lm_head(hidden) is not the model's logits "
+                         "(a post-processed head)", self.model_dir)
+            return False
+        return True
+
+    def _hidden_states(self, model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[T, H] the decoder's last hidden state (what ``lm_head`` consumes), from the whole model's forward
+        with ``logits_to_keep`` empty: no ``[T, V]`` logits are built, and wrappers that hook the top-level
+        module (FSDP) see an ordinary forward."""
+        captured: list[torch.Tensor] = []
+        handle = model.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
+        try:
+            model(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
+                  logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device))
+        finally:
+            handle.remove()
+        if len(captured) != 1:
+            raise RuntimeError(f"the decoder ran {len(captured)} times in one forward (expected once)")
+        return captured[0][0]  # [T, H]
+
+    def _score(
+        self, model: Any, mb: MicroBatch, temperature: float, with_entropy: bool, top_p: float = 1.0,
+        top_k: int = -1,
+    ) -> HeadOutputs:
+        """Per token of ``mb`` (``[T]``, aligned with ``input_ids``, 0 at segment starts): logprob under the
+        sampler's convention, entropy when asked, and the captured nucleus candidates' logprobs ``[T, K]``
+        when the micro-batch carries a nucleus. On the backend's device; carries the gradient when called
+        with grad enabled. Chunked over positions unless ``logprob_chunk_tokens`` is 0 or the model's head
+        cannot be applied on its own (``_probe_chunking``)."""
+        ids = mb.input_ids.to(self.device)  # [T]
+        pos = mb.position_ids.to(self.device)  # [T]
+        nuc_ids = None if mb.nucleus_ids is None else mb.nucleus_ids[1:].to(self.device)  # [T-1, K]
+        nuc_valid = None if mb.nucleus_valid is None else mb.nucleus_valid[1:].to(self.device)  # [T-1, K]
+        with self._autocast():
+            if self._chunked:
+                hidden = self._hidden_states(model, ids, pos)[:-1]  # [T-1, H] position i predicts token i+1
+                head = model.get_output_embeddings()
+                chunk = self.settings.logprob_chunk_tokens
+            else:
+                # The unchunked path: the model's own full logits [T-1, V], scored in one piece.
+                hidden = model(input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0),
+                               use_cache=False).logits[0, :-1]  # [T-1, V]
+                head = torch.nn.Identity()
+                chunk = max(1, hidden.shape[0])
+            out = head_logprobs(head, hidden, ids[1:], temperature=temperature, top_p=top_p, top_k=top_k,
+                                with_entropy=with_entropy, nucleus_ids=nuc_ids, nucleus_valid=nuc_valid,
+                                chunk=chunk, checkpoint_chunks=self._chunked)
+        starts = _segment_starts(mb).to(self.device)  # [T] a segment's first token has no prediction
+        lp = torch.cat([out.logprobs.new_zeros(1), out.logprobs])  # [T] aligned with input_ids
+        lp = torch.where(starts, torch.zeros_like(lp), lp)  # [T]
+        entropy = None
+        if out.entropy is not None:
+            entropy = torch.where(starts, 0.0, torch.cat([out.entropy.new_zeros(1), out.entropy]))  # [T]
+        cand = None
+        if out.candidate_logprobs is not None:
+            c = out.candidate_logprobs  # [T-1, K]
+            cand = torch.cat([c.new_zeros(1, c.shape[1]), c])  # [T, K]
+        return HeadOutputs(logprobs=lp, entropy=entropy, candidate_logprobs=cand)
+
     def _token_logprobs(
         self, model: Any, mb: MicroBatch, temperature: float, with_entropy: bool, top_p: float = 1.0,
         top_k: int = -1,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([T] logprob of each token given its segment's prefix, 0 at segment starts; [T] entropy or
         None)``, on the backend's device. Carries the gradient when called with grad enabled."""
-        temp = temperature if temperature >= GREEDY_EPS else 1.0
-        ids = mb.input_ids.to(self.device)  # [T]
-        with self._autocast():
-            out = model(
-                input_ids=ids.unsqueeze(0),
-                position_ids=mb.position_ids.to(self.device).unsqueeze(0),
-                use_cache=False,
-            )
-        logits = out.logits[0, :-1].float() / temp  # [T-1, V] position i predicts token i+1
-        logp_all = torch.log_softmax(logits, dim=-1)  # [T-1, V]
-        if (top_p < 1.0 or top_k > 0) and temperature >= GREEDY_EPS:  # greedy ignores the truncation
-            # Renormalised over the sampler's truncation (logits already divided by T, so T=1 here).
-            picked = sampler_logprobs(logits, ids[1:], temperature=1.0, top_p=top_p, top_k=top_k)  # [T-1]
-        else:
-            picked = logp_all.gather(-1, ids[1:].unsqueeze(-1)).squeeze(-1)  # [T-1]
-        lp = torch.cat([picked.new_zeros(1), picked])  # [T] aligned with input_ids
-        starts = _segment_starts(mb).to(self.device)  # [T]
-        lp = torch.where(starts, torch.zeros_like(lp), lp)  # [T] a segment's first token has no prediction
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                ent = -(logp_all.exp() * logp_all).sum(-1)  # [T-1]
-                entropy = torch.where(starts, 0.0, torch.cat([ent.new_zeros(1), ent]))  # [T]
-        return lp, entropy
+        out = self._score(model, mb, temperature, with_entropy, top_p, top_k)
+        return out.logprobs, out.entropy
 
     def compute_logprobs(
         self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float = 1.0, top_k: int = -1
@@ -279,15 +339,14 @@ class TorchBackend:
         metrics: dict[str, float] = {}
         loss_sum = 0.0
         for i, mb in enumerate(step.micro_batches):
-            lp, entropy = self._token_logprobs(self.model, mb, temperature, with_entropy=True, top_p=top_p,
-                                               top_k=top_k)  # [T], [T]
+            scored = self._score(self.model, mb, temperature, with_entropy=True, top_p=top_p, top_k=top_k)
             ref = None
             if self.reference is not None:
                 with torch.no_grad():
                     ref, _ = self._token_logprobs(self.reference, mb, temperature, with_entropy=False,
                                                   top_p=top_p, top_k=top_k)  # [T]
             inp = LossInputs(
-                logprobs=lp,
+                logprobs=scored.logprobs,  # [T]
                 old_logprobs=old_logprobs[i].to(dev),
                 rollout_logprobs=mb.rollout_logprobs.to(dev),
                 advantages=mb.advantages.to(dev),
@@ -298,7 +357,10 @@ class TorchBackend:
                 rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
                 rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev),
                 ref_logprobs=ref,
-                entropy=entropy,
+                entropy=scored.entropy,  # [T]
+                nucleus_candidate_logprobs=scored.candidate_logprobs,  # [T, K] when the nucleus was captured
+                nucleus_sampler_probs=None if mb.nucleus_probs is None else mb.nucleus_probs.to(dev),  # [T, K]
+                nucleus_valid=None if mb.nucleus_valid is None else mb.nucleus_valid.to(dev),  # [T, K]
             )
             out = loss_fn(inp)
             out.loss.backward()  # gradients add up over micro-batches: the token weights carry 1/(N_r R)

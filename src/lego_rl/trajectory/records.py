@@ -40,6 +40,10 @@ class TurnRecord(BaseModel):
     fallback_reason: str | None = None
     """For ``full`` prompts: why prefix reuse was not possible (``no previous turn in this chain``, ``the
     tool schemas changed``...); a diagnostic for a client whose histories keep forking."""
+    repeat_of: int | None = None
+    """The turn this call repeats: the client sent the identical request (same history, tools and template
+    kwargs on the same chain) again, e.g. a stream retry after a cut-off answer. Each repeat is an extra
+    engine call for one client step; a diagnostic, counted per rollout."""
     finish_reason: str
     stop_reason: str | None = None
     """Protocol-level stop reason sent to the client (``tool_use``, ``end_turn``, ``context_limit``...)."""

@@ -6,6 +6,12 @@ apps, sub-agents, goals, web search, WebSockets, analytics and update checks are
 to leave the sandbox, and ``unbounded_connection_retries`` is off so a dead adapter ends the run
 instead of retrying until the time budget.
 
+One turn is one request: the provider's ``stream_max_retries`` and ``request_max_retries`` are 0 (by
+default Codex re-sends a turn whose stream was cut up to 5 times and a refused request 4 times, each
+an extra engine call recorded for one step of the agent; the adapter's refusals are final anyway), and
+``stream_idle_timeout_ms`` is the rollout's time budget: SSE keepalive comments do not reset Codex's
+idle timer (default 300 s), so a long engine turn would otherwise be cut and re-sent.
+
 Install paths: ``native`` (default): the platform archive ``@openai/codex@<v>-linux-x64``
 (``LEGO_AGENT_CODEX_NATIVE_TARBALL``), no Node; ``npm``: Node 22 + ``@openai/codex`` + the same
 platform package (``LEGO_AGENT_NODE_TARBALL`` + ``LEGO_AGENT_CODEX_TARBALL``).
@@ -14,6 +20,7 @@ platform package (``LEGO_AGENT_NODE_TARBALL`` + ``LEGO_AGENT_CODEX_TARBALL``).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -140,6 +147,9 @@ class CodexHarness(HarnessPlugin[CodexConfig]):
             f"model_providers.{PROVIDER}.wire_api": "responses",
             f"model_providers.{PROVIDER}.env_key": KEY_VAR,
             f"model_providers.{PROVIDER}.supports_websockets": False,
+            f"model_providers.{PROVIDER}.stream_max_retries": 0,
+            f"model_providers.{PROVIDER}.request_max_retries": 0,
+            f"model_providers.{PROVIDER}.stream_idle_timeout_ms": math.ceil(request.time_budget_s * 1000),
             "web_search": "disabled",
             "analytics.enabled": False,
             "check_for_update_on_startup": False,
@@ -167,10 +177,16 @@ class CodexHarness(HarnessPlugin[CodexConfig]):
             return outcome
         low = message.lower()
         hit = "turn limit" in low or "max_turns" in low
-        # Connection failures and 5xx answers are the adapter's (or engine's), not the policy's.
+        # Connection failures, 5xx answers and engine failures reported inside the stream
+        # (``response.failed``: "stream disconnected before completion: model engine error: ...") are the
+        # adapter's (or engine's), not the policy's.
         adapter = not hit and any(
-            s in low for s in ("connection failed", "error sending request", "unexpected status 5")
-        )
+            s in low
+            for s in (
+                "connection failed", "error sending request", "unexpected status 5",
+                "stream disconnected before completion", "model engine error",
+            )
+        )  # fmt: skip
         return outcome.model_copy(
             update={
                 "hit_turn_limit": hit or outcome.hit_turn_limit,

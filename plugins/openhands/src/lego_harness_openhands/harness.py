@@ -1,11 +1,15 @@
 """The OpenHands SDK (``openhands-sdk`` + ``openhands-tools`` from PyPI) as a lego harness.
 
-The SDK needs Python >= 3.12 *inside the sandbox*: the task image must provide that interpreter
-(``python`` option, default ``python3.13``: the Debian trixie rootfs of scripts/build_rootfs_trixie.sh).
+The SDK needs Python >= 3.12 *inside the sandbox*. By default (``runtime = "toolchain"``) that
+interpreter comes with the toolchain: a relocatable Python ``python_version`` with its own loader and C
+libraries (``lego_rl.harness.pyruntime_build``), mounted at ``/opt/lego/python/<X.Y>``, so OpenHands
+runs on any task image, also Debian bookworm's (Python 3.11, glibc 2.36). ``runtime = "image"`` (or
+setting ``python``) uses the image's own interpreter instead, which must be that minor version.
 ``lego toolchain fetch`` builds a site-packages tree for that Python version (``pip install --target``
-run by an interpreter of that version, ``--python``); install uploads it to
-``/opt/lego/openhands/<version>`` with a small runner script, so the sandbox needs neither pip nor
-network. Binary wheels are built for one minor version: install refuses an interpreter of another.
+run by an interpreter of that version, ``--python``) and the runtime from the same interpreter;
+install mounts (bwrap) or uploads them to ``/opt/lego/...`` with a small runner script, so the sandbox
+needs neither pip nor network. Binary wheels are built for one minor version: install refuses an image
+interpreter of another.
 
 The runner drives one ``Conversation`` with an ``LLM(model="openai/<m>")`` at the adapter's
 Chat Completions front end, the session id as API key, ``max_iteration_per_run`` as the turn limit
@@ -19,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from lego_rl.errors import HarnessError
 from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
@@ -44,8 +48,12 @@ class OpenHandsConfig(HarnessConfig):
     """``[harness.openhands]``; env: ``LEGO_AGENT_OPENHANDS_*`` (or ``VIME_AGENT_OPENHANDS_*``)."""
 
     version: str = DEFAULT_VERSION
+    runtime: Literal["toolchain", "image"] = "toolchain"
+    """``toolchain``: the toolchain's Python ``python_version`` (any image). ``image``: the image's ``python``.
+    Setting ``python`` without ``runtime`` selects ``image``."""
     python: str = "python3.13"
-    """Interpreter inside the sandbox image (>= 3.12, same minor version as ``python_version``)."""
+    """Interpreter inside the sandbox image when ``runtime = "image"`` (>= 3.12, minor version
+    ``python_version``)."""
     python_version: str = Field(default="3.13", pattern=r"^3\.(1[2-9]|[2-9]\d)$")
     """Minor version the site tree is built for."""
     site_tree: Path | None = None
@@ -53,12 +61,24 @@ class OpenHandsConfig(HarnessConfig):
     num_retries: int = Field(default=2, ge=0)
     """LLM retries on an adapter error before the conversation fails."""
 
+    @model_validator(mode="after")
+    def _python_selects_image(self) -> OpenHandsConfig:
+        if "python" in self.model_fields_set and "runtime" not in self.model_fields_set:
+            self.runtime = "image"
+        return self
+
+    def interpreter(self) -> str:
+        """The ``python`` the harness runs: the mounted runtime's launcher, or the image's."""
+        if self.runtime == "image":
+            return self.python
+        return f"{INSTALL_ROOT}/python/{self.python_version}/bin/python{self.python_version}"
+
 
 class OpenHandsHarness(HarnessPlugin[OpenHandsConfig]):
     name: ClassVar[str] = "openhands"
     protocol: ClassVar[Literal["chat"]] = "chat"
     cli_package: ClassVar[str] = SDK
-    summary: ClassVar[str] = "OpenHands SDK conversation (Python >= 3.12 in the sandbox)"
+    summary: ClassVar[str] = "OpenHands SDK conversation (its Python mounted from the toolchain)"
     Config = OpenHandsConfig
     env_names: ClassVar[dict[str, str]] = {
         "site_tree": "OPENHANDS_SITE_TREE", "python": "OPENHANDS_PYTHON",
@@ -70,14 +90,24 @@ class OpenHandsHarness(HarnessPlugin[OpenHandsConfig]):
     def _home(o: OpenHandsConfig) -> str:
         return f"{INSTALL_ROOT}/openhands/{o.version}-py{o.python_version}"
 
+    @classmethod
+    def _runner(cls, o: OpenHandsConfig) -> str:
+        return f"{cls._home(o)}-{RUNNER}"
+
     def _pin(self, o: OpenHandsConfig) -> ToolchainPin:
         return ToolchainPin(
             role="site", kind="pypi", name=SDK, version=o.version, with_dependencies=True,
             python_version=o.python_version, companions=(f"{TOOLS}=={o.version}",),
         )  # fmt: skip
 
+    @staticmethod
+    def _runtime_pin(o: OpenHandsConfig) -> ToolchainPin:
+        return ToolchainPin(role="runtime", kind="runtime", name="python", version=o.python_version,
+                            with_dependencies=True)  # fmt: skip
+
     def toolchain(self, options: OpenHandsConfig) -> list[ToolchainPin]:
-        return [self._pin(options)]
+        runtime = [self._runtime_pin(options)] if options.runtime == "toolchain" else []
+        return [*runtime, self._pin(options)]
 
     def _env(self, o: OpenHandsConfig, home: str) -> dict[str, str]:
         return {
@@ -88,30 +118,35 @@ class OpenHandsHarness(HarnessPlugin[OpenHandsConfig]):
         }
 
     async def install(self, sandbox: Sandbox, toolchain: Toolchain, o: OpenHandsConfig) -> str:
-        found = await python_version(sandbox, o.python)
-        want = tuple(int(x) for x in o.python_version.split("."))
-        if found != want:
+        if o.runtime == "toolchain":
+            path = toolchain.resolve(self._runtime_pin(o))
+            await install_archive(sandbox, path, f"{INSTALL_ROOT}/python/{o.python_version}",
+                                  integrity=cached_integrity(path))  # fmt: skip
+        elif (found := await python_version(sandbox, o.python)) != tuple(
+            map(int, o.python_version.split("."))
+        ):
             raise HarnessError(
                 f"openhands needs Python {o.python_version} in the sandbox (its site tree has binary wheels for "
                 f"that version), but {o.python!r} is {found[0]}.{found[1]}; set harness.openhands.python / "
-                "python_version to match the image"
+                "python_version to match the image, or runtime = 'toolchain' (the default) to bring one"
             )
         path = toolchain.resolve(self._pin(o), override=o.site_tree)
-        # The tree's top folder is "site/": keep it, so the install dir also holds the runner.
+        # The tree's top folder is "site/": kept, as PYTHONPATH names <home>/site.
         await install_archive(
             sandbox, path, self._home(o), integrity=cached_integrity(path), strip_components=0
         )
+        # Beside the tree, not in it: a shared tree is mounted read-only.
         script = resources.files(__package__).joinpath("runner_script.py").read_text()
-        await sandbox.write_file(f"{self._home(o)}/{RUNNER}", script, user="root")
-        await sh(sandbox, f"chmod a+r {self._home(o)}/{RUNNER}", what="openhands runner permissions")
-        return f"{self._home(o)}/{RUNNER}"
+        await sandbox.write_file(self._runner(o), script, user="root")
+        await sh(sandbox, f"chmod a+r {self._runner(o)}", what="openhands runner permissions")
+        return self._runner(o)
 
     async def verify(self, sandbox: Sandbox, o: OpenHandsConfig, user: str) -> str:
         code = (
             "import importlib.metadata as m, openhands.sdk, openhands.tools.terminal;"
             f"print('{SDK}', m.version('{SDK}'))"
         )
-        return await version_of(sandbox, [o.python, "-c", code], user=user, expect=o.version,
+        return await version_of(sandbox, [o.interpreter(), "-c", code], user=user, expect=o.version,
                                 env=self._env(o, "/tmp/lego-openhands-verify"))  # fmt: skip
 
     def command(self, request: RunRequest, o: OpenHandsConfig) -> CommandSpec:
@@ -125,7 +160,7 @@ class OpenHandsHarness(HarnessPlugin[OpenHandsConfig]):
         env = self._env(o, home)
         env.update(o.extra_envs)
         return CommandSpec(
-            argv=[o.python, f"{self._home(o)}/{RUNNER}", f"{home}/run.json", *o.extra_args],
+            argv=[o.interpreter(), self._runner(o), f"{home}/run.json", *o.extra_args],
             env=env, cwd=request.workdir, user=request.user,
             files={f"{home}/run.json": json.dumps(run, indent=2) + "\n"},
         )  # fmt: skip

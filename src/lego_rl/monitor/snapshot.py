@@ -1,0 +1,656 @@
+"""One snapshot of a run: what every view shows, as data (``--json`` prints it, the views and the HTML report
+render it). Built from a ``RunState`` by ``build``; a live view builds only the section it shows.
+
+Every figure says where it comes from: events (``rollout_finished``, ``stage``...), a metrics row value, or
+the run's config. A figure the run did not record is None (JSON null), never a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from lego_rl.monitor.state import Rollout, RunState
+
+SECTIONS = ("overview", "terminations", "timing", "tasks", "consistency", "behaviour", "pipeline", "rollouts")
+STAGE_ORDER = (
+    "harness_lookup",
+    "sandbox_setup",
+    "harness_install",
+    "agent",
+    "patch",
+    "grading",
+    "cleanup",
+    "samples",
+)
+CONSISTENCY_FIELDS = ("pearson", "mean_abs_diff", "p99_abs_diff", "max_abs_diff", "k3_kl", "tokens")
+TOOL_RE = re.compile(r"<function=([A-Za-z0-9_.:-]{1,64})>|\"name\"\s*:\s*\"([A-Za-z0-9_.:-]{1,64})\"")
+BEHAVIOUR_ROLLOUTS = 50
+"""Latest finished rollouts whose turn records the Behaviour view reads (bounded: they are large)."""
+
+
+class Note(BaseModel):
+    level: str
+    text: str
+
+
+class RunInfo(BaseModel):
+    root: str
+    kind: str
+    """``train``, ``rollout-check`` or ``empty``."""
+    status: str
+    started_at: float | None
+    last_event_at: float | None
+    events_read: int
+    metrics_rows: int
+    resumes: int
+
+
+class RolloutBrief(BaseModel):
+    rollout_id: str
+    instance_id: str
+    harness: str
+    step: int | None
+    termination: str | None
+    reward: float | None
+    infrastructure: bool
+    turns: int
+    detail: str
+
+
+class Point(BaseModel):
+    step: int
+    value: float
+
+
+class Overview(BaseModel):
+    step: int | None
+    """Latest finished step."""
+    steps_total: int | None
+    """``train.num_rollout`` from the run's config."""
+    weight_version: int | None
+    reward: list[Point]
+    solve_rate: list[Point]
+    eval_pass_at_1: list[Point]
+    in_flight: dict[str, int]
+    """Rollouts started and not finished, per harness."""
+    rollouts_finished: int
+    rollouts_per_min: float | None
+    """Over the last (up to) 5 finished steps, wall-clock."""
+    trained_tokens_per_s: float | None
+    """``tokens`` / ``time_train_s`` of the last trained step."""
+    staleness: dict[str, float]
+    """Any ``staleness*`` value of the last metrics row (the synchronous loop samples with the current
+    weights: empty there)."""
+    eta_s: float | None
+    last_error: str | None
+    baseline: list[str] = Field(default_factory=list)
+    """rollout-check ``--baseline`` verdicts."""
+
+
+class StepTerminations(BaseModel):
+    step: int
+    counts: dict[str, int]
+    policy: int
+    infrastructure: int
+
+
+class Terminations(BaseModel):
+    totals: dict[str, int]
+    infrastructure_reasons: list[str]
+    per_step: list[StepTerminations]
+    examples: dict[str, list[RolloutBrief]]
+
+
+class StageTiming(BaseModel):
+    scope: str
+    """``all steps``, ``step N`` or ``no step`` (evaluation / rollout-check)."""
+    harness: str
+    stage: str
+    n: int
+    p50: float
+    p90: float
+    max: float
+
+
+class TaskRow(BaseModel):
+    instance_id: str
+    cells: str
+    """One symbol per finished attempt, oldest first: ``✓`` solved, ``·`` failed, ``✗`` infrastructure."""
+    attempts: int
+    solve_rate: float | None
+    zero_variance_groups: int
+    """Groups (steps) whose admitted rewards were all equal: no GRPO signal."""
+
+
+class Tasks(BaseModel):
+    tasks: list[TaskRow]
+    zero_variance_groups: int
+    groups: int
+
+
+class ConsistencyStep(BaseModel):
+    step: int
+    overall: dict[str, float]
+    by_kind: dict[str, dict[str, float]]
+    warn: bool
+
+
+class Consistency(BaseModel):
+    kl_warn: float
+    steps: list[ConsistencyStep]
+    worst: list[ConsistencyStep]
+    """The steps with the largest k3 KL, worst first."""
+    note: str
+
+
+class HarnessBehaviour(BaseModel):
+    harness: str
+    rollouts: int
+    turns_mean: float
+    turns_p50: float
+    turns_p90: float
+    turns_max: int
+    turns_histogram: dict[str, int]
+    tools: dict[str, int]
+    """Tool names in the sampled text of the turn records read (see ``records_read``)."""
+    tool_calls_per_turn: float | None
+    output_tokens_p50: float | None
+    output_tokens_p90: float | None
+    records_read: int
+    """Rollouts whose turn records were read (the latest ``BEHAVIOUR_ROLLOUTS`` finished ones)."""
+
+
+class PipelineStep(BaseModel):
+    step: int
+    time_rollout_s: float | None
+    time_train_s: float | None
+    time_sync_s: float | None
+    trainer_idle: float | None
+    """Share of the step the trainer waited for rollouts."""
+    rollout_idle: float | None
+    """Share of the step no rollout ran (training and sync)."""
+    excluded: int
+    refills: int
+    weight_version: int | None
+
+
+class Pipeline(BaseModel):
+    steps: list[PipelineStep]
+    bottleneck: str | None
+    staleness: dict[str, float]
+
+
+class Snapshot(BaseModel):
+    run: RunInfo
+    notes: list[Note]
+    overview: Overview | None = None
+    terminations: Terminations | None = None
+    timing: list[StageTiming] | None = None
+    tasks: Tasks | None = None
+    consistency: Consistency | None = None
+    behaviour: list[HarnessBehaviour] | None = None
+    pipeline: Pipeline | None = None
+    rollouts: list[RolloutBrief] | None = None
+    """The latest finished rollouts (newest first), or the search's matches."""
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of an already sorted, non-empty sequence."""
+    i = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return float(sorted_values[i])
+
+
+def as_int(value: object) -> int:
+    """A count from a JSON record written by another component: 0 when absent or not a number."""
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+def brief(r: Rollout) -> RolloutBrief:
+    return RolloutBrief(
+        rollout_id=r.rollout_id,
+        instance_id=r.instance_id,
+        harness=r.harness,
+        step=r.step,
+        termination=r.termination,
+        reward=r.reward,
+        infrastructure=r.infrastructure,
+        turns=r.turns,
+        detail=r.detail[:300],
+    )
+
+
+def _value(state: RunState, step: int, name: str) -> float | None:
+    agg = state.steps.get(step)
+    if agg is None or agg.metrics is None:
+        return None
+    return agg.metrics.values.get(name)
+
+
+def _done_steps(state: RunState) -> list[int]:
+    return sorted(s for s, a in state.steps.items() if a.finished is not None or a.metrics is not None)
+
+
+# -- sections --------------------------------------------------------------------------------------------
+
+
+def overview(state: RunState, now: float) -> Overview:
+    done = _done_steps(state)
+    reward, solve = [], []
+    for s in done:
+        agg = state.steps[s]
+        r = _value(state, s, "reward_mean")
+        if r is None and agg.rewards:
+            r = sum(agg.rewards) / len(agg.rewards)
+        if r is not None:
+            reward.append(Point(step=s, value=r))
+        sr = _value(state, s, "solve_rate")
+        if sr is None and agg.rewards:
+            sr = sum(x >= 1.0 for x in agg.rewards) / len(agg.rewards)
+        if sr is not None:
+            solve.append(Point(step=s, value=sr))
+    in_flight = Counter(r.harness for r in state.in_flight.values())
+    last = state.steps[done[-1]] if done else None
+    recent = [state.steps[s] for s in done[-5:]]
+    per_min = None
+    timed = [(a, a.metrics) for a in recent if a.metrics is not None]
+    if timed:
+        span = timed[-1][1].finished_at - timed[0][1].started_at
+        n = sum(a.rollouts or int(m.values.get("rollouts", 0)) for a, m in timed)
+        per_min = n / span * 60 if span > 0 else None
+    tokens_s = None
+    for _, m in reversed(timed):
+        tok, t = m.values.get("tokens"), m.values.get("time_train_s")
+        if tok and t:
+            tokens_s = tok / t
+            break
+    total = state.config_int("train", "num_rollout") if state.kind == "train" else None
+    eta = None
+    if total is not None and timed and state.finished is None:
+        step_s = sum(m.finished_at - m.started_at for _, m in timed) / len(timed)
+        eta = max(0.0, (total - (done[-1] + 1)) * step_s)
+    staleness = {
+        k: v
+        for k, v in (last.metrics.values.items() if last and last.metrics else ())
+        if k.startswith("staleness")
+    }
+    version = None
+    if last is not None:
+        version = (
+            last.finished.weight_version
+            if last.finished
+            else int(
+                last.metrics.values.get(  # type: ignore[union-attr]
+                    "weight_version", last.weight_version
+                )
+            )
+        )
+    elif state.open_step is not None:
+        version = state.steps[state.open_step].weight_version
+    return Overview(
+        step=done[-1] if done else None,
+        steps_total=total,
+        weight_version=version,
+        reward=reward,
+        solve_rate=solve,
+        eval_pass_at_1=[Point(step=e.step, value=e.pass_at_1) for e in state.evals],
+        in_flight=dict(sorted(in_flight.items())),
+        rollouts_finished=len(state.rollouts) - len(state.in_flight),
+        rollouts_per_min=per_min,
+        trained_tokens_per_s=tokens_s,
+        staleness=staleness,
+        eta_s=eta,
+        last_error=state.last_error[1] if state.last_error else None,
+        baseline=[
+            f"{b.instance_id}: {'solved (bad: the task is already solved)' if b.solved else 'unsolved'}"
+            f"{' — ' + b.error if b.error else ''}"
+            for b in state.baselines
+        ],
+    )
+
+
+def terminations(state: RunState) -> Terminations:
+    per_step = []
+    for s in _done_steps(state) + ([state.open_step] if state.open_step is not None else []):
+        agg = state.steps[s]
+        counts = dict(agg.terminations)
+        if not counts and agg.metrics is not None:  # no events for this step's rollouts: the metrics row's
+            counts = {str(k): v for k, v in agg.metrics.terminations.items()}
+        infra = sum(v for k, v in counts.items() if k in state.infra_reasons)
+        per_step.append(
+            StepTerminations(
+                step=s,
+                counts=dict(sorted(counts.items())),
+                policy=sum(counts.values()) - infra,
+                infrastructure=infra,
+            )
+        )
+    return Terminations(
+        totals=dict(state.terminations.most_common()),
+        infrastructure_reasons=sorted(state.infra_reasons),
+        per_step=per_step,
+        examples={k: [brief(r) for r in reversed(v)] for k, v in sorted(state.examples.items())},
+    )
+
+
+def timing(state: RunState) -> list[StageTiming]:
+    """Per harness and stage: over all steps, over the latest step, and over rollouts outside steps."""
+    latest = _done_steps(state)[-1:] or ([state.open_step] if state.open_step is not None else [])
+    merged: dict[tuple[str, str, str], list[float]] = {}
+    for (step, harness, stage), times in state.stage_times.items():
+        scopes = ["no step"] if step is None else ["all steps"] + ([f"step {step}"] if step in latest else [])
+        for scope in scopes:
+            merged.setdefault((scope, harness, stage), []).extend(times)
+    order = {s: i for i, s in enumerate(STAGE_ORDER)}
+    rows = []
+    for (scope, harness, stage), times in sorted(
+        merged.items(), key=lambda kv: (kv[0][0] != "all steps", kv[0][0], kv[0][1], order.get(kv[0][2], 99))
+    ):
+        times.sort()
+        rows.append(
+            StageTiming(
+                scope=scope,
+                harness=harness,
+                stage=stage,
+                n=len(times),
+                p50=quantile(times, 0.5),
+                p90=quantile(times, 0.9),
+                max=times[-1],
+            )
+        )
+    return rows
+
+
+SYMBOL = {"solved": "✓", "failed": "·", "infra": "✗"}
+
+
+def tasks(state: RunState) -> Tasks:
+    rows = []
+    zero = groups = 0
+    for task in sorted(state.tasks.values(), key=lambda t: t.instance_id):
+        # a group is one step's rollouts of the task; evaluation rollouts (step None) form no group
+        trained = [rewards for step, rewards in task.groups.items() if step is not None and len(rewards) > 1]
+        zv = sum(1 for rewards in trained if len(set(rewards)) == 1)
+        zero += zv
+        groups += len(trained)
+        rows.append(
+            TaskRow(
+                instance_id=task.instance_id,
+                cells="".join(SYMBOL[c] for c in task.cells),
+                attempts=len(task.cells),
+                solve_rate=task.solve_rate,
+                zero_variance_groups=zv,
+            )
+        )
+    return Tasks(tasks=rows, zero_variance_groups=zero, groups=groups)
+
+
+def consistency(state: RunState, kl_warn: float) -> Consistency:
+    steps = []
+    for s in _done_steps(state):
+        m = state.steps[s].metrics
+        if m is None:
+            continue
+        overall: dict[str, float] = {}
+        by_kind: dict[str, dict[str, float]] = {}
+        for key, value in m.values.items():
+            if not key.startswith("consistency/"):
+                continue
+            parts = key.split("/")
+            if len(parts) == 2:
+                overall[parts[1]] = value
+            elif len(parts) == 3:
+                by_kind.setdefault(parts[1], {})[parts[2]] = value
+        if overall or by_kind:
+            kls = [overall.get("k3_kl", 0.0), *(k.get("k3_kl", 0.0) for k in by_kind.values())]
+            steps.append(ConsistencyStep(step=s, overall=overall, by_kind=by_kind, warn=max(kls) > kl_warn))
+    worst = sorted(steps, key=lambda c: -c.overall.get("k3_kl", 0.0))[:5]
+    note = (
+        "per-step figures over every trained token (metrics rows, consistency/*); per-turn figures are not "
+        "recorded: open a worst step's rollouts in the drill-down"
+    )
+    if not steps:
+        note = (
+            "no consistency figures in this run: they are written by steps that trained (metrics rows, "
+            "consistency/*)"
+        )
+    return Consistency(kl_warn=kl_warn, steps=steps, worst=worst, note=note)
+
+
+def _turn_records(state: RunState, r: Rollout) -> list[dict[str, object]]:
+    folder = state.artifact_dir(r.rollout_id)
+    out: list[dict[str, object]] = []
+    try:
+        files = sorted(folder.glob("*.turns.jsonl"))
+    except OSError:
+        return out
+    for path in files:
+        try:
+            with path.open("rb") as fh:
+                for line in fh:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue  # a torn last line: the rest of the file still counts
+                    if isinstance(rec, dict):
+                        out.append(rec)
+        except OSError:
+            continue
+    return out
+
+
+class TurnCache:
+    """Turn-record figures per rollout, read once each (finished rollouts' records never change)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[Counter[str], int, int, list[int]]] = {}
+
+    def get(self, state: RunState, r: Rollout) -> tuple[Counter[str], int, int, list[int]]:
+        """(tool names, tool calls, turns read, output lengths) of one finished rollout."""
+        hit = self._seen.get(r.rollout_id)
+        if hit is None:
+            tools: Counter[str] = Counter()
+            calls, lengths = 0, []
+            records = _turn_records(state, r)
+            for rec in records:
+                text = rec.get("text")
+                if isinstance(text, str):
+                    tools.update(a or b for a, b in TOOL_RE.findall(text))
+                calls += as_int(rec.get("tool_calls"))
+                out_ids = rec.get("output_ids")
+                if isinstance(out_ids, list):
+                    lengths.append(len(out_ids))
+            hit = self._seen[r.rollout_id] = (tools, calls, len(records), lengths)
+        return hit
+
+
+def behaviour(state: RunState, cache: TurnCache) -> list[HarnessBehaviour]:
+    read = [r for r in list(state.recent)[-BEHAVIOUR_ROLLOUTS:] if r.termination is not None]
+    out = []
+    for harness, turns in sorted(state.turns_by_harness.items()):
+        values = sorted(turns.elements())
+        if not values:
+            continue
+        tools: Counter[str] = Counter()
+        calls = n_turns = 0
+        lengths: list[int] = []
+        records = 0
+        for r in read:
+            if r.harness != harness:
+                continue
+            t, c, n, lens = cache.get(state, r)
+            tools.update(t)
+            calls, n_turns = calls + c, n_turns + n
+            lengths.extend(lens)
+            records += n > 0
+        lengths.sort()
+        buckets: Counter[str] = Counter()
+        for v in values:
+            buckets[_bucket(v)] += 1
+        out.append(
+            HarnessBehaviour(
+                harness=harness,
+                rollouts=len(values),
+                turns_mean=sum(values) / len(values),
+                turns_p50=quantile(values, 0.5),
+                turns_p90=quantile(values, 0.9),
+                turns_max=values[-1],
+                turns_histogram={b: buckets[b] for b in _BUCKETS if buckets[b]},
+                tools=dict(tools.most_common(12)),
+                tool_calls_per_turn=calls / n_turns if n_turns else None,
+                output_tokens_p50=quantile(lengths, 0.5) if lengths else None,
+                output_tokens_p90=quantile(lengths, 0.9) if lengths else None,
+                records_read=records,
+            )
+        )
+    return out
+
+
+_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
+
+
+def _bucket(turns: int) -> str:
+    if turns < 2:
+        return str(turns)
+    for lo, name in ((2, "2-3"), (4, "4-7"), (8, "8-15"), (16, "16-31"), (32, "32-63")):
+        if turns < lo * 2:
+            return name
+    return "64+"
+
+
+def pipeline(state: RunState) -> Pipeline:
+    steps = []
+    for s in _done_steps(state):
+        agg = state.steps[s]
+        v = agg.metrics.values if agg.metrics else {}
+        tr, tt, ts = v.get("time_rollout_s"), v.get("time_train_s"), v.get("time_sync_s")
+        total = (tr or 0.0) + (tt or 0.0) + (ts or 0.0)
+        excluded = (
+            sum(agg.finished.excluded_rollouts.values())
+            if agg.finished
+            else int(v.get("excluded_rollouts", 0))
+        )
+        steps.append(
+            PipelineStep(
+                step=s,
+                time_rollout_s=tr,
+                time_train_s=tt,
+                time_sync_s=ts,
+                trainer_idle=tr / total if tr is not None and total > 0 else None,
+                rollout_idle=((tt or 0.0) + (ts or 0.0)) / total if tr is not None and total > 0 else None,
+                excluded=excluded,
+                refills=agg.refills or int(v.get("refills", 0)),
+                weight_version=agg.finished.weight_version if agg.finished else None,
+            )
+        )
+    recent = [p for p in steps[-5:] if p.trainer_idle is not None]
+    bottleneck = None
+    if recent:
+        idle = sum(p.trainer_idle or 0.0 for p in recent) / len(recent)
+        bottleneck = (
+            "rollouts (the trainer waits for them)"
+            if idle > 0.5
+            else "training and sync (the rollouts wait for them)"
+        )
+    last = state.steps[steps[-1].step].metrics if steps else None
+    staleness = {k: v for k, v in (last.values.items() if last else ()) if k.startswith("staleness")}
+    return Pipeline(steps=steps, bottleneck=bottleneck, staleness=staleness)
+
+
+def search(state: RunState, query: str, cache: TurnCache, limit: int = 200) -> list[RolloutBrief]:
+    """Finished rollouts matching every term of ``query``: ``task:`` / ``harness:`` / ``reason:`` / ``tool:``
+    / ``step:`` prefixes, or a bare word found in any of id, task, harness or reason. Newest first."""
+    terms = [t for t in query.split() if t]
+    out = []
+    for r in reversed(list(state.rollouts.values())):
+        if r.termination is None:
+            continue
+        if all(_matches(state, r, t, cache) for t in terms):
+            out.append(brief(r))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _matches(state: RunState, r: Rollout, term: str, cache: TurnCache) -> bool:
+    key, sep, value = term.partition(":")
+    if not sep:
+        value = term.lower()
+        return any(
+            value in (x or "").lower() for x in (r.rollout_id, r.instance_id, r.harness, r.termination)
+        )
+    value = value.lower()
+    if key == "task":
+        return value in r.instance_id.lower()
+    if key == "harness":
+        return value in r.harness.lower()
+    if key == "reason":
+        return value in (r.termination or "")
+    if key == "step":
+        return str(r.step) == value
+    if key == "tool":
+        return any(value == t.lower() for t in cache.get(state, r)[0])
+    return False
+
+
+def build(
+    state: RunState,
+    *,
+    now: float,
+    kl_warn: float,
+    sections: Iterable[str] = SECTIONS,
+    cache: TurnCache | None = None,
+    query: str | None = None,
+) -> Snapshot:
+    """The snapshot of ``state`` with the named sections filled (the rest None)."""
+    cache = cache or TurnCache()
+    want = set(sections)
+    snap = Snapshot(
+        run=RunInfo(
+            root=str(state.root),
+            kind=state.kind,
+            status=state.status(now),
+            started_at=state.started_at,
+            last_event_at=state.last_event_ts,
+            events_read=state.events_read,
+            metrics_rows=state.metrics_read,
+            resumes=state.resumes,
+        ),
+        notes=[Note(level=n.level, text=n.text) for n in state.notes(now)],
+    )
+    if "overview" in want:
+        snap.overview = overview(state, now)
+    if "terminations" in want:
+        snap.terminations = terminations(state)
+    if "timing" in want:
+        snap.timing = timing(state)
+    if "tasks" in want:
+        snap.tasks = tasks(state)
+    if "consistency" in want:
+        snap.consistency = consistency(state, kl_warn)
+    if "behaviour" in want:
+        snap.behaviour = behaviour(state, cache)
+    if "pipeline" in want:
+        snap.pipeline = pipeline(state)
+    if "rollouts" in want:
+        snap.rollouts = (
+            search(state, query, cache) if query else [brief(r) for r in reversed(state.recent)][:50]
+        )
+    return snap
+
+
+def artifact_files(state: RunState, rollout_id: str) -> list[Path]:
+    folder = state.artifact_dir(rollout_id)
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_file())
+    except OSError:
+        return []

@@ -1,0 +1,464 @@
+"""What the monitor knows about a run: aggregates built from its logs, one new line at a time.
+
+``RunState.refresh()`` reads only what was appended since the last call (``JsonlFollower`` cursors), so a
+live refresh costs what the run wrote in the meantime, never a re-read of the whole run. Everything a view
+shows is kept here in a form it can render without visiting every rollout again: per step, per task, per
+(step, harness, stage). A run that is broken in any way (no log yet, a torn last line, a line that does not
+parse, a log cut shorter) becomes a ``note``, never an exception: the monitor is what an operator opens when
+something went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lego_rl.runstore import JsonlFollower, RunLayout, RunLogError, StepMetrics, follow_events, follow_metrics
+from lego_rl.runstore.events import (
+    AgentExited,
+    ArtifactNotSaved,
+    Baseline,
+    CheckpointSaved,
+    EvalFinished,
+    GroupReplaced,
+    LogRepaired,
+    RolloutCheckFinished,
+    RolloutFinished,
+    RolloutRefilled,
+    RolloutStarted,
+    RunEvent,
+    RunResumed,
+    RunStarted,
+    ServingReady,
+    SessionCloseFailed,
+    StageFinished,
+    StepFinished,
+    StepStarted,
+    TrainingFinished,
+)
+
+EXAMPLES_KEPT = 5
+"""Latest examples kept per termination reason (the Terminations view lists them)."""
+RECENT_KEPT = 200
+"""Finished rollouts kept in order for the rollout list and the search."""
+
+
+@dataclass
+class Rollout:
+    """One rollout as the events tell it; ``termination`` is None while it is in flight."""
+
+    rollout_id: str
+    instance_id: str
+    harness: str
+    step: int | None
+    """The training step it belongs to; None for evaluation and rollout-check rollouts."""
+    started: float
+    group_index: int = 0
+    index: int = 0
+    finished: float | None = None
+    termination: str | None = None
+    reward: float | None = None
+    infrastructure: bool = False
+    turns: int = 0
+    detail: str = ""
+    stages: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """stage → (status, seconds), in the order they ended."""
+    exit_code: int | None = None
+    refilled_by: str | None = None
+    problems: list[str] = field(default_factory=list)
+    """session_close_failed / artifact_not_saved facts about this rollout."""
+
+    @property
+    def outcome(self) -> str:
+        """``solved``, ``failed``, ``infra`` or ``running`` (the task grid's cell)."""
+        if self.termination is None:
+            return "running"
+        if self.infrastructure:
+            return "infra"
+        return "solved" if (self.reward or 0.0) >= 1.0 else "failed"
+
+
+@dataclass
+class StepAgg:
+    step: int
+    started: float
+    weight_version: int
+    finished: StepFinished | None = None
+    metrics: StepMetrics | None = None
+    terminations: Counter[str] = field(default_factory=Counter)
+    rewards: list[float] = field(default_factory=list)
+    rollouts: int = 0
+    in_flight: int = 0
+    refills: int = 0
+    replaced_groups: int = 0
+    infrastructure: int = 0
+    turns: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TaskAgg:
+    instance_id: str
+    cells: list[str] = field(default_factory=list)
+    """Outcome of each finished attempt, in order (``solved`` / ``failed`` / ``infra``)."""
+    groups: dict[int | None, list[float]] = field(default_factory=dict)
+    """step → admitted rewards, for zero-variance groups."""
+
+    @property
+    def solve_rate(self) -> float | None:
+        graded = [c for c in self.cells if c != "infra"]
+        return sum(c == "solved" for c in graded) / len(graded) if graded else None
+
+
+@dataclass(frozen=True)
+class Note:
+    level: str
+    """``info``, ``warn`` or ``error``."""
+    text: str
+
+
+class _Log:
+    """One followed log: its follower, and what happened to it (missing, torn tail, bad lines)."""
+
+    def __init__(self, follower: JsonlFollower[object], name: str) -> None:
+        self.follower = follower
+        self.name = name
+        self.exists = False
+        self.torn_bytes = 0
+        self.bad_lines: list[str] = []
+        self.size = 0
+        self.mtime: float | None = None
+
+    def replaced(self) -> bool:
+        """Another file is under the name now (another inode), or the file is shorter than the cursor."""
+        cur = self.follower.cursor
+        if cur.inode is None:
+            return False
+        try:
+            st = self.follower.path.stat()
+        except FileNotFoundError:
+            return cur.offset > 0
+        return st.st_ino != cur.inode or st.st_size < cur.offset
+
+    def read(self) -> list[object]:
+        """New records; a line that does not parse is noted and stepped over (the rest is still read)."""
+        out: list[object] = []
+        path = self.follower.path
+        for _ in range(1000):  # bounded: at most this many bad lines stepped over in one refresh
+            try:
+                out.extend(self.follower.read())
+                break
+            except RunLogError as exc:
+                self.bad_lines.append(str(exc))
+                del self.bad_lines[:-5]
+                self.follower.skip_line()
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            self.exists = False
+            return out
+        self.exists = True
+        self.size, self.mtime = st.st_size, st.st_mtime
+        self.torn_bytes = max(0, st.st_size - self.follower.cursor.offset)
+        return out
+
+
+def _config_value(config: dict[str, object], section: str, key: str) -> object:
+    part = config.get(section)
+    if isinstance(part, dict):
+        entry = part.get(key)
+        if isinstance(entry, dict) and "value" in entry:
+            return entry["value"]
+    return None
+
+
+class RunState:
+    """A run directory followed incrementally. Call ``refresh()``; read the attributes."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.notes_fixed: list[Note] = []
+        self.config: dict[str, object] = self._read_config()
+        self.layout = RunLayout(self.root, self._moved("artifacts"), self._moved("run_log"))
+        self.events = _Log(follow_events(self.layout.events), "events.jsonl")  # type: ignore[arg-type]
+        metrics = follow_metrics(self.layout.metrics)
+        self.metrics_log = _Log(metrics, "metrics.jsonl")  # type: ignore[arg-type]
+        self.rollouts: dict[str, Rollout] = {}
+        self.in_flight: dict[str, Rollout] = {}
+        self.recent: deque[Rollout] = deque(maxlen=RECENT_KEPT)
+        self.steps: dict[int, StepAgg] = {}
+        self.open_step: int | None = None
+        self.tasks: dict[str, TaskAgg] = {}
+        self.examples: dict[str, deque[Rollout]] = {}
+        self.terminations: Counter[str] = Counter()
+        self.infra_reasons: set[str] = set()
+        self.stage_times: dict[tuple[int | None, str, str], list[float]] = {}
+        """(step, harness, stage) → seconds of each rollout's stage that ended ``ok`` or ``failed``."""
+        self.turns_by_harness: dict[str, Counter[int]] = {}
+        self.evals: list[EvalFinished] = []
+        self.checkpoints: list[CheckpointSaved] = []
+        self.baselines: list[Baseline] = []
+        self.check_finished: RolloutCheckFinished | None = None
+        self.finished: TrainingFinished | None = None
+        self.started_at: float | None = None
+        self.resumes = 0
+        self.serving: list[str] = []
+        self.last_error: tuple[float, str] | None = None
+        self.last_event_ts: float | None = None
+        self.kind = "empty"
+        """``train`` (step events seen), ``rollout-check``, or ``empty`` (nothing yet)."""
+        self.events_read = 0
+        self.metrics_read = 0
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def _read_config(self) -> dict[str, object]:
+        path = self.root / "config.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            self.notes_fixed.append(
+                Note("warn", f"{path}: not readable as JSON ({exc}); config values unknown")
+            )
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _moved(self, key: str) -> Path | None:
+        """``paths.<key>`` when the run put it outside its run root (else None: the default place, under the
+        directory given, which may have been moved or copied since the run wrote its config)."""
+        value = _config_value(self.config, "paths", key)
+        root = _config_value(self.config, "paths", "run_root")
+        if not isinstance(value, str) or not Path(value).is_absolute():
+            return None
+        if isinstance(root, str) and Path(value).is_relative_to(root):
+            return None
+        return Path(value)
+
+    def refresh(self) -> int:
+        """Read what was appended since the last call; the number of new records."""
+        if not self.config and (self.root / "config.json").is_file():  # watched since before the run began
+            if self.events_read == 0 and self.metrics_read == 0:
+                self.__init__(self.root)  # type: ignore[misc]  # the config may place the log elsewhere
+            else:
+                self.config = self._read_config()
+        replaced = [log.name for log in (self.events, self.metrics_log) if log.replaced()]
+        if replaced:  # a different file under the name now: what was counted from the old one is void
+            self.__init__(self.root)  # type: ignore[misc]
+            self.notes_fixed.append(
+                Note(
+                    "warn",
+                    f"{' and '.join(replaced)} was replaced or cut shorter while "
+                    "followed (a new run in this directory?): read again from the top",
+                )
+            )
+        new = 0
+        for event in self.events.read():
+            self._apply(event)  # type: ignore[arg-type]
+            new += 1
+        self.events_read += new
+        rows = 0
+        for row in self.metrics_log.read():
+            assert isinstance(row, StepMetrics)
+            agg = self.steps.get(row.step)
+            if agg is None:
+                agg = self.steps[row.step] = StepAgg(
+                    row.step, row.started_at, int(row.values.get("weight_version", 0))
+                )
+            agg.metrics = row
+            rows += 1
+        self.metrics_read += rows
+        return new + rows
+
+    def _apply(self, e: RunEvent) -> None:
+        self.last_event_ts = e.ts
+        r: Rollout | None
+        if isinstance(e, StageFinished):  # the most frequent kind first (five or more per rollout)
+            r = self.rollouts.get(e.rollout_id)
+            if r is not None:
+                r.stages[e.stage] = (e.status, e.duration_s)
+                if e.status != "interrupted":
+                    self._stage_time(r, e.stage, e.duration_s)
+        elif isinstance(e, RolloutStarted):
+            step = self.open_step
+            r = Rollout(e.rollout_id, e.instance_id, e.harness, step, e.ts, e.group_index, e.index)
+            self.rollouts[e.rollout_id] = r
+            self.in_flight[e.rollout_id] = r
+            if step is not None and step in self.steps:
+                self.steps[step].in_flight += 1
+        elif isinstance(e, RolloutFinished):
+            self._finish(e)
+        elif isinstance(e, AgentExited):
+            if (r := self.rollouts.get(e.rollout_id)) is not None:
+                r.exit_code = e.exit_code
+        elif isinstance(e, SessionCloseFailed | ArtifactNotSaved):
+            what = (
+                f"session close failed: {e.error}"
+                if isinstance(e, SessionCloseFailed)
+                else f"artifact {e.name} not saved: {e.error}"
+            )
+            if (r := self.rollouts.get(e.rollout_id)) is not None:
+                r.problems.append(what)
+            self.last_error = (e.ts, f"{e.rollout_id}: {what}")
+        elif isinstance(e, StepStarted):
+            self.kind = "train"
+            self.open_step = e.step
+            self.steps[e.step] = StepAgg(e.step, e.ts, e.weight_version)
+        elif isinstance(e, StepFinished):
+            agg = self.steps.setdefault(e.step, StepAgg(e.step, e.ts, e.weight_version))
+            agg.finished = e
+            self.open_step = None
+        elif isinstance(e, RolloutRefilled):
+            if (r := self.rollouts.get(e.failed_rollout_id)) is not None:
+                r.refilled_by = e.new_rollout_id
+            if e.step in self.steps:
+                self.steps[e.step].refills += 1
+        elif isinstance(e, GroupReplaced):
+            if e.step in self.steps:
+                self.steps[e.step].replaced_groups += 1
+        elif isinstance(e, EvalFinished):
+            self.evals.append(e)
+        elif isinstance(e, CheckpointSaved):
+            self.checkpoints.append(e)
+        elif isinstance(e, TrainingFinished):
+            self.finished = e
+            self.open_step = None
+            if e.status == "failed":
+                self.last_error = (e.ts, f"training failed: {e.detail}")
+        elif isinstance(e, RunStarted):
+            self.started_at = self.started_at or e.ts
+        elif isinstance(e, RunResumed):
+            self.resumes += 1
+            self.finished = None  # a resumed run is running again until its next training_finished
+        elif isinstance(e, Baseline):
+            self.baselines.append(e)
+            if self.kind == "empty":
+                self.kind = "rollout-check"
+        elif isinstance(e, RolloutCheckFinished):
+            self.check_finished = e
+            self.kind = "rollout-check"
+        elif isinstance(e, ServingReady):
+            self.serving = e.serving
+        elif isinstance(e, LogRepaired):
+            repaired = f"the log ended in a torn line when reopened (a crash mid-write): {e.fragment[:80]!r}"
+            self.last_error = (e.ts, repaired)
+
+    def _stage_time(self, r: Rollout, stage: str, seconds: float) -> None:
+        key = (r.step, r.harness, stage)
+        if (times := self.stage_times.get(key)) is None:
+            times = self.stage_times[key] = []
+        times.append(seconds)
+
+    def _finish(self, e: RolloutFinished) -> None:
+        r = self.rollouts.get(e.rollout_id)
+        if r is None:  # its start is not in this log (a log cut, a moved file): keep what we know
+            r = self.rollouts[e.rollout_id] = Rollout(e.rollout_id, "?", "?", self.open_step, e.ts)
+        self.in_flight.pop(e.rollout_id, None)
+        r.finished, r.termination, r.reward = e.ts, str(e.termination), e.reward
+        r.infrastructure, r.turns, r.detail = e.infrastructure_failure, e.turns, e.detail
+        if not r.stages:  # environment rollouts and older logs: the timings are the stages
+            for stage, d in e.timings.items():
+                r.stages[stage] = ("ok", d)
+                self._stage_time(r, stage, d)
+        reason = r.termination
+        self.terminations[reason] += 1
+        if r.infrastructure:
+            self.infra_reasons.add(reason)
+            self.last_error = (e.ts, f"{r.rollout_id}: {reason}: {e.detail or (e.traceback or '')[-200:]}")
+        if (examples := self.examples.get(reason)) is None:
+            examples = self.examples[reason] = deque(maxlen=EXAMPLES_KEPT)
+        examples.append(r)
+        self.recent.append(r)
+        if (turns := self.turns_by_harness.get(r.harness)) is None:
+            turns = self.turns_by_harness[r.harness] = Counter()
+        turns[r.turns] += 1
+        if r.step is not None and (agg := self.steps.get(r.step)) is not None:
+            agg.terminations[reason] += 1
+            agg.rollouts += 1
+            agg.in_flight = max(0, agg.in_flight - 1)
+            agg.turns.append(r.turns)
+            if r.infrastructure:
+                agg.infrastructure += 1
+            elif r.reward is not None:
+                agg.rewards.append(r.reward)
+        task = self.tasks.get(r.instance_id)
+        if task is None:
+            task = self.tasks[r.instance_id] = TaskAgg(r.instance_id)
+        task.cells.append(r.outcome)
+        if not r.infrastructure and r.reward is not None:
+            task.groups.setdefault(r.step, []).append(r.reward)
+
+    # -- what the views ask ----------------------------------------------------------------------------
+
+    def notes(self, now: float | None = None) -> list[Note]:
+        """Everything an operator should know about the state of the files and the run, worst first."""
+        now = time.time() if now is None else now
+        out = list(self.notes_fixed)
+        if not self.root.is_dir():
+            return [Note("error", f"{self.root}: no such directory")]
+        if not self.events.exists:
+            out.append(
+                Note(
+                    "error" if not self.config else "warn",
+                    f"{self.layout.events} does not exist (yet): the run has not started writing events"
+                    if self.config
+                    else f"{self.root} holds no run (no config.json, no events.jsonl)",
+                )
+            )
+        if not self.metrics_log.exists and self.kind == "train":
+            out.append(Note("info", "metrics.jsonl does not exist yet: no step has finished"))
+        for log in (self.events, self.metrics_log):
+            if log.torn_bytes:
+                out.append(
+                    Note(
+                        "warn",
+                        f"{log.name} ends in an incomplete line ({log.torn_bytes} bytes without a "
+                        "newline): a writer mid-line, or a crash while writing; not read yet",
+                    )
+                )
+            out.extend(Note("error", f"skipped: {bad}") for bad in log.bad_lines)
+        out.append(self.status_note(now))
+        return out
+
+    def status(self, now: float) -> str:
+        if self.finished is not None:
+            return f"finished ({self.finished.status})"
+        if self.check_finished is not None:
+            return "finished"
+        if not self.events.exists or (self.events_read == 0 and not self.events.torn_bytes):
+            return "not started"
+        quiet = now - (self.events.mtime or now)
+        if quiet > self.stall_after_s():
+            return "stalled or crashed"
+        return "running"
+
+    def stall_after_s(self) -> float:
+        """Quiet time after which an unfinished run is called stalled: 10 minutes, or 3 steps' time."""
+        times = [a.metrics.finished_at - a.metrics.started_at for a in self.steps.values() if a.metrics]
+        return max(600.0, 3 * max(times[-5:], default=0.0))
+
+    def status_note(self, now: float) -> Note:
+        status = self.status(now)
+        if status.startswith("finished"):
+            detail = f": {self.finished.detail}" if self.finished and self.finished.detail else ""
+            return Note("error" if "failed" in status else "info", f"run {status}{detail}")
+        if status == "stalled or crashed":
+            quiet = now - (self.events.mtime or now)
+            return Note(
+                "warn",
+                f"no event for {quiet / 60:.0f} min and no training_finished: the run crashed "
+                f"(killed, out of memory) or is stuck; {len(self.in_flight)} rollouts never finished",
+            )
+        if status == "not started":
+            return Note("info", "waiting for the run to write its first event to events.jsonl")
+        return Note("info", "running")
+
+    def config_int(self, section: str, key: str) -> int | None:
+        value = _config_value(self.config, section, key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def artifact_dir(self, rollout_id: str) -> Path:
+        return self.layout.rollout(rollout_id)

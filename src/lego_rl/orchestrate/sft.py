@@ -1,0 +1,336 @@
+"""Supervised warm start: cross-entropy on demonstrations through the same trainer backend as GRPO.
+
+A random tiny model never earns a reward through a real CLI, so RL alone cannot be shown on it. SFT on a
+few demonstrations (Samples: token ids and loss masks, e.g. the ``samples.jsonl`` of rollouts whose policy
+solved the task) moves it to where some rollouts succeed; ``lego train`` then starts from the checkpoint.
+
+* **Data.** ``train.sft_data``: Samples as JSON lines, any number of segments per rollout
+  (``rollout_id``). A demonstration is one rollout with all its segments; a line that is not a Sample, a
+  rollout with no trained token and a segment longer than ``train.micro_batch_tokens`` are errors naming
+  the file and line before anything starts.
+* **Step.** ``train.sft_batch_size`` demonstrations from a seeded order (``train.seed``, reshuffled per
+  epoch: the RL loop's ``PromptStream`` over rollouts), packed by ``plan_steps`` (one denominator per
+  demonstration), one ``TrainerBackend.train_step`` with ``SftLoss`` at temperature 1, no truncation.
+  The reported ``loss``/``nll`` is the batch's NLL *before* the update (the forward that is
+  differentiated), so a falling curve is the demonstrated tokens' log-probability rising.
+* **Run directory.** The run store's: config, events (``step_started``, ``step_finished``,
+  ``checkpoint_saved``, ``training_finished``), a ``StepMetrics`` row per step, checkpoints in
+  ``checkpoints/step-NNNNNN`` (Hugging Face format: ``model.checkpoint`` of a GRPO run can name one) and
+  ``checkpoints/latest``. Resume (``train.resume``) continues from ``latest`` with the same data order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from pydantic import ValidationError
+
+from lego_rl.config.resolve import ResolvedConfig, config_json
+from lego_rl.config.schema import LegoConfig
+from lego_rl.errors import ConfigError, TaskDataError
+from lego_rl.orchestrate.loop import DataCursor, Prompt, PromptStream, TrainingError
+from lego_rl.orchestrate.stack import model_dir
+from lego_rl.runstore import RunDir, RunLayout, StepMetrics, follow_metrics, replace_file
+from lego_rl.runstore.events import CheckpointSaved, StepFinished, StepStarted, TrainingFinished
+from lego_rl.train.backend import TrainerBackend
+from lego_rl.train.batching import plan_steps
+from lego_rl.train.losses import SftLoss
+from lego_rl.trajectory.sample import Sample
+
+if TYPE_CHECKING:
+    from lego_rl.orchestrate.train_session import BackendFactory
+
+SFT_STATE_KEY = "sft_step"
+"""The key that marks a checkpoint as SFT's (a GRPO resume refuses it: it has no ``cursor``)."""
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One demonstrated rollout: all its segments, and the line each came from (for error messages)."""
+
+    rollout_id: str
+    samples: list[Sample]
+    lines: list[int]
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(s.num_trained_tokens for s in self.samples)
+
+
+def load_demonstrations(path: Path, *, micro_batch_tokens: int, key: str = "train.sft_data") -> list[Demonstration]:
+    """Demonstrations from a Sample JSON-lines file; anything unusable is an error naming file and line."""
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist or is not a file", parameter=key, value=str(path))
+    by_rollout: dict[str, list[tuple[int, Sample]]] = defaultdict(list)
+    seen: dict[tuple[str, int], int] = {}
+    with path.open("rb") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                sample = Sample.model_validate_json(line)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(map(str, first["loc"])) or "(line)"
+                raise TaskDataError(f"not a Sample ({where}: {first['msg']}; {exc.error_count()} error(s))",
+                                    source=str(path), row=lineno) from None
+            ident = (sample.rollout_id, sample.segment)
+            if ident in seen:
+                raise TaskDataError(f"rollout {sample.rollout_id!r} segment {sample.segment} repeats line "
+                                    f"{seen[ident]}", source=str(path), row=lineno)
+            seen[ident] = lineno
+            if len(sample.tokens) > micro_batch_tokens:
+                raise TaskDataError(f"segment of {len(sample.tokens)} tokens is longer than train.micro_batch_tokens"
+                                    f" = {micro_batch_tokens}; raise it", source=str(path), row=lineno)
+            by_rollout[sample.rollout_id].append((lineno, sample))
+    demos: list[Demonstration] = []
+    for rid, rows in by_rollout.items():
+        rows.sort(key=lambda r: r[1].segment)
+        demo = Demonstration(rid, [s for _, s in rows], [n for n, _ in rows])
+        if demo.trained_tokens == 0:
+            raise TaskDataError(f"rollout {rid!r} has no token with loss_mask 1: nothing to learn from it",
+                                source=str(path), row=demo.lines[0])
+        demos.append(demo)
+    if not demos:
+        raise ConfigError(f"{path} holds no demonstrations", parameter=key, value=str(path))
+    return demos
+
+
+def collect_demonstrations(run_roots: list[Path], *, min_reward: float | None = 1.0) -> list[Sample]:
+    """Samples of the rollouts saved under each run's ``sandboxes/*/samples.jsonl`` whose reward is at
+    least ``min_reward`` (None: every rollout), rollout ids prefixed by the run's folder name so that runs
+    never collide. The way to turn recorded rollouts (e.g. ``lego rollout-check`` with a scripted or a
+    strong policy) into ``train.sft_data``."""
+    out: list[Sample] = []
+    for root in run_roots:
+        files = sorted(root.glob("sandboxes/*/samples.jsonl"))
+        if not files:
+            raise ConfigError(f"{root} has no sandboxes/*/samples.jsonl: not a run directory with saved rollouts",
+                              parameter="run_root", value=str(root))
+        for f in files:
+            with f.open("rb") as fh:
+                for lineno, line in enumerate(fh, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        s = Sample.model_validate_json(line)
+                    except ValidationError as exc:
+                        raise TaskDataError(f"not a Sample: {exc.errors()[0]['msg']}", source=str(f),
+                                            row=lineno) from None
+                    if min_reward is not None and (s.reward is None or s.reward < min_reward):
+                        continue
+                    out.append(s.model_copy(update={"rollout_id": f"{root.name}/{s.rollout_id}"}))
+    return out
+
+
+@dataclass(frozen=True)
+class SftSettings:
+    steps: int
+    batch_size: int
+    micro_batch_tokens: int
+    checkpoint_every: int = 0
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, c: LegoConfig) -> SftSettings:
+        return cls(steps=c.train.sft_steps, batch_size=c.train.sft_batch_size,
+                   micro_batch_tokens=c.train.micro_batch_tokens, checkpoint_every=c.train.checkpoint_every,
+                   seed=c.train.seed)
+
+
+@dataclass
+class SftProgress:
+    step: int = 0
+    total_steps: int = 0
+    last_loss: float | None = None
+    phase: str = "starting"
+
+
+class SftRunner:
+    """The SFT loop over a backend and demonstrations, writing to ``run`` (no config, no printing)."""
+
+    def __init__(self, settings: SftSettings, *, backend: TrainerBackend, demos: list[Demonstration],
+                 run: RunDir, on_step: Callable[[StepMetrics], None] | None = None) -> None:
+        self.s = settings
+        self.backend = backend
+        self.demos = demos
+        self.run_dir = run
+        self.loss = SftLoss()
+        self.stream = PromptStream([Prompt(d.rollout_id, d) for d in demos], seed=settings.seed)
+        self.next_step = 0
+        self.progress = SftProgress(total_steps=settings.steps)
+        self.on_step = on_step
+        """Called with each ``StepMetrics`` row after it is written (the TensorBoard sink)."""
+        self._stop = False
+        self._last_checkpoint: int | None = None
+
+    # -- checkpoints --------------------------------------------------------------------------------
+
+    def save_checkpoint(self, step: int) -> Path:
+        path = self.run_dir.layout.checkpoints / f"step-{step:06d}"
+        state = {SFT_STATE_KEY: step, "sft_cursor": self.stream.cursor.model_dump(), "seed": self.s.seed}
+        self.backend.save_checkpoint(path, extra_state=state)
+        replace_file(self.run_dir.layout.checkpoints / "latest", path.name + "\n")  # after: never half-written
+        self.run_dir.events.emit(CheckpointSaved(step=step, path=str(path)))
+        self._last_checkpoint = step
+        return path
+
+    def resume(self) -> int | None:
+        pointer = self.run_dir.layout.checkpoints / "latest"
+        if not pointer.exists():
+            return None
+        path = self.run_dir.layout.checkpoints / pointer.read_text().strip()
+        state = self.backend.load_checkpoint(path)
+        if SFT_STATE_KEY not in state:
+            raise ConfigError(f"checkpoint {path} was not written by SFT (a GRPO run's?): resume it without "
+                              "train.sft_data, or start SFT in a new run root", parameter="train.resume",
+                              value=str(path))
+        if state.get("seed", self.s.seed) != self.s.seed:
+            raise ConfigError(f"checkpoint {path} was trained with train.seed={state['seed']}, this run has "
+                              f"{self.s.seed}: the data order would differ", parameter="train.seed", value=self.s.seed)
+        step = int(state[SFT_STATE_KEY])
+        self.stream = PromptStream(self.stream.prompts, seed=self.s.seed,
+                                   cursor=DataCursor.model_validate(state["sft_cursor"]))
+        self.next_step = step + 1
+        self._last_checkpoint = step
+        return step
+
+    # -- steps --------------------------------------------------------------------------------------
+
+    def batch(self) -> list[Sample]:
+        """The next ``batch_size`` demonstrations' samples. A demonstration drawn twice in one step (the
+        epoch turned inside it) gets a distinct id per draw, so packing never merges the two."""
+        out: list[Sample] = []
+        for k in range(self.s.batch_size):
+            demo: Demonstration = self.stream.next().row
+            out.extend(s.model_copy(update={"rollout_id": f"{k}:{s.rollout_id}"}) for s in demo.samples)
+        return out
+
+    def step(self, step: int) -> StepMetrics:
+        started = time.time()
+        self.run_dir.events.emit(StepStarted(step=step, weight_version=self.backend.weight_version))
+        t0 = time.monotonic()
+        samples = self.batch()
+        [opt] = plan_steps(samples, [0.0] * len(samples), max_tokens_per_micro_batch=self.s.micro_batch_tokens)
+        old = [torch.zeros(mb.num_tokens) for mb in opt.micro_batches]  # [T] each; SftLoss reads none of them
+        res = self.backend.train_step(opt, self.loss, old_logprobs=old, temperature=1.0)
+        for k, v in res.metrics.items():
+            if not math.isfinite(v):
+                raise TrainingError(f"SFT step {step} produced a non-finite {k} = {v}; lower train.lr")
+        values = {**res.metrics, "demonstrations": float(len(opt.rollout_ids)),
+                  "epoch": float(self.stream.cursor.epoch),
+                  "weight_version": float(res.weight_version), "time_train_s": time.monotonic() - t0}
+        row = StepMetrics(step=step, started_at=started, finished_at=max(time.time(), started), values=values)
+        self.run_dir.metrics.append(row)
+        self.run_dir.events.emit(StepFinished(step=step, admitted_rollouts=len(opt.rollout_ids), trained=True,
+                                              weight_version=res.weight_version))
+        self.progress.last_loss = values.get("loss")
+        if self.on_step is not None:
+            self.on_step(row)
+        return row
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    async def run(self) -> Literal["completed", "stopped"]:
+        """Steps ``next_step`` .. ``steps - 1``; each in a worker thread, a stop honoured between steps."""
+        last_done = self.next_step - 1
+        self.progress.phase = "sft"
+        try:
+            for step in range(self.next_step, self.s.steps):
+                if self._stop:
+                    break
+                self.progress.step = step
+                await asyncio.to_thread(self.step, step)
+                last_done, self.next_step = step, step + 1
+                if self.s.checkpoint_every and (step + 1) % self.s.checkpoint_every == 0:
+                    self.save_checkpoint(step)
+        except BaseException as exc:
+            self.progress.phase = "failed"
+            self.run_dir.events.emit(TrainingFinished(status="failed", steps_done=last_done + 1,
+                                                      detail=f"{type(exc).__name__}: {exc}"[:500]))
+            raise
+        if last_done >= 0 and self._last_checkpoint != last_done:
+            self.save_checkpoint(last_done)
+        status: Literal["completed", "stopped"] = "stopped" if self._stop else "completed"
+        self.progress.phase = status
+        self.run_dir.events.emit(TrainingFinished(status=status, steps_done=last_done + 1))
+        return status
+
+
+@dataclass
+class SftSummary:
+    status: Literal["completed", "stopped"]
+    run_root: str
+    steps_done: int
+    sft_steps: int
+    first_loss: float | None
+    last_loss: float | None
+    checkpoint: str | None
+    """The newest checkpoint: a model directory to name in ``model.checkpoint`` of the GRPO run."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class SftSession:
+    """``lego train`` with ``train.sft_data``: data and run directory checked up front, then the SFT loop."""
+
+    def __init__(self, r: ResolvedConfig, *, backends: dict[str, BackendFactory] | None = None) -> None:
+        from lego_rl.orchestrate.train_session import BACKENDS
+
+        self.r = r
+        c = r.config
+        self.settings = SftSettings.from_config(c)
+        factories = BACKENDS if backends is None else backends
+        if c.train.backend not in factories:
+            raise ConfigError(f"train.backend = {c.train.backend!r} has no trainer in this install (available: "
+                              f"{', '.join(sorted(factories)) or 'none'})", parameter="train.backend",
+                              value=c.train.backend)
+        self.backend_factory = factories[c.train.backend]
+        self.demos = load_demonstrations(Path(c.train.sft_data or ""), micro_batch_tokens=c.train.micro_batch_tokens)
+        from lego_rl.orchestrate.metrics_sink import TensorBoardSink
+
+        root = Path(c.paths.run_root or "runs/unnamed")
+        self.sink = TensorBoardSink(RunLayout(root))  # before the run directory: a missing package starts nothing
+        self.run_dir = RunDir.open(root, config=config_json(r), resume=c.train.resume,
+                                   artifacts=Path(c.paths.artifacts) if c.paths.artifacts else None,
+                                   run_log=Path(c.paths.run_log) if c.paths.run_log else None)
+        self.runner: SftRunner | None = None
+        self._stop_early = False
+
+    def request_stop(self) -> None:
+        self._stop_early = True
+        if self.runner is not None:
+            self.runner.request_stop()
+
+    async def run(self) -> SftSummary:
+        c = self.r.config
+        try:
+            backend, _ = await asyncio.to_thread(self.backend_factory, c, model_dir(c.model.checkpoint))
+            runner = SftRunner(self.settings, backend=backend, demos=self.demos, run=self.run_dir)
+            if c.train.resume:
+                runner.resume()
+            self.sink.start(runner.next_step)
+            runner.on_step = self.sink.write
+            self.runner = runner
+            if self._stop_early:
+                runner.request_stop()
+            status = await runner.run()
+        finally:
+            self.sink.close()
+            self.run_dir.close()
+        losses = [row.values.get("loss") for row in follow_metrics(self.run_dir.layout.metrics).read()]
+        pointer = self.run_dir.layout.checkpoints / "latest"
+        ckpt = str(self.run_dir.layout.checkpoints / pointer.read_text().strip()) if pointer.exists() else None
+        return SftSummary(status=status, run_root=str(self.run_dir.root), steps_done=runner.next_step,
+                          sft_steps=self.settings.steps, first_loss=losses[0] if losses else None,
+                          last_loss=losses[-1] if losses else None, checkpoint=ckpt)

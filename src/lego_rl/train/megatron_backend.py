@@ -1,0 +1,524 @@
+"""The Megatron-core trainer backend: a Qwen3-architecture model split by tensor and data parallelism.
+
+``MegatronBackend`` implements ``TrainerBackend`` like ``TorchBackend`` does, and is built to give the same
+numbers on the same weights (``tests/train/test_megatron_backend.py`` compares them). Choices, and why:
+
+* **SPMD.** Every trainer process builds one backend and calls the same methods with the same arguments (the
+  loop's inputs are small: packed token ids). A plain ``lego train`` is one process (``tp × dp = 1``); under
+  ``torchrun`` or Ray each rank runs the same calls. Micro-batch ``i`` of a step runs on data-parallel rank
+  ``i mod dp``; because ``token_weights`` already carry each rollout's denominator over the whole step,
+  *summing* gradients over DP ranks gives exactly the one-process gradient, whatever the split.
+* **Weights.** Loaded from the HF checkpoint the engine serves (``megatron_convert``); exported in that
+  layout for weight sync, every TP shard gathered; checkpoints are HF directories too, plus one optimizer
+  shard per TP rank.
+* **Optimizer.** ``torch.optim.AdamW`` over this rank's fp32 shards, weight decay on matrices only, linear
+  warm-up, clipping by the global norm (sharded parameters summed over TP ranks, replicated ones counted
+  once): the torch backend's optimizer, so one step moves the same weights the same way. Megatron's own
+  optimizers need CUDA, and its distributed optimizer shards state over DP, which this backend does not yet.
+* **Pipeline parallelism** is refused with a precise error (``megatron_model.init_parallel``).
+
+Precision, packing and the logprob convention are ``megatron_model``'s (fp32 params, bf16 autocast on CUDA;
+segments attend within themselves; the sampler's top-p/top-k convention).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
+
+from lego_rl.errors import ConfigError
+from lego_rl.runstore.files import write_new
+from lego_rl.serving.sampler import GREEDY_EPS
+from lego_rl.train.backend import LossFn, LossInputs, StepResult
+from lego_rl.train.batching import MicroBatch, OptimizerStep
+from lego_rl.train.checkpoint import EXTRA_STATE, publish_checkpoint, read_marker, rng_state, set_rng_state
+from lego_rl.train.megatron_convert import (
+    Qwen3Shape,
+    Split,
+    check_tp,
+    hf_to_mcore,
+    mcore_names,
+    mcore_split,
+    mcore_to_hf,
+    padded_vocab,
+    shard,
+    unshard,
+)
+
+if TYPE_CHECKING:
+    from lego_rl.train.megatron_model import ParallelLayout
+
+MEGATRON_EXTRA_HINT = "install the megatron extra: pip install 'lego-rl[megatron]' (megatron-core)"
+
+_MODEL_SIDE_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+)
+"""Copied from the loaded model directory into every checkpoint, so a checkpoint is a servable model."""
+
+
+_PER_HEAD_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+"""Replicated parameters whose gradient is split across TP ranks (each rank normalises only its heads)."""
+
+
+def require_megatron() -> None:
+    """A ``ConfigError`` naming the extra when megatron-core is not importable."""
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"train.backend = \"megatron\" needs megatron-core, which is not installed ({exc}); "
+                          f"{MEGATRON_EXTRA_HINT}", parameter="train.backend", value="megatron") from None
+
+
+class MegatronTrainSettings(BaseModel):
+    """What the Megatron backend needs; ``orchestrate`` projects ``train.*`` onto it once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(gt=0)
+    """Peak learning rate (train.lr)."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps of linear warm-up (train.warmup_steps)."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient 2-norm to this; None = no clipping (the norm is still reported)."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay on weight matrices (not norms)."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(default=1e-8, gt=0)
+    gradient_checkpointing: bool = False
+    """Megatron full recomputation, one layer per unit (less memory, ~30 % more compute)."""
+    reference_model: bool = False
+    """Keep a frozen copy of the loaded weights to give the loss ``ref_logprobs`` (KL penalty)."""
+    tensor_parallel: int = Field(default=1, ge=1)
+    """TP size (train.tensor_parallel): must divide the model's KV heads, heads and FFN width."""
+    pipeline_parallel: int = Field(default=1, ge=1)
+    """PP size (train.pipeline_parallel); only 1 is supported."""
+    data_parallel: int | None = Field(default=None, ge=1)
+    """DP size (train.data_parallel); None = the trainer processes / TP."""
+    device: str | None = None
+    """``cuda`` (this rank's ``LOCAL_RANK`` device) or ``cpu``; None = CUDA if available."""
+    bf16: bool = True
+    """bf16 autocast for the forward on CUDA (parameters and optimizer stay fp32); False = fp32 throughout
+    (parity checks). CPU always runs fp32."""
+
+
+def _segment_starts(mb: MicroBatch) -> torch.Tensor:
+    """[T] bool, True at each segment's first token (it has no prediction)."""
+    starts = torch.zeros(mb.num_tokens, dtype=torch.bool)  # [T]
+    starts[mb.cu_seqlens[:-1].long()] = True
+    return starts
+
+
+def _rollout_sums(values: torch.Tensor, mb: MicroBatch, n_rollouts: int) -> torch.Tensor:
+    """[R] detached sum over each rollout's trained tokens in ``mb`` of ``values`` [T]."""
+    v = values.detach().float().cpu() * mb.loss_mask  # [T]
+    return torch.zeros(n_rollouts).index_add(0, mb.rollout_slots, v)  # [R]
+
+
+def _hf_reader(path: Path) -> Any:
+    """``get(name) -> Tensor`` over a directory's safetensors files (one or an index of shards)."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{path} holds no *.safetensors weights", parameter="model.checkpoint", value=str(path))
+    where: dict[str, Path] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 - safe_open has keys(), no __iter__
+                where[key] = f
+
+    def get(name: str) -> torch.Tensor:
+        if name not in where:
+            raise ConfigError(f"{path}: tensor {name!r} is missing (is this a dense Qwen3 checkpoint?)",
+                              parameter="model.checkpoint", value=str(path))
+        with safe_open(str(where[name]), framework="pt") as fh:
+            return fh.get_tensor(name).float()
+
+    return get
+
+
+class MegatronBackend:
+    """A Qwen3-architecture policy held by megatron-core (see the module docstring)."""
+
+    def __init__(self, model_dir: Path, settings: MegatronTrainSettings) -> None:
+        require_megatron()
+        from lego_rl.train import megatron_model as mm
+
+        self._mm = mm
+        self.settings = settings
+        self.model_dir = Path(model_dir)
+        cfg_path = self.model_dir / "config.json"
+        if not cfg_path.is_file():
+            raise ConfigError(f"{self.model_dir} is not a model directory (no config.json)",
+                              parameter="model.checkpoint", value=str(self.model_dir))
+        self.shape = Qwen3Shape.from_hf_config(json.loads(cfg_path.read_text()), source=str(cfg_path))
+        if self.shape.num_experts:
+            raise ConfigError(f"{cfg_path}: Qwen3-MoE ({self.shape.num_experts} experts) is not trained by the "
+                              "Megatron backend yet (its weight mapping exists; routing, expert parallelism and "
+                              "routing replay do not); use train.backend = \"torch\"",
+                              parameter="train.backend", value="megatron")
+        check_tp(self.shape, settings.tensor_parallel)
+        self.device = self._pick_device(settings.device)
+        self.layout: ParallelLayout = mm.init_parallel(settings.tensor_parallel, settings.pipeline_parallel,
+                                                       settings.data_parallel, self.device)
+        self.vocab_rows = padded_vocab(self.shape.vocab, settings.tensor_parallel)
+        self.model = self._build(recompute=settings.gradient_checkpointing)
+        self._load_hf(self.model, self.model_dir)
+        self.model.train()
+        self.reference: Any = None
+        if settings.reference_model:
+            self.reference = self._build(recompute=False)
+            self._load_hf(self.reference, self.model_dir)
+            self.reference.requires_grad_(False)
+        named = dict(self.model.named_parameters())
+        self._params = [named[n] for n in self._names]  # model order, this rank's shards
+        decay = [p for p in self._params if p.dim() >= 2]
+        no_decay = [p for p in self._params if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=settings.lr, betas=settings.adam_betas, eps=settings.adam_eps,
+            fused=self.device.type == "cuda",  # one kernel over all shards instead of a launch per tensor
+        )
+        warmup = settings.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        self._version = 0
+
+    # ------------------------------------------------------------------------------------ setup
+
+    @staticmethod
+    def _pick_device(name: str | None) -> torch.device:
+        import os
+
+        if name is None:
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(name)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError(f"device {name!r} asked for but CUDA is not available", parameter="device",
+                                  value=name)
+            if device.index is None:  # one GPU per rank: torchrun's LOCAL_RANK names it
+                device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        return device
+
+    @property
+    def _names(self) -> list[str]:
+        return mcore_names(self.shape)
+
+    def _build(self, *, recompute: bool) -> Any:
+        model = self._mm.build_gpt(self.shape, vocab_rows=self.vocab_rows, tp=self.layout.tp, device=self.device,
+                                   recompute=recompute)
+        have = {n for n, _ in model.named_parameters()}
+        want = set(self._names)
+        if have != want:  # a megatron-core whose local spec names parameters differently than the mapping
+            raise RuntimeError(f"megatron-core's GPTModel parameters do not match the Qwen3 mapping: only in the "
+                               f"model {sorted(have - want)[:4]}, only in the mapping {sorted(want - have)[:4]}")
+        return model
+
+    def _load_hf(self, model: Any, path: Path) -> None:
+        """Fill ``model``'s shards from the HF safetensors in ``path``."""
+        params = dict(model.named_parameters())
+        get = _hf_reader(path)
+        with torch.no_grad():
+            for name, full in hf_to_mcore(get, self.shape, self.vocab_rows):
+                local = shard(name, full, self.layout.tp_rank, self.layout.tp)
+                p = params[name]
+                if tuple(local.shape) != tuple(p.shape):
+                    raise ConfigError(f"{path}: {name} would be {tuple(local.shape)} on TP rank "
+                                      f"{self.layout.tp_rank}, the model has {tuple(p.shape)} (config.json and "
+                                      "weights disagree)", parameter="model.checkpoint", value=str(path))
+                p.copy_(local)
+
+    # ------------------------------------------------------------------------------------ forward
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def _token_logprobs(self, model: Any, mb: MicroBatch, temperature: float, with_entropy: bool,
+                        top_p: float = 1.0, top_k: int = -1) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``([T] logprob of each token given its segment's prefix, 0 at segment starts; [T] entropy or
+        None)`` on the backend's device, identical on every TP rank. Carries the gradient under grad mode."""
+        greedy = temperature < GREEDY_EPS
+        temp = 1.0 if greedy else temperature
+        logits = self._mm.packed_logits(model, mb.input_ids, mb.cu_seqlens, self.device,
+                                        bf16=self.settings.bf16)  # [T, V/tp]
+        targets = mb.input_ids[1:].to(self.device)  # [T-1] position i predicts token i+1
+        picked, ent = self._mm.vocab_parallel_logprobs(
+            logits[:-1], targets, vocab=self.shape.vocab, temperature=temp, top_p=1.0 if greedy else top_p,
+            top_k=-1 if greedy else top_k, with_entropy=with_entropy)  # [T-1], [T-1] or None
+        starts = _segment_starts(mb).to(self.device)  # [T]
+        lp = torch.where(starts, 0.0, torch.cat([picked.new_zeros(1), picked]))  # [T] aligned with input_ids
+        entropy = None
+        if ent is not None:
+            entropy = torch.where(starts, 0.0, torch.cat([ent.new_zeros(1), ent]))  # [T]
+        return lp, entropy
+
+    def _mine(self, n: int) -> list[int]:
+        """Indices of the micro-batches this data-parallel rank runs."""
+        return list(range(self.layout.dp_rank, n, self.layout.dp))
+
+    def _share_over_dp(self, n: int, local: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+        """Every micro-batch's CPU tensor on every rank, from each DP rank's share."""
+        if self.layout.dp == 1:
+            return [local[i] for i in range(n)]
+        from megatron.core import parallel_state as ps
+
+        parts: list[Any] = [None] * self.layout.dp
+        dist.all_gather_object(parts, local, group=ps.get_data_parallel_group_gloo())
+        merged: dict[int, torch.Tensor] = {}
+        for part in parts:
+            merged.update(part)
+        return [merged[i] for i in range(n)]
+
+    def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float = 1.0,
+                         top_k: int = -1) -> list[torch.Tensor]:
+        local: dict[int, torch.Tensor] = {}
+        with torch.no_grad(), self._mm.cpu_device_shim(self.device):
+            for i in self._mine(len(micro_batches)):
+                lp, _ = self._token_logprobs(self.model, micro_batches[i], temperature, False, top_p, top_k)
+                local[i] = lp.cpu()  # [T]
+        return self._share_over_dp(len(micro_batches), local)
+
+    # ------------------------------------------------------------------------------------ training
+
+    @staticmethod
+    def _check_step(step: OptimizerStep, old_logprobs: Sequence[torch.Tensor]) -> None:
+        if not step.micro_batches:
+            raise ValueError(f"optimizer step over rollouts {step.rollout_ids} has no micro-batches")
+        if len(old_logprobs) != len(step.micro_batches):
+            raise ValueError(f"{len(old_logprobs)} old_logprobs tensors for {len(step.micro_batches)} micro-batches")
+        for i, (mb, old) in enumerate(zip(step.micro_batches, old_logprobs, strict=True)):
+            if tuple(old.shape) != (mb.num_tokens,):
+                raise ValueError(f"old_logprobs[{i}] has shape {tuple(old.shape)} but micro-batch {i} has "
+                                 f"{mb.num_tokens} tokens")
+
+    def _log_ratio_elsewhere(self, step: OptimizerStep, old_logprobs: Sequence[torch.Tensor], temperature: float,
+                             top_p: float, top_k: int) -> list[torch.Tensor]:
+        """Per micro-batch ``[R]``: sum of ``current - old`` over its rollouts' tokens in the *other*
+        micro-batches (GSPO's sequence ratio); zeros where no rollout spans several micro-batches."""
+        r = len(step.rollout_ids)
+        spans: dict[int, set[int]] = {}
+        for i, mb in enumerate(step.micro_batches):
+            for slot in mb.rollout_slots[mb.loss_mask > 0].unique().tolist():
+                spans.setdefault(slot, set()).add(i)
+        shared = sorted({i for members in spans.values() if len(members) > 1 for i in members})
+        sums = [torch.zeros(r) for _ in step.micro_batches]  # [R] each
+        if shared:
+            current = self.compute_logprobs([step.micro_batches[i] for i in shared], temperature=temperature,
+                                            top_p=top_p, top_k=top_k)
+            for i, lp in zip(shared, current, strict=True):
+                sums[i] = _rollout_sums(lp - old_logprobs[i], step.micro_batches[i], r)  # [R]
+        total = torch.stack(sums).sum(0)  # [R]
+        return [total - s for s in sums]  # [R] each
+
+    def _reduce_grads(self) -> float:
+        """Sum gradients over DP ranks, then return the global gradient 2-norm over the TP shards."""
+        from megatron.core import parallel_state as ps
+
+        for p in self._params:
+            if p.grad is None:  # a DP rank without micro-batches still joins the all-reduce
+                p.grad = torch.zeros_like(p)
+        if self.layout.dp > 1:
+            dp_group = ps.get_data_parallel_group()
+            for p in self._params:
+                dist.all_reduce(p.grad, group=dp_group)
+        if self.layout.tp > 1:
+            # qk-norm weights are replicated but each TP rank applies them to its own heads only: a rank's
+            # gradient is its heads' share, and the true gradient is the sum over ranks.
+            tp_group = ps.get_tensor_model_parallel_group()
+            for name, p in zip(self._names, self._params, strict=True):
+                if name.endswith(_PER_HEAD_NORMS):
+                    dist.all_reduce(p.grad, group=tp_group)
+        sharded = torch.zeros((), device=self.device)
+        replicated = torch.zeros((), device=self.device)
+        for name, p in zip(self._names, self._params, strict=True):
+            sq = p.grad.detach().float().pow(2).sum()  # []
+            if mcore_split(name) is Split.REPLICATED:
+                replicated += sq  # the same on every TP rank: counted once
+            else:
+                sharded += sq
+        if self.layout.tp > 1:
+            dist.all_reduce(sharded, group=ps.get_tensor_model_parallel_group())
+        return float((sharded + replicated).sqrt())
+
+    def train_step(self, step: OptimizerStep, loss_fn: LossFn, *, old_logprobs: Sequence[torch.Tensor],
+                   temperature: float, top_p: float = 1.0, top_k: int = -1) -> StepResult:
+        with self._mm.cpu_device_shim(self.device):  # megatron's TP mappings allocate on the "current" device
+            return self._train_step(step, loss_fn, old_logprobs=old_logprobs, temperature=temperature,
+                                    top_p=top_p, top_k=top_k)
+
+    def _train_step(self, step: OptimizerStep, loss_fn: LossFn, *, old_logprobs: Sequence[torch.Tensor],
+                    temperature: float, top_p: float, top_k: int) -> StepResult:
+        self._check_step(step, old_logprobs)
+        r = len(step.rollout_ids)
+        counts = torch.tensor(step.rollout_token_counts, dtype=torch.float32)  # [R]
+        is_sums = [_rollout_sums(old - mb.rollout_logprobs, mb, r)
+                   for mb, old in zip(step.micro_batches, old_logprobs, strict=True)]  # [R] each
+        is_total = torch.stack(is_sums).sum(0)  # [R]
+        if getattr(loss_fn, "needs_rollout_log_ratio", True):
+            elsewhere = self._log_ratio_elsewhere(step, old_logprobs, temperature, top_p, top_k)
+        else:
+            elsewhere = [torch.zeros(r) for _ in step.micro_batches]
+        dev = self.device
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = {}
+        loss_sum = 0.0
+        for i in self._mine(len(step.micro_batches)):
+            mb = step.micro_batches[i]
+            lp, entropy = self._token_logprobs(self.model, mb, temperature, True, top_p, top_k)  # [T], [T]
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref, _ = self._token_logprobs(self.reference, mb, temperature, False, top_p, top_k)  # [T]
+            out = loss_fn(LossInputs(
+                logprobs=lp, old_logprobs=old_logprobs[i].to(dev), rollout_logprobs=mb.rollout_logprobs.to(dev),
+                advantages=mb.advantages.to(dev), loss_mask=mb.loss_mask.to(dev),
+                token_weights=mb.token_weights.to(dev), rollout_slots=mb.rollout_slots.to(dev),
+                rollout_token_counts=counts.to(dev), rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
+                rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev), ref_logprobs=ref, entropy=entropy,
+            ))
+            out.loss.backward()  # gradients add up over micro-batches: the token weights carry 1/(N_r R)
+            loss_sum += float(out.loss.detach())
+            for key, value in out.metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        grad_norm = self._reduce_grads()
+        if self.layout.dp > 1:  # the loss's partial sums were taken over this rank's micro-batches only
+            from megatron.core import parallel_state as ps
+
+            keys = sorted(metrics)
+            summed = torch.tensor([loss_sum] + [metrics[k] for k in keys], dtype=torch.float64)  # [1+M]
+            gathered: list[Any] = [None] * self.layout.dp
+            dist.all_gather_object(gathered, (keys, summed), group=ps.get_data_parallel_group_gloo())
+            totals: dict[str, float] = {}
+            loss_sum = 0.0
+            for part_keys, part in gathered:
+                loss_sum += float(part[0])
+                for k, v in zip(part_keys, part[1:].tolist(), strict=True):
+                    totals[k] = totals.get(k, 0.0) + v
+            metrics = totals
+        if not torch.isfinite(torch.tensor(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"gradient norm is {grad_norm} at weight version {self._version}; the step "
+                                     "was not applied (check the batch's logprobs and advantages)")
+        if self.settings.max_grad_norm is not None:
+            coef = min(1.0, self.settings.max_grad_norm / (grad_norm + 1e-6))  # torch's clip_grad_norm_ rule
+            if coef < 1.0:
+                for p in self._params:
+                    p.grad.mul_(coef)
+        lr = float(self.scheduler.get_last_lr()[0])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._version += 1
+        metrics.update(loss=loss_sum, grad_norm=grad_norm, lr=lr,
+                       tokens=float(sum(int(mb.loss_mask.sum()) for mb in step.micro_batches)))
+        return StepResult(metrics=metrics, weight_version=self._version)
+
+    # ------------------------------------------------------------------------------------ weights
+
+    def _full_mcore(self, name: str, p: torch.Tensor) -> torch.Tensor:
+        """The full Megatron tensor of parameter ``name`` (gathered over TP ranks; every rank gets it)."""
+        local = p.detach()
+        if self.layout.tp == 1 or mcore_split(name) is Split.REPLICATED:
+            return local
+        from megatron.core import parallel_state as ps
+
+        parts = [torch.empty_like(local) for _ in range(self.layout.tp)]
+        dist.all_gather(parts, local.contiguous(), group=ps.get_tensor_model_parallel_group())
+        return unshard(name, parts)
+
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Parameters by their HF names, full tensors on the backend's device (a collective over TP ranks:
+        every rank must iterate to the end). With TP 1 some are detached views: copy them before the next
+        ``train_step`` if they must outlive it."""
+        for name, p in zip(self._names, self._params, strict=True):
+            yield from mcore_to_hf(name, self._full_mcore(name, p), self.shape)
+
+    def _shard_file(self) -> str:
+        return f"trainer_state.tp{self.layout.tp_rank}.pt"
+
+    def save_checkpoint(self, path: Path, *, extra_state: dict[str, Any]) -> None:
+        """HF weights (rank 0, gathered), one optimizer/RNG shard per TP rank (DP rank 0 of each), published
+        by rank 0 once every shard is on disk. Every rank must call it."""
+        try:
+            extra_json = json.dumps(extra_state, indent=2, sort_keys=True) + "\n"
+        except TypeError as exc:
+            raise ValueError(f"extra_state must be JSON-serialisable (the loop's cursor and step): {exc}") from exc
+        path = Path(path)
+        if path.exists():  # checked on every rank before any collective, so all ranks raise alike
+            raise FileExistsError(f"checkpoint {path} already exists; it is never overwritten (save under a new "
+                                  "name or move it away)")
+        hf: dict[str, torch.Tensor] = {}
+        for name, t in self.export_weights():  # a collective: every rank gathers, rank 0 keeps
+            if self.layout.rank == 0:
+                hf[name] = t.detach().to("cpu", copy=True).contiguous()
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "weight_version": self._version, "rng": rng_state()}
+        writes_shard = self.layout.dp_rank == 0
+
+        def write_shard(tmp: Path) -> None:
+            if writes_shard:
+                write_new(tmp / self._shard_file(), lambda fh: torch.save(state, fh), what="trainer state shard")
+
+        def fill(tmp: Path) -> None:
+            from safetensors.torch import save_file
+
+            self._broadcast_path(tmp)
+            save_file(hf, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            for name in _MODEL_SIDE_FILES:
+                if (self.model_dir / name).is_file():
+                    shutil.copy2(self.model_dir / name, tmp / name)
+            write_new(tmp / EXTRA_STATE, extra_json, what="extra state")
+            write_shard(tmp)
+            self._barrier()
+
+        if self.layout.rank == 0:
+            publish_checkpoint(path, fill, info={"weight_version": self._version, "backend": "megatron",
+                                                 "tensor_parallel": self.layout.tp})
+        else:
+            write_shard(self._broadcast_path(None))
+            self._barrier()
+        self._barrier()  # nobody returns before the checkpoint is in place
+
+    def _broadcast_path(self, tmp: Path | None) -> Path:
+        if self.layout.world == 1:
+            assert tmp is not None
+            return tmp
+        box: list[Any] = [str(tmp) if tmp is not None else None]
+        dist.broadcast_object_list(box, src=0)
+        return Path(box[0])
+
+    def _barrier(self) -> None:
+        if self.layout.world > 1:
+            dist.barrier()
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        path = Path(path)
+        info = read_marker(path)
+        if info.get("backend") != "megatron" or info.get("tensor_parallel") != self.layout.tp:
+            raise ConfigError(f"checkpoint {path} was written by backend {info.get('backend')!r} with tensor "
+                              f"parallel {info.get('tensor_parallel')}; this trainer is 'megatron' with "
+                              f"{self.layout.tp} (its optimizer shards would not fit)",
+                              parameter="train.tensor_parallel", value=self.layout.tp)
+        self._load_hf(self.model, path)
+        state = torch.load(path / self._shard_file(), map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self._version = int(state["weight_version"])
+        set_rng_state(state["rng"])
+        extra: dict[str, Any] = json.loads((path / EXTRA_STATE).read_text())
+        return extra

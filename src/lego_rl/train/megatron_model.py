@@ -1,0 +1,302 @@
+"""The Megatron-core pieces of the Megatron backend: process groups, the GPT model, packed attention and
+vocab-parallel logprobs. Importing this module imports megatron-core (the ``megatron`` extra).
+
+* **Model.** ``GPTModel`` with the local layer spec (no Transformer Engine exists on our machines) whose core
+  attention is replaced by ``PackedCausalAttention``: the spec's ``DotProductAttention`` refuses packed
+  sequences and materialises ``[heads, T, T]`` scores. Micro-batches arrive packed (``cu_seqlens``), so the
+  model runs in Megatron's ``thd`` layout: RoPE restarts at every segment (``PackedSeqParams``) and attention
+  is causal within each segment only. Each segment goes through ``scaled_dot_product_attention``, which picks
+  FlashAttention for bf16 on CUDA and the math kernel in fp32 on CPU; GQA heads are not repeated in memory.
+* **Precision.** fp32 parameters (the optimizer's master copy is the parameter itself), bf16 autocast on CUDA,
+  fp32 on CPU, logits in fp32 before any softmax: the torch backend's recipe, so the two agree step for step.
+* **Vocab-parallel logprobs.** Logits stay split by vocabulary across TP ranks; the log-softmax needs only two
+  all-reduces of ``[T]`` vectors (max, sum of exponentials) and one for the picked logit. Top-p/top-k
+  truncation needs the sorted full distribution, so then the rows are all-gathered (differentiably) and go
+  through ``serving.logprobs.sampler_logprobs``, the function the engine's convention is defined by.
+* **CPU.** megatron-core asks ``torch.cuda.current_device()`` where to put RoPE's frequency table and the
+  buffers of its TP gathers, even for CPU tensors; ``cpu_device_shim`` answers ``"cpu"`` while a CPU model is
+  built, run or trained (tests and CPU-only machines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from lego_rl.errors import ConfigError
+from lego_rl.serving.logprobs import sampler_logprobs
+from lego_rl.train.megatron_convert import Qwen3Shape
+
+
+@contextlib.contextmanager
+def cpu_device_shim(device: torch.device) -> Iterator[None]:
+    """While a CPU model is built or run, ``torch.cuda.current_device()`` answers ``"cpu"`` (megatron-core
+    moves RoPE's table to it unconditionally). A no-op on CUDA."""
+    if device.type != "cpu":
+        yield
+        return
+    with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
+        yield
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """This process's place in the TP × DP grid (pipeline size 1)."""
+
+    tp: int
+    dp: int
+    tp_rank: int
+    dp_rank: int
+    rank: int
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.dp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> ParallelLayout:
+    """Join (or, alone, create) the process group and Megatron's TP/DP groups; check the sizes multiply up.
+
+    Under ``torchrun`` (or Ray) the launcher has set ``RANK``/``WORLD_SIZE``; a plain ``lego train`` is one
+    process, so there ``tp * pp * dp`` must be 1.
+    """
+    if pp != 1:
+        raise ConfigError(f"train.pipeline_parallel = {pp}: the Megatron backend runs pipeline size 1 only (its "
+                          "packed micro-batches vary in length, which Megatron's pipeline schedules do not take); "
+                          "use train.tensor_parallel to split a model that does not fit one GPU",
+                          parameter="train.pipeline_parallel", value=pp)
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            port = _free_port()
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                    timeout=datetime.timedelta(minutes=30))
+        else:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    timeout=datetime.timedelta(minutes=30))
+    world = dist.get_world_size()
+    if dp is None:
+        if world % tp:
+            raise ConfigError(
+                f"train.tensor_parallel = {tp} needs a multiple of {tp} trainer processes, but {world} "
+                f"{'is' if world == 1 else 'are'} running; launch them with torchrun --nproc-per-node (one per GPU)",
+                parameter="train.tensor_parallel", value=tp)
+        dp = world // tp
+    if tp * dp != world:
+        raise ConfigError(
+            f"train.tensor_parallel ({tp}) × train.pipeline_parallel ({pp}) × train.data_parallel ({dp}) = "
+            f"{tp * pp * dp} trainer processes, but {world} {'is' if world == 1 else 'are'} running; launch "
+            f"that many (torchrun --nproc-per-node) or set the sizes to multiply to {world}",
+            parameter="train.data_parallel", value=dp)
+    if ps.model_parallel_is_initialized():
+        if ps.get_tensor_model_parallel_world_size() != tp:
+            raise ConfigError(f"Megatron is already initialised with tensor parallel size "
+                              f"{ps.get_tensor_model_parallel_world_size()} in this process, not {tp}",
+                              parameter="train.tensor_parallel", value=tp)
+    else:
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+    return ParallelLayout(tp=tp, dp=dp, tp_rank=ps.get_tensor_model_parallel_rank(),
+                          dp_rank=ps.get_data_parallel_rank(), rank=dist.get_rank())
+
+
+_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""SDPA kernels in order of preference. cuDNN attention is left out on purpose: it rebuilds its graph whenever
+the shape changes, and packed segments change shape every call (the engine side measured ~17 ms of CPU per
+call from it); FlashAttention is also what the engine decodes with, so both sides run the same kernel."""
+
+
+class PackedCausalAttention(MegatronModule):
+    """Core attention over packed segments (Megatron's ``thd`` layout): causal inside each segment, nothing
+    across. Takes the constructor and call arguments of Megatron's ``DotProductAttention``."""
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: Any, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 **_unused: Any) -> None:
+        super().__init__(config=config)
+        self.softmax_scale = softmax_scale  # None: SDPA's 1/sqrt(head_dim), Qwen3's scaling
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
+                attention_bias: torch.Tensor | None = None,
+                packed_seq_params: PackedSeqParams | None = None, **_unused: Any) -> torch.Tensor:
+        """``query`` [T, Hq, D], ``key``/``value`` [T, Hkv, D] (thd) → [T, Hq*D]."""
+        if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
+            raise ValueError("PackedCausalAttention runs on packed (thd) sequences only; pass packed_seq_params")
+        bounds = packed_seq_params.cu_seqlens_q.tolist()
+        if query.is_cuda and torch.is_autocast_enabled("cuda"):
+            # Norms and RoPE may hand back fp32 under autocast; FlashAttention takes bf16 only.
+            half = torch.get_autocast_dtype("cuda")
+            query, key, value = query.to(half), key.to(half), value.to(half)
+        out = torch.empty_like(query)  # [T, Hq, D]
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            # 4-D: the fused kernels refuse 3-D inputs and SDPA would fall back to the [H, L, L] math kernel.
+            q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
+            k = key[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+            v = value[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+            with sdpa_kernel(_KERNELS):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+                                                   enable_gqa=q.shape[1] != k.shape[1])  # [1, Hq, L, D]
+            out[start:end] = o[0].transpose(0, 1)  # [L, Hq, D]
+        return out.reshape(out.shape[0], -1)  # [T, Hq*D]
+
+
+def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.device,
+              recompute: bool) -> GPTModel:
+    """A Megatron GPT with Qwen3's architecture (weights uninitialised: the caller loads them)."""
+    config = TransformerConfig(
+        num_layers=shape.num_layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
+        num_query_groups=shape.kv_heads, kv_channels=shape.head_dim, ffn_hidden_size=shape.ffn,
+        normalization="RMSNorm", layernorm_epsilon=shape.norm_eps, gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False, qk_layernorm=True,
+        hidden_dropout=0.0, attention_dropout=0.0,  # old and new logprobs must be one deterministic function
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, sequence_parallel=False,
+        params_dtype=torch.float32, use_cpu_initialization=device.type == "cpu", perform_initialization=False,
+        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+        gradient_accumulation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        recompute_granularity="full" if recompute else None, recompute_method="uniform" if recompute else None,
+        recompute_num_layers=1 if recompute else None,
+    )
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = PackedCausalAttention
+    with cpu_device_shim(device):
+        model = GPTModel(config, spec, vocab_size=vocab_rows, max_sequence_length=shape.max_positions,
+                         pre_process=True, post_process=True, parallel_output=True,
+                         share_embeddings_and_output_weights=shape.tied, position_embedding_type="rope",
+                         rotary_percent=1.0, rotary_base=int(shape.rope_theta))
+    return model.to(device)
+
+
+def packed_logits(model: GPTModel, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+                  device: torch.device, *, bf16: bool = True) -> torch.Tensor:
+    """[T, V/tp] logits of one packed micro-batch (``input_ids`` [T], ``cu_seqlens`` [S+1]); the
+    forward runs under bf16 autocast on CUDA unless ``bf16`` is False (fp32 parity checks)."""
+    ids = input_ids.to(device).unsqueeze(0)  # [1, T]
+    cu = cu_seqlens.to(device=device, dtype=torch.int32)  # [S+1]
+    longest = int((cu[1:] - cu[:-1]).max())
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                             max_seqlen_kv=longest)
+    # RoPE positions come from cu_seqlens (restart per segment); position_ids feed no learned embedding here.
+    positions = torch.zeros_like(ids)  # [1, T]
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and bf16
+                else contextlib.nullcontext())
+    with cpu_device_shim(device), autocast:
+        out = model(input_ids=ids, position_ids=positions, attention_mask=None, packed_seq_params=params)
+    return out[0]  # [T, V/tp] bf16 under autocast: the logprob kernels upcast a chunk at a time
+
+
+LOGIT_ROWS = 2048
+"""Positions whose fp32 softmax is formed at once (2048 × 151,936 fp32 ≈ 1.2 GB): the full ``[T, V]`` fp32
+tensor is never materialised, forward or backward."""
+
+
+def _tp() -> tuple[Any, int, int]:
+    group = ps.get_tensor_model_parallel_group()
+    return group, ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+
+
+class _VocabParallelLogprob(torch.autograd.Function):
+    """``log softmax(logits * inv_temp)[target]`` over a vocabulary split across TP ranks, in row chunks.
+
+    Saves only the logits (in their own dtype: bf16 under autocast) and one fp32 log-normaliser per row; the
+    backward recomputes each chunk's softmax (``d/dx_j = inv_temp * ([j = t] - p_j)``, this rank's columns
+    only). Entropy (no gradient) comes from the same pass when asked for.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, vocab: int, inv_temp: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        group, size, rank = _tp()
+        n, rows = logits.shape
+        start = rank * rows
+        padding = (torch.arange(rows, device=logits.device) + start) >= vocab  # [V/tp]
+        local = (targets >= start) & (targets < start + rows)  # [N]
+        idx = (targets - start).clamp(0, rows - 1)  # [N]
+        log_norm = torch.empty(n, device=logits.device)  # [N]
+        picked = torch.empty(n, device=logits.device)  # [N]
+        entropy = torch.zeros(n if with_entropy else 0, device=logits.device)  # [N] or [0]
+        for a in range(0, n, LOGIT_ROWS):
+            x = (logits[a:a + LOGIT_ROWS].float() * inv_temp).masked_fill_(padding, float("-inf"))  # [n, V/tp]
+            peak = x.amax(dim=-1)  # [n]
+            if size > 1:
+                dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+            x.sub_(peak.unsqueeze(-1))  # [n, V/tp] shifted, ≤ 0
+            e = x.exp()  # [n, V/tp] 0 on padding
+            sums = torch.stack([e.sum(-1),  # [n] Σ exp
+                                torch.where(local[a:a + LOGIT_ROWS],
+                                            x.gather(-1, idx[a:a + LOGIT_ROWS, None]).squeeze(-1), 0.0)])  # [2, n]
+            if with_entropy:
+                sums = torch.cat([sums, (e * x.masked_fill_(padding, 0.0)).sum(-1)[None]])  # [3, n] + Σ e·x
+            if size > 1:
+                dist.all_reduce(sums, group=group)
+            log_norm[a:a + LOGIT_ROWS] = peak + sums[0].log()
+            picked[a:a + LOGIT_ROWS] = sums[1] + peak
+            if with_entropy:
+                entropy[a:a + LOGIT_ROWS] = sums[0].log() - sums[2] / sums[0]  # H = log Z - E[x]
+        ctx.save_for_backward(logits, targets, log_norm)
+        ctx.vocab, ctx.inv_temp = vocab, inv_temp
+        ctx.mark_non_differentiable(entropy)
+        return picked - log_norm, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _grad_entropy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        logits, targets, log_norm = ctx.saved_tensors
+        _, _, rank = _tp()
+        n, rows = logits.shape
+        start = rank * rows
+        padding = (torch.arange(rows, device=logits.device) + start) >= ctx.vocab  # [V/tp]
+        local = (targets >= start) & (targets < start + rows)  # [N]
+        idx = (targets - start).clamp(0, rows - 1)  # [N]
+        out = torch.empty_like(logits)  # [N, V/tp]
+        for a in range(0, n, LOGIT_ROWS):
+            x = (logits[a:a + LOGIT_ROWS].float() * ctx.inv_temp).masked_fill_(padding, float("-inf"))  # [n, V/tp]
+            g = grad[a:a + LOGIT_ROWS].float()  # [n]
+            d = (x - log_norm[a:a + LOGIT_ROWS, None]).exp_().mul_(-g[:, None])  # [n, V/tp] -g·p
+            hit = local[a:a + LOGIT_ROWS]  # [n]
+            d[hit, idx[a:a + LOGIT_ROWS][hit]] += g[hit]  # + g at the target column, where it lives here
+            out[a:a + LOGIT_ROWS] = d.mul_(ctx.inv_temp)
+        return out, None, None, None, None
+
+
+def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, vocab: int, temperature: float = 1.0,
+                            top_p: float = 1.0, top_k: int = -1, with_entropy: bool = False
+                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``([N] log-probability of targets, [N] entropy or None)`` under ``softmax(logits / temperature)``,
+    where ``logits`` [N, V/tp] is this TP rank's vocabulary slice (any float dtype) and padding columns (global
+    id ≥ ``vocab``) are excluded. With top-p/top-k the logprob is the sampler's truncated, renormalised one
+    (``sampler_logprobs``, on all-gathered fp32 rows); the entropy is always the untruncated distribution's.
+    Differentiable in ``logits``."""
+    truncated = top_p < 1.0 or top_k > 0
+    lp = ent = None
+    if with_entropy or not truncated:
+        lp, ent = _VocabParallelLogprob.apply(logits, targets, vocab, 1.0 / temperature, with_entropy)
+    if truncated:
+        tp_group, _, _ = _tp()
+        full = gather_from_tensor_model_parallel_region(logits, group=tp_group)[:, :vocab]  # [N, V]
+        lp = sampler_logprobs(full.float() / temperature, targets, temperature=1.0, top_p=top_p,
+                              top_k=top_k)  # [N]
+    assert lp is not None
+    return lp, (ent if with_entropy else None)

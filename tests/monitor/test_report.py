@@ -1,0 +1,140 @@
+"""`lego report RUN_DIR --html OUT`: one self-contained file, checked twice: its structure (every section, the
+SVG plots, nothing fetched from anywhere, run text escaped) and what headless Chromium actually draws (a
+screenshot whose pixels hold the plots' colours; a control page without the plots holds none)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from monitor_runs import CHECK, TOY
+from typer.testing import CliRunner
+
+from lego_rl.cli.main import app
+
+CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+runner = CliRunner()
+SECTIONS = ("overview", "terminations", "timing", "tasks", "consistency", "pipeline", "behaviour")
+
+
+def _report(run: Path, out: Path, *extra: str) -> str:
+    res = runner.invoke(app, ["report", str(run), "--html", str(out), *extra])
+    assert res.exit_code == 0, res.output
+    assert "wrote" in res.output
+    return out.read_text(encoding="utf-8")
+
+
+def test_the_report_holds_every_view_and_fetches_nothing(tmp_path: Path) -> None:
+    html = _report(TOY, tmp_path / "toy.html")
+    for sid in SECTIONS:
+        assert f'<section id="{sid}">' in html
+    assert html.count("<svg") >= 7  # curves, termination stacks, stage timing, grid, KL, Pearson, pipeline
+    # offline: the only URL is the SVG namespace; no script, no external stylesheet, font or image
+    assert set(re.findall(r"https?://[^\"' )]+", html)) == {"http://www.w3.org/2000/svg"}
+    assert "<script" not in html and "<link" not in html and "@import" not in html and "<img" not in html
+    # the task grid draws one cell per finished rollout
+    events = (TOY / "events.jsonl").read_text()
+    assert html.count('height="8" fill="#') == events.count('"kind":"rollout_finished"')
+
+
+def test_run_text_is_escaped_and_an_existing_report_is_never_overwritten(
+    tmp_path: Path, copy_run: Callable[[Path], Path]
+) -> None:
+    run = copy_run(CHECK)
+    events = run / "events.jsonl"
+    events.write_text(events.read_text().replace("lego-example-median", "<b>evil</b>&task"))
+    out = tmp_path / "r.html"
+    html = _report(run, out)
+    assert "<b>evil</b>" not in html and "&lt;b&gt;evil&lt;/b&gt;&amp;task" in html
+    before = out.read_bytes()
+    res = runner.invoke(app, ["report", str(run), "--html", str(out)])
+    assert res.exit_code == 2 and "already exists; it is never overwritten" in " ".join(res.output.split())
+    assert out.read_bytes() == before
+
+
+def test_compare_section(tmp_path: Path, copy_run: Callable[[Path], Path]) -> None:
+    html = _report(TOY, tmp_path / "c.html", "--compare", str(copy_run(TOY)))
+    assert '<section id="compare">' in html and "24 tasks in both: 0 up, 0 down" in html
+
+
+def _pixels(png: bytes) -> Counter[tuple[int, int, int]]:
+    """Colour counts of an 8-bit RGB/RGBA, non-interlaced PNG (what Chromium writes), decoded here."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(png):
+        length, kind = struct.unpack(">I4s", png[pos : pos + 8])
+        data = png[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data)
+            assert depth == 8 and colour in (2, 6) and interlace == 0
+            bpp = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += data
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    prev = bytearray(stride)
+    counts: Counter[tuple[int, int, int]] = Counter()
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        counts.update(zip(line[0::bpp], line[1::bpp], line[2::bpp], strict=True))
+        prev = line
+    return counts
+
+
+def _screenshot(html: Path, png: Path) -> Counter[tuple[int, int, int]]:
+    assert CHROMIUM is not None
+    # every request but the file itself would go to a dead proxy: a page that needs the network shows it
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--proxy-server=http://127.0.0.1:9",
+            "--window-size=1200,2600",
+            f"--screenshot={png}",
+            html.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return _pixels(png.read_bytes())
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium: apt-get install chromium-headless-shell")
+def test_headless_chromium_screenshot_shows_the_plots(tmp_path: Path) -> None:
+    html = tmp_path / "toy.html"
+    text = _report(TOY, html)
+    shot = _screenshot(html, tmp_path / "toy.png")
+    blue, orange, green, red = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E), (0x2C, 0xA0, 0x2C), (0xD6, 0x27, 0x28)
+    assert shot[blue] > 20_000  # termination bars (and the reward curve)
+    assert shot[orange] > 500  # the solve-rate curve
+    assert shot[red] > 5_000 and shot[green] > 200  # the task grid's failed and solved cells
+    # control: the same page without its SVG plots has none of those colours in quantity
+    bare = tmp_path / "bare.html"
+    bare.write_text(re.sub(r"<svg.*?</svg>", "", text, flags=re.DOTALL), encoding="utf-8")
+    control = _screenshot(bare, tmp_path / "bare.png")
+    assert control[blue] < 50 and control[red] < 50 and control[orange] < 50
