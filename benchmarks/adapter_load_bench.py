@@ -12,6 +12,13 @@ the engine). Baseline in the same run: the same number of generate calls, same c
 the engine through the same ServingClient (what a rollout would pay without the adapter).
 
     .venv/bin/python benchmarks/adapter_load_bench.py [--sessions 64] [--turns 6]
+
+Production size (issue 16): ``--history-chars N`` starts every session from a long agent history (tool
+calls and ~4 KB tool results; 110k characters are ~60k tiny-model tokens) and ``--big-mib M`` adds one
+more session that sends a single M MiB message while the others run; its latency is reported apart, the
+others' added latency is what it must not spoil (target p99 < 50 ms).
+
+    .venv/bin/python benchmarks/adapter_load_bench.py --sessions 256 --turns 3 --history-chars 110000 --big-mib 10
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import time
 from typing import Any
@@ -59,10 +67,41 @@ class FastEngine:
                                   "weight_versions": [{"version": 0, "start": 0, "end": len(ids)}]})
 
 
+def long_history(sid: str, chars: int) -> list[dict[str, Any]]:
+    """A finished stretch of agent work: (assistant tool call, ~4 KB tool result) pairs, ``chars`` in all."""
+    rng = random.Random(sid)
+    words = ["def", "return", "self", "value", "import", "class", "for", "if", "None", "test", "assert"]
+    out: list[dict[str, Any]] = []
+    size, i = 0, 0
+    while size < chars:
+        result = "\n".join(" ".join(rng.choice(words) + str(rng.randint(0, 99)) for _ in range(8))
+                           for _ in range(80))[: chars - size]
+        call = {"id": f"hist_{i}", "type": "function",
+                "function": {"name": "terminal", "arguments": json.dumps({"command": f"cat file_{i}.py"})}}
+        out += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"hist_{i}", "content": result}]
+        size += len(result)
+        i += 1
+    return out
+
+
+async def big_message(http: aiohttp.ClientSession, url: str, mib: float, delay: float) -> tuple[float, int, str]:
+    """One session sending a single ``mib`` MiB message after ``delay`` s: (latency, status, reply head)."""
+    await asyncio.sleep(delay)
+    text = ("x = compute(value, other) + 1  # " * (int(mib * 1024 * 1024) // 34 + 1))[: int(mib * 1024 * 1024)]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": text}]}
+    t0 = time.perf_counter()
+    async with http.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer bench-big"}) as r:
+        reply = await r.text()
+    return time.perf_counter() - t0, r.status, reply[:160]
+
+
 async def one_session(http: aiohttp.ClientSession, url: str, sid: str, turns: int, stream: bool,
-                      latencies: list[float]) -> None:
+                      latencies: list[float], history_chars: int = 0) -> None:
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
                                       {"role": "user", "content": f"Fix the failing test ({sid})."}]
+    if history_chars:
+        messages += long_history(sid, history_chars)
     for turn in range(turns):
         body = {"model": "tiny", "messages": messages, "tools": TOOLS, "stream": stream}
         t0 = time.perf_counter()
@@ -142,7 +181,7 @@ async def _ok(request: web.Request) -> web.Response:
 
 async def wait_http(url: str, proc: asyncio.subprocess.Process) -> None:
     async with aiohttp.ClientSession() as http:
-        for _ in range(600):
+        for _ in range(3000):  # start-up imports transformers: slow on a loaded machine
             if proc.returncode is not None:
                 raise RuntimeError(f"{url}: process exited with {proc.returncode}")
             try:
@@ -155,7 +194,7 @@ async def wait_http(url: str, proc: asyncio.subprocess.Process) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def main(sessions: int, turns: int) -> None:
+async def main(sessions: int, turns: int, history_chars: int = 0, big_mib: float = 0.0) -> None:
     import sys
     import tempfile
     from pathlib import Path
@@ -178,9 +217,12 @@ async def main(sessions: int, turns: int) -> None:
         await wait_http(adapter_url, adapter_proc)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             t0 = time.perf_counter()
-            await asyncio.gather(*(one_session(http, adapter_url, sid, turns, i % 2 == 0, latencies)
-                                   for i, sid in enumerate(ids)))
+            runs = [one_session(http, adapter_url, sid, turns, i % 2 == 0, latencies, history_chars)
+                    for i, sid in enumerate(ids)]
+            big = asyncio.ensure_future(big_message(http, adapter_url, big_mib, 1.0)) if big_mib else None
+            await asyncio.gather(*runs)
             wall = time.perf_counter() - t0
+            big_result = await big if big is not None else None
         adapter_proc.terminate()
         await adapter_proc.wait()
         records = [r for sid in ids for r in load_turn_records(records_dir / f"{sid}.turns.jsonl")]
@@ -210,12 +252,17 @@ async def main(sessions: int, turns: int) -> None:
           f"(client latency minus the mean engine call, {engine_s * 1e3:.1f} ms)")
     print(f"core work / turn p50 {pct(core_s, .5) * 1e3:7.1f} ms  p99 {pct(core_s, .99) * 1e3:7.1f} ms "
           "(render, parse, validate, record; from the turn records)")
+    if big_result is not None:
+        print(f"the {big_mib} MiB message: HTTP {big_result[1]} after {big_result[0] * 1e3:.0f} ms: {big_result[2]!r}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--history-chars", type=int, default=0, help="Start each session from this long a history.")
+    parser.add_argument("--big-mib", type=float, default=0.0, help="One more session sends one message this big.")
     parser.add_argument("--serve-engine", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    asyncio.run(serve_engine(args.serve_engine) if args.serve_engine else main(args.sessions, args.turns))
+    asyncio.run(serve_engine(args.serve_engine) if args.serve_engine
+                else main(args.sessions, args.turns, args.history_chars, args.big_mib))

@@ -36,9 +36,10 @@ def test_open_get_close_and_rejections() -> None:
 @pytest.mark.parametrize(
     ("sid", "kw", "needle"),
     [
-        ("", {}, "non-empty"),
-        ("a b", {}, "whitespace"),
-        ("a/b", {}, "'/'"),
+        ("", {}, "must be a safe name"),
+        ("a b", {}, "must be a safe name"),
+        ("a/b", {}, "must be a safe name"),
+        ("..", {}, "must be a safe name"),
         ("ok", {"max_requests": 0}, "max_requests must be positive, got 0"),
         ("ok", {"max_context_tokens": -5}, "max_context_tokens must be positive, got -5"),
     ],

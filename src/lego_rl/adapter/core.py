@@ -50,6 +50,7 @@ from typing import Any, Protocol
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopKind
 from lego_rl.adapter.sessions import Session
 from lego_rl.adapter.stops import find_stop, keep_prefix
+from lego_rl.chat.messages import Message
 from lego_rl.chat.parsers import (
     ToolParserStyle,
     merge_assistant_runs,
@@ -154,6 +155,19 @@ class AdapterCore:
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
 
+    def too_long(self, session: Session | None, messages: Sequence[Message], req: CanonicalRequest
+                 ) -> ProtocolError | None:
+        """The error for a request whose text alone cannot fit the context window (checked before any
+        rendering, so a 10 MiB message costs no tokenisation and records no ids); None when it may fit.
+        Worded as Anthropic's "prompt is too long", which Claude Code answers by compacting."""
+        limit = session.max_context_tokens if session is not None else None
+        window = min(self.max_context_tokens, limit or self.max_context_tokens)
+        floor = self.renderer.min_prompt_tokens(messages, req.tools)
+        if floor < window:
+            return None
+        return ProtocolError(f"prompt is too long: at least {floor} tokens > {window} maximum (the context window; "
+                             "the request's text alone is too large to render)", param="messages")
+
     def refuse_if_failed(self, session: Session) -> None:
         """Refuse a request on a session the engine already failed, as the outage it was.
 
@@ -199,8 +213,12 @@ class AdapterCore:
         if not messages:
             raise ProtocolError("the request has no messages", param="messages")
         chain = session.chain(req.side_label)
+        too_long = self.too_long(session, messages, req)
+        if too_long is not None:
+            session.termination = "context_limit"
+            raise too_long
         try:
-            plan = self.bridge.plan(chain, messages, req.tools, self.template_kwargs(session, req))
+            plan = await self.bridge.plan_in_thread(chain, messages, req.tools, self.template_kwargs(session, req))
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
         clock.render_s = clock.elapsed()

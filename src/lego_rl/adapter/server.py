@@ -8,6 +8,12 @@ Sessions: the ``/s/{session}/`` path prefix names the session when present (head
 so a harness may keep a dummy API key); otherwise the bearer token or ``x-api-key`` does. A request
 never touches any session but the one it names.
 
+Records (``records_dir``, the standalone adapter): each session's turn records are appended and fsynced
+as each turn ends, before its answer is sent (``RecordJournal``), with a status file holding the
+failure reason; with ``auto_open``, a request for a new key is validated before its session is opened.
+Logs: one JSON line (logger ``lego_rl.adapter.server``) per 4xx/5xx answer, engine error, session
+open/close and record save.
+
 Streams: a request with ``stream: true`` is answered with ``text/event-stream`` as soon as it is
 parsed and admitted; SSE comments keep the connection alive while the engine works, then the dialect's
 complete event sequence follows, or its error events if the turn failed. A client that asked for a
@@ -19,6 +25,7 @@ every client SDK reads as a final, non-retryable error.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -33,7 +40,7 @@ from lego_rl.adapter.chat_completions import ChatCompletionsDialect
 from lego_rl.adapter.core import AdapterCore
 from lego_rl.adapter.dialect import Dialect, Route, WireError
 from lego_rl.adapter.responses import ResponsesDialect
-from lego_rl.adapter.sessions import Session, SessionRegistry
+from lego_rl.adapter.sessions import RecordJournal, Session, SessionRegistry
 from lego_rl.errors import ProtocolError, ProviderError
 
 log = logging.getLogger(__name__)
@@ -45,6 +52,8 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_BODY_LIMIT_SETTING = "adapter.max_body_mb"
 """The setting an operator raises when a body is refused (the 413 text names it)."""
 BODY_CHUNK_BYTES = 1024 * 1024
+OFF_LOOP_BYTES = 256 * 1024
+"""Bodies larger than this are JSON-decoded and parsed on a worker thread (smaller: the hop costs more)."""
 DEFAULT_KEEPALIVE_S = 5.0
 SESSION_PREFIX = "/s/{session}"
 NO_RETRY = {"x-should-retry": "false"}
@@ -88,6 +97,7 @@ class AdapterServer:
         self.keepalive_s = keepalive_s
         self.auto_open = auto_open
         self.records_dir = records_dir
+        self.journal = RecordJournal(records_dir) if records_dir is not None else None
         self.body_limit_setting = body_limit_setting
 
     def app(self) -> web.Application:
@@ -109,8 +119,19 @@ class AdapterServer:
         return web.json_response({"status": "ok", "open_sessions": len(self.sessions.open_ids())})
 
     async def _save_all(self, app: web.Application) -> None:
-        for session in self.sessions.close_all(out_dir=self.records_dir):
-            log.info("adapter: session %s closed, %d turn records saved", session.id, len(session.records))
+        for session in self.sessions.close_all():
+            await self.after_turn(session)
+            log_event("session_closed", session=session.id, records=len(session.records),
+                      infra_failure=session.infra_failure, termination=session.termination)
+
+    async def after_turn(self, session: Session) -> None:
+        """Make the session's new records and status durable (``records_dir`` only), on a worker thread."""
+        if self.journal is None:
+            return
+        turns = await asyncio.to_thread(self.journal.sync, session)
+        if turns:
+            log_event("records_saved", session=session.id, turns=turns,
+                      path=str(self.journal.records_path(session.id)))
 
     def _handler(self, dialect: Dialect, route: Route) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -121,44 +142,65 @@ class AdapterServer:
     # -- one request ---------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request, dialect: Dialect, route: Route) -> web.StreamResponse:
+        session: Session | None = None
         try:
             if route.operation == "unsupported":
                 raise ProtocolError(f"{route.feature} is not supported by this adapter", status=400)
-            session = self.session_for(request)
-            body = await self.read_json(request)
-            req = dialect.parse_request(body, path=request.path, query=request.query, headers=request.headers)
+            session, unknown = self.known_session(request)
+            body, size = await self.read_json_sized(request)
+            parse = functools.partial(dialect.parse_request, body, path=request.path, query=request.query,
+                                      headers=request.headers)
+            # Large bodies are decoded on a worker thread: the event loop serves every other session.
+            req = await asyncio.to_thread(parse) if size > OFF_LOOP_BYTES else parse()
+            if session is None:  # only a valid request opens a session (no empty record files)
+                session = self.open_unknown(request, unknown)
             if route.operation == "count_tokens":
-                return web.json_response(dialect.count_tokens_body(self.core.count_tokens(session, req)))
+                count = await asyncio.to_thread(self.core.count_tokens, session, req)
+                return web.json_response(dialect.count_tokens_body(count))
             self.core.refuse_if_failed(session)  # before a stream starts: the client gets the HTTP status
             if req.stream:
                 return await self.stream(request, dialect, session, req)
             resp = await self.core.run_turn(session, req)
+            await self.after_turn(session)
             return web.json_response(dialect.render_response(resp, req))
         except Exception as exc:  # noqa: BLE001 - the edge maps every error once
             err = to_wire_error(exc)
+            log_answer(err, session, request.path)
+            if session is not None:
+                await self.after_turn(session)
             # Every refusal here is final (a failed session refuses all later calls too): the header
             # stops the Anthropic/OpenAI SDKs' automatic retries, which Claude Code applies even to 401.
             return web.json_response(dialect.error_body(err), status=err.status, headers=NO_RETRY)
 
-    def session_for(self, request: web.Request) -> Session:
+    def known_session(self, request: web.Request) -> tuple[Session | None, ProtocolError | None]:
+        """The open session the request names, or (None, the 401) when ``auto_open`` may open it once
+        the request is known to be valid; other refusals are raised."""
         token = request.match_info.get("session") or _header_token(request)
         try:
-            return self.sessions.get(token)
-        except ProtocolError:
+            return self.sessions.get(token), None
+        except ProtocolError as exc:
             if self.auto_open is None or not token:
                 raise
-            try:
-                return self.auto_open(token)
-            except ValueError:  # closed (ids are single use) or malformed: keep the 401
-                pass
-            raise
+            return None, exc
+
+    def open_unknown(self, request: web.Request, refusal: ProtocolError | None) -> Session:
+        token = request.match_info.get("session") or _header_token(request)
+        assert self.auto_open is not None and token and refusal is not None
+        try:
+            session = self.auto_open(token)
+        except ValueError as exc:  # closed (ids are single use) or not a safe name: keep the 401
+            raise ProtocolError(f"{refusal} ({exc})", status=401, kind="authentication_error") from None
+        log_event("session_opened", session=session.id, via="first request")
+        return session
 
     async def read_json(self, request: web.Request) -> Any:
-        """The request's JSON body, read to its end (Content-Length or chunked) under ``max_body_bytes``.
+        """The request's JSON body, read to its end (Content-Length or chunked) under ``max_body_bytes``."""
+        return (await self.read_json_sized(request))[0]
 
-        ``StreamReader.read(n)`` returns as soon as *some* bytes are buffered, so one call would cut a
-        large body wherever the socket's first buffer ended: read until EOF instead.
-        """
+    async def read_json_sized(self, request: web.Request) -> tuple[Any, int]:
+        """``read_json`` and the body's size. ``StreamReader.read(n)`` returns as soon as *some* bytes
+        are buffered, so one call would cut a large body wherever the socket's first buffer ended: read
+        until EOF instead. Bodies over ``OFF_LOOP_BYTES`` are decoded on a worker thread."""
         limit = self.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise self._too_large(request.content_length)
@@ -173,7 +215,7 @@ class AdapterServer:
             raise ProtocolError("request body is empty: expected a JSON object")
         raw = b"".join(chunks)
         try:
-            return json.loads(raw)
+            return (await asyncio.to_thread(json.loads, raw) if size > OFF_LOOP_BYTES else json.loads(raw)), size
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
 
@@ -203,10 +245,13 @@ class AdapterServer:
         except BaseException:
             turn.cancel()
             raise
+        await self.after_turn(session)
         try:
             events = dialect.stream_events(turn.result(), req)
         except Exception as exc:  # noqa: BLE001 - becomes the protocol's in-stream error
-            events = dialect.stream_error_events(to_wire_error(exc), req.model)
+            err = to_wire_error(exc)
+            log_answer(err, session, request.path, in_stream=True)
+            events = dialect.stream_error_events(err, req.model)
         try:
             await resp.write(b"".join(event.encode() for event in events))
             await resp.write_eof()
@@ -221,3 +266,17 @@ def _header_token(request: web.Request) -> str | None:
         return auth[7:].strip() or None
     return request.headers.get("x-api-key") or None
 
+
+
+def log_event(event: str, **fields: Any) -> None:
+    """One structured log line: a JSON object with ``event`` first (errors at WARNING/ERROR, else INFO)."""
+    level = fields.pop("level", logging.INFO)
+    log.log(level, "%s", json.dumps({"event": event, **fields}, default=str))
+
+
+def log_answer(err: WireError, session: Session | None, path: str, *, in_stream: bool = False) -> None:
+    """The log line of a 4xx/5xx answer; engine errors (502/503...) are logged as ``engine_error``."""
+    engine = err.status >= 500 and err.message.startswith("model engine error")
+    level = logging.ERROR if err.status >= 500 else logging.WARNING
+    log_event("engine_error" if engine else "error_answer", level=level, status=err.status, type=err.kind,
+              session=session.id if session else None, path=path, in_stream=in_stream, message=err.message[:500])

@@ -13,6 +13,8 @@ infrastructure failure: the rollout is then excluded from training, and later re
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,8 @@ from typing import Any, Literal
 
 from lego_rl.chat.prefix import ChainState
 from lego_rl.errors import ProtocolError
-from lego_rl.runstore.files import write_new
+from lego_rl.runstore.files import replace_file, write_new
+from lego_rl.runstore.layout import safe_name
 from lego_rl.trajectory.export import load_turn_records  # noqa: F401  (re-exported: the saved-records reader)
 from lego_rl.trajectory.records import TurnRecord
 
@@ -112,8 +115,10 @@ class SessionRegistry:
         max_response_tokens: int | None = None,
     ) -> Session:
         """Open a new session named ``session_id`` (the bearer token the CLI will send)."""
-        if not session_id or any(c.isspace() for c in session_id) or "/" in session_id:
-            raise ValueError(f"session id {session_id!r} must be non-empty, without whitespace or '/'")
+        # Ids name files (records, logs): only safe names, so ``..`` or ``a/b`` never escape a folder.
+        if not session_id or safe_name(session_id) != session_id:
+            raise ValueError(f"session id {session_id!r} must be a safe name: 1-128 of [A-Za-z0-9._-], "
+                             "not starting or ending with '.'")
         if session_id in self._sessions or session_id in self._closed:
             raise ValueError(f"session {session_id!r} already exists (ids are single use)")
         for name, value in (
@@ -183,3 +188,63 @@ def save_turn_records(session: Session, out_dir: Path) -> Path:
     """Write the session's turn records as JSONL, atomically; an existing file is ``FileExistsError``."""
     text = "".join(record.model_dump_json() + "\n" for record in session.records)
     return write_new(turn_records_path(out_dir, session.id), text, what="turn records")
+
+
+class RecordJournal:
+    """A session's turn records appended to ``DIR/<session>.turns.jsonl`` as they happen, for a process
+    that may die at any moment (the standalone ``lego adapter``; ``kill -9`` loses nothing answered).
+
+    fsync policy: ``sync`` appends every record not yet written and fsyncs the file (and, on the file's
+    creation, the folder) before returning; the server calls it after each turn and before the answer
+    is sent, so every answered turn is on disk. ``DIR/<session>.session.json`` (written atomically on
+    open, failure and close) holds the session's state, failure reason, termination and record count.
+    No file exists for a session that was never opened (requests are validated before opening).
+    """
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._written: dict[str, int] = {}
+        self._status: dict[str, tuple[Any, ...]] = {}
+
+    def records_path(self, session_id: str) -> Path:
+        return turn_records_path(self.out_dir, session_id)
+
+    def status_path(self, session_id: str) -> Path:
+        return self.out_dir / f"{session_id}.session.json"
+
+    def sync(self, session: Session) -> list[int]:
+        """Append and fsync the session's new records, refresh its status; the turns written."""
+        done = self._written.get(session.id, 0)
+        new = session.records[done:]
+        if new:
+            path = self.records_path(session.id)
+            created = not path.exists()
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write("".join(record.model_dump_json() + "\n" for record in new))
+                fh.flush()
+                os.fsync(fh.fileno())
+            if created:
+                _fsync_dir(self.out_dir)
+            self._written[session.id] = done + len(new)
+        self.write_status(session)
+        return [r.turn for r in new]
+
+    def write_status(self, session: Session) -> None:
+        """The session's status file, rewritten only when something in it changed."""
+        state = (session.state, session.infra_failure, session.termination, len(session.records), session.requests)
+        if self._status.get(session.id) == state:
+            return
+        status = {"session": session.id, "state": session.state, "infra_failure": session.infra_failure,
+                  "termination": session.termination, "records": len(session.records), "requests": session.requests,
+                  "opened_at": session.opened_at, "updated_at": time.time()}
+        replace_file(self.status_path(session.id), json.dumps(status) + "\n")
+        self._status[session.id] = state
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -2,8 +2,12 @@
 
 ``lego adapter --serving-url URL --model DIR`` calls ``serve_standalone``. Sessions are normally opened
 by rollout code; here they come from ``--session ID`` (opened at start) or, with ``--open-sessions DIR``,
-from any new key on first use. Each session's turn records are written to
-``DIR/<session>.turns.jsonl`` when the server stops (never overwriting an existing file).
+from any new key whose first request is valid. Each turn record is appended to
+``DIR/<session>.turns.jsonl`` and fsynced as the turn ends, before its answer is sent, so a ``kill -9``
+loses no answered turn; ``DIR/<session>.session.json`` holds the session's state and failure reason
+(``RecordJournal``). With ``--session`` and no ``--open-sessions``, records go to ``./lego-adapter-records``.
+Session ids must be safe file names (``runstore.safe_name``). Every answer with an error, engine error,
+session open/close and record save is logged as one JSON line on stderr.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ from typing import Any
 
 from aiohttp import web
 
+from lego_rl.adapter.server import log_event
+
 from lego_rl.adapter.core import AdapterCore
 from lego_rl.adapter.server import DEFAULT_MAX_BODY_BYTES, AdapterServer
 from lego_rl.adapter.sessions import SessionRegistry
 from lego_rl.errors import ConfigError
 
 DEFAULT_CONTEXT_LIMIT = 32768
+DEFAULT_RECORDS_DIR = Path("lego-adapter-records")
+"""Where ``--session`` sessions' records go when no ``--open-sessions`` folder is given."""
 
 
 @dataclass
@@ -66,12 +74,19 @@ def build_standalone(opts: StandaloneOptions) -> tuple[AdapterServer, Any]:
                        max_response_tokens=min(opts.max_response_tokens, context), model_name=opts.model_dir.name)
     registry = SessionRegistry()
     for sid in opts.sessions:
-        registry.open(sid)
+        try:
+            registry.open(sid)
+        except ValueError as exc:
+            raise ConfigError(str(exc), parameter="--session", value=sid) from None
     server = AdapterServer(
         core, registry, max_body_bytes=opts.max_body_bytes,
         auto_open=registry.open if opts.open_sessions is not None else None,
-        records_dir=opts.open_sessions, body_limit_setting="lego adapter --max-body-mb",
+        records_dir=opts.open_sessions or DEFAULT_RECORDS_DIR, body_limit_setting="lego adapter --max-body-mb",
     )
+    assert server.journal is not None
+    for sid in opts.sessions:
+        server.journal.write_status(registry.get(sid))
+        log_event("session_opened", session=sid, via="--session")
     return server, client
 
 

@@ -24,6 +24,7 @@ the full history's text is rendered (still no tokenisation of the history) and t
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -175,6 +176,17 @@ class PrefixBridge:
             tools_key=tkey,
             kwargs_key=kkey,
         )
+
+    async def plan_in_thread(
+        self,
+        chain: ChainState,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        kwargs: Mapping[str, Any],
+    ) -> PromptPlan:
+        """``plan`` on a worker thread: rendering and tokenising a long history takes up to seconds, and
+        the adapter's event loop must keep serving other sessions meanwhile. The chain is only read."""
+        return await asyncio.to_thread(self.plan, chain, messages, tools, kwargs)
 
     def commit(
         self,

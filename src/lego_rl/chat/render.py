@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,7 +169,8 @@ class ChatRenderer:
             for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
         }
         self.escaper = _Escaper(list(self.added_tokens))
-        self._plain = self._plain_encoder()
+        self._fast, self._plain = self._encoders()
+        self.max_token_bytes = self._longest_token_bytes()
         self.boundary = self._probe_boundary()
         self.eos_ids = self._stop_ids()
 
@@ -230,18 +231,19 @@ class ChatRenderer:
         """Token ids of rendered ``text``, nothing added. Added-token strings in it become their ids;
         escaped client text (see the module docstring) is encoded as the plain characters it stands for."""
         if ESCAPE_OPEN not in text:
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
+            return self._fast(text)
         ids: list[int] = []
         for i, piece in enumerate(self.escaper.split_template_tokens(text)):
             if i % 2:  # the template's own added token
                 ids.append(self.added_tokens[piece])
             elif piece:
-                ids.extend(self._plain(self.escaper.unescape(piece)) if ESCAPE_OPEN in piece
-                           else self.tokenizer.encode(piece, add_special_tokens=False))
+                ids.extend(self._plain(self.escaper.unescape(piece)) if ESCAPE_OPEN in piece else self._fast(piece))
         return ids
 
-    def _plain_encoder(self) -> Any:
-        """A function encoding text with no added-token extraction at all (special or not).
+    def _encoders(self) -> tuple[Callable[[str], list[int]], Callable[[str], list[int]]]:
+        """Two encoders of the fast tokenizer's backend: as configured, and with no added-token extraction
+        at all (special or not). Both call ``encode_batch``, which releases the GIL while Rust works, so
+        a long prompt tokenised on a worker thread does not stall the event loop.
 
         HF's ``split_special_tokens`` leaves non-special added tokens (Qwen's ``<think>``, ``<tool_call>``)
         extracted, so a copy of the fast tokenizer is made in which every added token is special, with
@@ -262,7 +264,10 @@ class ChatRenderer:
         plain.encode_special_tokens = True
 
         def encode_plain(text: str) -> list[int]:
-            return list(plain.encode(text, add_special_tokens=False).ids)
+            return list(plain.encode_batch([text], add_special_tokens=False)[0].ids)
+
+        def encode_fast(text: str) -> list[int]:
+            return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
 
         added_ids = set(self.added_tokens.values())
         for token in self.added_tokens:
@@ -270,7 +275,22 @@ class ChatRenderer:
             if leaked:
                 raise RenderError(f"the tokenizer encodes the plain text {token!r} to control ids {sorted(leaked)}: "
                                   "client text could forge control tokens")
-        return encode_plain
+        return encode_fast, encode_plain
+
+    def min_prompt_tokens(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> int:
+        """A lower bound of the prompt's length, from the size of its text alone (no rendering).
+
+        No token covers more than ``max_token_bytes`` bytes, so ``n`` bytes of text take at least
+        ``n / max_token_bytes`` tokens; halved, because normalisation (NFC) may shorten the text. Cheap
+        enough to refuse a 10 MiB request before rendering and tokenising it costs seconds and GBs."""
+        texts = [m.content for m in messages] + [m.reasoning or "" for m in messages] + [t.description for t in tools]
+        size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+        return size // (2 * self.max_token_bytes)
+
+    def _longest_token_bytes(self) -> int:
+        ids = [[i] for i in range(self.vocab_size)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return max(1, max(len(t.encode("utf-8", "surrogatepass")) for t in texts))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept (the parsers need ``<think>`` / ``<tool_call>``)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from pathlib import Path
 
 import typer
@@ -14,8 +16,9 @@ def adapter(
     serving_url: str = typer.Option(..., "--serving-url", help="Base URL of the engine (vLLM or `lego serve`)."),
     model: Path = typer.Option(..., "--model", help="The served model's directory (tokenizer, chat template)."),
     open_sessions: Path = typer.Option(None, "--open-sessions", help=(
-        "Open a session for any new key on first use; write each session's turn records under this "
-        "directory when the server stops.")),
+        "Open a session for any new key whose first request is valid; each session's turn records are "
+        "appended (fsynced) under this directory as each turn ends (default for --session: "
+        "./lego-adapter-records).")),
     session: list[str] = typer.Option([], "--session", help="Open this session id at start (repeatable)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(18091, help="Port to bind."),
@@ -32,7 +35,7 @@ def adapter(
     """
     import asyncio
 
-    from lego_rl.adapter.standalone import StandaloneOptions, serve_standalone
+    from lego_rl.adapter.standalone import DEFAULT_RECORDS_DIR, StandaloneOptions, serve_standalone
     from lego_rl.errors import ConfigError
 
     try:
@@ -50,7 +53,15 @@ def adapter(
                              open_sessions=open_sessions, sessions=session, max_context_tokens=max_context_tokens or None,
                              max_response_tokens=max_response_tokens, template_kwargs=kwargs,
                              max_body_bytes=int(max_body_mb * 1024 * 1024))
-    err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model})", markup=False, highlight=False)
+    records = open_sessions or DEFAULT_RECORDS_DIR
+    err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model}); turn records in {records}/",
+              markup=False, highlight=False)
+    # The adapter's structured lines (errors answered, engine errors, sessions, record saves) on stderr.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    adapter_log = logging.getLogger("lego_rl.adapter")
+    adapter_log.addHandler(handler)
+    adapter_log.setLevel(logging.INFO)
     try:
         asyncio.run(serve_standalone(opts))
     except ConfigError as exc:
