@@ -99,6 +99,11 @@ def test_there_are_skills_and_the_slow_list_names_only_existing_ones() -> None:
     assert SLOW <= names, f"SLOW names skills that do not exist: {sorted(SLOW - names)}"
 
 
+def test_the_readme_lists_every_skill_and_no_other() -> None:
+    listed = set(re.findall(r"\]\(([a-z0-9-]+)/SKILL\.md\)", (SKILLS / "README.md").read_text()))
+    assert listed == {p.parent.name for p in SKILL_FILES}
+
+
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.parent.name) for p in SKILL_FILES])
 def test_the_skill_is_in_agent_skills_format(path: Path) -> None:
     text = path.read_text()
