@@ -167,3 +167,25 @@ def test_sigterm_stops_with_a_resumable_state_and_resume_continues(toy: Path) ->
     steps = [r.step for r in follow_metrics(metrics).read()]
     assert steps == [*done, done[-1] + 1]  # continues after the last completed step, no step twice
     assert (root / "config.resume-1.json").exists()
+
+
+def test_resume_behind_newer_checkpoints_is_refused_before_anything_starts(toy: Path) -> None:
+    """A roll back done by pointing ``latest`` at an older checkpoint: the resume would retrain the newer steps and
+    fail mid-run saving over their (never overwritten) checkpoints, so it is refused up front, naming them."""
+    root = toy / "runs" / "toy"
+    checkpoints = root / "checkpoints"
+    for name in ("step-000000", "step-000001", "step-000002"):
+        (checkpoints / name).mkdir(parents=True)
+    (root / "events.jsonl").write_text('{"kind":"run_started","ts":1.0,"root":"runs/toy"}\n')
+    (checkpoints / "latest").write_text("step-000000\n")
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume"])
+    assert res.exit_code == 2, res.output
+    assert "step-000001, step-000002 (newer)" in said(res) and "move them out of checkpoints/" in said(res)
+    assert (root / "events.jsonl").read_text().count("\n") == 1  # nothing was started
+    # Pointing at the newest is an ordinary resume: it gets past this refusal to the next one (a bad data row,
+    # which the session finds after it).
+    (checkpoints / "latest").write_text("step-000002\n")
+    with (toy / "toy.jsonl").open("a") as fh:
+        fh.write(json.dumps({"id": "bad", "letter": "ab"}) + "\n")
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume"])
+    assert res.exit_code == 2 and "(newer)" not in said(res) and "letter must be one ASCII letter" in said(res)

@@ -93,12 +93,19 @@ def toolchain_fetch(
     from lego_rl.orchestrate.harnesses import harness_factory
 
     target = folder or default_toolchain_dir()
+    unpinned: list[str] = []
     try:
         r = load(config, overrides, typed=_parse_options(option or []))
         pm = get_plugin_manager()
         names = harness or [i.harness.name for i in describe_all(pm)]
         lookup = harness_factory(r, pm=pm)
-        pins = [pin for name in names for pin in lookup(name).toolchain_pins()]
+        pins: list[ToolchainPin] = []
+        for name in names:
+            try:
+                pins.extend(lookup(name).toolchain_pins())
+            except NotImplementedError:
+                # HarnessPlugin's default toolchain(): one unfinished plugin must not stop the others' fetch.
+                unpinned.append(name)
         failures: list[tuple[ToolchainPin, Exception]] = []
         results = asyncio.run(fetch_toolchain(pins, target, force=force, python=python, failures=failures))
     except ConfigError as exc:
@@ -116,7 +123,10 @@ def toolchain_fetch(
         out.print(f"toolchain: {target}", markup=False, highlight=False)
     for pin, problem in failures:
         fail(f"{getattr(pin, 'key', str(pin))}: {problem}", label="failed")
-    if failures:
+    for name in unpinned:
+        fail(f"harness {name!r} implements no toolchain hook (its plugin's toolchain() raises "
+             "NotImplementedError): pin the CLI's files there, or return [] if it installs nothing", label="failed")
+    if failures or unpinned:
         raise typer.Exit(EXIT_INFRA)
 
 

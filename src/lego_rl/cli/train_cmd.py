@@ -101,6 +101,24 @@ async def _drive(session: TrainSession | SftSession, *, live: Live | None) -> Tr
             loop.remove_signal_handler(sig)
 
 
+def _refuse_checkpoints_past_latest(checkpoints: Path) -> None:
+    """A resume from a ``latest`` that an operator pointed back (a roll back) would retrain the steps after it and
+    then fail mid-run on saving over their checkpoints, which are never overwritten: refuse before anything
+    starts, naming them, so that the operator moves them away (and keeps them) first."""
+    pointer = checkpoints / "latest"
+    if not pointer.is_file():
+        return
+    latest = pointer.read_text().strip()
+    # step-NNNNNN names sort as their step numbers (zero-padded); anything else in the folder is not ours.
+    newer = sorted(p.name for p in checkpoints.glob("step-*") if p.is_dir() and p.name > latest)
+    if newer:
+        raise ConfigError(
+            f"{pointer} names {latest}, but {', '.join(newer)} (newer) exist in {checkpoints}: resuming would "
+            f"retrain those steps and cannot overwrite their checkpoints; to roll back to {latest}, move them out "
+            "of checkpoints/ first (or start a new run with model.checkpoint set to the one you want)",
+            parameter="train.resume", value=latest)
+
+
 def train(
     config: ConfigOpt = None,
     overrides: SetOpt = None,
@@ -165,6 +183,8 @@ def train(
                 fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
             err.print("nothing was started; run `lego validate` for the full picture", markup=False)
             raise typer.Exit(EXIT_USAGE)
+        if r.config.train.resume:
+            _refuse_checkpoints_past_latest(Path(r.config.paths.run_root or "runs/unnamed") / "checkpoints")
         from lego_rl.orchestrate.train_session import TrainSession, follow_rank_zero_session, start_ranks
 
         explicit_dp = r.config.train.data_parallel if r.is_explicit("train.data_parallel") else None
