@@ -40,7 +40,7 @@ SKIP = re.compile(r"^# skill-test: skip\b(?P<rest>.*)$", flags=re.MULTILINE)
 SKIP_REASON = re.compile(r" — (\S.{9,})$")  # the reason: an em dash, then at least ten characters
 
 # Skills whose blocks train the toy environment or run a real CLI (tens of seconds each on a 2-core machine).
-SLOW = {"launch-training", "resume", "rollout-check"}
+SLOW = {"launch-training", "resume", "rollout-check", "check-tasks"}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def test_the_skill_is_in_agent_skills_format() -> None:
                     reason="needs jq, bwrap and the examples' rootfs")
 def test_every_command_block_runs_against_the_example_tasks(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEGO_")}
-    env.update(DATA=str(EXAMPLES / "tasks.jsonl"), IMAGES=str(EXAMPLES / "images.json"), WORK=str(tmp_path),
+    env.update(TASKS=str(EXAMPLES), WORK=str(tmp_path),
                COLUMNS="140", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}")
     outputs = []
     for block in BLOCKS:
