@@ -117,6 +117,17 @@ def test_dead_engine_exits_3_with_a_clear_message(toy: Path) -> None:
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--vllm-url", "http://127.0.0.1:9"])
     assert res.exit_code == 3, res.output
     assert "not healthy: http://127.0.0.1:9" in said(res)
+    # The run directory says how the run ended, although the loop never started.
+    events = [json.loads(line) for line in (toy / "runs" / "toy" / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["kind"] == "training_finished" and events[-1]["status"] == "failed"
+    assert events[-1]["steps_done"] == 0 and "http://127.0.0.1:9" in events[-1]["detail"]
+
+
+def test_dead_engine_under_json_still_prints_one_object(toy: Path) -> None:
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--vllm-url", "http://127.0.0.1:9", "--json"])
+    assert res.exit_code == 3
+    obj = json.loads(res.stdout)
+    assert obj["status"] == "failed" and obj["exit_code"] == 3 and "127.0.0.1:9" in obj["error"]
 
 
 @pytest.mark.slow

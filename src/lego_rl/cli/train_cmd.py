@@ -62,6 +62,13 @@ def sft_progress_line(p: SftProgress) -> Text:
     return Text(f"SFT step {min(p.step + 1, p.total_steps)}/{p.total_steps}  {p.phase:<8}  loss {_num(p.last_loss)}")
 
 
+def _json_outcome(as_json: bool, status: str, exc: BaseException | None, run_root: Path, exit_code: int) -> None:
+    """Under ``--json`` a run that did not complete still prints one object, so a script never parses empty stdout."""
+    if as_json:
+        out.print_json(json.dumps({"status": status, "error": str(exc) if exc is not None else "",
+                                   "run_root": str(run_root), "exit_code": exit_code}))
+
+
 def _status(session: TrainSession | SftSession) -> Text | None:
     from lego_rl.orchestrate.sft import SftSession
 
@@ -217,13 +224,16 @@ def train(
         raise typer.Exit(EXIT_USAGE) from None
     except (TrainingError, EngineUnavailable, EngineFailed) as exc:
         fail(f"{exc} (run directory: {session.run_dir.root})", label="training failed")
+        _json_outcome(as_json, "failed", exc, session.run_dir.root, EXIT_INFRA)
         raise typer.Exit(EXIT_INFRA) from None
     except asyncio.CancelledError:
         fail(f"cancelled; the newest checkpoint in {session.run_dir.root / 'checkpoints'} is where a resume starts",
              label="stopped")
+        _json_outcome(as_json, "stopped", None, session.run_dir.root, EXIT_STOPPED)
         raise typer.Exit(EXIT_STOPPED) from None
     except LegoError as exc:
         fail(exc, label="training failed")
+        _json_outcome(as_json, "failed", exc, session.run_dir.root, EXIT_INFRA)
         raise typer.Exit(EXIT_INFRA) from None
     if as_json:
         out.print_json(json.dumps(summary.as_dict()))

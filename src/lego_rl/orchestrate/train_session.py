@@ -38,7 +38,7 @@ from lego_rl.orchestrate.stack import Engines, model_dir, serving_engines, servi
 from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
 from lego_rl.runstore import RunDir, RunLayout
-from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady
+from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady, TrainingFinished
 from lego_rl.serving.errors import EngineFailed, EngineUnavailable, InvalidReply
 from lego_rl.termination import TerminationReason, is_infrastructure_failure
 from lego_rl.train.backend import LossFn, TrainerBackend
@@ -318,6 +318,14 @@ class TrainSession:
         if self.loop is not None:
             self.loop.request_stop()
 
+    def _steps_on_disk(self) -> int:
+        """Steps the run directory's newest checkpoint holds (``checkpoints/latest`` → ``step-NNNNNN``); 0 if none."""
+        pointer = self.run_dir.layout.checkpoints / "latest"
+        try:
+            return int(pointer.read_text().strip().rsplit("-", 1)[-1]) + 1
+        except (OSError, ValueError):
+            return 0
+
     async def run(self) -> TrainSummary:
         c = self.r.config
         try:
@@ -358,6 +366,13 @@ class TrainSession:
                     stop = getattr(loop.backend, "stop", None)  # RankZeroBackend: release the other ranks
                     if stop is not None:
                         stop()
+        except BaseException as exc:
+            if self.loop is None:
+                # Failed before the loop existed (a dead engine, a bad checkpoint): the loop's own
+                # training_finished never comes, and the run directory must still say how the run ended.
+                self.run_dir.events.emit(TrainingFinished(status="failed", steps_done=self._steps_on_disk(),
+                                                          detail=f"{type(exc).__name__}: {exc}"[:500]))
+            raise
         finally:
             self.sink.close()
             self.run_dir.close()
