@@ -22,7 +22,8 @@ def test_images_command(tmp_path: Path) -> None:
     src = tmp_path / "src"
     build_oci(src / "task-a", "task-a", {"testbed/x": "1"}, env=["PATH=/usr/bin:/bin"])
     data = tmp_path / "train.jsonl"
-    data.write_text(_row("a", "reg/mimo:task-a") + "\n" + _row("b", "reg/mimo:task-b") + "\n")
+    data.write_text(_row("a", "reg/mimo:task-a") + "\n" + _row("b", "reg/mimo:task-b") + "\n"
+                    + _row("c", "reg/mimo:task-a") + "\n")
     out = tmp_path / "images.json"
     argv = ["images", "--data", str(data), "--root", str(tmp_path / "root"), "-o", str(out), "--source", str(src)]
     res = runner.invoke(app, argv)
@@ -33,6 +34,10 @@ def test_images_command(tmp_path: Path) -> None:
     res = runner.invoke(app, [*argv, "--ids", "a", "--json"])
     assert res.exit_code == 0
     assert [o["status"] for o in json.loads(res.stdout)["outcomes"]] == ["reused"]
+    assert [o["tasks"] for o in json.loads(res.stdout)["outcomes"]] == [1]  # only row a was selected
+    res = runner.invoke(app, [*argv, "--json"])
+    assert {o["image"]: o["tasks"] for o in json.loads(res.stdout)["outcomes"]} == {"reg/mimo:task-a": 2,
+                                                                                   "reg/mimo:task-b": 1}
 
 
 def test_images_rejects_bad_task_file(tmp_path: Path) -> None:

@@ -128,7 +128,8 @@ def images(
     try:
         loaded = load_tasks(data)
         loaded.raise_on_issues(str(data))
-        wanted = images_of_tasks(select_ids(loaded.rows, _ids(ids), source=str(data)))
+        selected = select_ids(loaded.rows, _ids(ids), source=str(data))
+        wanted = images_of_tasks(selected)
     except TaskDataError as exc:
         raise _fail(str(exc)) from None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -142,6 +143,9 @@ def images(
 
         report = asyncio.run(import_images(wanted, root=root, output=output, search_dirs=source,
                                            fix_path=fix_root_path, on_progress=step))
+    per_image = Counter(r.metadata.image for r in selected)
+    for o in report.outcomes:
+        o.tasks = per_image[o.image]
     failed = [o for o in report.outcomes if o.status == "failed"]
     if as_json:
         out.print_json(json.dumps({"output": str(output), "outcomes": [vars(o) for o in report.outcomes]}))
