@@ -33,6 +33,18 @@ def test_open_get_close_and_rejections() -> None:
         s.admit_request()  # a handle kept past close is refused too
 
 
+def test_ids_built_from_hashed_safe_names_open() -> None:
+    # A rollout's session id is safe_name(rollout id) plus a suffix; safe_name would hash such a name again,
+    # so the check must be on the characters, not on safe_name(id) == id.
+    from lego_rl.runstore import safe_name
+
+    sid = safe_name("collide/1") + "-s0"
+    assert SessionRegistry().open(sid).id == sid
+    assert SessionRegistry().open("x" * 200).id == "x" * 200
+    with pytest.raises(ValueError, match="must be a safe name"):
+        SessionRegistry().open("x" * 201)
+
+
 @pytest.mark.parametrize(
     ("sid", "kw", "needle"),
     [

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from lego_rl.chat.prefix import ChainState
 from lego_rl.errors import ProtocolError
 from lego_rl.runstore.files import replace_file, write_new
-from lego_rl.runstore.layout import safe_name
+from lego_rl.runstore.layout import is_safe_name
 from lego_rl.trajectory.export import load_turn_records  # noqa: F401  (re-exported: the saved-records reader)
 from lego_rl.trajectory.records import TurnRecord
 
@@ -116,8 +116,8 @@ class SessionRegistry:
     ) -> Session:
         """Open a new session named ``session_id`` (the bearer token the CLI will send)."""
         # Ids name files (records, logs): only safe names, so ``..`` or ``a/b`` never escape a folder.
-        if not session_id or safe_name(session_id) != session_id:
-            raise ValueError(f"session id {session_id!r} must be a safe name: 1-128 of [A-Za-z0-9._-], "
+        if not is_safe_name(session_id):
+            raise ValueError(f"session id {session_id!r} must be a safe name: 1-200 of [A-Za-z0-9._-], "
                              "not starting or ending with '.'")
         if session_id in self._sessions or session_id in self._closed:
             raise ValueError(f"session {session_id!r} already exists (ids are single use)")

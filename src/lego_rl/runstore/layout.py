@@ -40,6 +40,13 @@ _MAX_KEPT = 128
 """Longest name kept whole; a file name may have 255 bytes, and the folder gets files named after it."""
 
 
+def is_safe_name(name: str) -> bool:
+    """``name`` can name a file as it is: 1-200 of ``[A-Za-z0-9._-]``, not starting or ending with ``.``.
+
+    Every ``safe_name`` result is one (ids built from safe names, such as a rollout's session id, pass too)."""
+    return 0 < len(name) <= 200 and all(ch in _SAFE for ch in name) and name.strip(".") == name
+
+
 def safe_name(name: str) -> str:
     """A file-system safe name for ``name`` (rollout ids, task ids, session ids), distinct for distinct names.
 
