@@ -21,6 +21,7 @@ from lego_rl.runstore.events import (
     AgentExited,
     ArtifactNotSaved,
     Baseline,
+    BatchTaken,
     CheckpointSaved,
     EvalFinished,
     GroupReplaced,
@@ -70,6 +71,8 @@ class Rollout:
     refilled_by: str | None = None
     problems: list[str] = field(default_factory=list)
     """session_close_failed / artifact_not_saved facts about this rollout."""
+    counted_in: int | None = None
+    """The step whose figures include this finished rollout (a batch_taken event may move it)."""
 
     @property
     def outcome(self) -> str:
@@ -303,10 +306,15 @@ class RunState:
             if (r := self.rollouts.get(e.rollout_id)) is not None:
                 r.problems.append(what)
             self.last_error = (e.ts, f"{e.rollout_id}: {what}")
+        elif isinstance(e, BatchTaken):
+            self._take(e)
         elif isinstance(e, StepStarted):
             self.kind = "train"
             self.open_step = e.step
-            self.steps[e.step] = StepAgg(e.step, e.ts, e.weight_version)
+            if (known := self.steps.get(e.step)) is None:
+                self.steps[e.step] = StepAgg(e.step, e.ts, e.weight_version)
+            else:  # its batch_taken came first
+                known.started, known.weight_version = e.ts, e.weight_version
         elif isinstance(e, StepFinished):
             agg = self.steps.setdefault(e.step, StepAgg(e.step, e.ts, e.weight_version))
             agg.finished = e
@@ -346,6 +354,39 @@ class RunState:
             repaired = f"the log ended in a torn line when reopened (a crash mid-write): {e.fragment[:80]!r}"
             self.last_error = (e.ts, repaired)
 
+    def _count(self, r: Rollout, agg: StepAgg, sign: int) -> None:
+        """Add (+1) or take back (-1) a finished rollout's share of a step's figures."""
+        reason = r.termination or "?"
+        agg.terminations[reason] += sign
+        if agg.terminations[reason] <= 0:
+            del agg.terminations[reason]
+        agg.rollouts += sign
+        if sign > 0:
+            agg.turns.append(r.turns)
+        elif r.turns in agg.turns:
+            agg.turns.remove(r.turns)
+        if r.infrastructure:
+            agg.infrastructure += sign
+        elif r.reward is not None:
+            if sign > 0:
+                agg.rewards.append(r.reward)
+            elif r.reward in agg.rewards:
+                agg.rewards.remove(r.reward)
+        r.counted_in = agg.step if sign > 0 else None
+
+    def _take(self, e: BatchTaken) -> None:
+        """The asynchronous scheduler decides which step trains a rollout only when it takes the batch (a rollout
+        may start and finish while an earlier step is open): move each taken rollout's figures to that step."""
+        agg = self.steps.setdefault(e.step, StepAgg(e.step, e.ts, 0))
+        for rid in e.rollout_ids:
+            r = self.rollouts.get(rid)
+            if r is None or r.termination is None or r.counted_in == e.step:
+                continue
+            if r.counted_in is not None and (old := self.steps.get(r.counted_in)) is not None:
+                self._count(r, old, -1)
+            r.step = e.step
+            self._count(r, agg, +1)
+
     def _stage_time(self, r: Rollout, stage: str, seconds: float) -> None:
         key = (r.step, r.harness, stage)
         if (times := self.stage_times.get(key)) is None:
@@ -376,14 +417,8 @@ class RunState:
             turns = self.turns_by_harness[r.harness] = Counter()
         turns[r.turns] += 1
         if r.step is not None and (agg := self.steps.get(r.step)) is not None:
-            agg.terminations[reason] += 1
-            agg.rollouts += 1
             agg.in_flight = max(0, agg.in_flight - 1)
-            agg.turns.append(r.turns)
-            if r.infrastructure:
-                agg.infrastructure += 1
-            elif r.reward is not None:
-                agg.rewards.append(r.reward)
+            self._count(r, agg, +1)
         task = self.tasks.get(r.instance_id)
         if task is None:
             task = self.tasks[r.instance_id] = TaskAgg(r.instance_id)
