@@ -30,8 +30,9 @@ provider = "bwrap"
 
 [rollout]
 prompt_data = "toy.jsonl"
-batch_size = 2
-samples_per_prompt = 4
+# 4 groups of 8: a step where every group has zero variance (nothing to train) is ~3 % likely, not ~40 %.
+batch_size = 4
+samples_per_prompt = 8
 top_p = 1.0
 
 [train]

@@ -136,6 +136,9 @@ batch_size = 2
 samples_per_prompt = 8
 top_p = 0.9
 capture_nucleus = true
+# On-policy: the correction is ~0 only when the trainer's weights are the ones that sampled (staleness 1 would
+# train step 1 on rollouts of policy 0, a real and non-zero correction).
+max_staleness = 0
 
 [train]
 environment = "first_letter"
