@@ -1,5 +1,5 @@
 """One huge request must not stall the adapter: other sessions and /health are answered meanwhile, and
-a request whose text alone exceeds the context window is refused before any rendering."""
+a request whose text alone exceeds the context window is answered with a context_limit stop before any rendering."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from test_server import GOOD, PROTOCOLS, error_message
+from test_server import GOOD, PROTOCOLS
 from test_server_sizes import file_text, one_message
 
 
@@ -31,9 +31,9 @@ async def test_ten_mib_message_is_refused_before_rendering(make_harness, protoco
     t0 = time.perf_counter()
     r = await h.client.post(GOOD[protocol][0], json=data, headers={"Authorization": "Bearer sess-a"})
     elapsed = time.perf_counter() - t0
-    assert r.status == 400
-    msg = error_message(protocol, await r.json())
-    assert "prompt is too long" in msg and "> 65536 maximum" in msg
+    # Answered as a full window is (a context_limit stop, which every CLI ends on), without rendering it.
+    assert r.status == 200, await r.text()
+    await r.read()
     session = h.sessions.get("sess-a")
     assert session.records == [] and h.engine.calls == [] and session.termination == "context_limit"
     # Rendering it took ~14 s (3.5M ids, 1.3 GB) before; the size check needs no tokenisation.

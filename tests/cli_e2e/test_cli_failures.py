@@ -48,7 +48,8 @@ async def test_full_context_window_ends_claude_code_and_codex(start_adapter, cli
     assert any(e.get("type") == "turn.completed" for e in events(codex.stdout))
     session = adapter.sessions.get("sess-1")
     assert adapter.engine.calls == [] and session.termination == "context_limit"
-    assert {r.stop_reason for r in session.records} == {"context_limit"}
+    # The text alone is over the window, so the adapter answered before rendering: no ids, nothing recorded.
+    assert session.records == []
     print("claude:", claude.returncode, final.get("subtype"), final.get("terminal_reason"), final.get("api_error"))
 
 

@@ -155,18 +155,14 @@ class AdapterCore:
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
 
-    def too_long(self, session: Session | None, messages: Sequence[Message], req: CanonicalRequest
-                 ) -> ProtocolError | None:
-        """The error for a request whose text alone cannot fit the context window (checked before any
-        rendering, so a 10 MiB message costs no tokenisation and records no ids); None when it may fit.
-        Worded as Anthropic's "prompt is too long", which Claude Code answers by compacting."""
+    def too_long(self, session: Session | None, messages: Sequence[Message], req: CanonicalRequest) -> int | None:
+        """A lower bound on the prompt tokens of a request whose text alone cannot fit the context window
+        (checked before any rendering, so a 10 MiB message costs no tokenisation and records no ids); None when
+        it may fit."""
         limit = session.max_context_tokens if session is not None else None
         window = min(self.max_context_tokens, limit or self.max_context_tokens)
         floor = self.renderer.min_prompt_tokens(messages, req.tools)
-        if floor < window:
-            return None
-        return ProtocolError(f"prompt is too long: at least {floor} tokens > {window} maximum (the context window; "
-                             "the request's text alone is too large to render)", param="messages")
+        return floor if floor >= window else None
 
     def refuse_if_failed(self, session: Session) -> None:
         """Refuse a request on a session the engine already failed, as the outage it was.
@@ -213,10 +209,15 @@ class AdapterCore:
         if not messages:
             raise ProtocolError("the request has no messages", param="messages")
         chain = session.chain(req.side_label)
-        too_long = self.too_long(session, messages, req)
-        if too_long is not None:
+        floor = self.too_long(session, messages, req)
+        if floor is not None:
+            # The same answer as a window used up after rendering (a context_limit stop, no engine call), so every
+            # CLI ends the way it does on a full window; nothing is recorded: no ids were made, none to train.
             session.termination = "context_limit"
-            raise too_long
+            log.warning("adapter: session %s: request text alone is at least %d tokens, over the context window; "
+                        "answered with a context_limit stop before rendering", session.id, floor)
+            return CanonicalResponse(id=_response_id(req), model=req.model or self.model_name, stop="context_limit",
+                                     prompt_tokens=floor)
         try:
             plan = await self.bridge.plan_in_thread(chain, messages, req.tools, self.template_kwargs(session, req))
         except RenderError as exc:
