@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 
@@ -121,3 +122,24 @@ class TrainerBackend(Protocol):
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore what ``save_checkpoint`` wrote; returns its ``extra_state``."""
         ...
+
+
+class OptimizerSettings(BaseModel):
+    """The AdamW / schedule / memory settings every trainer backend takes (its settings class adds its own)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(gt=0)
+    """Peak learning rate (train.lr)."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps of linear warm-up from lr/(warmup_steps) to lr (train.warmup_steps)."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient 2-norm to this; None = no clipping (the norm is still reported)."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay on weight matrices (not norms or biases)."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(default=1e-8, gt=0)
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30 % more compute)."""
+    reference_model: bool = False
+    """Keep a frozen copy of the loaded weights to give the loss ``ref_logprobs`` (KL penalty)."""

@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.files import write_new
 from lego_rl.serving.sampler import GREEDY_EPS
-from lego_rl.train.backend import LossFn, LossInputs, StepResult
+from lego_rl.train.backend import LossFn, LossInputs, OptimizerSettings, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 from lego_rl.train.checkpoint import EXTRA_STATE, publish_checkpoint, read_marker, rng_state, set_rng_state
 from lego_rl.train.megatron_convert import (
@@ -77,25 +77,10 @@ def require_megatron() -> None:
                           f"{MEGATRON_EXTRA_HINT}", parameter="train.backend", value="megatron") from None
 
 
-class MegatronTrainSettings(BaseModel):
-    """What the Megatron backend needs; ``orchestrate`` projects ``train.*`` onto it once."""
+class MegatronTrainSettings(OptimizerSettings):
+    """What the Megatron backend needs; ``orchestrate`` projects ``train.*`` onto it once (gradient
+    checkpointing: Megatron full recomputation, one layer per unit)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lr: float = Field(gt=0)
-    """Peak learning rate (train.lr)."""
-    warmup_steps: int = Field(default=0, ge=0)
-    """Optimizer steps of linear warm-up (train.warmup_steps)."""
-    max_grad_norm: float | None = Field(default=1.0, gt=0)
-    """Clip the global gradient 2-norm to this; None = no clipping (the norm is still reported)."""
-    weight_decay: float = Field(default=0.0, ge=0)
-    """AdamW decoupled weight decay on weight matrices (not norms)."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = Field(default=1e-8, gt=0)
-    gradient_checkpointing: bool = False
-    """Megatron full recomputation, one layer per unit (less memory, ~30 % more compute)."""
-    reference_model: bool = False
-    """Keep a frozen copy of the loaded weights to give the loss ``ref_logprobs`` (KL penalty)."""
     tensor_parallel: int = Field(default=1, ge=1)
     """TP size (train.tensor_parallel): must divide the model's KV heads, heads and FFN width."""
     pipeline_parallel: int = Field(default=1, ge=1)

@@ -46,12 +46,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.files import write_new
 from lego_rl.serving.weights import load_checkpoint_into, load_model
-from lego_rl.train.backend import LossFn, LossInputs, StepResult
+from lego_rl.train.backend import LossFn, LossInputs, OptimizerSettings, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 from lego_rl.train.head_logprobs import DEFAULT_CHUNK, HeadOutputs, head_logprobs
 from lego_rl.train.checkpoint import (
@@ -77,25 +77,9 @@ _MODEL_SIDE_FILES = (
 _log = logging.getLogger(__name__)
 
 
-class TorchTrainSettings(BaseModel):
+class TorchTrainSettings(OptimizerSettings):
     """What the torch backend needs; ``orchestrate`` projects ``train.*`` onto it once."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lr: float = Field(gt=0)
-    """Peak learning rate (train.lr)."""
-    warmup_steps: int = Field(default=0, ge=0)
-    """Optimizer steps of linear warm-up from lr/(warmup_steps) to lr (train.warmup_steps)."""
-    max_grad_norm: float | None = Field(default=1.0, gt=0)
-    """Clip the global gradient 2-norm to this; None = no clipping (the norm is still reported)."""
-    weight_decay: float = Field(default=0.0, ge=0)
-    """AdamW decoupled weight decay on weight matrices (not norms or biases)."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = Field(default=1e-8, gt=0)
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, ~30 % more compute)."""
-    reference_model: bool = False
-    """Keep a frozen copy of the loaded weights to give the loss ``ref_logprobs`` (KL penalty)."""
     device: str | None = None
     """``cuda``, ``cuda:1``, ``cpu``; None = the first CUDA device if there is one, else CPU."""
     logprob_chunk_tokens: int = Field(default=DEFAULT_CHUNK, ge=0)
