@@ -10,7 +10,7 @@ import torch
 
 from lego_rl.errors import ConfigError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _eos_ids(model_dir: Path, config: Any) -> list[int]:
@@ -32,14 +32,14 @@ def load_model(model_dir: Path, device: torch.device, dtype: str) -> tuple[Any, 
         raise ConfigError(f"{model_dir} is not a model directory (no config.json); build one with "
                           "`lego model tiny --out DIR` or point --model at a local HF checkpoint",
                           parameter="model", value=str(model_dir))
-    if dtype not in _DTYPES:
-        raise ConfigError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}", parameter="dtype", value=dtype)
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}", parameter="dtype", value=dtype)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     # Typed as the Module it is: transformers types its `to` override as a function still wanting `self`.
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=_DTYPES[dtype], local_files_only=True, attn_implementation="sdpa"
+        model_dir, dtype=DTYPES[dtype], local_files_only=True, attn_implementation="sdpa"
     )
     model.to(device).eval()
     return model, config, _eos_ids(model_dir, config)
