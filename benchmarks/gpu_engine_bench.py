@@ -108,6 +108,42 @@ async def rollouts(model_dir: Path, vocab: int, a: argparse.Namespace, top_p: fl
             for i, (p, o) in enumerate(zip(batch, outs, strict=True))]
 
 
+def breakdown(model_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Where a step's time goes: the decode graph replay alone, and the sampler alone, per batch size."""
+    from lego_rl.serving.sampler import RowParams, sample_rows
+    from lego_rl.serving.static_decode import StaticDecoder
+    from lego_rl.serving.weights import load_model
+
+    model, config, _ = load_model(model_dir, torch.device(a.device), "bfloat16")
+    dec = StaticDecoder(model, config, slots=a.batch, max_len=a.max_len, compute_dtype=torch.bfloat16,
+                        use_graphs=True)
+    rows = []
+    for b in (1, a.batch):
+        ids, pos = [7] * b, [a.prompt_len + 100] * b
+        for _ in range(3):
+            logits = dec.decode(ids, pos)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            logits = dec.decode(ids, pos)
+        torch.cuda.synchronize()
+        row: dict[str, Any] = {"rows": b, "decode_graph_ms": round(10 * (time.perf_counter() - t0), 3)}
+        for top_p in (1.0, 0.95):
+            params = [RowParams(temperature=1.0, top_p=top_p, top_k=0, num_logprobs=0, want_nucleus=False,
+                                generator=torch.Generator().manual_seed(i)) for i in range(b)]
+            sample_rows(logits, params)
+            t0 = time.perf_counter()
+            for _ in range(20):
+                sample_rows(logits, params)
+            row[f"sampler_ms_top_p_{top_p}"] = round(50 * (time.perf_counter() - t0), 3)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    del dec, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
 def compare(backend: TorchBackend, samples: list[Sample], top_p: float) -> dict[str, float]:
     [step] = plan_steps(samples, [1.0] * len(samples), max_tokens_per_micro_batch=8192)
     trainer = backend.compute_logprobs(step.micro_batches, temperature=1.0, top_p=top_p)
@@ -128,16 +164,24 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--max-len", type=int, default=2048)
-    ap.add_argument("--skip", default="", help="comma-separated phases to skip: throughput, parity")
+    ap.add_argument("--skip", default="", help="comma-separated phases to skip: breakdown, throughput, parity")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (fast=True there has no graphs)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     skip = set(a.skip.split(","))
+
+    def save() -> None:  # after every phase: a run stopped at its time limit keeps what it measured
+        if a.out:
+            a.out.write_text(json.dumps(results, indent=1))
+
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if a.device == "cuda" else a.device,
                                "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(a.model, Path(tmp) / "model")
         vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+        if "breakdown" not in skip:
+            results["breakdown"] = breakdown(model_dir, a)
+            save()
         if "throughput" not in skip:
             rows = [asyncio.run(throughput(model_dir, vocab, a, "generic bf16 (baseline)", a.baseline_single_new,
                                            a.baseline_batch_new, False, dtype="bfloat16", fast=False)),
@@ -146,6 +190,7 @@ def main() -> None:
                     asyncio.run(throughput(model_dir, vocab, a, "fast fp32 weights + bf16 compute", a.single_new,
                                            a.batch_new, True, dtype="float32", compute_dtype="bfloat16", fast=True))]
             results["throughput"] = rows
+            save()
         if "parity" not in skip:
             torch.backends.cuda.enable_cudnn_sdp(False)
             backend = TorchBackend(model_dir, TorchTrainSettings(lr=1e-6, device=a.device))
@@ -167,8 +212,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             parity.append(row)
             results["parity"] = parity
-    if a.out:
-        a.out.write_text(json.dumps(results, indent=1))
+            save()
 
 
 if __name__ == "__main__":

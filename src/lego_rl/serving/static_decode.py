@@ -112,24 +112,30 @@ class StaticDecoder:
         self.v = torch.zeros(shape, dtype=compute_dtype, device=self.device)  # [L, S, Hkv, Lmax, D]
         # Matmul weights in compute dtype: the parameters themselves when the dtypes agree, else copies that
         # ``refresh_weights`` keeps equal to the parameters (autocast's cast, done once per weight version).
-        self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # q/k/v and gate/up are concatenated into one matrix each: one GEMM launch instead of three/two (a
+        # decode step is launch-bound: ~1 µs per kernel, thousands of kernels).
+        self._copies: list[tuple[list[torch.Tensor], torch.Tensor]] = []
         self.layers: list[dict[str, Any]] = []
         for layer in layers:
             a, m = layer.self_attn, layer.mlp
+            qkv_b = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
             self.layers.append({
                 "in_norm": layer.input_layernorm.weight, "post_norm": layer.post_attention_layernorm.weight,
-                "q": self._mm(a.q_proj.weight), "k": self._mm(a.k_proj.weight), "v": self._mm(a.v_proj.weight),
-                "qb": self._mm(a.q_proj.bias), "kb": self._mm(a.k_proj.bias), "vb": self._mm(a.v_proj.bias),
+                "qkv": self._mm(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                "qkv_b": self._mm(*qkv_b) if all(b is not None for b in qkv_b) else None,
                 "o": self._mm(a.o_proj.weight),
                 "q_norm": a.q_norm.weight if hasattr(a, "q_norm") else None,
                 "k_norm": a.k_norm.weight if hasattr(a, "k_norm") else None,
-                "gate": self._mm(m.gate_proj.weight), "up": self._mm(m.up_proj.weight),
+                "gate_up": self._mm(m.gate_proj.weight, m.up_proj.weight),
                 "down": self._mm(m.down_proj.weight),
             })
+            if any(b is not None for b in qkv_b) and self.layers[-1]["qkv_b"] is None:
+                raise ValueError("the static decode path needs biases on all of q/k/v_proj or on none")
         self.embed = model.model.embed_tokens.weight  # [V, H] param dtype (embedding is not autocast)
         self.final_norm = model.model.norm.weight
         self.lm_head = self._mm(model.lm_head.weight)
-        self.lm_head_bias = self._mm(getattr(model.lm_head, "bias", None))
+        bias = getattr(model.lm_head, "bias", None)
+        self.lm_head_bias = self._mm(bias) if bias is not None else None
         rotary = model.model.rotary_emb
         inv_freq = rotary.inv_freq.float()  # [D/2]
         # HF computes freqs as an fp32 outer product (one rounding per entry): the same numbers as this.
@@ -137,7 +143,10 @@ class StaticDecoder:
         emb = torch.cat([freqs, freqs], dim=-1)  # [Lmax, D]
         scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.cos = (emb.cos() * scaling).to(self.param_dtype)  # [Lmax, D] in the residual stream's dtype
-        self.sin = (emb.sin() * scaling).to(self.param_dtype)  # [Lmax, D]
+        sin = emb.sin() * scaling  # [Lmax, D]
+        half = self.head_dim // 2
+        # rotate_half(x) * sin == roll(x, D/2) * (sin with its first half negated): negation is exact.
+        self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.param_dtype)  # [Lmax, D]
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: Any = None
@@ -147,47 +156,51 @@ class StaticDecoder:
 
     # -- weights -------------------------------------------------------------------------------------
 
-    def _mm(self, w: torch.Tensor | None) -> torch.Tensor | None:
-        if w is None or w.dtype == self.compute_dtype:
-            return w
-        copy = w.detach().to(self.compute_dtype)
-        self._copies.append((w, copy))
+    def _mm(self, *params: torch.Tensor) -> torch.Tensor:
+        """The compute-dtype matrix of ``params`` concatenated along dim 0 (the parameter itself when it is one
+        already in compute dtype: no copy)."""
+        if len(params) == 1 and params[0].dtype == self.compute_dtype:
+            return params[0]
+        copy = torch.cat([w.detach() for w in params], dim=0).to(self.compute_dtype)
+        self._copies.append((list(params), copy))
         return copy
 
     @torch.no_grad()
     def refresh_weights(self) -> None:
         """Re-derive the compute-dtype copies from the parameters, in place (after any weight change)."""
-        for param, copy in self._copies:
-            copy.copy_(param)
+        for params, copy in self._copies:
+            at = 0
+            for w in params:
+                copy[at : at + w.shape[0]].copy_(w)
+                at += w.shape[0]
 
     # -- the forward ---------------------------------------------------------------------------------
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """HF's RMSNorm: normalise in fp32, back to the input dtype, times the weight (type promotion as HF)."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * xf.to(x.dtype)
+        """HF's RMSNorm: normalise in fp32, back to the input dtype, times the weight (type promotion as HF).
+        ``F.rms_norm`` is one fused kernel on CUDA for the five of ``x * rsqrt(mean(x²) + eps)``."""
+        return w * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x.to(self.compute_dtype), w, b)
 
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """HF's ``x * cos + rotate_half(x) * sin`` (``sin`` is stored with its first half negated)."""
+        return x * cos + torch.roll(x, self.head_dim // 2, dims=-1) * sin
 
-    def _qkv(self, p: dict[str, Any], h: torch.Tensor, pos: torch.Tensor
+    def _qkv(self, p: dict[str, Any], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``h`` [N, H] → q [N, heads, D] (compute dtype), k and v [N, kv_heads, D] (compute dtype)."""
+        """``h`` [N, H], ``cos``/``sin`` [N, 1, D] → q [N, heads, D], k and v [N, kv_heads, D] (compute dtype)."""
         n = h.shape[0]
         x = self._norm(h, p["in_norm"])  # [N, H]
-        q = self._lin(x, p["q"], p["qb"]).view(n, self.n_heads, self.head_dim)  # [N, heads, D]
-        k = self._lin(x, p["k"], p["kb"]).view(n, self.n_kv, self.head_dim)  # [N, Hkv, D]
-        v = self._lin(x, p["v"], p["vb"]).view(n, self.n_kv, self.head_dim)  # [N, Hkv, D]
+        qkv = self._lin(x, p["qkv"], p["qkv_b"])  # [N, (heads + 2·Hkv)·D]
+        q, k, v = qkv.split([self.n_heads * self.head_dim, self.n_kv * self.head_dim,
+                             self.n_kv * self.head_dim], dim=-1)
+        q = q.view(n, self.n_heads, self.head_dim)  # [N, heads, D]
+        k = k.view(n, self.n_kv, self.head_dim)  # [N, Hkv, D]
+        v = v.view(n, self.n_kv, self.head_dim)  # [N, Hkv, D]
         if p["q_norm"] is not None:
             q, k = self._norm(q, p["q_norm"]), self._norm(k, p["k_norm"])
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [N, 1, D]
         # Type promotion as in HF: a bf16 q times fp32 cos is computed in fp32; attention then takes the
         # compute dtype (autocast's cast of SDPA's inputs).
         q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)  # [N, heads, D], [N, Hkv, D]
@@ -196,8 +209,8 @@ class StaticDecoder:
     def _rest(self, p: dict[str, Any], h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual after attention ``attn`` [N, heads*D], then the MLP block: [N, H] in the residual dtype."""
         h = h + self._lin(attn, p["o"])  # [N, H]
-        x = self._norm(h, p["post_norm"])  # [N, H]
-        return h + self._lin(F.silu(self._lin(x, p["gate"])) * self._lin(x, p["up"]), p["down"])  # [N, H]
+        gate, up = self._lin(self._norm(h, p["post_norm"]), p["gate_up"]).chunk(2, dim=-1)  # [N, I] each
+        return h + self._lin(F.silu(gate) * up, p["down"])  # [N, H]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """``h`` [N, H] → fp32 logits [N, V]."""
@@ -208,10 +221,14 @@ class StaticDecoder:
         ids, pos, rows = self._ids[:b], self._pos[:b], self._rows[:b]  # [b]
         h = F.embedding(ids, self.embed)  # [b, H]
         group = self.n_heads // self.n_kv
-        mask = (torch.arange(span, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]  # [b,1,1,span]
+        seen = torch.arange(span, device=self.device)[None, :] <= pos[:, None]  # [b, span]
+        # Additive, in the attention dtype, built once per step (a boolean mask is converted in every layer).
+        mask = torch.zeros(b, 1, 1, span, dtype=self.compute_dtype, device=self.device).masked_fill_(
+            ~seen[:, None, None, :], float("-inf"))  # [b, 1, 1, span]
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [b, 1, D]
         with sdpa_kernel(_MASKED_KERNELS):
             for i, p in enumerate(self.layers):
-                q, k, v = self._qkv(p, h, pos)
+                q, k, v = self._qkv(p, h, cos, sin)
                 self.k[i][rows, :, pos] = k  # [b, Hkv, D] at each row's own position
                 self.v[i][rows, :, pos] = v
                 qg = q.view(b, self.n_kv, group, self.head_dim)  # [b, Hkv, G, D] a KV head's queries
@@ -268,8 +285,9 @@ class StaticDecoder:
         mask = None
         if start:
             mask = torch.arange(end, device=self.device)[None, :] <= pos[:, None]  # [T, end] causal after prefix
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [T, 1, D]
         for i, p in enumerate(self.layers):
-            q, k, v = self._qkv(p, h, pos)
+            q, k, v = self._qkv(p, h, cos, sin)
             self.k[i, slot, :, start:end] = k.transpose(0, 1)  # [Hkv, T, D]
             self.v[i, slot, :, start:end] = v.transpose(0, 1)
             keys = self.k[i, slot, :, :end].repeat_interleave(group, dim=0)  # [heads, end, D]
