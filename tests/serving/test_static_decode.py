@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import torch
 
-from lego_rl.serving.engine import EmbeddedEngine
+from lego_rl.errors import ConfigError
+from lego_rl.serving.engine import EmbeddedEngine, engine_precision
 from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.static_decode import StaticDecoder, unsupported_reason
 from lego_rl.serving.weights import load_model
@@ -114,3 +116,29 @@ def test_unsupported_models_are_refused_by_name(tiny_model: Path) -> None:
     config.rope_parameters = {"rope_type": "default", "rope_theta": 1e6}
     config.model_type = "gemma2"
     assert "gemma2" in (unsupported_reason(model, config) or "")
+
+
+def test_serving_precision_picks_the_trainer_recipe_on_cuda_only_by_default() -> None:
+    assert engine_precision("cuda", "auto", "auto") == ("float32", "bfloat16")
+    assert engine_precision("cuda", "bfloat16", "auto") == ("bfloat16", None)  # an explicit dtype is kept
+    assert engine_precision("cuda", "auto", "weights") == ("bfloat16", None)
+    assert engine_precision("cuda", "bfloat16", "trainer") == ("float32", "bfloat16")
+    assert engine_precision("cpu", "auto", "auto") == ("float32", None)
+    assert engine_precision("cpu", "auto", "trainer") == ("float32", None)
+
+
+async def test_compute_dtype_on_the_generic_path_runs_under_autocast(tiny_model: Path) -> None:
+    """fp32 weights with bf16 compute on the generic path (CPU autocast): logprobs move off the fp32 ones by
+    bf16 rounding, and an unknown compute dtype is refused by name."""
+    sp = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    outs = []
+    for compute in (None, "bfloat16"):
+        engine = EmbeddedEngine(tiny_model, max_batch=1, fast=False, compute_dtype=compute)
+        await engine.start()
+        outs.append(await engine.generate(PROMPTS[0], sp, request_id="x", ignore_eos=True))
+        await engine.stop()
+    # Compared at the first token (the same prompt; later tokens may differ once a draw lands elsewhere).
+    assert outs[0].token_ids[0] == outs[1].token_ids[0]
+    assert 1e-5 < abs(outs[0].logprobs[0] - outs[1].logprobs[0]) < 0.2
+    with pytest.raises(ConfigError, match="compute_dtype 'int8'"):
+        EmbeddedEngine(tiny_model, compute_dtype="int8")

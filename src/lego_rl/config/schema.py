@@ -58,6 +58,11 @@ class ServingConfig(Section):
     """Device of the embedded engine."""
     max_batch_size: int = Field(default=8, ge=1)
     """Requests the embedded engine decodes together."""
+    precision: Literal["auto", "weights", "trainer"] = "auto"
+    """How the embedded engine computes. `weights`: everything in `model.dtype`. `trainer`: fp32 weights with
+    matmuls and attention in bf16 on CUDA, exactly the torch trainer's autocast recipe, so rollout and trainer
+    logprobs agree (RESULTS.md: mean |Δ| 0.003 against 0.008 for pure bf16; fp32 on CPU). `auto`: `trainer`
+    on CUDA when `model.dtype` is auto, else `weights`."""
     tool_call_parser: str = "qwen3_coder"
     """Parser for tool calls in the sampled text; must match the served model (qwen3_coder, hermes)."""
     reasoning_parser: str = "qwen3"

@@ -81,6 +81,7 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
     directory = model_dir(cfg.model.checkpoint)
     async with contextlib.AsyncExitStack() as stack:
         if cfg.serving.backend == "embedded":
+            from lego_rl.serving.engine import engine_precision
             from lego_rl.serving.server import EmbeddedServer
 
             device = cfg.serving.device
@@ -88,9 +89,9 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
                 import torch
 
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+            dtype, compute = engine_precision(device, cfg.model.dtype, cfg.serving.precision)
             engine = EmbeddedServer(directory, host=cfg.serving.host, port=cfg.serving.port, device=device,
-                                    dtype=dtype, max_batch=cfg.serving.max_batch_size,
+                                    dtype=dtype, compute_dtype=compute, max_batch=cfg.serving.max_batch_size,
                                     max_model_len=cfg.model.max_context_tokens)
             await stack.enter_async_context(engine)
             urls = [engine.url]

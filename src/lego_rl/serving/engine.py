@@ -53,6 +53,20 @@ INITIAL_VERSION = "default"
 """The label of the weights loaded at start (vLLM's label; the client maps it to version 0)."""
 
 
+def engine_precision(device: str, model_dtype: str, precision: str) -> tuple[str, str | None]:
+    """``(dtype, compute_dtype)`` for the engine from ``model.dtype`` and ``serving.precision`` (schema.py).
+
+    ``trainer`` is the torch trainer's recipe: fp32 weights, bf16 matmuls and attention on CUDA (its autocast),
+    fp32 throughout on CPU. ``weights`` computes in the model dtype (``auto``: bf16 on CUDA, fp32 on CPU).
+    ``auto`` is ``trainer`` on CUDA unless a model dtype was chosen explicitly.
+    """
+    if precision == "trainer" or (precision == "auto" and device.startswith("cuda") and model_dtype == "auto"):
+        return "float32", ("bfloat16" if device.startswith("cuda") else None)
+    if model_dtype == "auto":
+        return ("bfloat16" if device.startswith("cuda") else "float32"), None
+    return model_dtype, None
+
+
 @dataclass
 class _Req:
     out: EngineOutput
@@ -116,6 +130,17 @@ class EmbeddedEngine:
                                                                                                  self.config)
         if fast is None:
             fast = self.device.type == "cuda" and reason is None
+            if fast:
+                # Slots are preallocated at full context: on its own the engine takes at most a quarter of
+                # the free memory (a trainer usually shares the GPU), else it keeps the generic path.
+                need = StaticDecoder.kv_bytes(self.config, max_batch, self.max_model_len, self.compute_dtype)
+                free, _ = torch.cuda.mem_get_info(self.device)
+                if need > free // 4:
+                    fast = False
+                    log.warning("embedded engine: generic decode path — the fast path's KV cache for %d rows × "
+                                "%d positions needs %.1f GiB, over a quarter of the %.1f GiB free (lower "
+                                "max_model_len or max_batch, or pass fast=True)", max_batch, self.max_model_len,
+                                need / 2**30, free / 2**30)
         if fast:
             if reason is not None:
                 raise ConfigError(f"{self.model_dir} cannot use the fast decode path: {reason}", parameter="fast")
@@ -124,6 +149,8 @@ class EmbeddedEngine:
                                              compute_dtype=self.compute_dtype, use_graphs=cuda_graphs)
             except MemoryError as exc:
                 raise ConfigError(str(exc), parameter="max_batch") from None
+        log.info("embedded engine: %s decode path, weights %s, compute %s", "fast" if self._static else "generic",
+                 dtype, self.compute_dtype)
         self._lengths: list[int] = []
         """Fast path: KV positions held in each running row's slot (row i owns slot i)."""
         self._rows: list[_Req] = []

@@ -100,7 +100,7 @@ class StaticDecoder:
         self.vocab = int(config.vocab_size)
         layers = model.model.layers
         n_layers = len(layers)
-        kv_bytes = 2 * n_layers * slots * self.n_kv * max_len * self.head_dim * compute_dtype.itemsize
+        kv_bytes = self.kv_bytes(config, slots, max_len, compute_dtype)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             if kv_bytes > 0.9 * free:
@@ -153,6 +153,14 @@ class StaticDecoder:
         self._ids = torch.zeros(slots, dtype=torch.long, device=self.device)  # [S] static decode inputs
         self._pos = torch.zeros(slots, dtype=torch.long, device=self.device)  # [S]
         self._rows = torch.arange(slots, device=self.device)  # [S]
+
+    @staticmethod
+    def kv_bytes(config: Any, slots: int, max_len: int, dtype: torch.dtype) -> int:
+        """Bytes of the preallocated KV cache for ``slots`` rows of ``max_len`` positions."""
+        heads = int(config.num_attention_heads)
+        kv = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        return 2 * int(config.num_hidden_layers) * slots * kv * max_len * head_dim * dtype.itemsize
 
     # -- weights -------------------------------------------------------------------------------------
 
