@@ -90,6 +90,15 @@ def test_decoder_logits_equal_the_hf_forward(tiny_model: Path) -> None:
         with torch.no_grad():
             want = model(input_ids=torch.tensor([seq])).logits[0, -1].float()  # [V]
         assert torch.allclose(got[i], want, atol=2e-5, rtol=1e-5), (got[i] - want).abs().max()
+    # New weights (every parameter, norms included) reach the decoder's derived copies through refresh_weights.
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(1.25)
+    dec.refresh_weights()
+    got = dec.prefill(0, seqs[0], 0)[0]  # [V]
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([seqs[0]])).logits[0, -1].float()  # [V]
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-5), (got - want).abs().max()
 
 
 def test_mixed_precision_matches_autocast_on_cpu(tiny_model: Path) -> None:

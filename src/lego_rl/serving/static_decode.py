@@ -115,6 +115,7 @@ class StaticDecoder:
         # q/k/v and gate/up are concatenated into one matrix each: one GEMM launch instead of three/two (a
         # decode step is launch-bound: ~1 µs per kernel, thousands of kernels).
         self._copies: list[tuple[list[torch.Tensor], torch.Tensor]] = []
+        self._norm_copies: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.layers: list[dict[str, Any]] = []
         for layer in layers:
             a, m = layer.self_attn, layer.mlp
@@ -124,8 +125,7 @@ class StaticDecoder:
                 "qkv": self._mm(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
                 "qkv_b": self._mm(*qkv_b) if all(b is not None for b in qkv_b) else None,
                 "o": self._mm(a.o_proj.weight),
-                "q_norm": a.q_norm.weight if hasattr(a, "q_norm") else None,
-                "k_norm": a.k_norm.weight if hasattr(a, "k_norm") else None,
+                "qk_norm": self._stacked_norm(a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else None,
                 "gate_up": self._mm(m.gate_proj.weight, m.up_proj.weight),
                 "down": self._mm(m.down_proj.weight),
             })
@@ -173,9 +173,19 @@ class StaticDecoder:
         self._copies.append((list(params), copy))
         return copy
 
+    def _stacked_norm(self, q_norm: torch.Tensor, k_norm: torch.Tensor) -> torch.Tensor:
+        """``[heads + Hkv, D]``: q_norm's weight for every query head, then k_norm's for every KV head, so one
+        norm call serves q and k (the same per-head arithmetic, half the kernels)."""
+        stacked = torch.cat([q_norm.detach().expand(self.n_heads, -1), k_norm.detach().expand(self.n_kv, -1)])
+        self._norm_copies.append((q_norm, k_norm, stacked))
+        return stacked
+
     @torch.no_grad()
     def refresh_weights(self) -> None:
         """Re-derive the compute-dtype copies from the parameters, in place (after any weight change)."""
+        for q_norm, k_norm, stacked in self._norm_copies:
+            stacked[: self.n_heads].copy_(q_norm.expand(self.n_heads, -1))
+            stacked[self.n_heads :].copy_(k_norm.expand(self.n_kv, -1))
         for params, copy in self._copies:
             at = 0
             for w in params:
@@ -202,17 +212,15 @@ class StaticDecoder:
         n = h.shape[0]
         x = self._norm(h, p["in_norm"])  # [N, H]
         qkv = self._lin(x, p["qkv"], p["qkv_b"])  # [N, (heads + 2·Hkv)·D]
-        q, k, v = qkv.split([self.n_heads * self.head_dim, self.n_kv * self.head_dim,
-                             self.n_kv * self.head_dim], dim=-1)
-        q = q.view(n, self.n_heads, self.head_dim)  # [N, heads, D]
-        k = k.view(n, self.n_kv, self.head_dim)  # [N, Hkv, D]
-        v = v.view(n, self.n_kv, self.head_dim)  # [N, Hkv, D]
-        if p["q_norm"] is not None:
-            q, k = self._norm(q, p["q_norm"]), self._norm(k, p["k_norm"])
+        heads = self.n_heads + self.n_kv
+        qk = qkv[:, : heads * self.head_dim].view(n, heads, self.head_dim)  # [N, heads + Hkv, D] q then k
+        v = qkv[:, heads * self.head_dim :].view(n, self.n_kv, self.head_dim)  # [N, Hkv, D]
+        if p["qk_norm"] is not None:
+            qk = self._norm(qk, p["qk_norm"])  # [N, heads + Hkv, D] per-head norms of q and k at once
         # Type promotion as in HF: a bf16 q times fp32 cos is computed in fp32; attention then takes the
         # compute dtype (autocast's cast of SDPA's inputs).
-        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)  # [N, heads, D], [N, Hkv, D]
-        return q.to(self.compute_dtype), k.to(self.compute_dtype), v
+        qk = self._rope(qk, cos, sin).to(self.compute_dtype)  # [N, heads + Hkv, D]
+        return qk[:, : self.n_heads], qk[:, self.n_heads :], v  # [N, heads, D], [N, Hkv, D], [N, Hkv, D]
 
     def _rest(self, p: dict[str, Any], h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual after attention ``attn`` [N, heads*D], then the MLP block: [N, H] in the residual dtype."""
