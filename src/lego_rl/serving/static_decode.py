@@ -4,7 +4,7 @@
 RoPE, grouped-query attention, gated SiLU MLP) as plain tensor code reading the model's own parameters, so that:
 
 * **KV lives in preallocated slots.** ``k``/``v`` are ``[layers, slots, kv_heads, max_len, head_dim]``; running
-  row ``i`` owns slot ``i`` (rows are kept compact: a row that leaves has the last rows' KV moved down). Decode
+  row ``i`` owns slot ``i`` (rows are kept compact: when a row leaves, the KV of the rows after it moves down). Decode
   writes each row's new key at that row's own position, so rows of any lengths decode together with no padding
   and no per-step reallocation (the python-level cache of ``kv.py`` concatenated and re-sliced every step).
 * **One decode step is one CUDA graph.** Captured lazily per (batch bucket, attended-length bucket): batch
@@ -22,15 +22,14 @@ RoPE, grouped-query attention, gated SiLU MLP) as plain tensor code reading the 
   function; with bf16 parameters it is the pure-bf16 model ``dtype = "bfloat16"`` loads. The bf16 copies of
   fp32 weights are refreshed in place by ``refresh_weights`` (a captured graph keeps reading the same storage).
 
-Numerically, a forward here equals the HF model's forward in the same precision (tested on CPU in fp32 against
-the HF model through the engine). Anything else — sliding-window or MoE layers, scaled RoPE, biases on
+Numerically, a forward here is the HF model's forward in the same precision up to kernel order (q/k/v and
+gate/up run as one GEMM each, RMSNorm as ``F.rms_norm``): tested on CPU in fp32 against the HF forward, and on
+the H200 against the trainer (benchmarks/RESULTS.md). Anything else — sliding-window or MoE layers, scaled RoPE, biases on
 o_proj, logit soft-capping — is refused by ``unsupported_reason`` and the engine keeps its generic path.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -333,11 +332,3 @@ class StaticDecoder:
             n = k.shape[2]
             self.k[i, slot, :, :n].copy_(k[0])
             self.v[i, slot, :, :n].copy_(v[0])
-
-    @contextlib.contextmanager
-    def no_graphs(self) -> Iterator[None]:
-        saved, self.use_graphs = self.use_graphs, False
-        try:
-            yield
-        finally:
-            self.use_graphs = saved
