@@ -42,7 +42,20 @@ def load_model(model_dir: Path, device: torch.device, dtype: str) -> tuple[Any, 
         model_dir, dtype=DTYPES[dtype], local_files_only=True, attn_implementation="sdpa"
     )
     model.to(device).eval()
+    if device.type == "cuda":
+        choose_attention_kernels()
     return model, config, _eos_ids(model_dir, config)
+
+
+def choose_attention_kernels() -> None:
+    """Keep SDPA off cuDNN attention, for the engine and the trainer alike (both load through here).
+
+    On the H200 images SDPA picks cuDNN attention for bf16 and rebuilds its graph whenever the shape changes,
+    which a decode step's shape does every step (~17 ms of CPU per call, FIELD-NOTES); and the two sides of the
+    rollout-vs-trainer consistency check must run the same kernels. Without cuDNN, SDPA takes FlashAttention
+    or memory-efficient attention, as the fast decode path does explicitly. Process-wide by torch's design.
+    """
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _checkpoint_files(path: Path) -> list[Path]:
