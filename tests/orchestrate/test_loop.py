@@ -404,3 +404,37 @@ async def test_partial_rollouts_train_or_mask_the_tokens_older_than_the_bound(tm
         assert row.values["tokens_dropped_stale"] == 8 and row.values["tokens"] == 8  # only the fresh turn
     else:
         assert "tokens_dropped_stale" not in row.values and row.values["tokens"] == 16
+
+
+async def test_zero_variance_groups_per_task_are_counted_and_retire_the_task(tmp_path: Path, tiny: Path) -> None:
+    """p0 is always solved: after 2 of its groups in a row it is retired and never drawn again (synchronous, so
+    nothing is drawn ahead of the step that retires it); the counts are in every row and survive a resume."""
+    drawn_retired: list[str] = []
+    loop: TrainLoop | None = None
+
+    def p0_solved(prompt: Prompt, slot: RolloutSlot) -> Outcome:
+        assert loop is not None
+        if prompt.id in loop.signal.retired:
+            drawn_retired.append(slot.rollout_id)
+        return (TR.COMPLETED, 1.0) if prompt.id == "p0" else alternate(prompt, slot)
+
+    # 3 of the 6 prompts a step: each is drawn once in every 2 steps (an epoch), so p0 is retired by step 3 and
+    # steps 4-5 (a whole epoch) would draw it again
+    loop = make_loop(tmp_path, tiny, ScriptedRollouts(p0_solved), name="retire", num_rollout=6, max_staleness=0,
+                     batch_size=3, retire_zero_variance_after=2, checkpoint_every=6)
+    assert await loop.run() == "completed"
+    loop.run_dir.close()
+    rows = list(follow_metrics(loop.run_dir.layout.metrics).read())
+    streak = [r.zero_variance_tasks.get("p0") for r in rows if "p0" in r.zero_variance_tasks]
+    assert streak == [1, 2]  # its two groups, then never again
+    assert all(set(r.zero_variance_tasks) <= {"p0"} for r in rows)  # the others always carry signal
+    [retiring] = [r for r in rows if r.retired_tasks]
+    assert retiring.retired_tasks == ["p0"] and retiring.zero_variance_tasks == {"p0": 2}
+    assert [r.values["tasks_retired"] for r in rows] == [float(r.step >= retiring.step) for r in rows]
+    assert drawn_retired == [] and loop.signal.retired == ["p0"]
+
+    resumed = make_loop(tmp_path, tiny, ScriptedRollouts(p0_solved), name="retire", num_rollout=8,
+                        max_staleness=0, batch_size=3, retire_zero_variance_after=2, resume=True, resume_index=1)
+    loop = resumed
+    assert resumed.resume() == 5 and resumed.signal.retired == ["p0"] and resumed.stream.retired == {"p0"}
+    assert await resumed.run() == "completed" and drawn_retired == []
