@@ -401,7 +401,8 @@ def _screen_by_rolling_out(*, data: Path | None, k: int, min_solved: int, max_so
         raise _fail(str(exc)) from None
     if not as_json:
         for b in session.bad:
-            err.print(f"[yellow]bad row[/] {escape(f'{b.row} {b.instance_id or chr(45)}: {b.reason}')}", highlight=False)
+            where = f"row {b.row} {b.instance_id or '-'}: "
+            err.print(f"[yellow]bad row[/] {escape(where + b.reason)}", highlight=False)
         err.print(escape(f"{session.layout.root}: {planned.reused} attempts reused, {len(planned.specs)} to roll "
                          f"out ({len(session.rows)} tasks, k={k})"), highlight=False)
     results: list[RolloutResult] = []
