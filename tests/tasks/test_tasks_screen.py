@@ -88,6 +88,11 @@ def test_screen_a_recorded_training_run(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "band" in res.output
     res = runner.invoke(app, ["tasks", "screen", "--data", str(data), "--run", str(tmp_path / "nothing")])
     assert res.exit_code == 2 and "holds no run" in res.output
+    # the options of the screen that rolls out mean nothing to a read-only one, and the reverse
+    res = runner.invoke(app, ["tasks", "screen", "--data", str(data), "--run", str(TOY), "--harness", "codex"])
+    assert res.exit_code == 2 and "--harness only work(s) when the screen rolls out" in " ".join(res.output.split())
+    res = runner.invoke(app, ["tasks", "screen", "--data", str(data), "--window", "last"])
+    assert res.exit_code == 2 and "--window last reads a training run" in res.output
 
 
 def test_infrastructure_failures_are_not_attempts(tmp_path: Path) -> None:

@@ -331,7 +331,8 @@ def screen_tasks(
                "--set": overrides, "--config": config}
     given = [name for name, value in rolling.items() if value]
     if given:
-        raise _fail(f"{', '.join(given)} only apply when the screen rolls out (without --run)")
+        raise _fail(f"--run reads recorded rollouts; {', '.join(given)} only work(s) when the screen rolls out "
+                    "(without --run)")
     if data is None:
         raise _fail("--run needs --data (the task JSONL the run's tasks come from)")
     try:
