@@ -9,6 +9,7 @@ up only the missing attempts, a third rolls out nothing; the generated dataset's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections import Counter
@@ -137,4 +138,41 @@ def test_screen_names_the_generated_datasets_broken_rows(engine_thread: Any, too
             assert (t["decision"], t["solved"], t["attempts"]) == ("never solved", 0, 2), (kind, t)
     assert sum(t["decision"] == "bad row" for t in tasks.values()) == 3
     assert len(engine.engine.calls) == 2 * 6  # only the six rows that can be rolled out
+    assert_nothing_running()
+
+
+async def test_an_interrupted_screen_is_topped_up_without_rolling_out_twice(
+        engine_thread: Any, toolchain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Cancelled after its first attempt (as SIGTERM does), the session leaves no sandbox behind; the next one
+    reuses that attempt, does not count an interrupted rollout, and rolls out only the rest, under fresh ids."""
+    from lego_rl.config.resolve import resolve
+    from lego_rl.orchestrate.screen_session import ScreenSession
+
+    monkeypatch.chdir(REPO)
+    engine = engine_thread(ThreeKindsOfTask())
+    r = resolve(REPO / "lego.toml", environ={}, overrides=[
+        'serving.backend="vllm"', f'serving.urls=["{engine.url}"]', f'paths.run_root="{tmp_path / "screen"}"',
+        "adapter.port=0", "model.max_response_tokens=1024", "agent.time_budget_s=180"])
+    session = ScreenSession(r, k=3, ids=["lego-example-duration"], harness="claude_code")
+    first = session.plan().specs
+    finished = asyncio.Event()
+    work = asyncio.create_task(session.run(first, concurrency=1,
+                                           progress=lambda e, spec, res: finished.set() if res else None))
+    await finished.wait()
+    work.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await work
+    assert_nothing_running()
+
+    again = ScreenSession(r, k=3, ids=["lego-example-duration"], harness="claude_code")
+    attempts = again.attempts()
+    assert attempts.rewards["lego-example-duration"] == [1.0]
+    assert set(attempts.terminations) <= {"completed", "interrupted"}
+    planned = again.plan()
+    assert planned.reused == 1 and len(planned.specs) == 2
+    assert not {s.rollout_id for s in planned.specs} & attempts.started["lego-example-duration"]
+    results = await again.run(planned.specs, concurrency=2)
+    assert [res.reward for res in results] == [1.0, 1.0]
+    [verdict] = again.verdicts()
+    assert (verdict.attempts, verdict.solved, verdict.decision) == (3, 3, "always solved")
     assert_nothing_running()
