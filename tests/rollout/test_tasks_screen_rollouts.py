@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,7 @@ async def test_an_interrupted_screen_is_topped_up_without_rolling_out_twice(
     """Cancelled after its first attempt (as SIGTERM does), the session leaves no sandbox behind; the next one
     reuses that attempt, does not count an interrupted rollout, and rolls out only the rest, under fresh ids."""
     from lego_rl.config.resolve import resolve
+    from lego_rl.monitor.state import RunState
     from lego_rl.orchestrate.screen_session import ScreenSession
 
     monkeypatch.chdir(REPO)
@@ -163,6 +165,10 @@ async def test_an_interrupted_screen_is_topped_up_without_rolling_out_twice(
     with pytest.raises(asyncio.CancelledError):
         await work
     assert_nothing_running()
+    run_root = tmp_path / "screen"
+    monitor = RunState(run_root)
+    monitor.refresh()
+    assert monitor.status(time.time()) == "finished (stopped)"  # lego monitor: not "running"
 
     again = ScreenSession(r, k=3, ids=["lego-example-duration"], harness="claude_code")
     attempts = again.attempts()
@@ -176,3 +182,8 @@ async def test_an_interrupted_screen_is_topped_up_without_rolling_out_twice(
     [verdict] = again.verdicts()
     assert (verdict.attempts, verdict.solved, verdict.decision) == (3, 3, "always solved")
     assert_nothing_running()
+    events = [json.loads(line) for line in (run_root / "events.jsonl").read_text().splitlines()]
+    ends = [(e["rollouts"], e["stopped"]) for e in events if e["kind"] == "screen_finished"]
+    assert ends[0][1] and ends[0][0] >= 1 and ends[1:] == [(2, False)]
+    monitor.refresh()
+    assert monitor.status(time.time()) == "finished"

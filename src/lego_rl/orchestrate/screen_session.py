@@ -21,7 +21,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lego_rl.config.dataset_scan import row_keys
 from lego_rl.config.resolve import ResolvedConfig, config_json
@@ -32,7 +32,7 @@ from lego_rl.orchestrate.runner import ProgressFn, RolloutRunner
 from lego_rl.orchestrate.stack import serving_stack
 from lego_rl.rollout.generate import RolloutResult, RolloutSpec
 from lego_rl.runstore import RunDir
-from lego_rl.runstore.events import ServingReady
+from lego_rl.runstore.events import ScreenFinished, ServingReady
 from lego_rl.runstore.layout import RunLayout
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.swe.seed import repo_archive
@@ -191,12 +191,25 @@ class ScreenSession:
         c = self.r.config
         run = RunDir.open(self.layout.root, config=config_json(self.r), resume=self.layout.holds_run(),
                           artifacts=self.layout.artifacts_dir, run_log=self.layout.run_log)
+        done = 0
+
+        def count(event: Literal["started", "finished"], spec: RolloutSpec, result: RolloutResult | None) -> None:
+            nonlocal done
+            done += result is not None
+            if progress is not None:
+                progress(event, spec, result)
+
+        stopped = True
         try:
             async with serving_stack(c) as stack:
                 run.events.emit(ServingReady(adapter=stack.adapter_url, serving=stack.serving_urls))
                 ctx = rollout_context(self.r, stack, run, dataset_dir=self.dataset_dir, images=self.images)
-                return await RolloutRunner(ctx, concurrency=concurrency).run(specs, progress)
+                results = await RolloutRunner(ctx, concurrency=concurrency).run(specs, count)
+                stopped = False
+                return results
         finally:
+            # `lego monitor` reads the session as finished (or stopped) rather than running
+            run.events.emit(ScreenFinished(k=self.k, rollouts=done, stopped=stopped))
             run.close()
 
     def verdicts(self, *, min_solved: int = 1, max_solved: int | None = None) -> list[TaskScreen]:
