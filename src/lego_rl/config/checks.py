@@ -204,6 +204,41 @@ def score_centering(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 @check
+def off_policy_correction(r: ResolvedConfig) -> Iterator[Finding]:
+    """The trainer's PPO ratio is taken against ``old_logprobs``, which it recomputes with the weights it
+    holds at the step; a rollout sampled by an older policy is only reweighted towards its real sampler by
+    TIS/MIS (``exp(old - rollout logprob)``). Without them its tokens train as if the current policy had
+    sampled them: a bias that grows with the lag and the learning rate. Bounded (``max_staleness`` policies,
+    the default 1) it is a warning, not an error: asynchronous training at staleness 1 is the default and
+    the common trade. ``partial_rollouts = "keep"`` trains tokens of any age, and its contract is that each
+    is corrected by its own sampling logprob: without a correction that promise is silently broken, so
+    that is an error."""
+    ro, tr = r.config.rollout, r.config.train
+    if tr.is_correction != "none":
+        return
+    if ro.partial_rollouts == "keep":
+        yield error(
+            "off_policy_uncorrected",
+            f"rollout.partial_rollouts=\"keep\" trains tokens sampled by policies older than "
+            f"rollout.max_staleness={ro.max_staleness}, with no bound on their age, but train.is_correction="
+            "\"none\" trains them as if the current policy had sampled them (keep relies on the correction)",
+            "set train.is_correction = \"tis\" (or \"mis\"), or rollout.partial_rollouts = \"drop\"",
+            "train.is_correction", "rollout.partial_rollouts", "rollout.max_staleness",
+        )
+    elif ro.max_staleness > 0:
+        yield warning(
+            "off_policy_uncorrected",
+            f"rollout.max_staleness={ro.max_staleness} trains rollouts sampled up to {ro.max_staleness} "
+            "policies ago, and train.is_correction=\"none\" trains their tokens as if the current policy had "
+            "sampled them: the PPO ratio is against the trainer's own logprobs, so nothing corrects the lag "
+            "(a bias that grows with the lag and the learning rate)",
+            "set train.is_correction = \"tis\" (truncated importance weights, is_low/is_high) or \"mis\", or "
+            "rollout.max_staleness = 0 (synchronous: on-policy, slower)",
+            "train.is_correction", "rollout.max_staleness",
+        )
+
+
+@check
 def logprob_convention(r: ResolvedConfig) -> Iterator[Finding]:
     """Rollout logprobs are of the top-k/top-p truncated, renormalised distribution (``serving.protocol``); the
     trainer matches them by applying the same truncation to its own logits, or by replaying the captured

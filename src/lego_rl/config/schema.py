@@ -268,6 +268,10 @@ class TrainConfig(Section):
     oversample_zero_variance: bool = False
     """Replace a group whose rewards are all equal (zero advantage, no signal) by a freshly drawn prompt,
     up to rollout.batch_size extra prompts per step; off = such groups stay in with zero advantage."""
+    retire_zero_variance_after: int = Field(default=0, ge=0)
+    """Retire a task (never draw it again) after this many zero-variance groups of it in a row: it stopped
+    carrying signal, usually because the policy always solves it. 0 = never retire (the counts are still in
+    each step's metrics row and in `lego monitor`). The last task still drawn is never retired."""
     seed: int = 0
     """Seed of the prompt order (reshuffled every epoch over the dataset)."""
     sft_data: str | None = None

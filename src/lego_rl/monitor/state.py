@@ -27,6 +27,7 @@ from lego_rl.runstore.events import (
     GroupReplaced,
     LogRepaired,
     RolloutCheckFinished,
+    ScreenFinished,
     RolloutFinished,
     RolloutRefilled,
     RolloutStarted,
@@ -204,6 +205,8 @@ class RunState:
         self.checkpoints: list[CheckpointSaved] = []
         self.baselines: list[Baseline] = []
         self.check_finished: RolloutCheckFinished | None = None
+        self.screen_finished: ScreenFinished | None = None
+        """The last ``lego tasks screen`` session's end (a screening run reads like a rollout-check run)."""
         self.finished: TrainingFinished | None = None
         self.started_at: float | None = None
         self.resumes = 0
@@ -341,12 +344,16 @@ class RunState:
         elif isinstance(e, RunResumed):
             self.resumes += 1
             self.finished = None  # a resumed run is running again until its next training_finished
+            self.screen_finished = None  # ... or its next screening session's end
         elif isinstance(e, Baseline):
             self.baselines.append(e)
             if self.kind == "empty":
                 self.kind = "rollout-check"
         elif isinstance(e, RolloutCheckFinished):
             self.check_finished = e
+            self.kind = "rollout-check"
+        elif isinstance(e, ScreenFinished):
+            self.screen_finished = e
             self.kind = "rollout-check"
         elif isinstance(e, ServingReady):
             self.serving = e.serving
@@ -463,6 +470,8 @@ class RunState:
             return f"finished ({self.finished.status})"
         if self.check_finished is not None:
             return "finished"
+        if self.screen_finished is not None:
+            return "finished (stopped)" if self.screen_finished.stopped else "finished"
         if not self.events.exists or (self.events_read == 0 and not self.events.torn_bytes):
             return "not started"
         quiet = now - (self.events.mtime or now)

@@ -114,13 +114,19 @@ async def run_rollout_check(
     concurrency: int = 4,
     progress: ProgressFn | None = None,
 ) -> CheckReport:
-    ctx = RolloutContext(
+    ctx = rollout_context(r, stack, run, dataset_dir=dataset_dir, images=images)
+    runner = RolloutRunner(ctx, concurrency=concurrency)
+    return CheckReport(await runner.run(plan(rows, samples_per_task, harness), progress))
+
+
+def rollout_context(r: ResolvedConfig, stack: Stack, run: RunDir, *, dataset_dir: Path | None,
+                    images: dict[str, ImageSpec] | None) -> RolloutContext:
+    """What every rollout of a run without a trainer shares (rollout-check, task screening)."""
+    return RolloutContext(
         settings=settings_from_config(r, stack.adapter_url), run=run, sessions=stack.sessions, adapter_url=stack.adapter_url,
         harness_for=harness_factory(r), toolchain=Toolchain(Path(r.config.paths.toolchain_dir or "")),
         images=images, dataset_dir=dataset_dir,
     )
-    runner = RolloutRunner(ctx, concurrency=concurrency)
-    return CheckReport(await runner.run(plan(rows, samples_per_task, harness), progress))
 
 
 def save_report(report: CheckReport, output: Path) -> Path:

@@ -78,6 +78,17 @@ class RolloutCheckFinished(_Event):
     terminations: dict[str, int]
 
 
+class ScreenFinished(_Event):
+    """A ``lego tasks screen`` session ended (its rollouts done, or stopped: the next session tops up)."""
+
+    kind: Literal["screen_finished"] = "screen_finished"
+    k: int
+    rollouts: int
+    """Rollouts this session ran (the attempts already in the directory are not counted)."""
+    stopped: bool = False
+    """Cancelled (SIGTERM, Ctrl-C) before every planned rollout finished."""
+
+
 class _RolloutEvent(_Event):
     rollout_id: str
 
@@ -264,6 +275,7 @@ RunEvent = Annotated[
     | ServingReady
     | Baseline
     | RolloutCheckFinished
+    | ScreenFinished
     | RolloutStarted
     | StageFinished
     | HarnessReady
