@@ -23,22 +23,23 @@ def codes(path: Path | None, *overrides: str, environ: dict[str, str] | None = N
 
 
 def test_base_config_is_clean(base_toml: Path) -> None:
-    # The defaults train asynchronously (max_staleness 1) with no importance correction: that one warning
-    # is the only thing `lego validate` says about them (off_policy_correction's docstring says why).
-    assert codes(base_toml) == {"off_policy_uncorrected": "warning"}
-    assert codes(base_toml, "train.is_correction=\"tis\"") == {}
+    # The defaults train asynchronously (max_staleness 1) with TIS: nothing to say about them; without the
+    # correction the lag is a warning (off_policy_correction's docstring says why).
+    assert codes(base_toml) == {}
+    assert codes(base_toml, "train.is_correction=\"none\"") == {"off_policy_uncorrected": "warning"}
 
 
 @pytest.mark.parametrize(
     ("overrides", "severity"),
     [
-        (["rollout.max_staleness=0"], None),
-        (["rollout.max_staleness=0", "rollout.partial_rollouts=\"drop\""], None),
-        (["rollout.max_staleness=2"], "warning"),
-        (["rollout.max_staleness=2", "rollout.partial_rollouts=\"drop\""], "warning"),
+        # the default (tis) corrects; these name "none" to see what the check says without a correction
+        (["train.is_correction=\"none\"", "rollout.max_staleness=0"], None),
+        (["train.is_correction=\"none\"", "rollout.max_staleness=0", "rollout.partial_rollouts=\"drop\""], None),
+        (["train.is_correction=\"none\"", "rollout.max_staleness=2"], "warning"),
+        (["train.is_correction=\"none\"", "rollout.max_staleness=2", "rollout.partial_rollouts=\"drop\""], "warning"),
         (["rollout.max_staleness=2", "train.is_correction=\"mis\""], None),
         # keep trains tokens past the bound, even at staleness 0: uncorrected, that is an error
-        (["rollout.max_staleness=0", "rollout.partial_rollouts=\"keep\""], "error"),
+        (["train.is_correction=\"none\"", "rollout.max_staleness=0", "rollout.partial_rollouts=\"keep\""], "error"),
         (["rollout.partial_rollouts=\"keep\"", "train.is_correction=\"tis\""], None),
     ],
 )

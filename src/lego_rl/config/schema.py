@@ -227,8 +227,10 @@ class TrainConfig(Section):
     """Recompute activations during the backward pass: less memory for long rollouts, ~30 % more compute."""
     dual_clip_c: float | None = Field(default=None, gt=1)
     """Dual clip: a negative-advantage token's loss is at most ``c·|A|`` (e.g. 3); null disables it."""
-    is_correction: Literal["none", "tis", "mis"] = "none"
-    """Rollout-vs-trainer importance correction: truncated (tis) or masked (mis) importance sampling."""
+    is_correction: Literal["none", "tis", "mis"] = "tis"
+    """Rollout-vs-trainer importance correction: truncated (tis) or masked (mis) importance sampling. The
+    default is tis because training is asynchronous by default (rollout.max_staleness = 1): tokens sampled by
+    an older policy need the correction, and on-policy tokens get a ratio of ~1 (a no-op)."""
     is_level: Literal["token", "sequence"] = "token"
     """The importance ratio per token, or one per rollout (the product over its trained tokens)."""
     is_low: float = Field(default=0.0, ge=0)
