@@ -111,3 +111,12 @@ def test_ray_mode_refuses_the_megatron_backend_before_anything_starts(here: Path
         TrainSession(r)
     assert info.value.parameter == "cluster.mode"
     assert not (here / "runs" / "x").exists()
+
+
+def test_ray_mode_under_torchrun_is_refused(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lego_rl.orchestrate.train_session import start_ranks
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="run one `lego train`, not 2 under torchrun") as info:
+        start_ranks(cfg("cluster.trainer_nodes=2").config)
+    assert info.value.parameter == "cluster.mode"

@@ -6,8 +6,9 @@ The run: ``lego train`` on the toy ``first_letter`` environment with ``cluster.m
 ranks (FSDP2 over gloo) placed STRICT_SPREAD, one on each node, and the embedded engine as a Ray actor pinned to
 node B, its weights synced from rank 0 through the object store. It must train two steps with the results of the
 same run in one process (no Ray): the same rewards, losses within fp32 reduction-order noise, the same final
-weights within what Adam's first steps make of that noise (see ``test_...``). ``lego validate --remote`` on the
-same cluster: the placement fits; asking for a GPU and a third trainer node names the missing resources.
+weights within what Adam's first steps make of that noise. ``lego validate --remote`` on the same cluster: the
+placement fits; asking for a GPU and a third trainer node names the missing resources, and ``lego train`` refuses
+a third node before it starts any actor (exit 2).
 """
 
 from __future__ import annotations
@@ -121,6 +122,11 @@ def test_two_node_ray_run_equals_the_single_process_run(tmp_path: Path) -> None:
     assert any(m.startswith("Ray cluster 127.0.0.1:6390: GPU: the placement needs 3 (trainer 3), the cluster has 0 "
                             "over 2 node(s)") for m in found), found
     assert any("STRICT_SPREAD needs 3 nodes" in m for m in found), found
+
+    short = outcome["train_short"]
+    assert short["rc"] == 2, short["stdout"][-3000:] + short["stderr"]
+    said = " ".join(short["stderr"].split())
+    assert "the Ray cluster cannot hold the placement: CPU: trainer placement STRICT_SPREAD needs 3 nodes" in said
 
     # The two-node training run.
     train = outcome["train"]

@@ -45,6 +45,9 @@ def main(work: Path, ray_tmp: str) -> None:
     lego_json("validate_fits", "validate", "-c", "lego.toml", "--remote")
     lego_json("validate_short", "validate", "-c", "lego.toml", "--remote", "--set", "cluster.gpus_per_node=1",
               "--set", "cluster.trainer_nodes=3")
+    # A placement the cluster cannot hold is refused before any actor starts.
+    lego_json("train_short", "train", "-c", "lego.toml", "--set", "cluster.trainer_nodes=3", "--run-root",
+              "runs/short")
     lego_json("train", "train", "-c", "lego.toml")
     (work / "outcome.json").write_text(json.dumps(outcome))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from collections.abc import Awaitable
 from pathlib import Path
 
@@ -55,12 +56,30 @@ def _cluster_nodes(r: ResolvedConfig) -> list[tuple[str, int]]:
         return []
 
 
-def _ray_nodes(address: str) -> list[dict[str, float]] | str:
+def ray_head_unreachable(address: str, timeout: float) -> str | None:
+    """None when something accepts TCP connections at the Ray head's ``host:port`` (6379 when no port is given),
+    else why not. Checked first because ``ray.init`` retries a dead address for minutes before it gives up."""
+    host, _, port = address.removeprefix("ray://").rpartition(":") if ":" in address else (address, "", "6379")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except ValueError:
+        return f"not a host:port address: {address!r}"
+    except TimeoutError:
+        return f"no answer from {host}:{port} within {timeout:g} s"
+    except OSError as exc:
+        return f"cannot connect to {host}:{port}: {exc.strerror or type(exc).__name__}"
+
+
+def _ray_nodes(address: str, timeout: float) -> list[dict[str, float]] | str:
     """Total resources of every alive node of the Ray cluster at ``address``, or why it cannot be read."""
     try:
         import ray  # the `cluster` extra; imported here: only a Ray-mode check needs it
     except ImportError:
         return "Ray is not installed (pip install 'lego-rl[cluster]')"
+    dead = ray_head_unreachable(address, timeout)
+    if dead is not None:
+        return dead
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, gRPC errors: all mean "unreachable"
@@ -98,7 +117,7 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
         jobs.append((f"ssh {host}:{port}", asyncio.to_thread(_ssh_ok, host, port, timeout)))
     ray_job = None
     if c.cluster.mode == "ray" and c.cluster.ray_address:  # without an address lego train starts its own Ray
-        ray_job = asyncio.to_thread(_ray_nodes, c.cluster.ray_address)
+        ray_job = asyncio.to_thread(_ray_nodes, c.cluster.ray_address, timeout)
     results = await asyncio.gather(*(job for _, job in jobs))
     if ray_job is not None:
         nodes = await ray_job

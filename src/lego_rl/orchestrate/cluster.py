@@ -43,6 +43,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from lego_rl.config.placement import GroupPlan, placement_plan, shortfalls
+from lego_rl.config.remote import ray_head_unreachable
 from lego_rl.config.schema import ClusterConfig, LegoConfig
 from lego_rl.errors import ConfigError, LegoError
 from lego_rl.orchestrate.loop import TrainingError
@@ -73,6 +74,10 @@ def connect(cl: ClusterConfig) -> bool:
     kw: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
     if cl.ray_address:
         address, key = cl.ray_address, "cluster.ray_address"
+        dead = ray_head_unreachable(address, timeout=10.0)  # ray.init would retry a dead address for minutes
+        if dead is not None:
+            raise ConfigError(f"cannot join the Ray cluster at {address!r}: {dead}; start it with `ray start "
+                              "--head` or fix the address", parameter=key, value=address)
     elif cl.start_ray:
         address, key = "local", "cluster.start_ray"
         kw["include_dashboard"] = False

@@ -100,6 +100,10 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
                           parameter="train.data_parallel", value=dp)
     if world == 1:
         return 0
+    if c.cluster.mode == "ray":
+        raise ConfigError(f"cluster.mode = \"ray\" places its own trainer ranks (cluster.trainer_nodes × "
+                          f"cluster.gpus_per_node); run one `lego train`, not {world} under torchrun",
+                          parameter="cluster.mode", value=c.cluster.mode)
     if c.train.backend != "torch":
         raise ConfigError(f"several processes (WORLD_SIZE={world}) need train.backend = \"torch\" (FSDP2), got "
                           f"{c.train.backend!r}", parameter="train.backend", value=c.train.backend)
