@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from lego_rl.config.resolve import trainer_devices
-from lego_rl.config.schema import LegoConfig, RayPlacement
+from lego_rl.config.schema import ClusterConfig, LegoConfig, RayPlacement
 
 Bundle = dict[str, float]
 """One placement bundle: Ray resource name → amount (``CPU``, ``GPU``, custom resources)."""
@@ -116,3 +116,12 @@ def shortfalls(plan: PlacementPlan, nodes: Sequence[Mapping[str, float]]) -> lis
                     out.append((res, f"{res}: {group.name} placement STRICT_PACK needs {total} on one node, no "
                                      "node has that"))
     return out
+
+
+def key_for(resource: str, cl: ClusterConfig) -> str:
+    """The ``cluster.*`` key that asks for ``resource`` (what a finding about it names)."""
+    if resource in cl.trainer_resources:
+        return "cluster.trainer_resources"
+    if resource in cl.engine_resources:
+        return "cluster.engine_resources"
+    return {"GPU": "cluster.gpus_per_node", "CPU": "cluster.cpus_per_actor"}.get(resource, "cluster.trainer_nodes")

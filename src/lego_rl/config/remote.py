@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 
 from lego_rl.config.findings import Finding, error
-from lego_rl.config.placement import placement_plan, shortfalls
+from lego_rl.config.placement import key_for, placement_plan, shortfalls
 from lego_rl.config.resolve import ResolvedConfig
 
 
@@ -95,11 +95,7 @@ def ray_findings(r: ResolvedConfig, nodes: list[dict[str, float]]) -> list[Findi
     cl = r.config.cluster
     found = []
     for resource, why in shortfalls(placement_plan(r.config), nodes):
-        key = {"GPU": "cluster.gpus_per_node", "CPU": "cluster.cpus_per_actor"}.get(resource, "cluster.trainer_nodes")
-        if resource in cl.engine_resources and resource not in cl.trainer_resources:
-            key = "cluster.engine_resources"
-        elif resource in cl.trainer_resources:
-            key = "cluster.trainer_resources"
+        key = key_for(resource, cl)
         found.append(error("ray_resources", f"Ray cluster {cl.ray_address}: {why}",
                            "start more nodes (`ray start --address ... --resources ...`) or ask for less "
                            "(cluster.trainer_nodes, cluster.engine_replicas, cluster.*_placement)", key))

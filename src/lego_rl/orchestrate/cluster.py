@@ -42,7 +42,7 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from lego_rl.config.placement import GroupPlan, placement_plan, shortfalls
+from lego_rl.config.placement import GroupPlan, key_for, placement_plan, shortfalls
 from lego_rl.config.remote import ray_head_unreachable
 from lego_rl.config.schema import ClusterConfig, LegoConfig
 from lego_rl.errors import ConfigError, LegoError
@@ -321,8 +321,9 @@ async def ray_cluster(c: LegoConfig, model_dir: Path, *, settings: TorchTrainSet
         plan = placement_plan(c)
         missing = shortfalls(plan, alive_node_resources())
         if missing:
-            raise ConfigError("the Ray cluster cannot hold the placement: " + "; ".join(why for _, why in missing),
-                              parameter="cluster.trainer_nodes")
+            raise ConfigError("the Ray cluster cannot hold the placement: " + "; ".join(why for _, why in missing)
+                              + " (`lego validate --remote` checks this before a launch)",
+                              parameter=key_for(missing[0][0], cl))
         placed = []
         for g in plan.groups:
             pg = placement_group(g.bundles, strategy=g.strategy, name=f"lego-{g.name}-{os.getpid()}")
