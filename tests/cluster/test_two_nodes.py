@@ -3,8 +3,9 @@ stores, told apart by the custom resources ``node_a`` / ``node_b``) in a loopbac
 creates, so Ray binds 127.0.0.1 and nothing outside can reach it (or be reached).
 
 The run: ``lego train`` on the toy ``first_letter`` environment with ``cluster.mode = "ray"``: two torch trainer
-ranks (FSDP2 over gloo) placed STRICT_SPREAD, one on each node, and the embedded engine as a Ray actor pinned to
-node B, its weights synced from rank 0 through the object store. It must train two steps with the results of the
+ranks (FSDP2 over gloo) placed STRICT_SPREAD, one on each node, and two embedded-engine replicas as Ray actors,
+one on each node too (so one of them is always on the other node than rank 0), their weights synced from rank 0
+through the object store. It must train two steps with the results of the
 same run in one process (no Ray): the same rewards, losses within fp32 reduction-order noise, the same final
 weights within what Adam's first steps make of that noise. ``lego validate --remote`` on the same cluster: the
 placement fits; asking for a GPU and a third trainer node names the missing resources, and ``lego train`` refuses
@@ -61,7 +62,8 @@ CLUSTER = """
 mode = "ray"
 trainer_nodes = 2
 trainer_placement = "STRICT_SPREAD"
-engine_resources = {node_b = 1}
+engine_replicas = 2
+engine_placement = "STRICT_SPREAD"
 """
 
 

@@ -28,7 +28,7 @@ def main(work: Path, ray_tmp: str) -> None:
     for args in (["--head", f"--port={PORT}", "--include-dashboard=false", f"--temp-dir={ray_tmp}",
                   "--resources", '{"node_a": 1}'],
                  [f"--address=127.0.0.1:{PORT}", "--resources", '{"node_b": 1}']):
-        subprocess.run([str(bindir / "ray"), "start", "--num-cpus=2", "--disable-usage-stats", *args], check=True,
+        subprocess.run([str(bindir / "ray"), "start", "--num-cpus=3", "--disable-usage-stats", *args], check=True,
                        env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
     outcome["ray_start_s"] = round(time.monotonic() - t0, 1)
     lego = str(bindir / "lego")
@@ -45,7 +45,7 @@ def main(work: Path, ray_tmp: str) -> None:
     lego_json("validate_fits", "validate", "-c", "lego.toml", "--remote")
     lego_json("validate_short", "validate", "-c", "lego.toml", "--remote", "--set", "cluster.gpus_per_node=1",
               "--set", "cluster.trainer_nodes=3")
-    # A placement the cluster cannot hold is refused before any actor starts.
+    # A placement the cluster cannot hold is refused before any actor starts (5 of 6 CPUs, but 3 nodes).
     lego_json("train_short", "train", "-c", "lego.toml", "--set", "cluster.trainer_nodes=3", "--run-root",
               "runs/short")
     lego_json("train", "train", "-c", "lego.toml")
