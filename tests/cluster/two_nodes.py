@@ -21,7 +21,8 @@ PORT = 6390
 def main(work: Path, ray_tmp: str) -> None:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     bindir = Path(sys.executable).parent
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    # RAY_TMPDIR: the drivers' session files too go under the test's directory, not the machine's /tmp/ray.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": ray_tmp}
     outcome: dict[str, object] = {}
     t0 = time.monotonic()
     # Node A (the head) and node B: two raylets with their own object stores, told apart by a custom resource.
