@@ -216,7 +216,9 @@ def train(
         if as_json:
             summary = asyncio.run(_drive(session, live=None))
         else:
-            with Live(Text("starting the engine and the trainer..."), console=err, refresh_per_second=4,
+            starting = ("placing the trainer ranks and the engines on the Ray cluster..."
+                        if r.config.cluster.mode == "ray" else "starting the engine and the trainer...")
+            with Live(Text(starting), console=err, refresh_per_second=4,
                       transient=False) as live:
                 summary = asyncio.run(_drive(session, live=live))
     except (ConfigError, TaskDataError) as exc:

@@ -99,6 +99,23 @@ def not_implemented(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 @check
+def cluster_mode(r: ResolvedConfig) -> Iterator[Finding]:
+    """Ray mode places torch trainer ranks and embedded-engine replicas: a setting it would override is refused."""
+    c = r.config
+    if c.cluster.mode != "ray":
+        return
+    if c.serving.backend != "embedded":
+        yield error("cluster_serving", f"cluster.mode = \"ray\" places embedded-engine replicas (cluster.engine_replicas), "
+                    f"but serving.backend = {c.serving.backend!r} names engines started elsewhere",
+                    "set serving.backend = \"embedded\", or cluster.mode = \"local\" to train against the vLLM URLs",
+                    "cluster.mode", "serving.backend")
+    if c.train.backend != "torch":
+        yield error("cluster_backend", f"cluster.mode = \"ray\" places torch trainer ranks; train.backend = "
+                    f"{c.train.backend!r} is not placed by Ray", "set train.backend = \"torch\", or run the Megatron "
+                    "backend under torchrun with cluster.mode = \"local\"", "cluster.mode", "train.backend")
+
+
+@check
 def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
     tr, cl = r.config.train, r.config.cluster
     devices = trainer_devices(r.config)

@@ -286,11 +286,34 @@ class TrainConfig(Section):
     """Demonstrations (whole rollouts, every segment) per SFT optimizer step."""
 
 
+RayPlacement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+"""A Ray placement group strategy: PACK fills a node before the next, STRICT_SPREAD puts every bundle on a
+different node (docs/cluster.md)."""
+
+
 class ClusterConfig(Section):
+    mode: Literal["local", "ray"] = "local"
+    """local: `lego train` runs the trainer and the engine in its own process (or under torchrun). ray: it places
+    the trainer ranks and the engine replicas as Ray actors on a Ray cluster (docs/cluster.md)."""
     trainer_nodes: int = Field(default=1, ge=1)
     """Nodes running the trainer."""
     gpus_per_node: int = Field(default=0, ge=0)
-    """GPUs per trainer node (0 = CPU)."""
+    """GPUs per trainer node (0 = CPU; with cluster.mode = "ray" a CPU node runs one trainer rank)."""
+    engine_replicas: int = Field(default=1, ge=1)
+    """Ray mode: embedded-engine replicas, each a Ray actor serving vLLM-shaped HTTP routes."""
+    gpus_per_engine: int = Field(default=0, ge=0, le=1)
+    """Ray mode: GPUs of each engine replica (0 = CPU; the embedded engine uses one device)."""
+    cpus_per_actor: float = Field(default=1.0, gt=0)
+    """Ray mode: logical CPUs each trainer rank and each engine replica reserves in its placement bundle."""
+    trainer_placement: RayPlacement = "PACK"
+    """Ray mode: placement group strategy of the trainer ranks (one bundle per rank)."""
+    engine_placement: RayPlacement = "PACK"
+    """Ray mode: placement group strategy of the engine replicas (one bundle per replica)."""
+    trainer_resources: dict[str, float] = Field(default_factory=dict)
+    """Ray mode: custom resources every trainer bundle also needs (e.g. {"train_node": 1} to keep the ranks on
+    nodes started with `ray start --resources '{"train_node": 8}'`)."""
+    engine_resources: dict[str, float] = Field(default_factory=dict)
+    """Ray mode: custom resources every engine bundle also needs."""
     train_head: str | None = None
     """Address of the first training node (TRAIN_HEAD)."""
     train_workers: list[str] = Field(default_factory=list)
@@ -300,9 +323,10 @@ class ClusterConfig(Section):
     gloo_socket_ifname: str | None = None
     """Network interface for Gloo/NCCL bootstrap."""
     start_ray: bool = True
-    """Start a Ray cluster (false = reuse the experiment's running one)."""
+    """Ray mode without cluster.ray_address: start a one-node Ray head in the `lego train` process (false =
+    join the running cluster that `ray start` made on this node, or $RAY_ADDRESS)."""
     ray_address: str | None = None
-    """Ray address to join when not starting one."""
+    """Ray mode: the address of the Ray cluster to join (`ray start --head` prints it, e.g. 10.0.0.1:6379)."""
 
 
 class MonitorConfig(Section):

@@ -25,6 +25,8 @@ The contract (``Environment``):
 
 from __future__ import annotations
 
+import copy
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -78,10 +80,15 @@ class Sampler:
 
     Every environment rollout of a step shares one sampler; the temperature, top-p and top-k are the
     run's (``rollout.*``) so that the trainer's recomputed logprobs follow the same convention.
+
+    With a ``seed`` (``train.seed``), ``for_rollout(rollout_id)`` gives a rollout a view whose n-th request
+    carries the seed ``hash(seed, rollout_id, n)``: what a rollout samples then depends on the run's seed, its
+    id and the weights, not on which other requests shared the engine's batch or which replica served it. A
+    run is repeatable, and a Ray cluster run samples what the single-process run samples.
     """
 
     def __init__(self, client: ServingClient, renderer: ChatRenderer, *, temperature: float, top_p: float,
-                 top_k: int, max_tokens: int, capture_nucleus: bool = False) -> None:
+                 top_k: int, max_tokens: int, capture_nucleus: bool = False, seed: int | None = None) -> None:
         self.client = client
         self.renderer = renderer
         self.temperature = temperature
@@ -90,6 +97,23 @@ class Sampler:
         self.max_tokens = max_tokens
         self.capture_nucleus = capture_nucleus
         """Ask the engine for each token's nucleus (score centering replays it in the trainer)."""
+        self.seed = seed
+        self._rollout_id: str | None = None
+        self._requests = 0
+
+    def for_rollout(self, rollout_id: str) -> Sampler:
+        """This sampler for one rollout: its requests are seeded from ``(seed, rollout_id, request number)``
+        (unseeded, as the engine draws, when the sampler has no seed)."""
+        view = copy.copy(self)
+        view._rollout_id, view._requests = rollout_id, 0
+        return view
+
+    def _next_seed(self) -> int | None:
+        if self.seed is None or self._rollout_id is None:
+            return None
+        n, self._requests = self._requests, self._requests + 1
+        digest = hashlib.blake2b(f"{self.seed}:{self._rollout_id}:{n}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") >> 1  # 63 bits: the engine's seed range
 
     async def chat(self, messages: Sequence[Message], *, max_tokens: int | None = None,
                    session_id: str | None = None) -> Completion:
@@ -102,7 +126,7 @@ class Sampler:
         """Sample a continuation of raw token ids."""
         params = SamplingParams(
             max_tokens=max_tokens or self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, stop_token_ids=sorted(self.renderer.eos_ids),
+            top_k=self.top_k, stop_token_ids=sorted(self.renderer.eos_ids), seed=self._next_seed(),
         )
         res = await self.client.generate(prompt_ids, params, session_id=session_id,
                                          return_nucleus=self.capture_nucleus)
