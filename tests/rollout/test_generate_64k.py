@@ -1,0 +1,134 @@
+"""A 64k-token rollout with real Claude Code and real Codex: generate() end to end (bwrap sandbox, offline CLI
+install, the adapter, grading) while one chain of history grows past 65536 tokens.
+
+The policy is the scripted TEST DOUBLE at the model boundary (tests/support/scripted_engine.py): a random
+tiny model never calls tools. Its first turn writes the example task's fix and a 20000-line log of hex
+hashes to /tmp (outside the repository, so not in the patch); every later turn reads the next slice of
+that log through the CLI's shell tool, sized from the exact prompt length so the last request lands
+between ``TARGET`` and the window; then it answers. Everything between the policy and the sandbox is
+real, so this is where a production-size history meets each CLI's own limits (output truncation, turn
+caps, compaction) and the adapter's bridging over tens of requests.
+
+Checked: the rollout completes and is graded (reward 1), the last prompt is >= 65536 tokens, every line
+read reached the engine, every turn extends the one before (no compaction, one segment), and the
+recorded Samples rebuild each engine call exactly (prompt ids followed by output ids, the output trained
+with the engine's logprobs).
+
+Zero logprobs (``score=False``): scoring a 64k-token prompt with the tiny model on two CPU cores takes
+minutes; the scripted and tiny-model tests check real logprobs on shorter histories. With the model not
+run, the window is the adapter's and the CLIs' setting only, and it is raised to 128k: Claude Code keeps
+its own reserve below the window (with a 65536 window it compacted at ~62k, see WINDOW).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, assert_nothing_running, interfaces, make_context, spec_for
+from support.scripted_engine import ScriptedPolicyEngine, tool_call_text
+from test_generate_scripted import assert_artifacts, assert_trained_tokens_are_the_engines, write_file_command
+
+from lego_rl.adapter.sessions import load_turn_records
+from lego_rl.rollout.generate import RolloutResult, generate
+from lego_rl.termination import TerminationReason
+
+pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
+
+WINDOW = 131072
+"""The adapter's and the rollout's context window (the tiny model's 65536 positions, raised: the scripted
+engine does not run the model). At 65536, Claude Code 2.1 answered a 60k-token history by compacting
+("Prompt is too long", terminal_reason blocking_limit): it keeps its output reserve and a buffer free."""
+TARGET = 65536
+"""The last request's prompt is at least this long."""
+LOG_LINES = 20_000
+LOG = "/tmp/big.log"
+MAKE_LOG = (
+    'python3 -c "import sys; sys.stdout.write(\'\'.join(\'%08x\\n\' % (i * 2654435761 % 4294967296) '
+    f'for i in range({LOG_LINES})))" > {LOG}'
+)
+"""Writes the log inside the sandbox: line i is ``f"{i * 2654435761 % 2**32:08x}"`` (about one token per
+byte for the tiny model's tokenizer, so the CLIs' characters/4 estimates see a quarter of the real size)."""
+MAX_LINES = {"claude_code": 3000, "codex": 1000}
+"""Lines per read, under each CLI's tool-output truncation (Claude Code: 30000 characters per Bash result;
+Codex: about 10 KB per exec_command result for a model it does not know)."""
+MARGIN = 300
+"""Tokens read beyond the gap to TARGET: covers the tool call and the tool result's frame of one turn."""
+
+
+def log_line(i: int) -> str:
+    return f"{i * 2654435761 % 2**32:08x}"
+
+
+class LogReader:
+    """The policy: fix the task, then read slices of the log until the prompt reaches TARGET, then answer."""
+
+    def __init__(self, harness: str, engine: ScriptedPolicyEngine, fix: str) -> None:
+        self.harness, self.engine, self.fix = harness, engine, fix
+        self.read = 0  # lines of the log read so far
+        self.tokens_per_line = len(engine.tokenizer.encode("".join(log_line(i) + "\n" for i in range(1000)))) / 1000
+
+    def call(self, command: str) -> str:
+        if self.harness == "claude_code":
+            return tool_call_text("Bash", {"command": command, "description": "Read the log"})
+        return tool_call_text("exec_command", {"cmd": command})
+
+    def __call__(self, prompt: str, index: int) -> str:
+        have = len(self.engine.prompt_ids)
+        if have >= TARGET:
+            return f"I fixed stats/center.py and read {self.read} lines of {LOG}; the task is done."
+        lines = min(MAX_LINES[self.harness], math.ceil((TARGET - have + MARGIN) / self.tokens_per_line))
+        first, self.read = self.read + 1, self.read + lines
+        read = f"sed -n {first},{self.read}p {LOG}"
+        if index == 0:
+            return self.call(f"{write_file_command('stats/center.py', self.fix)} && {MAKE_LOG} && {read}")
+        return self.call(read)
+
+
+def assert_samples_rebuild_engine_calls(result: RolloutResult, engine: ScriptedPolicyEngine) -> None:
+    """Each engine call is a prefix of one Sample: its prompt ids, then its output ids trained (mask 1) with
+    the engine's logprobs. With the trained-tokens check this is exact token capture over the whole run."""
+    for n, call in enumerate(engine.calls):
+        whole = call.prompt_ids + call.output_ids
+        holders = [s for s in result.samples if s.tokens[: len(whole)] == whole]
+        assert holders, f"engine call {n} ({len(call.prompt_ids)} prompt ids) is in no sample"
+        sample, out = holders[0], slice(len(call.prompt_ids), len(whole))
+        assert sample.loss_mask[out] == [1] * len(call.output_ids), n
+        assert sample.rollout_logprobs[out] == call.logprobs, n
+
+
+@pytest.mark.parametrize("harness", ["claude_code", "codex"])
+async def test_64k_token_rollout_completes_with_exact_tokens(
+    harness: str, scripted_stack: Any, toolchain: Any, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
+    assert interfaces() == ["lo"]
+    fix = (EXAMPLES / "src/median/fix/stats/center.py").read_text()
+    stack = await scripted_stack(lambda prompt, index: reader(prompt, index), context_limit=WINDOW, score=False)
+    reader = LogReader(harness, stack.engine, fix)
+    ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain, max_context_tokens=WINDOW,
+                       max_turns=16, agent_time_budget_s=300.0)
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], harness))
+    ctx.run.close()
+
+    calls = stack.engine.calls
+    sizes = [len(c.prompt_ids) for c in calls]
+    assert result.termination is TerminationReason.COMPLETED, (result.detail, sizes)
+    assert result.reward == 1.0, (result.detail, (result.artifacts / "grader.log").read_text()[-2000:])
+    assert TARGET <= sizes[-1] and sizes[-1] + len(calls[-1].output_ids) <= WINDOW, sizes
+    assert calls[-1].text.startswith("I fixed") and result.turns == len(calls), sizes
+    # Every line the policy asked for reached the engine: no CLI truncated a tool result it was given.
+    final = stack.engine.tokenizer.decode(calls[-1].prompt_ids)
+    missing = [i for i in range(reader.read) if log_line(i) not in final]
+    assert not missing, (len(missing), missing[:5], sizes)
+    assert_trained_tokens_are_the_engines(result, stack.engine)
+    assert_samples_rebuild_engine_calls(result, stack.engine)
+    assert_artifacts(result, harness, tmp_path / "run")
+    # One chain: every turn extends the one before it (no compaction, no re-render), so one Sample holds it all.
+    [turns_file] = result.artifacts.glob("*.turns.jsonl")
+    records = load_turn_records(turns_file)
+    assert [(r.render_mode, r.bridge_from_turn) for r in records[1:]] == [
+        ("bridged", r.turn - 1) for r in records[1:]], [(r.render_mode, r.fallback_reason) for r in records]
+    assert len(result.samples) == 1 and len(result.samples[0].tokens) == sizes[-1] + len(calls[-1].output_ids)
+    assert_nothing_running(stack.sessions)
