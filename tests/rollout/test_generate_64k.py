@@ -190,3 +190,31 @@ async def test_claude_code_compacts_at_a_64k_window_and_completes(
     assert_samples_rebuild_engine_calls(result, stack.engine)
     assert_artifacts(result, "claude_code", tmp_path / "run")
     assert_nothing_running(stack.sessions)
+
+
+async def test_codex_fills_a_64k_window_and_ends_at_context_limit(
+    scripted_stack: Any, toolchain: Any, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
+    """Codex does not compact for a model it does not know: a policy that keeps reading fills the 65536-token
+    window. The adapter answers the request that no longer fits with a context_limit stop (no engine call),
+    Codex ends its turn, and the rollout is a graded CONTEXT_LIMIT (a policy outcome) whose samples still
+    rebuild every engine call."""
+    assert interfaces() == ["lo"]
+    fix = (EXAMPLES / "src/median/fix/stats/center.py").read_text()
+    window = 65536
+    stack = await scripted_stack(lambda prompt, index: reader(prompt, index), context_limit=window, score=False)
+    reader = LogReader("codex", stack.engine, fix, target=10 * window)  # never answers: reads until it cannot
+    ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain, max_context_tokens=window,
+                       max_turns=16, agent_time_budget_s=300.0)
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], "codex"))
+    ctx.run.close()
+
+    calls = stack.engine.calls
+    sizes = [len(c.prompt_ids) for c in calls]
+    assert result.termination is TerminationReason.CONTEXT_LIMIT, (result.detail, sizes)
+    assert result.reward == 1.0 and not result.infrastructure_failure, result.detail
+    assert sizes[-1] > window - 9000 and max(sizes) < window, sizes  # the next 1000-line read did not fit
+    assert_trained_tokens_are_the_engines(result, stack.engine)
+    assert_samples_rebuild_engine_calls(result, stack.engine)
+    assert_artifacts(result, "codex", tmp_path / "run")
+    assert_nothing_running(stack.sessions)
