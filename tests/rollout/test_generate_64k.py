@@ -33,6 +33,7 @@ from support.scripted_engine import ScriptedPolicyEngine, tool_call_text
 from test_generate_scripted import assert_artifacts, assert_trained_tokens_are_the_engines, write_file_command
 
 from lego_rl.adapter.sessions import load_turn_records
+from lego_rl.harness.plugins import get_harness, get_plugin_manager
 from lego_rl.rollout.generate import RolloutResult, generate
 from lego_rl.termination import TerminationReason
 
@@ -63,9 +64,9 @@ def log_line(i: int) -> str:
     return f"{i * 2654435761 % 2**32:08x}"
 
 
-SUMMARY_ASK = "create a detailed summary of the conversation so far"
-"""Claude Code 2.1's compaction request: its last user message asks for this (no request-class header
-in -p mode)."""
+SUMMARY_ASKS = ("create a detailed summary of the conversation so far", "CONTEXT CHECKPOINT COMPACTION")
+"""What the last user message of a compaction request says: Claude Code 2.1's (no request-class header in
+-p mode), Codex 0.162's (a local compaction: a plain Responses request)."""
 
 
 class LogReader:
@@ -86,7 +87,7 @@ class LogReader:
 
     def __call__(self, prompt: str, index: int) -> str:
         have = len(self.engine.prompt_ids)
-        if SUMMARY_ASK in prompt.rsplit("<|im_start|>user", 1)[-1]:
+        if any(ask in prompt.rsplit("<|im_start|>user", 1)[-1] for ask in SUMMARY_ASKS):
             self.summaries += 1
             return ("<analysis>\nThe user asked for a fix of stats/center.py.\n</analysis>\n<summary>\n"
                     f"1. Primary Request: fix the median in stats/center.py. Done. {self.read} lines of {LOG} read."
@@ -195,17 +196,19 @@ async def test_claude_code_compacts_at_a_64k_window_and_completes(
 async def test_codex_fills_a_64k_window_and_ends_at_context_limit(
     scripted_stack: Any, toolchain: Any, example_rows: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Codex does not compact for a model it does not know: a policy that keeps reading fills the 65536-token
-    window. The adapter answers the request that no longer fits with a context_limit stop (no engine call),
-    Codex ends its turn, and the rollout is a graded CONTEXT_LIMIT (a policy outcome) whose samples still
-    rebuild every engine call."""
+    """Told no window (``autocompact_pct=0``) it never compacts for a model it does not know:
+    a policy that keeps reading fills the 65536-token window. The adapter answers the request that no longer
+    fits with a context_limit stop (no engine call), Codex ends its turn, and the rollout is a graded
+    CONTEXT_LIMIT (a policy outcome) whose samples still rebuild every engine call."""
     assert interfaces() == ["lo"]
     fix = (EXAMPLES / "src/median/fix/stats/center.py").read_text()
     window = 65536
     stack = await scripted_stack(lambda prompt, index: reader(prompt, index), context_limit=window, score=False)
     reader = LogReader("codex", stack.engine, fix, target=10 * window)  # never answers: reads until it cannot
+    pm = get_plugin_manager({})
     ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain, max_context_tokens=window,
-                       max_turns=16, agent_time_budget_s=300.0)
+                       max_turns=16, agent_time_budget_s=300.0,
+                       harness_for=lambda name: get_harness(name, {"autocompact_pct": 0}, environ={}, pm=pm))
     result = await generate(ctx, spec_for(example_rows["lego-example-median"], "codex"))
     ctx.run.close()
 
@@ -217,4 +220,38 @@ async def test_codex_fills_a_64k_window_and_ends_at_context_limit(
     assert_trained_tokens_are_the_engines(result, stack.engine)
     assert_samples_rebuild_engine_calls(result, stack.engine)
     assert_artifacts(result, "codex", tmp_path / "run")
+    assert_nothing_running(stack.sessions)
+
+
+async def test_codex_compacts_at_a_64k_window_and_completes(
+    scripted_stack: Any, toolchain: Any, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
+    """The plugin's default: Codex is told the 65536-token window and compacts at 70 % of it. Past ~46k tokens
+    it sends its compaction request (a plain Responses request that the adapter labels a ``compaction`` side
+    request: Codex names its kind; Claude Code's lands on the main chain), resumes from the summary in a full
+    render, and the rollout completes, graded, with every engine call rebuilt from the samples."""
+    assert interfaces() == ["lo"]
+    fix = (EXAMPLES / "src/median/fix/stats/center.py").read_text()
+    window = 65536
+    stack = await scripted_stack(lambda prompt, index: reader(prompt, index), context_limit=window, score=False)
+    reader = LogReader("codex", stack.engine, fix, target=10 * window)  # reads until Codex compacts
+    ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain, max_context_tokens=window,
+                       max_turns=16, agent_time_budget_s=300.0)
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], "codex"))
+    ctx.run.close()
+
+    calls = stack.engine.calls
+    sizes = [len(c.prompt_ids) for c in calls]
+    assert result.termination is TerminationReason.COMPLETED, (result.detail, sizes)
+    assert result.reward == 1.0, (result.detail, (result.artifacts / "grader.log").read_text()[-2000:])
+    assert reader.summaries == 1, sizes
+    [asked] = [n for n, c in enumerate(calls) if c.text.startswith("<analysis>")]
+    assert window * 70 // 100 < sizes[asked] < window and sizes[asked + 1] < sizes[asked] // 4, sizes
+    assert calls[-1].text.startswith("I fixed") and result.turns == len(calls) - 1, sizes  # main turns only
+    records = load_turn_records(next(result.artifacts.glob("*.turns.jsonl")))
+    assert (records[asked].kind, records[asked].side_label) == ("side", "compaction")
+    assert records[asked + 1].render_mode == "full", [(r.render_mode, r.fallback_reason) for r in records]
+    assert_trained_tokens_are_the_engines(result, stack.engine)
+    assert_samples_rebuild_engine_calls(result, stack.engine)
+    assert len(records) == len(calls)  # (assert_artifacts expects no side turns: every record is a main turn there)
     assert_nothing_running(stack.sessions)
