@@ -17,8 +17,8 @@ with the engine's logprobs).
 Zero logprobs (``score=False``): scoring a 64k-token prompt with the tiny model on two CPU cores takes
 minutes; the scripted and tiny-model tests check real logprobs on shorter histories. With the model not
 run, the window is the adapter's and the CLIs' setting only, and it is raised to 128k for the one-chain
-cases: Claude Code compacts once a turn's prompt passes 70 % of its window. The last test keeps the reference's
-65536 window and checks that compaction path instead.
+cases: each CLI compacts once a turn's prompt passes 70 % of its window. The other tests keep the reference's
+65536 window: each CLI compacts there and completes, and Codex told no window fills it (context_limit).
 """
 
 from __future__ import annotations
