@@ -67,7 +67,7 @@ def torch_settings(c: LegoConfig) -> TorchTrainSettings:
     t = c.train
     return TorchTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
                               weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
-                              reference_model=t.kl_coef > 0)
+                              reference_model=t.kl_coef > 0, routing_replay=c.rollout.use_rollout_routing_replay)
 
 
 def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
