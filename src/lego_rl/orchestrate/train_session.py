@@ -130,7 +130,8 @@ def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
     return MegatronTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
                                  weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
                                  reference_model=t.kl_coef > 0, tensor_parallel=t.tensor_parallel,
-                                 pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel)
+                                 pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel,
+                                 routing_replay=c.rollout.use_rollout_routing_replay)
 
 
 def megatron_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:

@@ -24,12 +24,15 @@ have, and a trained token whose prefix has a position without a route (``RouteRe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lego_rl.errors import TrajectoryError
 from lego_rl.trajectory.sample import Sample
+
+if TYPE_CHECKING:  # batching imports this module (micro_batch_routes)
+    from lego_rl.train.batching import MicroBatch
 
 
 def _where(sample: Sample) -> str:
@@ -125,6 +128,35 @@ def micro_batch_routes(members: Sequence[Sample]) -> tuple[torch.Tensor, torch.T
     return torch.cat(experts), torch.cat(valid)  # [T, L, K], [T]
 
 
+def check_routes(mb: MicroBatch, *, layers: int, k: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mb``'s ``(routed_experts [T, L, K], routes_valid [T])`` when a model of ``layers`` MoE layers, top-``k``
+    over ``num_experts`` can replay them; else a ``ValueError`` naming what does not fit. Refused too: a trained
+    token whose prefix has a position without a route (its logprob would mix replayed and free routing)."""
+    if mb.routed_experts is None or mb.routes_valid is None:
+        raise ValueError(f"routing replay is on (rollout.use_rollout_routing_replay) but input samples "
+                         f"{mb.sample_indices} carry no routed experts")
+    experts, valid = mb.routed_experts, mb.routes_valid
+    if tuple(experts.shape[1:]) != (layers, k):
+        raise ValueError(f"the replayed routes are [{experts.shape[1]} layers, top-{experts.shape[2]}] but the "
+                         f"model has {layers} MoE layers with top-{k}: routes of another model")
+    top = int(experts[valid].max()) if bool(valid.any()) else -1
+    if top >= num_experts:
+        raise ValueError(f"a replayed route names expert {top} but the model has {num_experts} experts")
+    bounds = mb.cu_seqlens.tolist()
+    for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        trained = mb.loss_mask[a:b].nonzero()
+        if not trained.numel():
+            continue
+        last = int(trained[-1, 0])  # its logprob depends on the routes of positions [0, last)
+        gaps = (~valid[a:a + last]).nonzero()
+        if gaps.numel():
+            raise ValueError(
+                f"routing replay is on but input sample {mb.sample_indices[s]} has no route at position "
+                f"{int(gaps[0, 0])}, before its trained token at {last} (the rollout lost its routing; "
+                "it cannot be replayed, and training it unreplayed would defeat R3)")
+    return experts, valid
+
+
 class RouteReplay:
     """Forward hooks on every router (``*.mlp.gate``) of a Hugging Face MoE model that, while ``set``, replace
     its top-k choice with the replayed experts (rows marked valid) and recompute the routing weights.
@@ -150,27 +182,9 @@ class RouteReplay:
         for layer, router in enumerate(routers):
             router.register_forward_hook(self._hook(layer))
 
-    def check(self, experts: torch.Tensor, valid: torch.Tensor, cu_seqlens: torch.Tensor, loss_mask: torch.Tensor,
-              sample_indices: Sequence[int]) -> None:
-        """Refuse routes this model cannot replay, and a trained token whose prefix was not fully routed."""
-        if tuple(experts.shape[1:]) != (self.layers, self.k):
-            raise ValueError(f"the replayed routes are [{experts.shape[1]} layers, top-{experts.shape[2]}] but the "
-                             f"model has {self.layers} MoE layers with top-{self.k}: routes of another model")
-        top = int(experts[valid].max()) if bool(valid.any()) else -1
-        if top >= self.num_experts:
-            raise ValueError(f"a replayed route names expert {top} but the model has {self.num_experts} experts")
-        bounds = cu_seqlens.tolist()
-        for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-            trained = loss_mask[a:b].nonzero()
-            if not trained.numel():
-                continue
-            last = int(trained[-1, 0])  # its logprob depends on the routes of positions [0, last)
-            gaps = (~valid[a:a + last]).nonzero()
-            if gaps.numel():
-                raise ValueError(
-                    f"routing replay is on but input sample {sample_indices[s]} has no route at position "
-                    f"{int(gaps[0, 0])}, before its trained token at {last} (the rollout lost its routing; "
-                    "it cannot be replayed, and training it unreplayed would defeat R3)")
+    def check(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mb``'s routes (``[T, L, K]``, ``[T]``) once ``check_routes`` accepts them for this model."""
+        return check_routes(mb, layers=self.layers, k=self.k, num_experts=self.num_experts)
 
     def set(self, experts: torch.Tensor, valid: torch.Tensor) -> None:
         """Replay ``experts`` ``[T, L, K]`` at rows where ``valid`` ``[T]`` holds, until ``clear``. Kept through

@@ -314,12 +314,8 @@ class TorchBackend:
         if not replays:
             yield
             return
-        if mb.routed_experts is None or mb.routes_valid is None:
-            raise ValueError(f"routing replay is on (rollout.use_rollout_routing_replay) but input samples "
-                             f"{mb.sample_indices} carry no routed experts")
-        replays[0].check(mb.routed_experts, mb.routes_valid, mb.cu_seqlens, mb.loss_mask, mb.sample_indices)
-        experts = mb.routed_experts.to(self.device)  # [T, L, K]
-        valid = mb.routes_valid.to(self.device)  # [T]
+        experts, valid = replays[0].check(mb)  # [T, L, K], [T]
+        experts, valid = experts.to(self.device), valid.to(self.device)
         for r in replays:
             r.set(experts, valid)
         try:
