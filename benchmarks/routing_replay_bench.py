@@ -43,12 +43,14 @@ def _record(turn: int, prompt: list[int], r: GenerateResult, mode: str, bridge: 
                       prompt_routed_experts=r.prompt_routed_experts)
 
 
-async def rollouts(model: Path, n: int, tokens: int, dtype: str, seed: int = 0) -> list[Sample]:
+async def rollouts(model: Path, n: int, tokens: int, dtype: str, device: str = "cpu", seed: int = 0
+                   ) -> list[Sample]:
     """``n`` two-turn rollouts from the engine with routing captured, one Sample each."""
     rng = random.Random(seed)
     sp = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=1)
     out: list[Sample] = []
-    async with EmbeddedServer(model, dtype=dtype, return_routed_experts=True, max_batch=8) as server, \
+    async with EmbeddedServer(model, dtype=dtype, device=device, return_routed_experts=True,
+                                    max_batch=8) as server, \
             ServingClient([server.url]) as client:
         async def one(i: int) -> Sample:
             p0 = [rng.randrange(3, 500) for _ in range(24)]
@@ -108,7 +110,8 @@ def route_overlap(samples: list[Sample], backend: TorchBackend) -> dict[str, flo
             experts, valid = got  # [n, L, K], [n]
             rec.clear()
             ids = torch.tensor([s.tokens], device=backend.device)  # [1, n]
-            backend.model(input_ids=ids, use_cache=False)
+            with backend._autocast():  # the trainer's own precision
+                backend.model(input_ids=ids, use_cache=False)
             free = rec.take()  # [n, L, K]
             a = experts[valid].sort(-1).values  # [v, L, K]
             b = free[valid].long().sort(-1).values  # [v, L, K]
@@ -122,12 +125,13 @@ def main() -> int:
     ap.add_argument("--rollouts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=48, help="output tokens per turn")
     ap.add_argument("--engine-dtype", default="bfloat16")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--engine-device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="the trainer's (cuda: bf16 autocast)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     model = ensure_tiny_model(moe=True)
     t0 = time.perf_counter()
-    samples = asyncio.run(rollouts(model, args.rollouts, args.tokens, args.engine_dtype))
+    samples = asyncio.run(rollouts(model, args.rollouts, args.tokens, args.engine_dtype, args.engine_device))
     t_roll = time.perf_counter() - t0
     res: dict[str, Any] = {"rollouts": len(samples), "trained_tokens": sum(s.num_trained_tokens for s in samples),
                            "engine_dtype": args.engine_dtype, "trainer_device": args.device,

@@ -138,3 +138,41 @@ def test_replay_refusals(moe_model: Path, vocab: int, replaying: tuple[MegatronB
         mega.compute_logprobs([bare], temperature=1.0)
     with pytest.raises(ConfigError, match="needs a mixture-of-experts model"):
         megatron(ensure_tiny_model(), routing_replay=True)
+
+
+def test_router_backward_works_under_autocast(replaying: tuple[MegatronBackend, TorchBackend]) -> None:
+    """megatron-core's router linear fails in backward under autocast (its forward comes out bf16, its backward
+    multiplies by the fp32 weight: the H200 MoE step died on it); the backend runs it with autocast off in fp32.
+    CPU autocast shows the same failure, so it is checked here, router by router, against megatron's own."""
+    from lego_rl.train.megatron_model import cpu_device_shim
+
+    router = replaying[0].model.decoder.layers[0].mlp.router
+    x = torch.randn(5, 1, router.weight.shape[1], requires_grad=True)  # [T, B, H]
+    with cpu_device_shim(torch.device("cpu")):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours = router.gating(x)  # [T*B, E]
+        ours.float().sum().backward()
+        assert ours.dtype == torch.float32 and router.weight.grad is not None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            theirs = type(router).gating(router, x)
+        with pytest.raises(RuntimeError, match="same dtype"):
+            theirs.float().sum().backward()
+    router.weight.grad = None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="megatron's recompute keeps CUDA RNG state: run on the H200")
+def test_replay_holds_through_megatron_recompute(moe_model: Path, vocab: int) -> None:
+    """Full recomputation re-runs every router in backward; with the replayed routes kept set it must give the
+    step a plain backward gives (random routes: a free re-route would change the gradients completely)."""
+    step = routed(fixed_step(vocab, seed=3), seed=3)
+    results = []
+    for recompute in (False, True):
+        b = megatron(moe_model, device="cuda", bf16=False, routing_replay=True, gradient_checkpointing=recompute)
+        old = b.compute_logprobs(step.micro_batches, temperature=1.0)
+        r = b.train_step(step, make_loss(LossConfig()), old_logprobs=old, temperature=1.0)
+        results.append((r.metrics, {n: t.detach().cpu().clone() for n, t in b.export_weights()}))
+    (plain, w_plain), (recomputed, w_rec) = results
+    assert recomputed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+    assert recomputed["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
+    assert max(float((w_plain[n] - w_rec[n]).abs().max()) for n in w_plain) < 1e-5

@@ -183,8 +183,28 @@ def _moe_config(shape: Qwen3Shape, routing_replay: bool) -> dict[str, Any]:
         # Qwen3-MoE's router: softmax over all experts, then top-k; renormalised or not per norm_topk_prob.
         # Megatron's top-k-then-softmax is exactly the renormalised form; pre-softmax is the plain one.
         moe_router_pre_softmax=not shape.norm_topk_prob, moe_router_score_function="softmax",
-        moe_enable_routing_replay=routing_replay,
+        moe_enable_routing_replay=routing_replay, moe_router_dtype="fp32",
     )
+
+
+def _route_outside_autocast(model: GPTModel) -> None:
+    """Run every MoE router's gating linear with autocast off, in fp32 (``moe_router_dtype``).
+
+    megatron-core's ``RouterGatingLinearFunction`` is a custom autograd function written for bf16 *parameters*,
+    not autocast: under autocast its forward ``mm`` comes out bf16 while its backward multiplies that bf16
+    gradient by the fp32 weight, and backward fails (measured on the H200 with 0.19.2, and on CPU autocast with
+    0.16). fp32 router logits are also what keeps near-tie expert choices stable."""
+    for layer in model.decoder.layers:
+        router = getattr(layer.mlp, "router", None)
+        if router is None:
+            continue
+        gating = router.gating
+
+        def fp32_gating(inp: torch.Tensor, _gating: Any = gating) -> torch.Tensor:
+            with torch.autocast(inp.device.type, enabled=False):
+                return _gating(inp.float())  # [T, E] fp32 logits
+
+        router.gating = fp32_gating
 
 
 def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.device,
@@ -212,6 +232,7 @@ def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.devi
                          pre_process=True, post_process=True, parallel_output=True,
                          share_embeddings_and_output_weights=shape.tied, position_embedding_type="rope",
                          rotary_percent=1.0, rotary_base=int(shape.rope_theta))
+    _route_outside_autocast(model)
     return model.to(device)
 
 
