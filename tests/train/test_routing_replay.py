@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from lego_rl.errors import ConfigError, TrajectoryError
+from lego_rl.orchestrate.environments import Completion
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.protocol import GenerateResult, SamplingParams
 from lego_rl.serving.routing import RouterRecorder
@@ -109,6 +110,38 @@ def test_replay_brings_trainer_logprobs_closer_to_the_rollout(moe_model: Path, r
     replayer.compute_logprobs(step.micro_batches, temperature=1.0)
     got = seen.take().long()  # [n, L, K]
     assert torch.equal(got[valid], experts[valid])
+
+
+def test_environment_sampler_carries_routes_into_its_samples(moe_model: Path) -> None:
+    """The ``lego train`` environment path: ``Sampler`` asks for routes, ``completion_sample`` keeps the output
+    routes per token and the prompt's as a snapshot, and the replaying trainer accepts and uses them."""
+    from lego_rl.chat.render import ChatRenderer
+    from lego_rl.orchestrate.environments import Sampler, completion_sample
+    from lego_rl.termination import TerminationReason
+
+    prompt = [5, 17, 240, 33, 9, 71]
+
+    async def sample_once() -> Completion:
+        async with EmbeddedServer(moe_model, return_routed_experts=True) as server, \
+                ServingClient([server.url]) as client:
+            sampler = Sampler(client, ChatRenderer.from_pretrained(moe_model), temperature=1.0, top_p=1.0,
+                              top_k=-1, max_tokens=12, capture_routing=True)
+            return await sampler.complete(prompt)
+
+    c = asyncio.run(sample_once())
+    assert c.routed_experts is not None and len(c.routed_experts) == len(c.output_ids)
+    s = completion_sample(c, rollout_id="r0", group_index=2, index=0, reward=1.0,
+                          termination=TerminationReason.COMPLETED)
+    assert [(p.turn, p.prompt_len, p.group_index) for p in s.prompt_routing] == [(0, len(prompt), 2)]
+    got = sample_routes(s)
+    assert got is not None
+    assert got[1].tolist() == [True] * (len(s.tokens) - 1) + [False]  # all but the never-forwarded last id
+    replayer = TorchBackend(moe_model, TorchTrainSettings(lr=1e-5, device="cpu", routing_replay=True))
+    (step,) = plan_steps([s], [1.0], max_tokens_per_micro_batch=256)
+    (lp,) = replayer.compute_logprobs(step.micro_batches, temperature=1.0)
+    m = step.micro_batches[0].loss_mask > 0  # [T]
+    # fp32 engine and trainer on the engine's own routes: the same numbers up to summation order.
+    assert float((lp[m] - step.micro_batches[0].rollout_logprobs[m]).abs().max()) < 1e-3
 
 
 def weighted_logprob_loss(inp: LossInputs) -> LossOutput:

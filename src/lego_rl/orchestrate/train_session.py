@@ -338,7 +338,8 @@ class TrainSession:
                     sampler = Sampler(engines.client, engines.renderer, temperature=c.rollout.temperature,
                                       top_p=c.rollout.top_p, top_k=c.rollout.top_k,
                                       max_tokens=c.model.max_response_tokens,
-                                      capture_nucleus=c.rollout.capture_nucleus)
+                                      capture_nucleus=c.rollout.capture_nucleus,
+                                      capture_routing=c.rollout.use_rollout_routing_replay)
                     rollout_fn = env_rollout_fn(self.env, sampler, self.run_dir)
                 else:
                     st = await stack.enter_async_context(serving_stack(c))
