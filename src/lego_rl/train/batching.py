@@ -42,7 +42,7 @@ class MicroBatch:
     ``nucleus_probs`` ``[T, K]`` float32 and ``nucleus_valid`` ``[T, K]`` bool hold it per token (``K`` the
     largest nucleus in the micro-batch; shorter ones padded, context tokens all padding); else None.
 
-    When the samples carry MoE routing (R3), ``routed_experts`` ``[T, L, K]`` int64 holds each position's
+    When the samples carry MoE routing (R3), ``routed_experts`` ``[T, L, K]`` int16 holds each position's
     experts per MoE layer and ``routes_valid`` ``[T]`` bool where one was recorded
     (``train.routing_replay.sample_routes`` says which route a position gets); else None.
     """

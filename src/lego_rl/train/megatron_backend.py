@@ -271,7 +271,7 @@ class MegatronBackend:
         fallback = torch.arange(k).expand(experts.shape[0], k)  # [T, K]
         replays = [layer.mlp.router.router_replay for layer in model.decoder.layers]
         for layer, replay in enumerate(replays):
-            chosen = torch.where(valid[:, None], experts[:, layer], fallback)  # [T, K]
+            chosen = torch.where(valid[:, None], experts[:, layer].long(), fallback)  # [T, K]
             replay.set_target_indices(chosen.to(self.device))
             replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
         try:

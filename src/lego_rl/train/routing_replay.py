@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from lego_rl.errors import TrajectoryError
@@ -46,8 +47,13 @@ def _shape_of(routes: Sequence[Sequence[Sequence[int]]]) -> tuple[int, int] | No
     return None
 
 
+ROUTE_DTYPE = torch.int16
+"""Expert ids are stored as int16 (MoE models have at most a few hundred experts): a 64k-token sample of a
+48-layer top-8 model is 48 MiB of routes instead of 192 MiB in int64; the replay widens one layer at a time."""
+
+
 def sample_routes(sample: Sample) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``([n, L, K] int64 experts, [n] bool valid)`` for ``sample.tokens``, or None when the sample carries
+    """``([n, L, K] int16 experts, [n] bool valid)`` for ``sample.tokens``, or None when the sample carries
     no routing at all. Positions no route covers are invalid (their experts row is 0 and is not replayed)."""
     out_routes = sample.routed_experts
     snaps = sorted(sample.prompt_routing, key=lambda s: s.turn)
@@ -64,7 +70,7 @@ def sample_routes(sample: Sample) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
     layers, k = shape
     n = len(sample.tokens)
-    experts = torch.zeros(n, layers, k, dtype=torch.long)  # [n, L, K]
+    experts = torch.zeros(n, layers, k, dtype=ROUTE_DTYPE)  # [n, L, K]
     valid = torch.zeros(n, dtype=torch.bool)  # [n]
     covered = 0
     for snap in snaps:  # earliest turn first: each only fills what no earlier snapshot covered
@@ -97,7 +103,9 @@ def _as_tensor(routes: Sequence[Sequence[Sequence[int]]], layers: int, k: int, s
                what: str) -> torch.Tensor:
     """``[p, L, K]`` from nested lists; a ragged or differently shaped route is refused with its position."""
     try:
-        t = torch.tensor(routes, dtype=torch.long)  # [p, L, K]
+        t = torch.from_numpy(np.array(routes, dtype=np.int16))  # [p, L, K] (numpy: ~2x faster from lists)
+    except OverflowError as exc:
+        raise TrajectoryError(f"{_where(sample)}: {what}: an expert id is out of range ({exc})") from None
     except (ValueError, TypeError) as exc:
         raise TrajectoryError(f"{_where(sample)}: {what}: routes are ragged or not integers ({exc})") from None
     if t.dim() != 3 or tuple(t.shape[1:]) != (layers, k):
@@ -120,7 +128,7 @@ def micro_batch_routes(members: Sequence[Sample]) -> tuple[torch.Tensor, torch.T
     experts, valid = [], []
     for s, p in zip(members, parts, strict=True):
         if p is None:
-            experts.append(torch.zeros(len(s.tokens), layers, k, dtype=torch.long))  # [n, L, K]
+            experts.append(torch.zeros(len(s.tokens), layers, k, dtype=ROUTE_DTYPE))  # [n, L, K]
             valid.append(torch.zeros(len(s.tokens), dtype=torch.bool))  # [n]
         else:
             experts.append(p[0])
@@ -202,7 +210,7 @@ class RouteReplay:
             if logits.shape[0] != self._experts.shape[0]:
                 raise RuntimeError(f"router of layer {layer} saw {logits.shape[0]} tokens, the replayed routes "
                                    f"cover {self._experts.shape[0]}")
-            chosen = torch.where(self._valid[:, None], self._experts[:, layer], own)  # [N, K]
+            chosen = torch.where(self._valid[:, None], self._experts[:, layer].long(), own)  # [N, K]
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [N, E]
             weights = probs.gather(1, chosen)  # [N, K] the trainer's own weights for the replayed experts
             if module.norm_topk_prob:
