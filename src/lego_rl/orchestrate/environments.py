@@ -38,7 +38,7 @@ from lego_rl.errors import ConfigError
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.protocol import FinishReason, SamplingParams
 from lego_rl.termination import TerminationReason
-from lego_rl.trajectory.sample import Sample
+from lego_rl.trajectory.sample import PromptRoutingSnapshot, Sample
 
 ENTRY_POINT_GROUP = "lego_rl.environments"
 
@@ -60,6 +60,10 @@ class Completion:
     """Per output token, the ids of the nucleus it was sampled from (``rollout.capture_nucleus``)."""
     nucleus_probs: list[list[float]] | None = None
     """The sampler's probabilities of those ids."""
+    routed_experts: list[list[list[int]]] | None = None
+    """Per output token, its experts ``[layer][k]`` (``rollout.use_rollout_routing_replay``; the last is empty)."""
+    prompt_routed_experts: list[list[list[int]]] | None = None
+    """Per prompt token, its experts at this call's prefill (the R3 prompt snapshot)."""
 
 
 @dataclass
@@ -88,7 +92,8 @@ class Sampler:
     """
 
     def __init__(self, client: ServingClient, renderer: ChatRenderer, *, temperature: float, top_p: float,
-                 top_k: int, max_tokens: int, capture_nucleus: bool = False, seed: int | None = None) -> None:
+                 top_k: int, max_tokens: int, capture_nucleus: bool = False, seed: int | None = None,
+                 capture_routing: bool = False) -> None:
         self.client = client
         self.renderer = renderer
         self.temperature = temperature
@@ -97,6 +102,8 @@ class Sampler:
         self.max_tokens = max_tokens
         self.capture_nucleus = capture_nucleus
         """Ask the engine for each token's nucleus (score centering replays it in the trainer)."""
+        self.capture_routing = capture_routing
+        """Ask the engine for each token's routed experts (R3: the trainer replays them)."""
         self.seed = seed
         self._rollout_id: str | None = None
         self._requests = 0
@@ -129,7 +136,8 @@ class Sampler:
             top_k=self.top_k, stop_token_ids=sorted(self.renderer.eos_ids), seed=self._next_seed(),
         )
         res = await self.client.generate(prompt_ids, params, session_id=session_id,
-                                         return_nucleus=self.capture_nucleus)
+                                         return_nucleus=self.capture_nucleus,
+                                         return_routed_experts=self.capture_routing)
         versions = [res.version_of(i) for i in range(len(res.output_ids))]
         return Completion(
             prompt_ids=list(prompt_ids), output_ids=list(res.output_ids), logprobs=list(res.logprobs),
@@ -137,6 +145,7 @@ class Sampler:
             text=self.renderer.decode(self.renderer.strip_end_of_message(res.output_ids)),
             nucleus_ids=None if res.nucleus is None else [e.ids for e in res.nucleus],
             nucleus_probs=None if res.nucleus is None else [e.probs for e in res.nucleus],
+            routed_experts=res.routed_experts, prompt_routed_experts=res.prompt_routed_experts,
         )
 
 
@@ -172,6 +181,10 @@ def completion_sample(c: Completion, *, rollout_id: str, group_index: int, index
         text=c.text,
         nucleus_ids=None if c.nucleus_ids is None else [[] for _ in c.prompt_ids] + c.nucleus_ids,
         nucleus_probs=None if c.nucleus_probs is None else [[] for _ in c.prompt_ids] + c.nucleus_probs,
+        routed_experts=None if c.routed_experts is None else [[] for _ in c.prompt_ids] + c.routed_experts,
+        prompt_routing=[] if c.prompt_routed_experts is None else [PromptRoutingSnapshot(
+            rollout_id=rollout_id, group_index=group_index, turn=segment, prompt_len=n_prompt,
+            routes=c.prompt_routed_experts)],
     )
 
 

@@ -92,7 +92,9 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
             dtype, compute = engine_precision(device, cfg.model.dtype, cfg.serving.precision)
             engine = EmbeddedServer(directory, host=cfg.serving.host, port=cfg.serving.port, device=device,
                                     dtype=dtype, compute_dtype=compute, max_batch=cfg.serving.max_batch_size,
-                                    max_model_len=cfg.model.max_context_tokens)
+                                    max_model_len=cfg.model.max_context_tokens,
+                                    # R3: the embedded engine returns routes only when started to record them.
+                                    return_routed_experts=cfg.rollout.use_rollout_routing_replay)
             await stack.enter_async_context(engine)
             urls = [engine.url]
             embedded = engine.engine

@@ -68,7 +68,7 @@ def torch_settings(c: LegoConfig) -> TorchTrainSettings:
     t = c.train
     return TorchTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
                               weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
-                              reference_model=t.kl_coef > 0)
+                              reference_model=t.kl_coef > 0, routing_replay=c.rollout.use_rollout_routing_replay)
 
 
 def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
@@ -135,7 +135,8 @@ def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
     return MegatronTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
                                  weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
                                  reference_model=t.kl_coef > 0, tensor_parallel=t.tensor_parallel,
-                                 pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel)
+                                 pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel,
+                                 routing_replay=c.rollout.use_rollout_routing_replay)
 
 
 def megatron_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
@@ -365,7 +366,8 @@ class TrainSession:
                     sampler = Sampler(engines.client, engines.renderer, temperature=c.rollout.temperature,
                                       top_p=c.rollout.top_p, top_k=c.rollout.top_k,
                                       max_tokens=c.model.max_response_tokens,
-                                      capture_nucleus=c.rollout.capture_nucleus, seed=c.train.seed)
+                                      capture_nucleus=c.rollout.capture_nucleus, seed=c.train.seed,
+                                      capture_routing=c.rollout.use_rollout_routing_replay)
                     rollout_fn = env_rollout_fn(self.env, sampler, self.run_dir)
                 else:
                     st = await stack.enter_async_context(serving_stack(c))
