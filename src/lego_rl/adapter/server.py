@@ -28,7 +28,7 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +175,7 @@ class AdapterServer:
     def known_session(self, request: web.Request) -> tuple[Session | None, ProtocolError | None]:
         """The open session the request names, or (None, the 401) when ``auto_open`` may open it once
         the request is known to be valid; other refusals are raised."""
-        token = request.match_info.get("session") or _header_token(request)
+        token = request.match_info.get("session") or header_token(request.headers)
         try:
             return self.sessions.get(token), None
         except ProtocolError as exc:
@@ -184,7 +184,7 @@ class AdapterServer:
             return None, exc
 
     def open_unknown(self, request: web.Request, refusal: ProtocolError | None) -> Session:
-        token = request.match_info.get("session") or _header_token(request)
+        token = request.match_info.get("session") or header_token(request.headers)
         assert self.auto_open is not None and token and refusal is not None
         try:
             session = self.auto_open(token)
@@ -260,11 +260,12 @@ class AdapterServer:
         return resp
 
 
-def _header_token(request: web.Request) -> str | None:
-    auth = request.headers.get("Authorization", "")
+def header_token(headers: Mapping[str, str]) -> str | None:
+    """The session a request's headers name: the bearer token, else ``x-api-key``."""
+    auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    return headers.get("x-api-key") or None
 
 
 

@@ -237,7 +237,8 @@ class RecordJournal:
             return
         status = {"session": session.id, "state": session.state, "infra_failure": session.infra_failure,
                   "termination": session.termination, "records": len(session.records), "requests": session.requests,
-                  "opened_at": session.opened_at, "updated_at": time.time()}
+                  "opened_at": session.opened_at, "updated_at": time.time(),
+                  "pid": os.getpid()}  # which process holds the session (``lego adapter --workers``)
         replace_file(self.status_path(session.id), json.dumps(status) + "\n")
         self._status[session.id] = state
 
