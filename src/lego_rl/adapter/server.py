@@ -8,9 +8,9 @@ Sessions: the ``/s/{session}/`` path prefix names the session when present (head
 so a harness may keep a dummy API key); otherwise the bearer token or ``x-api-key`` does. A request
 never touches any session but the one it names.
 
-Records (``records_dir``, the standalone adapter): each session's turn records are appended and fsynced
-as each turn ends, before its answer is sent (``RecordJournal``), with a status file holding the
-failure reason; with ``auto_open``, a request for a new key is validated before its session is opened.
+Records (``records_dir``, the standalone adapter; or a session's own ``records_dir``, a rollout's folder):
+each session's turn records are appended and fsynced as each turn ends, before its answer is sent
+(``RecordJournal``), with a status file holding the failure reason; with ``auto_open``, a request for a new key is validated before its session is opened.
 Logs: one JSON line (logger ``lego_rl.adapter.server``) per 4xx/5xx answer, engine error, session
 open/close and record save.
 
@@ -40,7 +40,7 @@ from lego_rl.adapter.chat_completions import ChatCompletionsDialect
 from lego_rl.adapter.core import AdapterCore
 from lego_rl.adapter.dialect import Dialect, Route, WireError
 from lego_rl.adapter.responses import ResponsesDialect
-from lego_rl.adapter.sessions import RecordJournal, Session, SessionRegistry
+from lego_rl.adapter.sessions import RecordJournal, Session, SessionRegistry, turn_records_path
 from lego_rl.errors import ProtocolError, ProviderError
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,8 @@ class AdapterServer:
         self.keepalive_s = keepalive_s
         self.auto_open = auto_open
         self.records_dir = records_dir
-        self.journal = RecordJournal(records_dir) if records_dir is not None else None
+        # Always there: a session opened with its own records_dir (a rollout's folder) is journaled too.
+        self.journal = RecordJournal(records_dir)
         self.body_limit_setting = body_limit_setting
 
     def app(self) -> web.Application:
@@ -125,13 +126,15 @@ class AdapterServer:
                       infra_failure=session.infra_failure, termination=session.termination)
 
     async def after_turn(self, session: Session) -> None:
-        """Make the session's new records and status durable (``records_dir`` only), on a worker thread."""
-        if self.journal is None:
+        """Make the session's new records and status durable, on a worker thread (a session with a records
+        folder: its own ``records_dir``, else the server's ``records_dir``)."""
+        folder = self.journal.folder(session)
+        if folder is None:
             return
         turns = await asyncio.to_thread(self.journal.sync, session)
         if turns:
             log_event("records_saved", session=session.id, turns=turns,
-                      path=str(self.journal.records_path(session.id)))
+                      path=str(turn_records_path(folder, session.id)))
 
     def _handler(self, dialect: Dialect, route: Route) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
