@@ -199,7 +199,7 @@ async def serve_engine(port: int) -> None:
     app.router.add_get("/health", _ok)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()  # 256 sessions connect at once
     await asyncio.Event().wait()
 
 

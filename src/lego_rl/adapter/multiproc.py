@@ -36,7 +36,7 @@ import aiohttp
 from aiohttp import web
 
 from lego_rl.adapter.server import SESSION_PREFIX, header_token, log_event
-from lego_rl.adapter.standalone import StandaloneOptions, check_options, owner
+from lego_rl.adapter.standalone import LISTEN_BACKLOG, StandaloneOptions, check_options, owner
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ async def serve_workers(opts: StandaloneOptions, workers: int, *, ready: asyncio
         await asyncio.gather(*(_wait_ready(sock, proc, i) for i, (sock, proc) in enumerate(zip(sockets, procs))))
         runner = web.AppRunner(StickyFront(sockets).app(), access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, opts.host, opts.port).start()
+        await web.TCPSite(runner, opts.host, opts.port, backlog=LISTEN_BACKLOG).start()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
 

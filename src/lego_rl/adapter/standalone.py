@@ -34,6 +34,9 @@ from lego_rl.errors import ConfigError
 from lego_rl.runstore.layout import is_safe_name
 
 DEFAULT_CONTEXT_LIMIT = 32768
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before the adapter accepts them. aiohttp's default (128) is below what
+hundreds of rollouts starting at once open: the excess SYNs are dropped and retried after 1, 3, 7 s."""
 DEFAULT_RECORDS_DIR = Path("lego-adapter-records")
 """Where ``--session`` sessions' records go when no ``--open-sessions`` folder is given."""
 
@@ -134,9 +137,9 @@ async def serve_standalone(opts: StandaloneOptions, *, ready: asyncio.Event | No
     await runner.setup()
     try:
         if opts.unix_socket is not None:
-            await web.UnixSite(runner, str(opts.unix_socket)).start()
+            await web.UnixSite(runner, str(opts.unix_socket), backlog=LISTEN_BACKLOG).start()
         else:
-            await web.TCPSite(runner, opts.host, opts.port).start()
+            await web.TCPSite(runner, opts.host, opts.port, backlog=LISTEN_BACKLOG).start()
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM) if handle_sigint else (signal.SIGTERM,):
