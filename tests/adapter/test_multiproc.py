@@ -155,3 +155,30 @@ async def test_a_dead_worker_stops_the_adapter_and_answered_turns_are_kept(tiny_
     assert adapter.proc.returncode == EXIT_INFRA, stderr.decode()[-3000:]
     assert '"event": "worker_died"' in stderr.decode()
     assert len(load_turn_records(tmp_path / "records" / "victim.turns.jsonl")) == 2
+
+
+async def test_workers_stop_when_the_front_is_killed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """kill -9 of the front cannot run its clean-up: the workers notice and stop on their own."""
+    engine = ScriptedPolicyEngine(tiny_model_dir, ["Fine."], score=False)
+    runner = web.AppRunner(engine.app(), access_log=None)
+    await runner.setup()
+    engine_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", engine_port).start()
+    adapter = await Adapter.start(tiny_model_dir, f"http://127.0.0.1:{engine_port}", tmp_path / "records")
+    try:
+        async with aiohttp.ClientSession() as http:
+            await two_turns(http, adapter.url, "left", by_path=False, stream=False)
+        worker = json.loads((tmp_path / "records" / "left.session.json").read_text())["pid"]
+        adapter.proc.kill()
+        await adapter.proc.wait()
+        for _ in range(600):
+            if not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            raise AssertionError(f"worker {worker} outlived its front by 60 s")
+    finally:
+        await runner.cleanup()
+    status = json.loads((tmp_path / "records" / "left.session.json").read_text())
+    assert status["state"] == "closed" and status["records"] == 2  # stopped cleanly, sessions saved

@@ -13,7 +13,9 @@ The front streams bodies both ways (a 10 MiB request is forwarded as it arrives,
 kept, so the worker answers 413 in the protocol's shape; SSE keepalives pass as they are written) and
 parses nothing. All workers write records into the same ``--open-sessions`` folder: files are per
 session, so they never share one. If a worker dies the front stops every worker and exits 1 (the
-records of answered turns are on disk already); nothing is restarted behind the operator's back.
+records of answered turns are on disk already); nothing is restarted behind the operator's back. If
+the front dies (even ``kill -9``), each worker notices within ``PARENT_POLL_S`` and stops, saving its
+sessions' status.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -44,6 +47,8 @@ HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", 
                          "proxy-connection", "proxy-authenticate", "proxy-authorization", "trailer"})
 """Hop-by-hop headers (RFC 9110 7.6.1): they describe one connection and are never forwarded."""
 BODY_CHUNK_BYTES = 1024 * 1024
+PARENT_POLL_S = 0.5
+"""How often a worker checks that its front still lives (its parent pid changes when the front dies)."""
 WORKER_START_S = 300.0
 """How long a worker may take to answer /health (it imports transformers and loads the tokenizer)."""
 
@@ -207,13 +212,34 @@ async def serve_workers(opts: StandaloneOptions, workers: int, *, ready: asyncio
     return 1 if died else 0
 
 
+async def _serve_worker(opts: StandaloneOptions) -> None:
+    """One worker: serve until the front sends SIGTERM, or until the front is gone (killed with -9, it
+    could not stop us: a worker left behind would hold its sessions and the records folder)."""
+    from lego_rl.adapter.standalone import serve_standalone
+
+    stop = asyncio.Event()
+    front = os.getppid()
+
+    async def watch_front() -> None:
+        while os.getppid() == front:
+            await asyncio.sleep(PARENT_POLL_S)
+        log_event("front_gone", level=logging.ERROR, worker=opts.worker_index, front_pid=front)
+        stop.set()
+
+    watcher = asyncio.ensure_future(watch_front())
+    try:
+        await serve_standalone(opts, stop=stop, handle_sigint=False)
+    finally:
+        watcher.cancel()
+
+
 def _worker_main(spec: str) -> None:
-    from lego_rl.adapter.standalone import log_to_stderr, serve_standalone
+    from lego_rl.adapter.standalone import log_to_stderr
 
     log_to_stderr()
     # SIGINT from a terminal reaches the whole process group: the front decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    asyncio.run(serve_standalone(options_from_json(spec), handle_sigint=False))
+    asyncio.run(_serve_worker(options_from_json(spec)))
 
 
 if __name__ == "__main__":
