@@ -158,7 +158,7 @@ class AdapterServer:
             if session is None:  # only a valid request opens a session (no empty record files)
                 session = self.open_unknown(request, unknown)
             if route.operation == "count_tokens":
-                count = await asyncio.to_thread(self.core.count_tokens, session, req)
+                count = await self.core.in_render_pool(self.core.count_tokens, session, req)
                 return web.json_response(dialect.count_tokens_body(count))
             self.core.refuse_if_failed(session)  # before a stream starts: the client gets the HTTP status
             if req.stream:
