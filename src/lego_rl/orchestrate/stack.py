@@ -19,6 +19,7 @@ from aiohttp import web
 from lego_rl.adapter.core import AdapterCore, SamplingDefaults
 from lego_rl.adapter.server import AdapterServer
 from lego_rl.adapter.sessions import SessionRegistry
+from lego_rl.adapter.standalone import LISTEN_BACKLOG
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError
@@ -127,7 +128,7 @@ async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
         runner = web.AppRunner(server.app(), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, cfg.adapter.bind_host, cfg.adapter.port)
+        site = web.TCPSite(runner, cfg.adapter.bind_host, cfg.adapter.port, backlog=LISTEN_BACKLOG)
         try:
             await site.start()
         except OSError as exc:
