@@ -17,6 +17,7 @@ from lego_rl.cli.console import EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, fail, out
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
 from lego_rl.config.checks import run_checks
 from lego_rl.errors import ConfigError, LegoError, TaskDataError
+from lego_rl.runstore import checkpoints_after, latest_checkpoint
 
 if TYPE_CHECKING:
     from lego_rl.orchestrate.loop import LoopProgress
@@ -112,18 +113,17 @@ def _refuse_checkpoints_past_latest(checkpoints: Path) -> None:
     """A resume from a ``latest`` that an operator pointed back (a roll back) would retrain the steps after it and
     then fail mid-run on saving over their checkpoints, which are never overwritten: refuse before anything
     starts, naming them, so that the operator moves them away (and keeps them) first."""
-    pointer = checkpoints / "latest"
-    if not pointer.is_file():
+    latest = latest_checkpoint(checkpoints)
+    if latest is None:
         return
-    latest = pointer.read_text().strip()
-    # step-NNNNNN names sort as their step numbers (zero-padded); anything else in the folder is not ours.
-    newer = sorted(p.name for p in checkpoints.glob("step-*") if p.is_dir() and p.name > latest)
+    newer = checkpoints_after(checkpoints, latest.step)
     if newer:
+        name = latest.path.name
         raise ConfigError(
-            f"{pointer} names {latest}, but {', '.join(newer)} (newer) exist in {checkpoints}: resuming would "
-            f"retrain those steps and cannot overwrite their checkpoints; to roll back to {latest}, move them out "
-            "of checkpoints/ first (or start a new run with model.checkpoint set to the one you want)",
-            parameter="train.resume", value=latest)
+            f"{checkpoints / 'latest'} names {name}, but {', '.join(newer)} (newer) exist in {checkpoints}: "
+            f"resuming would retrain those steps and cannot overwrite their checkpoints; to roll back to {name}, "
+            "move them out of checkpoints/ first (or start a new run with model.checkpoint set to the one you "
+            "want)", parameter="train.resume", value=name)
 
 
 def train(
