@@ -8,7 +8,6 @@ environment, the loop and the run store.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,47 +19,21 @@ import pytest
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
+from lego_rl.monitor.state import RunState
 from lego_rl.orchestrate import train_session
-from lego_rl.orchestrate.toy_env import make_rows
 from lego_rl.runstore import read_events
+from lego_rl.runstore.events import StepsAbandoned
 from lego_rl.runstore.log import follow_metrics
+from support.toy_run import scrub_config_env, write_toy_run
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
-TOML = """
-[serving]
-device = "cpu"
-port = 0
-
-[sandbox]
-provider = "bwrap"
-
-[rollout]
-prompt_data = "toy.jsonl"
-batch_size = 2
-samples_per_prompt = 4
-top_p = 1.0
-
-[train]
-environment = "first_letter"
-num_rollout = 2
-
-[paths]
-run_root = "runs/toy"
-"""
-
-
 @pytest.fixture
 def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    for name in list(os.environ):
-        if name.startswith(("LEGO_", "SWE_", "ADAPTER_")) or name in {"PROMPT_DATA", "RUN_ROOT", "RUN_LOG",
-                                                                      "HF_CHECKPOINT", "DATA_ROOT"}:
-            monkeypatch.delenv(name)
+    scrub_config_env(monkeypatch)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8, letters="a")))
-    (tmp_path / "lego.toml").write_text(TOML)
-    yield tmp_path
+    yield write_toy_run(tmp_path)
 
 
 runner = CliRunner()
@@ -178,6 +151,40 @@ def test_sigterm_stops_with_a_resumable_state_and_resume_continues(toy: Path) ->
     steps = [r.step for r in follow_metrics(metrics).read()]
     assert steps == [*done, done[-1] + 1]  # continues after the last completed step, no step twice
     assert (root / "config.resume-1.json").exists()
+
+
+@pytest.mark.slow
+def test_roll_back_then_resume_sets_the_abandoned_steps_aside(toy: Path) -> None:
+    """A roll back as docs/training.md tells it (newer checkpoints moved out, ``latest`` pointed back, --resume):
+    the steps after the checkpoint are retrained, and the rows the first run wrote for them are moved whole to
+    metrics.abandoned-1.jsonl, never mixed with the new ones; a steps_abandoned event marks their events, and
+    the monitor shows the resumed run's steps only."""
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--steps", "3", "--set", "train.checkpoint_every=1",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    root = toy / "runs" / "toy"
+    checkpoints = root / "checkpoints"
+    before = (root / "metrics.jsonl").read_bytes()
+    first = {r.step: r for r in follow_metrics(root / "metrics.jsonl").read()}
+    assert sorted(first) == [0, 1, 2]
+    (toy / "kept").mkdir()
+    for name in ("step-000001", "step-000002"):
+        (checkpoints / name).rename(toy / "kept" / name)
+    (checkpoints / "latest").write_text("step-000000\n")
+
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--steps", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = list(follow_metrics(root / "metrics.jsonl").read())
+    assert [r.step for r in rows] == [0, 1]
+    assert rows[0] == first[0] and rows[1].started_at > first[2].finished_at  # step 1 is the retrained one
+    assert (root / "metrics.abandoned-1.jsonl").read_bytes() == before  # every old row kept, byte for byte
+    marks = [e for e in read_events(root / "events.jsonl") if isinstance(e, StepsAbandoned)]
+    assert [(m.resumed_from, m.steps, m.metrics_set_aside) for m in marks] == [(0, [1, 2], "metrics.abandoned-1.jsonl")]
+    state = RunState(root)
+    state.refresh()
+    assert sorted(state.steps) == [0, 1] and state.steps[1].metrics == rows[1]
+    assert [c.step for c in state.checkpoints] == [0, 1]
+    assert any("steps 1, 2 recorded before were abandoned" in n.text for n in state.notes())
 
 
 def test_resume_behind_newer_checkpoints_is_refused_before_anything_starts(toy: Path) -> None:
