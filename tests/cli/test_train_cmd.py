@@ -121,6 +121,26 @@ def test_trains_the_toy_environment_and_writes_the_run_directory(toy: Path) -> N
 
 
 @pytest.mark.slow
+def test_progress_to_a_file_is_whole_lines_one_per_phase(toy: Path) -> None:
+    """stderr that is no terminal (a log file, as under nohup or make run): one newline-ended line per step and
+    phase, no cursor-control codes, the last one the run's end without an ETA; the summary on its own line."""
+    lego = str(Path(sys.executable).with_name("lego"))
+    log = toy / "train.log"
+    with log.open("w") as fh:
+        proc = subprocess.run([lego, "train", "-c", "lego.toml", "--steps", "2"], stdout=subprocess.PIPE,
+                              stderr=fh, text=True, cwd=toy, timeout=600)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert text.endswith("\n") and "\x1b" not in text and "\r" not in text
+    progress = [line for line in text.splitlines() if line.startswith("step ")]
+    phases = [line.split()[1:3] for line in progress]
+    assert phases[0] == ["1/2", "rollout"], progress  # phases shorter than the 0.5 s poll may not show up
+    assert len(phases) == len({tuple(p) for p in phases})  # each (step, phase) once: not a line per poll
+    assert phases[-1] == ["2/2", "completed"] and progress[-1].endswith("ETA -"), progress
+    assert proc.stdout.startswith("completed: 2/2 steps"), proc.stdout
+
+
+@pytest.mark.slow
 def test_sigterm_stops_with_a_resumable_state_and_resume_continues(toy: Path) -> None:
     lego = str(Path(sys.executable).with_name("lego"))
     proc = subprocess.Popen([lego, "train", "-c", "lego.toml", "--steps", "50", "--json"],
