@@ -141,6 +141,22 @@ def test_progress_to_a_file_is_whole_lines_one_per_phase(toy: Path) -> None:
 
 
 @pytest.mark.slow
+def test_torchrun_master_port_0_is_refused_instead_of_hanging(toy: Path) -> None:
+    """``torchrun --master-port 0`` tells every rank MASTER_PORT=0 while its store listens elsewhere: the ranks
+    waited for each other until the rendezvous timeout. Each rank now refuses before joining (exit 2)."""
+    lego = str(Path(sys.executable).with_name("lego"))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                           "--master-port=0", lego, "train", "-c", "lego.toml"], cwd=toy, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    text = " ".join(proc.stderr.split())
+    assert "MASTER_PORT='0' (torchrun --master-port)" in text and "torchrun --master-port 29500" in text, text[-3000:]
+    assert time.monotonic() - started < 240  # refused, not timed out
+    assert not (toy / "runs" / "toy").exists()  # nothing was started
+
+
+@pytest.mark.slow
 def test_sigterm_stops_with_a_resumable_state_and_resume_continues(toy: Path) -> None:
     lego = str(Path(sys.executable).with_name("lego"))
     proc = subprocess.Popen([lego, "train", "-c", "lego.toml", "--steps", "50", "--json"],

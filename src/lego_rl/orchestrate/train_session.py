@@ -105,7 +105,10 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from lego_rl.train.distributed import check_rendezvous
+
     if not dist.is_initialized():
+        check_rendezvous()
         gpu = torch.cuda.is_available() and c.serving.device != "cpu"
         if gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
