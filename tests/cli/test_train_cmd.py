@@ -61,6 +61,21 @@ def test_loop_settings_are_refused_before_anything_starts(toy: Path) -> None:
     assert not (toy / "runs" / "toy").exists()
 
 
+def test_environment_training_needs_no_harness_plugin(toy: Path) -> None:
+    """An environment runs no CLI: a default harness whose plugin is not installed is no reason to refuse it
+    (it was: harness_missing, exit 2), while coding-agent training on the same config is still refused."""
+    nosuch = "agent.default_harness=\"nosuch\""
+    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", nosuch])
+    assert res.exit_code == 0 and json.loads(res.stdout)["findings"] == [], res.output
+    tasks = REPO / "examples" / "tasks"
+    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", nosuch, "--set", "train.environment=\"\"",
+                              "--set", f"rollout.prompt_data=\"{tasks / 'tasks.jsonl'}\"",
+                              "--set", f"sandbox.images=\"{tasks / 'images.json'}\""])
+    found = json.loads(res.stdout)["findings"]
+    assert res.exit_code != 0 and [f["code"] for f in found] == ["harness_missing"], found
+    assert "harness 'nosuch' (the default harness) is not installed" in found[0]["message"]
+
+
 def test_missing_data_is_refused(toy: Path) -> None:
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--data", "nowhere.jsonl"])
     assert res.exit_code == 2 and "nowhere.jsonl, which does not exist" in said(res)
