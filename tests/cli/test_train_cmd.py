@@ -68,8 +68,8 @@ def test_environment_training_needs_no_harness_plugin(toy: Path) -> None:
     res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", nosuch])
     assert res.exit_code == 0 and json.loads(res.stdout)["findings"] == [], res.output
     tasks = REPO / "examples" / "tasks"
-    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", nosuch, "--set", "train.environment=\"\"",
-                              "--set", f"rollout.prompt_data=\"{tasks / 'tasks.jsonl'}\"",
+    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", nosuch,
+                              "--set", "train.environment=\"\"", "--set", f"rollout.prompt_data=\"{tasks / 'tasks.jsonl'}\"",
                               "--set", f"sandbox.images=\"{tasks / 'images.json'}\""])
     found = json.loads(res.stdout)["findings"]
     assert res.exit_code != 0 and [f["code"] for f in found] == ["harness_missing"], found
