@@ -435,14 +435,15 @@ def image_findings(r: ResolvedConfig, scan: DatasetScan) -> Iterator[Finding]:
 
 def harness_findings(r: ResolvedConfig, inventory: HarnessInventory, scan: DatasetScan) -> Iterator[Finding]:
     """The default harness, every row's ``metadata.agent`` and every ``[harness.<name>]`` table must name an
-    installed harness, and each table must be accepted by its plugin."""
+    installed harness, and each table must be accepted by its plugin. Training on an environment
+    (``train.environment``) runs no CLI: the default harness is not needed then."""
     if inventory.load_error is not None:
         yield error("harness_plugins", f"harness plugins cannot be loaded: {inventory.load_error}",
                     "fix or uninstall the named package (`pip uninstall ...`)", "agent.default_harness")
         return
     installed = sorted(inventory.installed)
     known = ", ".join(installed) or "none"
-    wanted = {r.config.agent.default_harness: "agent.default_harness"}
+    wanted = {} if r.config.train.environment else {r.config.agent.default_harness: "agent.default_harness"}
     wanted |= {n: "rollout.prompt_data" for n in scan.agents}
     for name, key in sorted(wanted.items()):
         if name not in inventory.installed:

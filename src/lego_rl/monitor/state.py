@@ -38,6 +38,7 @@ from lego_rl.runstore.events import (
     SessionCloseFailed,
     StageFinished,
     StepFinished,
+    StepsAbandoned,
     StepStarted,
     TrainingFinished,
 )
@@ -210,6 +211,8 @@ class RunState:
         self.finished: TrainingFinished | None = None
         self.started_at: float | None = None
         self.resumes = 0
+        self.abandoned: list[StepsAbandoned] = []
+        """Resumes that abandoned recorded steps (a roll back): their metrics rows were moved aside."""
         self.serving: list[str] = []
         self.last_error: tuple[float, str] | None = None
         self.last_event_ts: float | None = None
@@ -334,6 +337,16 @@ class RunState:
             self.evals.append(e)
         elif isinstance(e, CheckpointSaved):
             self.checkpoints.append(e)
+        elif isinstance(e, StepsAbandoned):
+            # A resume from an older checkpoint: those steps are not the run's any more (their rollouts stay
+            # known, counted in no step; the resumed run records the steps again).
+            for step in e.steps:
+                self.steps.pop(step, None)
+            for r in self.rollouts.values():
+                if r.counted_in in e.steps:
+                    r.counted_in = None
+            self.checkpoints = [c for c in self.checkpoints if c.step not in e.steps]
+            self.abandoned.append(e)
         elif isinstance(e, TrainingFinished):
             self.finished = e
             self.open_step = None
@@ -462,6 +475,9 @@ class RunState:
                     )
                 )
             out.extend(Note("error", f"skipped: {bad}") for bad in log.bad_lines)
+        out.extend(Note("info", f"resumed from step {a.resumed_from}'s checkpoint: steps "
+                                f"{', '.join(map(str, a.steps))} recorded before were abandoned (not shown; "
+                                f"their metrics rows are in {a.metrics_set_aside})") for a in self.abandoned)
         out.append(self.status_note(now))
         return out
 

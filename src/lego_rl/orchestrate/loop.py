@@ -57,7 +57,7 @@ from lego_rl.orchestrate.scheduler import (
 from lego_rl.orchestrate.task_signal import TaskSignal
 from lego_rl.orchestrate.weight_sync import WeightSync
 from lego_rl.rollout.generate import RolloutResult
-from lego_rl.runstore import RunDir, StepMetrics, replace_file
+from lego_rl.runstore import RunDir, StepMetrics, checkpoint_dir, latest_checkpoint, publish_latest
 from lego_rl.runstore.events import (
     CheckpointSaved,
     EvalFinished,
@@ -275,27 +275,24 @@ class TrainLoop:
 
     # -- checkpoints --------------------------------------------------------------------------------
 
-    def _checkpoint_dir(self, step: int) -> Path:
-        return self.run_dir.layout.checkpoints / f"step-{step:06d}"
-
     def save_checkpoint(self, step: int) -> Path:
         """Checkpoint after ``step`` (the last completed one) with the cursor as that step left it."""
-        path = self._checkpoint_dir(step)
+        path = checkpoint_dir(self.run_dir.layout.checkpoints, step)
         state = {"step": step, "cursor": self._committed.model_dump(), "pending": self._committed_pending,
                  "seed": self.s.seed, "task_signal": self.signal.state()}
         self.backend.save_checkpoint(path, extra_state=state)
         # Written after the backend returned: ``latest`` never names a checkpoint still being written.
-        replace_file(self.run_dir.layout.checkpoints / "latest", path.name + "\n")
+        publish_latest(self.run_dir.layout.checkpoints, step)
         self.run_dir.events.emit(CheckpointSaved(step=step, path=str(path)))
         self._last_checkpoint_step = step
         return path
 
     def resume(self) -> int | None:
         """Load the newest checkpoint of the run directory; the step it holds (None: nothing saved)."""
-        pointer = self.run_dir.layout.checkpoints / "latest"
-        if not pointer.exists():
+        latest = latest_checkpoint(self.run_dir.layout.checkpoints)
+        if latest is None:
             return None
-        path = self.run_dir.layout.checkpoints / pointer.read_text().strip()
+        path = latest.path
         state = self.backend.load_checkpoint(path)
         try:
             step = int(state["step"])
@@ -321,6 +318,7 @@ class TrainLoop:
         self._redo = [by_id[x] for x in pending]
         self._resumed = True
         self._last_checkpoint_step = step
+        self.run_dir.abandon_after(step)  # rows of steps after the checkpoint are not this run's any more
         self.next_step = step + 1
         self.progress.step = self.next_step
         return step

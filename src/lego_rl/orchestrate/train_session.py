@@ -37,7 +37,7 @@ from lego_rl.orchestrate.rollout_check import settings_from_config
 from lego_rl.orchestrate.stack import Engines, model_dir, serving_engines, serving_stack
 from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
-from lego_rl.runstore import RunDir, RunLayout
+from lego_rl.runstore import RunDir, RunLayout, latest_checkpoint
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady, TrainingFinished
 from lego_rl.serving.errors import EngineFailed, EngineUnavailable, InvalidReply
 from lego_rl.termination import TerminationReason, is_infrastructure_failure
@@ -110,7 +110,10 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from lego_rl.train.distributed import check_rendezvous
+
     if not dist.is_initialized():
+        check_rendezvous()
         gpu = torch.cuda.is_available() and c.serving.device != "cpu"
         if gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -341,12 +344,13 @@ class TrainSession:
             self.loop.request_stop()
 
     def _steps_on_disk(self) -> int:
-        """Steps the run directory's newest checkpoint holds (``checkpoints/latest`` → ``step-NNNNNN``); 0 if none."""
-        pointer = self.run_dir.layout.checkpoints / "latest"
+        """Steps the run directory's newest checkpoint holds; 0 if none (or a broken pointer: this reports a
+        failure already, and must not raise a second one)."""
         try:
-            return int(pointer.read_text().strip().rsplit("-", 1)[-1]) + 1
-        except (OSError, ValueError):
+            latest = latest_checkpoint(self.run_dir.layout.checkpoints)
+        except (OSError, ConfigError):
             return 0
+        return latest.step + 1 if latest is not None else 0
 
     async def run(self) -> TrainSummary:
         c = self.r.config
