@@ -44,6 +44,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from lego_rl.errors import ConfigError
 from lego_rl.serving.logprobs import sampler_logprobs
+from lego_rl.train.distributed import check_rendezvous
 from lego_rl.train.megatron_convert import Qwen3Shape
 
 if not hasattr(_moe_utils, "te_general_gemm"):
@@ -102,6 +103,7 @@ def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> Par
                                     init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
                                     timeout=datetime.timedelta(minutes=30))
         else:
+            check_rendezvous()  # torchrun --master-port 0 would hang every rank silently
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                     timeout=datetime.timedelta(minutes=30))
     world = dist.get_world_size()
