@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,17 +17,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from support.scripted_engine import ScriptedPolicyEngine
+from support.standalone_adapter import free_port
 
 from lego_rl.adapter.multiproc import session_key
 from lego_rl.adapter.sessions import load_turn_records
 from lego_rl.adapter.standalone import owner
 from lego_rl.cli.console import EXIT_INFRA
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_owner_is_fixed_and_spreads_sessions() -> None:

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from support.scripted_engine import ScriptedPolicyEngine
-from test_server_standalone import free_port
+from support.standalone_adapter import free_port
 
 from lego_rl.adapter.sessions import SessionRegistry, append_records, load_turn_records
 from lego_rl.trajectory.records import TurnRecord
