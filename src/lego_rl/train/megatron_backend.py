@@ -14,7 +14,8 @@ numbers on the same weights (``tests/train/test_megatron_backend.py`` compares t
 * **Optimizer.** ``torch.optim.AdamW`` over this rank's fp32 shards, weight decay on matrices only, linear
   warm-up, clipping by the global norm (sharded parameters summed over TP ranks, replicated ones counted
   once): the torch backend's optimizer, so one step moves the same weights the same way. Megatron's own
-  optimizers need CUDA, and its distributed optimizer shards state over DP, which this backend does not yet.
+  optimizers need CUDA (its ``DistributedOptimizer`` accepts only ``torch.cuda`` parameters), and its distributed
+  optimizer shards state over DP, which this backend does not yet (docs/cluster.md says what that needs).
 * **Pipeline parallelism** is refused with a precise error (``megatron_model.init_parallel``).
 * **Qwen3-MoE** runs with expert parallel size 1 (experts split by TP like the dense MLP, megatron-core's
   all-gather dispatcher, no auxiliary loss). With ``routing_replay`` (R3) each router is handed the rollout's
