@@ -285,7 +285,10 @@ class ClusterConfig(Section):
     train_workers: list[str] = Field(default_factory=list)
     """Addresses of the other training nodes (TRAIN_WORKER)."""
     ssh_port: int = Field(default=22, ge=1, le=65535)
-    """SSH port of cluster and sandbox nodes."""
+    """SSH port of cluster and sandbox nodes (a cluster.json node without `port` uses it)."""
+    ssh_config: str | None = None
+    """SSH client config file for the sandbox nodes of cluster.json (identity, pinned host keys, proxy),
+    used by the sunabako provider, `lego validate --remote` and `lego sandbox gc`; unset = the user's own."""
     gloo_socket_ifname: str | None = None
     """Network interface for Gloo/NCCL bootstrap."""
     start_ray: bool = True

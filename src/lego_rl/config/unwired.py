@@ -25,8 +25,6 @@ UNWIRED: dict[str, str] = {
     "cluster.gpus_per_node": RAY,
     "cluster.train_head": RAY,
     "cluster.train_workers": RAY,
-    "cluster.ssh_port": "the sunabako provider takes a default SSH port (today only `lego validate --remote` "
-                        "reads it)",
     "cluster.gloo_socket_ifname": RAY,
     "cluster.start_ray": RAY,
     "cluster.ray_address": RAY,

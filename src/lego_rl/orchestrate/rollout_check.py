@@ -80,6 +80,9 @@ def provider_options(r: ResolvedConfig, provider: str) -> dict[str, object]:
         opts: dict[str, object] = {"allow_test_memory": bool(c.sandbox.allow_test_memory)}
         if c.sandbox.cluster:
             opts["cluster"] = c.sandbox.cluster
+            opts["ssh_port"] = c.cluster.ssh_port
+            if c.cluster.ssh_config:
+                opts["ssh_config"] = c.cluster.ssh_config
         else:
             opts["state_dir"] = c.sandbox.sunabako_state_dir
         return opts
