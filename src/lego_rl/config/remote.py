@@ -1,15 +1,18 @@
 """Checks that touch the network, run by ``lego validate --remote`` only, each within a timeout.
 
 They test what must already exist before a launch: the health of every configured vLLM server, and every
-sandbox node of cluster.json (sunabako): reachable over SSH (fabric, with ``cluster.ssh_config``), its
-sunabako binary there and initialised, room for one more sandbox, the settings the provider needs, and the
-root filesystems of ``sandbox.images`` at the same paths. One finding per failure, naming the node. Never the adapter: the job itself starts it, so before launch its
+sandbox node of cluster.json (sunabako): reachable over SSH (OpenSSH with ``cluster.ssh_config``, the
+transport the sunabako SDK uses), its sunabako binary there and initialised, room for one more sandbox,
+the settings the provider needs, and the root filesystems of ``sandbox.images`` at the same paths; one
+finding per failure, naming the node. Never the adapter: the job itself starts it, so before launch its
 address answering would mean another job holds the port, not that this one is ready."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import shlex
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,29 +56,40 @@ echo "@@images"; for p in "$@"; do [ -d "$p" ] || echo "$p"; done
 """
 
 
-def _node_findings(node: NodeTarget, ssh_config: str | None, memory_mb: int, test_memory: bool,
-                   rootfs: list[str], timeout: float) -> list[Finding]:
+def ssh_argv(node: NodeTarget, ssh_config: str | None, command: str, timeout: float) -> list[str]:
+    """The OpenSSH command the sunabako SDK runs for every RPC to ``node`` (plus ``-F`` for cluster.ssh_config).
+
+    Not fabric/paramiko: paramiko expands a config's ``ProxyCommand %p`` from the config file's port, not
+    the node's, and accepts unknown host keys, so it can pass a node the rollouts then cannot reach."""
+    config = ["-F", ssh_config] if ssh_config else []
+    return ["ssh", *config, "-p", str(node.port), "-o", "BatchMode=yes", "-o",
+            f"ConnectTimeout={max(1, math.ceil(timeout))}", node.host, command]
+
+
+async def _node_findings(node: NodeTarget, ssh_config: str | None, memory_mb: int, test_memory: bool,
+                         rootfs: list[str], timeout: float) -> list[Finding]:
     """Every finding about one node: reachable, sunabako installed and initialised, room for a sandbox,
     the settings the provider needs, and the images' root filesystems present at the same paths."""
-    import shlex
-
-    from fabric import Config, Connection  # fabric imports paramiko: keep it out of the CLI's start-up
-
     what = f"ssh {node.host}:{node.port} (node {node.name})"
     fix_key = "sandbox.cluster"
+    script = shlex.join(["sh", "-c", _NODE_SCRIPT, "sh", node.binary, node.state_dir, *rootfs])
+    proc = await asyncio.create_subprocess_exec(
+        *ssh_argv(node, ssh_config, script, timeout), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        config = Config(runtime_ssh_path=ssh_config) if ssh_config else Config()
-        with Connection(node.host, port=node.port, config=config, connect_timeout=timeout) as conn:
-            argv = ["sh", "-c", _NODE_SCRIPT, "sh", node.binary, node.state_dir, *rootfs]
-            result = conn.run(shlex.join(argv), hide=True, warn=True, timeout=max(timeout, 30.0), in_stream=False)
-    except Exception as exc:  # noqa: BLE001 - paramiko/socket raise many types; all mean "unreachable"
-        return [error("unreachable", f"{what}: {type(exc).__name__}: {exc}",
+        out, err = await asyncio.wait_for(proc.communicate(), max(timeout, 30.0))
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        out, err = b"", f"no answer within {max(timeout, 30.0):g} s".encode()
+    text, errors = out.decode(errors="replace"), err.decode(errors="replace").strip()
+    if proc.returncode == 255 or "@@" not in text:  # 255: ssh itself failed (the command never ran)
+        return [error("unreachable", f"{what}: {errors[-400:] or f'ssh exited {proc.returncode}'}",
                       "check the address, that sshd runs there, the SSH credentials (cluster.ssh_config) and "
                       "firewalls", fix_key, "cluster.ssh_config")]
-    text = result.stdout
-    if not result.ok:
-        return [error("node_check_failed", f"{what}: the node check exited {result.exited}: "
-                      f"{(result.stderr or text).strip()[-300:]}", "check the node's shell", fix_key)]
+    if proc.returncode != 0:
+        return [error("node_check_failed", f"{what}: the node check exited {proc.returncode}: {errors[-300:]}",
+                      "check the node's shell", fix_key)]
     if "@@binary-missing" in text:
         return [error("node_binary_missing", f"{what}: no executable sunabako binary at {node.binary}",
                       "install sunabako on the node, or set the node's `binary` in cluster.json", fix_key)]
@@ -162,8 +176,8 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
             jobs.append((f"serving {url}", _http_ok(url.rstrip("/") + "/health", timeout)))
     nodes = _cluster_nodes(r)
     roots = _image_roots(r) if nodes else []
-    node_jobs = [asyncio.to_thread(_node_findings, node, c.cluster.ssh_config, c.sandbox.memory_mb,
-                                   bool(c.sandbox.allow_test_memory), roots, timeout) for node in nodes]
+    node_jobs = [_node_findings(node, c.cluster.ssh_config, c.sandbox.memory_mb, bool(c.sandbox.allow_test_memory),
+                                roots, timeout) for node in nodes]
     results = await asyncio.gather(*(job for _, job in jobs))
     for (what, _), reason in zip(jobs, results, strict=True):
         if reason is not None:
