@@ -116,6 +116,10 @@ class SandboxConfig(Section):
     supervision for functional tests on machines without delegated cgroups."""
     boot_concurrency: int = Field(default=2, ge=1)
     """Sandboxes booting at the same time."""
+    warm_pool: int = Field(default=0, ge=0)
+    """sunabako: sandboxes created ahead per image and options, shared by a run's rollouts and graders
+    (0 = off). A create from the pool takes milliseconds instead of a rootfs copy; each pooled sandbox holds
+    its memory reservation on the node while it waits. Emptied when the run ends."""
     lifetime_s: float | None = None
     """Hard lifetime of a sandbox; must outlive the rollout guard (default: guard + 300 s)."""
     network: Literal["auto", "adapter", "host", "none"] = "auto"

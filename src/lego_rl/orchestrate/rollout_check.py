@@ -25,7 +25,7 @@ from lego_rl.orchestrate.stack import Stack
 from lego_rl.runstore import RunDir, write_new
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.sandbox.egress import parse_allow, parse_endpoint, url_endpoint
-from lego_rl.swe.task_sandbox import SandboxTarget
+from lego_rl.swe.task_sandbox import RunProviders, SandboxTarget
 from lego_rl.tasks.model import TaskRow
 from lego_rl.trajectory.manager import TrajectoryOptions
 from lego_rl.trajectory.sample import save_samples
@@ -78,6 +78,8 @@ def provider_options(r: ResolvedConfig, provider: str) -> dict[str, object]:
     c = r.config
     if provider == "sunabako":
         opts: dict[str, object] = {"allow_test_memory": bool(c.sandbox.allow_test_memory)}
+        if c.sandbox.warm_pool:
+            opts["warm_pool"] = c.sandbox.warm_pool
         if c.sandbox.cluster:
             opts["cluster"] = c.sandbox.cluster
             opts["ssh_port"] = c.cluster.ssh_port
@@ -117,13 +119,15 @@ async def run_rollout_check(
     concurrency: int = 4,
     progress: ProgressFn | None = None,
 ) -> CheckReport:
-    ctx = RolloutContext(
-        settings=settings_from_config(r, stack.adapter_url), run=run, sessions=stack.sessions, adapter_url=stack.adapter_url,
-        harness_for=harness_factory(r), toolchain=Toolchain(Path(r.config.paths.toolchain_dir or "")),
-        images=images, dataset_dir=dataset_dir,
-    )
-    runner = RolloutRunner(ctx, concurrency=concurrency)
-    return CheckReport(await runner.run(plan(rows, samples_per_task, harness), progress))
+    async with RunProviders() as providers:  # one per run: the warm pool serves every rollout of it
+        ctx = RolloutContext(
+            settings=settings_from_config(r, stack.adapter_url), run=run, sessions=stack.sessions,
+            adapter_url=stack.adapter_url, harness_for=harness_factory(r),
+            toolchain=Toolchain(Path(r.config.paths.toolchain_dir or "")), images=images, dataset_dir=dataset_dir,
+            providers=providers,
+        )
+        runner = RolloutRunner(ctx, concurrency=concurrency)
+        return CheckReport(await runner.run(plan(rows, samples_per_task, harness), progress))
 
 
 def save_report(report: CheckReport, output: Path) -> Path:

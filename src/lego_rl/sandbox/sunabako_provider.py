@@ -390,6 +390,7 @@ class SunabakoProvider(SandboxProvider):
         if self.node is not None and stage_rootfs is not False:
             self.stage = RootfsStage.for_state_dir(state_dir, required=stage_rootfs is True)
         self._checked = False
+        self._check_lock = asyncio.Lock()
 
     async def aclose(self) -> None:
         """Close the warm pool's sandboxes (and those still being made for it)."""
@@ -404,6 +405,11 @@ class SunabakoProvider(SandboxProvider):
         """Once per provider: initialise a fresh local node, and verify every node's settings."""
         if self._checked:
             return
+        async with self._check_lock:  # a run's rollouts share the provider: one init-node, not one each
+            if not self._checked:
+                await self._check_nodes_now()
+
+    async def _check_nodes_now(self) -> None:
         if self.node is not None and not Path(self.node.state_dir, "node.json").exists():
             config = {"uid_range_size": 65536, **self.node_config}
             if self.test_memory:
