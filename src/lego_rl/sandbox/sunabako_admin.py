@@ -26,9 +26,11 @@ DEFAULT_NODE_STATE = "/var/lib/sunabako"
 DEAD_STATES = frozenset({"failed", "stopped", "cleanup_pending"})
 LIVE_STATES = frozenset({"running", "creating", "paused"})
 
-# One line per pid: "PID START" (field 22 of /proc/PID/stat, counted after the parenthesised comm, which
-# may hold spaces), or "PID -" when no such process exists.
-_STARTS = 'for p in "$@"; do s=$(sed "s/.*) //" /proc/$p/stat 2>/dev/null | cut -d" " -f20); echo "$p ${s:--}"; done'
+# One line per pid: "PID STATE START" (fields 3 and 22 of /proc/PID/stat, counted after the parenthesised
+# comm, which may hold spaces), or "PID -" when no such process exists. A zombie (state Z) is a dead
+# supervisor its parent has not reaped yet.
+_STARTS = ('for p in "$@"; do s=$(sed "s/.*) //" /proc/$p/stat 2>/dev/null | cut -d" " -f1,20); '
+           'echo "$p ${s:--}"; done')
 
 
 def _local_node(state_dir: str | None) -> Any:
@@ -54,7 +56,7 @@ async def _records(node: Any) -> list[dict[str, Any]]:
 
 
 async def _process_starts(node: Any, pids: list[int]) -> dict[int, int | None]:
-    """Start time (clock ticks) of each pid on the node, None for a pid with no process."""
+    """Start time (clock ticks) of each pid on the node, None for a pid with no living process."""
     if not pids:
         return {}
     if node.host:
@@ -65,9 +67,9 @@ async def _process_starts(node: Any, pids: list[int]) -> dict[int, int | None]:
         text = (await proc.communicate())[0].decode()
     starts: dict[int, int | None] = {}
     for line in text.splitlines():
-        pid, _, start = line.partition(" ")
+        pid, state, start = (line.split() + ["", ""])[:3]
         if pid.isdigit():
-            starts[int(pid)] = int(start) if start.isdigit() else None
+            starts[int(pid)] = int(start) if start.isdigit() and state != "Z" else None
     return starts
 
 
