@@ -4,8 +4,8 @@ sunabako one created there through the SDK's SSH transport, opened by the produc
 (``task_sandbox_opener`` with the provider options ``lego`` derives from cluster.json + cluster.ssh_config).
 
 Time: two creates on the node (a 212 MB rootfs copy each, over SSH) and two grades of ~10 execs, each exec
-one SSH connection: 171 s measured at load ~20 on 2 shared cores (most of it creates losing the start-up
-race and copying again)."""
+one SSH connection: 56 s measured at load ~4, 171 s at load ~20 on 2 shared cores (most of it creates losing
+the start-up race and copying again)."""
 
 from __future__ import annotations
 
