@@ -48,9 +48,11 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 # and two debootstrap root filesystems for sandbox tests: bookworm, and trixie for OpenHands (Python 3.13;
 # its interpreter also builds the OpenHands site trees, so it comes before the CLIs and the toolchain).
 # Each script caches its result. megatron-core (the `megatron` extra, 0.16.1: the newest for Python 3.11, one
-# binary wheel, installs in seconds, no Transformer Engine or Apex) runs the Megatron backend's CPU tests.
+# binary wheel, installs in seconds, no Transformer Engine or Apex) runs the Megatron backend's CPU tests; Ray
+# (the `cluster` extra, 7 s) runs cluster mode's two-node test (tests/cluster).
 test-deps: setup
 	$(VENV)/bin/pip install -q 'megatron-core==0.16.1'
+	$(VENV)/bin/pip install -q 'ray==2.60.0'
 	scripts/setup_vllm.sh
 	scripts/build_rootfs.sh
 	scripts/build_rootfs_trixie.sh

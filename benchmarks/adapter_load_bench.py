@@ -19,6 +19,11 @@ more session that sends a single M MiB message while the others run; its latency
 others' added latency is what it must not spoil (target p99 < 50 ms).
 
     .venv/bin/python benchmarks/adapter_load_bench.py --sessions 256 --turns 3 --history-chars 110000 --big-mib 10
+
+``--workers N`` runs ``lego adapter --workers N`` (N adapter processes behind one port, sessions sticky).
+On a shared box the wall-clock figures follow the other jobs' load, so the CPU seconds each process
+spent are printed too (from /proc): adapter CPU per request against the engine's per direct request is
+what the adapter costs whatever the load, and how many cores it needs to keep up with the engine.
 """
 
 from __future__ import annotations
@@ -150,6 +155,29 @@ async def direct_baseline(client: ServingClient, prompts: list[list[int]], concu
     return time.perf_counter() - t0
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU (user + system) seconds used so far by ``pid`` and its live descendants (Linux /proc)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in open(f"/proc/{p}/task/{task}/children").read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def load_average() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -171,7 +199,7 @@ async def serve_engine(port: int) -> None:
     app.router.add_get("/health", _ok)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()  # 256 sessions connect at once
     await asyncio.Event().wait()
 
 
@@ -194,7 +222,7 @@ async def wait_http(url: str, proc: asyncio.subprocess.Process) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def main(sessions: int, turns: int, history_chars: int = 0, big_mib: float = 0.0) -> None:
+async def main(sessions: int, turns: int, history_chars: int = 0, big_mib: float = 0.0, workers: int = 1) -> None:
     import sys
     import tempfile
     from pathlib import Path
@@ -209,12 +237,14 @@ async def main(sessions: int, turns: int, history_chars: int = 0, big_mib: float
     adapter_proc = await asyncio.create_subprocess_exec(
         str(Path(sys.executable).with_name("lego")), "adapter", "--serving-url", engine_url, "--model", str(model),
         "--port", str(adapter_port), "--open-sessions", str(records_dir), "--max-response-tokens", "256",
-        stderr=asyncio.subprocess.DEVNULL)
+        "--workers", str(workers), stderr=asyncio.subprocess.DEVNULL)
     ids = [f"bench-{i}" for i in range(sessions)]
     latencies: list[float] = []
     try:
         await wait_http(engine_url, engine_proc)
         await wait_http(adapter_url, adapter_proc)
+        load_before = load_average()
+        cpu0 = cpu_seconds(adapter_proc.pid), cpu_seconds(engine_proc.pid)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             t0 = time.perf_counter()
             runs = [one_session(http, adapter_url, sid, turns, i % 2 == 0, latencies, history_chars)
@@ -223,13 +253,17 @@ async def main(sessions: int, turns: int, history_chars: int = 0, big_mib: float
             await asyncio.gather(*runs)
             wall = time.perf_counter() - t0
             big_result = await big if big is not None else None
+        cpu1 = cpu_seconds(adapter_proc.pid), cpu_seconds(engine_proc.pid)
+        load_after = load_average()
         adapter_proc.terminate()
         await adapter_proc.wait()
         records = [r for sid in ids for r in load_turn_records(records_dir / f"{sid}.turns.jsonl")]
         prompts = [r.prompt_ids for r in records]
         renderer = ChatRenderer.from_pretrained(model)
         async with ServingClient([engine_url], vocab_size=renderer.vocab_size) as client:
+            engine_cpu0 = cpu_seconds(engine_proc.pid)
             direct = await direct_baseline(client, prompts, sessions)
+            engine_cpu_direct = cpu_seconds(engine_proc.pid) - engine_cpu0
     finally:
         for proc in (adapter_proc, engine_proc):
             if proc.returncode is None:
@@ -252,6 +286,11 @@ async def main(sessions: int, turns: int, history_chars: int = 0, big_mib: float
           f"(client latency minus the mean engine call, {engine_s * 1e3:.1f} ms)")
     print(f"core work / turn p50 {pct(core_s, .5) * 1e3:7.1f} ms  p99 {pct(core_s, .99) * 1e3:7.1f} ms "
           "(render, parse, validate, record; from the turn records)")
+    adapter_cpu, engine_cpu = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+    print(f"CPU per request  adapter {adapter_cpu / n * 1e3:6.1f} ms ({workers} worker process(es)), engine "
+          f"{engine_cpu / n * 1e3:.1f} ms behind it; engine {engine_cpu_direct / n * 1e3:.1f} ms per direct "
+          f"request [baseline]; the adapter needs {adapter_cpu / max(engine_cpu_direct, 1e-9):.1f}x the engine's CPU")
+    print(f"load average     {load_before} before the adapter run, {load_after} after it")
     if big_result is not None:
         print(f"the {big_mib} MiB message: HTTP {big_result[1]} after {big_result[0] * 1e3:.0f} ms: {big_result[2]!r}")
 
@@ -262,7 +301,8 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--history-chars", type=int, default=0, help="Start each session from this long a history.")
     parser.add_argument("--big-mib", type=float, default=0.0, help="One more session sends one message this big.")
+    parser.add_argument("--workers", type=int, default=1, help="Adapter processes (lego adapter --workers).")
     parser.add_argument("--serve-engine", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     asyncio.run(serve_engine(args.serve_engine) if args.serve_engine
-                else main(args.sessions, args.turns, args.history_chars, args.big_mib))
+                else main(args.sessions, args.turns, args.history_chars, args.big_mib, args.workers))

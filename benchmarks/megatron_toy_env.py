@@ -18,35 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from lego_rl.orchestrate.toy_env import make_rows
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
 
-TOML = """
-[model]
-checkpoint = "lego:tiny"
-
-[serving]
-port = 0
-
-[sandbox]
-provider = "bwrap"
-
-[rollout]
-prompt_data = "toy.jsonl"
-batch_size = 4
-samples_per_prompt = 8
-top_p = 1.0
-
-[train]
-backend = "megatron"
-environment = "first_letter"
-environment_options = {{ max_tokens = 4 }}
-num_rollout = {steps}
-lr = {lr}
-max_grad_norm = 10.0
-
-[paths]
-run_root = "runs/toy"
-"""
+from support.toy_run import write_toy_run  # noqa: E402
 
 
 def main() -> None:
@@ -55,8 +30,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-2)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="megatron-toy-"))
-    (work / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(64, letters="a")))
-    (work / "lego.toml").write_text(TOML.format(steps=args.steps, lr=args.lr))
+    # The engine on its default device (bf16 on CUDA), 4 groups of 8, four-token answers.
+    write_toy_run(work, rows=64, model={"checkpoint": "lego:tiny"}, serving={"device": None},
+                  rollout={"batch_size": 4, "samples_per_prompt": 8},
+                  train={"backend": "megatron", "environment_options": {"max_tokens": 4}, "num_rollout": args.steps,
+                         "lr": args.lr, "max_grad_norm": 10.0})
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", "from lego_rl.cli.main import main; main()", "train", "-c",
                            "lego.toml", "--json"], cwd=work, capture_output=True, text=True)

@@ -240,14 +240,20 @@ TITLE_SCHEMA = {"type": "json_schema", "schema": {"type": "object", "properties"
             "type": "object", "properties": {"selected_memories": {"type": "array"}}}}}, {},
          "structured:selected_memories"),
         ({}, {"x-claude-code-request-class": "compaction"}, "compaction"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello."}, {"type": "text", "text":
+            "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.\n\nYour task is to create a detailed "
+            "summary of the conversation so far, paying close attention to the user's explicit requests"}]}]}, {},
+         "compaction"),  # Claude Code 2.1 in -p mode: no header, the ask appended to the last user message
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text":
+            "Please create a detailed summary of the conversation so far."}]}]}, {}, None),  # a task, not the ask
         ({}, {"x-claude-code-request-class": "auxiliary", "x-claude-code-auxiliary-type": "generate_session_title"},
          "generate_session_title"),
         ({}, {"x-claude-code-request-class": "subagent", "x-claude-code-agent-type": "Explore"}, "subagent:Explore"),
         ({}, {"x-claude-code-request-class": "main"}, None),
         ({"messages": [{"role": "user", "content": "quota"}], "max_tokens": 1}, {}, None),  # tools offered: a turn
     ],
-    ids=["main", "quota", "title", "title-deprecated", "structured", "compaction", "auxiliary", "subagent",
-         "main-header", "quota-with-tools"],
+    ids=["main", "quota", "title", "title-deprecated", "structured", "compaction", "compaction-text",
+         "summary-task", "auxiliary", "subagent", "main-header", "quota-with-tools"],
 )
 def test_claude_code_side_request_shapes_are_labelled(change: dict[str, Any], headers: dict[str, str],
                                                       label: str | None) -> None:

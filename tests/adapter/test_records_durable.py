@@ -4,33 +4,18 @@ unsafe session ids open nothing; errors, sessions and saves are logged as JSON l
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from support.scripted_engine import ScriptedPolicyEngine
+from support.standalone_adapter import standalone_adapter
 from test_server import GOOD, PROTOCOLS, BrokenEngine
-from test_server_standalone import free_port
 
 from lego_rl.adapter.sessions import load_turn_records
-
-
-async def wait_healthy(http: aiohttp.ClientSession, port: int, proc: Any) -> None:
-    for _ in range(1200):  # the CLI imports transformers: slow on a loaded machine
-        assert proc.returncode is None, "lego adapter exited early"
-        try:
-            async with http.get(f"http://127.0.0.1:{port}/health") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientConnectionError:
-            await asyncio.sleep(0.1)
-    raise AssertionError("lego adapter never became healthy")
 
 
 def chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -39,19 +24,10 @@ def chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def test_kill_9_mid_run_keeps_every_answered_turn(tiny_model_dir: Path, tmp_path: Path) -> None:
     engine = ScriptedPolicyEngine(tiny_model_dir, ["one", "two", "three", "b-one", "never sent"])
-    runner = web.AppRunner(engine.app(), access_log=None)
-    await runner.setup()
-    engine_port, port = free_port(), free_port()
-    await web.TCPSite(runner, "127.0.0.1", engine_port).start()
     records = tmp_path / "records"
-    proc = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("lego")), "adapter", "--serving-url", f"http://127.0.0.1:{engine_port}",
-        "--model", str(tiny_model_dir), "--open-sessions", str(records), "--port", str(port),
-        stderr=asyncio.subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    try:
+    async with standalone_adapter(engine, tiny_model_dir, records) as adapter:
+        url = f"{adapter.url}/v1/chat/completions"
         async with aiohttp.ClientSession() as http:
-            await wait_healthy(http, port, proc)
             history: list[dict[str, Any]] = []
             for text in ("hi", "go on", "and more"):
                 history.append({"role": "user", "content": text})
@@ -67,11 +43,8 @@ async def test_kill_9_mid_run_keeps_every_answered_turn(tiny_model_dir: Path, tm
             async with http.post(url, json=chat([{"role": "user", "content": "x"}]),
                                  headers={"Authorization": "Bearer .."}) as r:
                 assert r.status == 401 and "safe name" in (await r.json())["error"]["message"]
-    finally:
-        proc.send_signal(signal.SIGKILL)  # no shutdown hook runs: what is on disk is all there is
-        _, stderr = await asyncio.wait_for(proc.communicate(), 60)
-        await runner.cleanup()
-    assert proc.returncode == -signal.SIGKILL
+        stderr = await adapter.stop(signal.SIGKILL)  # no shutdown hook runs: what is on disk is all there is
+    assert adapter.proc.returncode == -signal.SIGKILL
     a = load_turn_records(records / "run-a.turns.jsonl")
     assert [r.output_ids for r in a] == [c.output_ids for c in engine.calls[:3]]
     assert [r.prompt_ids for r in a] == [c.prompt_ids for c in engine.calls[:3]]
@@ -82,7 +55,7 @@ async def test_kill_9_mid_run_keeps_every_answered_turn(tiny_model_dir: Path, tm
     assert status["state"] == "open" and status["records"] == 3 and status["infra_failure"] is None
     assert sorted(p.name for p in records.iterdir()) == [
         "run-a.session.json", "run-a.turns.jsonl", "run-b.session.json", "run-b.turns.jsonl"]
-    events = [json.loads(line[line.index("{"):]) for line in stderr.decode().splitlines() if '{"event"' in line]
+    events = [json.loads(line[line.index("{"):]) for line in stderr.splitlines() if '{"event"' in line]
     kinds = [e["event"] for e in events]
     assert kinds.count("session_opened") == 2 and kinds.count("records_saved") == 4
     assert [e["status"] for e in events if e["event"] == "error_answer"] == [400, 401]

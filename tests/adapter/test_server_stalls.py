@@ -62,3 +62,37 @@ async def test_other_sessions_are_served_while_a_huge_request_renders(make_harne
     assert not big.exception() and len(latencies) >= 3, (big_s, latencies)
     # On the event loop, each probe and the other session waited for the whole render (~big_s).
     assert max(latencies) < big_s / 4 and small_s < big_s / 2, (big_s, small_s, max(latencies))
+
+
+async def test_a_large_body_is_not_queued_behind_other_sessions_renders(make_harness, tmp_path) -> None:
+    """Renders run on the core's own threads: with every render thread busy (and more renders waiting,
+    more than the loop's default pool has threads), a 1 MiB over-window request is still decoded on the
+    default pool, refused with a context_limit stop, and its session status fsynced."""
+    import threading
+
+    sids = [f"s{i}" for i in range(8)]
+    h = await make_harness(max_context_tokens=2048, sessions=(*sids, "big"), score=False, records_dir=tmp_path)
+    gate = threading.Event()
+    real_plan = h.core.bridge.plan
+
+    def held_plan(*args: Any) -> Any:  # TEST DOUBLE: a render that takes as long as the test wants
+        gate.wait(60)
+        return real_plan(*args)
+
+    h.core.bridge.plan = held_plan
+    renders = [asyncio.ensure_future(h.client.post("/v1/chat/completions", json=GOOD["chat"][1],
+                                                   headers={"Authorization": f"Bearer {sid}"})) for sid in sids]
+    try:
+        await asyncio.sleep(0.5)  # every render thread is now held, the other renders queue for them
+        big = one_message("chat", file_text(1024 * 1024, seed=5))
+        r = await asyncio.wait_for(h.client.post("/v1/chat/completions", json=big,
+                                                 headers={"Authorization": "Bearer big"}), 30)
+        assert r.status == 200, await r.text()
+        assert (await r.json())["choices"][0]["finish_reason"] == "length"
+        assert h.sessions.get("big").termination == "context_limit"
+        assert (tmp_path / "big.session.json").exists()
+        assert not any(t.done() for t in renders)  # they were still held while the big one was answered
+    finally:
+        gate.set()
+    for r in await asyncio.gather(*renders):
+        assert r.status == 200

@@ -8,7 +8,6 @@ environment, the loop and the run store.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,47 +19,21 @@ import pytest
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
+from lego_rl.monitor.state import RunState
 from lego_rl.orchestrate import train_session
-from lego_rl.orchestrate.toy_env import make_rows
 from lego_rl.runstore import read_events
+from lego_rl.runstore.events import StepsAbandoned
 from lego_rl.runstore.log import follow_metrics
+from support.toy_run import scrub_config_env, write_toy_run
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
-TOML = """
-[serving]
-device = "cpu"
-port = 0
-
-[sandbox]
-provider = "bwrap"
-
-[rollout]
-prompt_data = "toy.jsonl"
-batch_size = 2
-samples_per_prompt = 4
-top_p = 1.0
-
-[train]
-environment = "first_letter"
-num_rollout = 2
-
-[paths]
-run_root = "runs/toy"
-"""
-
-
 @pytest.fixture
 def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    for name in list(os.environ):
-        if name.startswith(("LEGO_", "SWE_", "ADAPTER_")) or name in {"PROMPT_DATA", "RUN_ROOT", "RUN_LOG",
-                                                                      "HF_CHECKPOINT", "DATA_ROOT"}:
-            monkeypatch.delenv(name)
+    scrub_config_env(monkeypatch)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8, letters="a")))
-    (tmp_path / "lego.toml").write_text(TOML)
-    yield tmp_path
+    yield write_toy_run(tmp_path)
 
 
 runner = CliRunner()
@@ -86,6 +59,21 @@ def test_loop_settings_are_refused_before_anything_starts(toy: Path) -> None:
                               "--set", "rollout.batch_size=8"])
     assert res.exit_code == 2 and "samples_per_prompt must be at least 2" in said(res)
     assert not (toy / "runs" / "toy").exists()
+
+
+def test_environment_training_needs_no_harness_plugin(toy: Path) -> None:
+    """An environment runs no CLI: a default harness whose plugin is not installed is no reason to refuse it
+    (it was: harness_missing, exit 2), while coding-agent training on the same config is still refused."""
+    nosuch = "agent.default_harness=\"nosuch\""
+    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", nosuch])
+    assert res.exit_code == 0 and json.loads(res.stdout)["findings"] == [], res.output
+    tasks = REPO / "examples" / "tasks"
+    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", nosuch,
+                              "--set", "train.environment=\"\"", "--set", f"rollout.prompt_data=\"{tasks / 'tasks.jsonl'}\"",
+                              "--set", f"sandbox.images=\"{tasks / 'images.json'}\""])
+    found = json.loads(res.stdout)["findings"]
+    assert res.exit_code != 0 and [f["code"] for f in found] == ["harness_missing"], found
+    assert "harness 'nosuch' (the default harness) is not installed" in found[0]["message"]
 
 
 def test_missing_data_is_refused(toy: Path) -> None:
@@ -148,6 +136,42 @@ def test_trains_the_toy_environment_and_writes_the_run_directory(toy: Path) -> N
 
 
 @pytest.mark.slow
+def test_progress_to_a_file_is_whole_lines_one_per_phase(toy: Path) -> None:
+    """stderr that is no terminal (a log file, as under nohup or make run): one newline-ended line per step and
+    phase, no cursor-control codes, the last one the run's end without an ETA; the summary on its own line."""
+    lego = str(Path(sys.executable).with_name("lego"))
+    log = toy / "train.log"
+    with log.open("w") as fh:
+        proc = subprocess.run([lego, "train", "-c", "lego.toml", "--steps", "2"], stdout=subprocess.PIPE,
+                              stderr=fh, text=True, cwd=toy, timeout=600)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert text.endswith("\n") and "\x1b" not in text and "\r" not in text
+    progress = [line for line in text.splitlines() if line.startswith("step ")]
+    phases = [line.split()[1:3] for line in progress]
+    assert phases[0] == ["1/2", "rollout"], progress  # phases shorter than the 0.5 s poll may not show up
+    assert len(phases) == len({tuple(p) for p in phases})  # each (step, phase) once: not a line per poll
+    assert phases[-1] == ["2/2", "completed"] and progress[-1].endswith("ETA -"), progress
+    assert proc.stdout.startswith("completed: 2/2 steps"), proc.stdout
+
+
+@pytest.mark.slow
+def test_torchrun_master_port_0_is_refused_instead_of_hanging(toy: Path) -> None:
+    """``torchrun --master-port 0`` tells every rank MASTER_PORT=0 while its store listens elsewhere: the ranks
+    waited for each other until the rendezvous timeout. Each rank now refuses before joining (exit 2)."""
+    lego = str(Path(sys.executable).with_name("lego"))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                           "--master-port=0", lego, "train", "-c", "lego.toml"], cwd=toy, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    text = " ".join(proc.stderr.split())
+    assert "MASTER_PORT='0' (torchrun --master-port)" in text and "torchrun --master-port 29500" in text, text[-3000:]
+    assert time.monotonic() - started < 240  # refused, not timed out
+    assert not (toy / "runs" / "toy").exists()  # nothing was started
+
+
+@pytest.mark.slow
 def test_sigterm_stops_with_a_resumable_state_and_resume_continues(toy: Path) -> None:
     lego = str(Path(sys.executable).with_name("lego"))
     proc = subprocess.Popen([lego, "train", "-c", "lego.toml", "--steps", "50", "--json"],
@@ -178,6 +202,40 @@ def test_sigterm_stops_with_a_resumable_state_and_resume_continues(toy: Path) ->
     steps = [r.step for r in follow_metrics(metrics).read()]
     assert steps == [*done, done[-1] + 1]  # continues after the last completed step, no step twice
     assert (root / "config.resume-1.json").exists()
+
+
+@pytest.mark.slow
+def test_roll_back_then_resume_sets_the_abandoned_steps_aside(toy: Path) -> None:
+    """A roll back as docs/training.md tells it (newer checkpoints moved out, ``latest`` pointed back, --resume):
+    the steps after the checkpoint are retrained, and the rows the first run wrote for them are moved whole to
+    metrics.abandoned-1.jsonl, never mixed with the new ones; a steps_abandoned event marks their events, and
+    the monitor shows the resumed run's steps only."""
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--steps", "3", "--set", "train.checkpoint_every=1",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    root = toy / "runs" / "toy"
+    checkpoints = root / "checkpoints"
+    before = (root / "metrics.jsonl").read_bytes()
+    first = {r.step: r for r in follow_metrics(root / "metrics.jsonl").read()}
+    assert sorted(first) == [0, 1, 2]
+    (toy / "kept").mkdir()
+    for name in ("step-000001", "step-000002"):
+        (checkpoints / name).rename(toy / "kept" / name)
+    (checkpoints / "latest").write_text("step-000000\n")
+
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--steps", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = list(follow_metrics(root / "metrics.jsonl").read())
+    assert [r.step for r in rows] == [0, 1]
+    assert rows[0] == first[0] and rows[1].started_at > first[2].finished_at  # step 1 is the retrained one
+    assert (root / "metrics.abandoned-1.jsonl").read_bytes() == before  # every old row kept, byte for byte
+    marks = [e for e in read_events(root / "events.jsonl") if isinstance(e, StepsAbandoned)]
+    assert [(m.resumed_from, m.steps, m.metrics_set_aside) for m in marks] == [(0, [1, 2], "metrics.abandoned-1.jsonl")]
+    state = RunState(root)
+    state.refresh()
+    assert sorted(state.steps) == [0, 1] and state.steps[1].metrics == rows[1]
+    assert [c.step for c in state.checkpoints] == [0, 1]
+    assert any("steps 1, 2 recorded before were abandoned" in n.text for n in state.notes())
 
 
 def test_resume_behind_newer_checkpoints_is_refused_before_anything_starts(toy: Path) -> None:

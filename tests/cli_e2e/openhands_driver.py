@@ -1,6 +1,7 @@
 """Drive the OpenHands SDK (trixie's python3.13, scripts/setup_clis.sh) against an OpenAI-compatible URL.
 
-usage: python openhands_driver.py URL SESSION WORKDIR PROMPT [--stream]
+usage: python openhands_driver.py URL SESSION WORKDIR PROMPT [--stream] [--max-input-tokens=N]
+PROMPT ``-`` reads the prompt from stdin (a 1 MB prompt is over the kernel's 128 KiB limit on one argument).
 Prints one JSON line at the end: {"finished": bool, "last_agent_text": str}. Exit 0 when the
 conversation ran to its end.
 """
@@ -16,9 +17,12 @@ from openhands.tools.terminal import TerminalTool
 
 def main() -> int:
     url, session, workdir, prompt = sys.argv[1:5]
+    if prompt == "-":
+        prompt = sys.stdin.read()
     stream = "--stream" in sys.argv[5:]
+    max_input = next((int(a.split("=", 1)[1]) for a in sys.argv[5:] if a.startswith("--max-input-tokens=")), 60000)
     llm = LLM(model="openai/tiny", base_url=f"{url}/v1", api_key=session, usage_id="agent", num_retries=0,
-              stream=stream, max_output_tokens=512, max_input_tokens=60000)
+              stream=stream, max_output_tokens=512, max_input_tokens=max_input)
     agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)])
     texts: list[str] = []
 

@@ -9,6 +9,8 @@ import pytest
 from support.netcage import run_caged
 from test_claude_code import claude_cmd, claude_env, result_event
 from test_codex import codex_cmd, codex_env
+from test_opencode import run_opencode, texts
+from test_openhands import run_openhands, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
 
@@ -58,4 +60,40 @@ async def test_codex_megabyte_prompt(start_adapter, cli_path, tmp_path: Path) ->
     assert END in res.stdout
     main = adapter.sessions.get("sess-1").main_records()
     prompt = adapter.core.renderer.decode(main[-1].prompt_ids)
+    assert END in prompt and prompt.count("日志条目") == 20 * LINES
+
+
+async def test_opencode_megabyte_prompt(start_adapter, cli_path, tmp_path: Path) -> None:
+    """OpenCode appends piped stdin to its prompt: one 1.1 MB user message on the Chat Completions front end."""
+    adapter = await start_adapter(policy, context_limit=4_000_000, score=False)
+    (tmp_path / "repo").mkdir()
+    assert big_log(tmp_path / "repo" / "big.log") > 1_000_000
+    res, _ = await run_opencode(adapter, cli_path, tmp_path, prompt="Where does this log end?", stdin_file="big.log",
+                                timeout=300)
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    assert texts(res.stdout)[-1] == "The log ends with " + END + "."
+    session = adapter.sessions.get("sess-1")
+    assert session.infra_failure is None
+    [main] = session.main_records()
+    assert main.stop_reason == "end_turn"
+    prompt = adapter.core.renderer.decode(main.prompt_ids)
+    assert END in prompt and prompt.count("日志条目") == 20 * LINES
+
+
+async def test_openhands_megabyte_prompt(start_adapter, cli_path, tmp_path: Path) -> None:
+    """The OpenHands SDK sends a 1.1 MB first user message (read by the driver from stdin: over the 128 KiB
+    limit of one command-line argument). Its own input limit is raised past the message (the SDK would
+    otherwise refuse or condense it before sending; that limit is OpenHands', not the adapter's)."""
+    adapter = await start_adapter(policy, context_limit=4_000_000, score=False)
+    (tmp_path / "repo").mkdir()
+    assert big_log(tmp_path / "repo" / "big.log") > 1_000_000
+    res, _ = await run_openhands(adapter, cli_path, tmp_path, prompt_file="big.log", timeout=300,
+                                 extra=("--max-input-tokens=4000000",))
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    assert summary(res.stdout)["last_agent_text"] == "The log ends with " + END + "."
+    session = adapter.sessions.get("sess-1")
+    assert session.infra_failure is None
+    [main] = session.main_records()
+    assert main.stop_reason == "end_turn"
+    prompt = adapter.core.renderer.decode(main.prompt_ids)
     assert END in prompt and prompt.count("日志条目") == 20 * LINES

@@ -43,13 +43,18 @@ def texts(stdout: str) -> list[str]:
 
 
 async def run_opencode(adapter: Any, cli_path: Any, tmp_path: Path, *, key: str = "sess-1",
-                       title: str | None = "lego-test", timeout: float = 180) -> tuple[Any, Path]:
+                       title: str | None = "lego-test", timeout: float = 180, prompt: str = PROMPT,
+                       stdin_file: str | None = None) -> tuple[Any, Path]:
+    """Run ``opencode run`` caged; ``stdin_file`` (a file in the work dir) is piped in, which OpenCode appends
+    to the prompt."""
     work, home = tmp_path / "repo", tmp_path / "home"
     work.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
     opencode_setup(work, adapter.url, key)
-    res = await run_caged(opencode_cmd(cli_path("opencode"), title=title), forwards=adapter.forwards,
-                          env=opencode_env(home), cwd=work, timeout=timeout)
+    cmd = opencode_cmd(cli_path("opencode"), prompt, title=title)
+    if stdin_file:
+        cmd = ["sh", "-c", f'exec "$0" "$@" < {stdin_file}', *cmd]
+    res = await run_caged(cmd, forwards=adapter.forwards, env=opencode_env(home), cwd=work, timeout=timeout)
     return res, work
 
 

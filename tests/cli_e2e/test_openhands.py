@@ -24,12 +24,16 @@ def openhands_env(home: Path) -> dict[str, str]:
 
 
 async def run_openhands(adapter: Any, cli_path: Any, tmp_path: Path, *, stream: bool = False,
-                        key: str = "sess-1", timeout: float = 240) -> tuple[Any, Path]:
+                        key: str = "sess-1", timeout: float = 240, prompt: str = PROMPT,
+                        prompt_file: str | None = None, extra: tuple[str, ...] = ()) -> tuple[Any, Path]:
+    """Run the driver caged; ``prompt_file`` (a file in the work dir) is the prompt, fed on stdin."""
     work, home = tmp_path / "repo", tmp_path / "home"
     work.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
-    cmd = [str(cli_path("openhands")), str(DRIVER), adapter.url, key, str(work), PROMPT,
-           *(["--stream"] if stream else [])]
+    cmd = [str(cli_path("openhands")), str(DRIVER), adapter.url, key, str(work),
+           "-" if prompt_file else prompt, *(["--stream"] if stream else []), *extra]
+    if prompt_file:
+        cmd = ["sh", "-c", f'exec "$0" "$@" < {prompt_file}', *cmd]
     res = await run_caged(cmd, forwards=adapter.forwards, env=openhands_env(home), cwd=work, timeout=timeout)
     return res, work
 

@@ -23,7 +23,35 @@ def codes(path: Path | None, *overrides: str, environ: dict[str, str] | None = N
 
 
 def test_base_config_is_clean(base_toml: Path) -> None:
+    # The defaults train asynchronously (max_staleness 1) with TIS: nothing to say about them; without the
+    # correction the lag is a warning (off_policy_correction's docstring says why).
     assert codes(base_toml) == {}
+    assert codes(base_toml, "train.is_correction=\"none\"") == {"off_policy_uncorrected": "warning"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "severity"),
+    [
+        # the default (tis) corrects; these name "none" to see what the check says without a correction
+        (["train.is_correction=\"none\"", "rollout.max_staleness=0"], None),
+        (["train.is_correction=\"none\"", "rollout.max_staleness=0", "rollout.partial_rollouts=\"drop\""], None),
+        (["train.is_correction=\"none\"", "rollout.max_staleness=2"], "warning"),
+        (["train.is_correction=\"none\"", "rollout.max_staleness=2", "rollout.partial_rollouts=\"drop\""], "warning"),
+        (["rollout.max_staleness=2", "train.is_correction=\"mis\""], None),
+        # keep trains tokens past the bound, even at staleness 0: uncorrected, that is an error
+        (["train.is_correction=\"none\"", "rollout.max_staleness=0", "rollout.partial_rollouts=\"keep\""], "error"),
+        (["rollout.partial_rollouts=\"keep\"", "train.is_correction=\"tis\""], None),
+    ],
+)
+def test_off_policy_tokens_without_a_correction(base_toml: Path, overrides: list[str], severity: str | None) -> None:
+    r = resolve(base_toml, environ={}, overrides=overrides)
+    found = [f for f in check(r) if f.code == "off_policy_uncorrected"]
+    assert [f.severity for f in found] == ([severity] if severity else []), found
+    for f in found:
+        # the message quotes the values involved and the fix names the keys to change
+        assert "train.is_correction=\"none\"" in f.message and "train.is_correction" in f.fix
+        assert f"rollout.max_staleness={r.config.rollout.max_staleness}" in f.message
+        assert "train.is_correction" in f.keys and "rollout.max_staleness" in f.keys
 
 
 @pytest.mark.parametrize(
@@ -55,6 +83,8 @@ def test_base_config_is_clean(base_toml: Path) -> None:
         (["serving.tool_call_parser=\"mistral\""], "tool_parser"),
         (["serving.reasoning_parser=\"deepseek_r1\""], "reasoning_parser"),
         (["serving.backend=\"vllm\""], "vllm_urls"),
+        (["cluster.mode=\"ray\"", "serving.backend=\"vllm\"", "serving.urls=[\"http://h:1\"]"], "cluster_serving"),
+        (["cluster.mode=\"ray\"", "train.backend=\"megatron\""], "cluster_backend"),
         (["sandbox.provider=\"sunabako\""], "sunabako_memory"),
         (["model.checkpoint=\"/nonexistent/ckpt\""], "checkpoint"),
         (["model.checkpoint=\"lego:huge\""], "checkpoint"),
@@ -121,7 +151,7 @@ def test_sunabako_memory_given_explicitly(base_toml: Path) -> None:
 
 
 def test_greedy_is_a_warning(base_toml: Path) -> None:
-    assert codes(base_toml, "rollout.temperature=0") == {"temperature_greedy": "warning"}
+    assert codes(base_toml, "rollout.temperature=0", "rollout.max_staleness=0") == {"temperature_greedy": "warning"}
 
 
 def test_cluster_json(base_toml: Path, workdir: Path) -> None:
@@ -197,7 +227,7 @@ def test_custom_row_keys_read_alike_by_validate_and_rollout_check(base_toml: Pat
     assert codes(base_toml).get("dataset_row") == "error"  # read with the default keys: no `prompt`
     keys = ["rollout.input_key=messages", "rollout.label_key=id", "rollout.metadata_key=info",
             "agent.sandbox_image_metadata_key=docker_image"]
-    assert codes(base_toml, *keys) == {}
+    assert codes(base_toml, *keys, "rollout.max_staleness=0") == {}
     r = resolve(base_toml, environ={}, overrides=keys)
     session = RolloutCheckSession(r)
     [loaded] = session.rows

@@ -146,3 +146,17 @@ async def test_remote_checks_each_sandbox_node_with_one_finding_per_failure(
     [missing] = await remote_findings(r, timeout=5.0)
     assert missing.code == "node_images_missing" and "1 of 2 image root filesystems" in missing.message
     assert "/srv/images/gone" in missing.message and str(workdir) not in missing.message.split(": ", 1)[1]
+
+
+async def test_a_dead_ray_head_is_unreachable_at_once(base_toml: Path) -> None:
+    """ray.init retries a dead address for minutes: the check answers within its timeout instead."""
+    port = _closed_port()
+    r = resolve(base_toml, environ={}, overrides=["cluster.mode=\"ray\"", f"cluster.ray_address=\"127.0.0.1:{port}\""])
+    start = time.monotonic()
+    [f] = await remote_findings(r, timeout=2.0)
+    assert time.monotonic() - start < 10
+    assert (f.code, f.severity, f.keys) == ("unreachable", "error", ("cluster.ray_address",))
+    assert f.message == f"ray 127.0.0.1:{port}: cannot connect to 127.0.0.1:{port}: Connection refused"
+    # Without an address `lego train` starts its own one-node Ray: nothing to reach before launch.
+    r = resolve(base_toml, environ={}, overrides=["cluster.mode=\"ray\""])
+    assert await remote_findings(r, timeout=2.0) == []

@@ -102,6 +102,16 @@ def test_options_handed_to_the_wrong_plugin_are_named() -> None:
         PM.hook.lego_harness_toolchain(harness="opencode", options=codex_options)  # type: ignore[union-attr]
 
 
+def test_codex_autocompact_share_is_validated_and_0_tells_codex_no_window() -> None:
+    argv = harness("codex", autocompact_pct=0).command(request(max_context_tokens=65536)).argv
+    settings = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-c")
+    assert "model_context_window" not in settings and "model_auto_compact_token_limit" not in settings
+    for bad in (-1, 101):
+        with pytest.raises(ConfigError) as info:
+            harness("codex", autocompact_pct=bad)
+        assert info.value.parameter == "harness.codex.autocompact_pct"
+
+
 def test_extra_args_as_a_shell_line_and_numeric_envs_from_config() -> None:
     h = harness("codex", extra_args="--a 'b c'", extra_envs={"N": 8192})
     assert h.options.extra_args == ["--a", "b c"] and h.options.extra_envs == {"N": "8192"}
@@ -149,6 +159,9 @@ def test_codex_command_points_a_responses_provider_at_the_adapter() -> None:
     assert settings["model_providers.lego.request_max_retries"] == "0"
     assert int(settings["model_providers.lego.stream_idle_timeout_ms"]) >= request().time_budget_s * 1000
     assert settings["web_search"] == '"disabled"' and settings["analytics.enabled"] == "false"
+    # The rollout's window, compacted at 70 % of it like Claude Code (Codex knows no window for our model).
+    assert settings["model_context_window"] == "32768"
+    assert settings["model_auto_compact_token_limit"] == str(32768 * 70 // 100)
     assert spec.env["LEGO_SESSION_KEY"] == "sess-42"
     assert not spec.env["CODEX_HOME"].startswith("/tmp/")
     assert argv[-2:] == ["--", "Fix the bug."]

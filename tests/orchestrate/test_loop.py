@@ -11,6 +11,7 @@ solved) cannot be produced on demand by a real engine. ``test_loop_learning.py``
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,9 +19,13 @@ import pytest
 import torch
 
 from lego_rl.errors import ConfigError
+from lego_rl.monitor.snapshot import build
+from lego_rl.monitor.state import RunState
+from lego_rl.monitor.views import tasks as tasks_view
 from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutSlot, TrainingError, TrainLoop
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore import RunDir, read_events
+from lego_rl.runstore.events import RolloutFinished, RolloutStarted
 from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.termination import TerminationReason as TR
@@ -404,3 +409,61 @@ async def test_partial_rollouts_train_or_mask_the_tokens_older_than_the_bound(tm
         assert row.values["tokens_dropped_stale"] == 8 and row.values["tokens"] == 8  # only the fresh turn
     else:
         assert "tokens_dropped_stale" not in row.values and row.values["tokens"] == 16
+
+
+async def test_zero_variance_groups_per_task_are_counted_and_retire_the_task(tmp_path: Path, tiny: Path) -> None:
+    """p0 is always solved: after 2 of its groups in a row it is retired and never drawn again (synchronous, so
+    nothing is drawn ahead of the step that retires it); the counts are in every row and survive a resume."""
+    drawn_retired: list[str] = []
+    loop: TrainLoop | None = None
+
+    def p0_solved(prompt: Prompt, slot: RolloutSlot) -> Outcome:
+        assert loop is not None
+        if prompt.id in loop.signal.retired:
+            drawn_retired.append(slot.rollout_id)
+        return (TR.COMPLETED, 1.0) if prompt.id == "p0" else alternate(prompt, slot)
+
+    # 3 of the 6 prompts a step: each is drawn once in every 2 steps (an epoch), so p0 is retired by step 3 and
+    # steps 4-5 (a whole epoch) would draw it again
+    class Logged(ScriptedRollouts):
+        """The TEST DOUBLE logging its rollouts as the environment rollouts of `lego train` do, for the monitor."""
+
+        async def __call__(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+            assert loop is not None
+            loop.run_dir.events.emit(RolloutStarted(rollout_id=slot.rollout_id, instance_id=prompt.id,
+                                                    harness="scripted"))
+            result = await super().__call__(prompt, slot)
+            loop.run_dir.events.emit(RolloutFinished(rollout_id=slot.rollout_id, termination=result.termination,
+                                                     reward=result.reward, infrastructure_failure=False))
+            return result
+
+    loop = make_loop(tmp_path, tiny, Logged(p0_solved), name="retire", num_rollout=6, max_staleness=0,
+                     batch_size=3, retire_zero_variance_after=2, checkpoint_every=6)
+    assert await loop.run() == "completed"
+    loop.run_dir.close()
+    # lego monitor / lego report read it from the run directory: p0 stopped carrying signal and was retired
+    state = RunState(loop.run_dir.root)
+    state.refresh()
+    tasks = build(state, now=time.time(), kl_warn=1e-3).tasks
+    assert tasks is not None and tasks.retired == ["p0"] and tasks.stopped_signal == 1
+    by_id = {t.instance_id: t for t in tasks.tasks}
+    assert (by_id["p0"].zero_variance_streak, by_id["p0"].retired) == (2, True)
+    assert all(t.zero_variance_streak == 0 and not t.retired for i, t in by_id.items() if i != "p0")
+    view = tasks_view(build(state, now=time.time(), kl_warn=1e-3), 120, 20, 0).plain.splitlines()
+    assert "1 stopped carrying signal" in view[1] and "1 retired" in view[1]
+    [p0_line] = [line for line in view if line.startswith("p0 ")]
+    assert p0_line.endswith("∅×2 retired")
+    rows = list(follow_metrics(loop.run_dir.layout.metrics).read())
+    streak = [r.zero_variance_tasks.get("p0") for r in rows if "p0" in r.zero_variance_tasks]
+    assert streak == [1, 2]  # its two groups, then never again
+    assert all(set(r.zero_variance_tasks) <= {"p0"} for r in rows)  # the others always carry signal
+    [retiring] = [r for r in rows if r.retired_tasks]
+    assert retiring.retired_tasks == ["p0"] and retiring.zero_variance_tasks == {"p0": 2}
+    assert [r.values["tasks_retired"] for r in rows] == [float(r.step >= retiring.step) for r in rows]
+    assert drawn_retired == [] and loop.signal.retired == ["p0"]
+
+    resumed = make_loop(tmp_path, tiny, Logged(p0_solved), name="retire", num_rollout=8,
+                        max_staleness=0, batch_size=3, retire_zero_variance_after=2, resume=True, resume_index=1)
+    loop = resumed
+    assert resumed.resume() == 5 and resumed.signal.retired == ["p0"] and resumed.stream.retired == {"p0"}
+    assert await resumed.run() == "completed" and drawn_retired == []

@@ -69,3 +69,15 @@ def test_samples_follow_the_truncated_distribution() -> None:
         counts[sample_rows(logits, [r])[0].token] += 1
     assert counts[2] == 0  # outside the nucleus
     assert 0.6 < counts[0] / 600 < 0.73  # 0.6/0.9 = 0.667
+
+
+def test_a_batch_with_mixed_parameters_equals_each_row_alone() -> None:
+    """Per-row top-k/top-p/temperature in one batched pass: every row's draw, logprob, rank, alternatives and
+    nucleus are what the same row gives alone (a shared truncation must not leak across rows)."""
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(4)) * 2
+    params = [dict(t=1.0), dict(t=0.7, p=0.9), dict(t=1.2, k=7), dict(t=0.0, n=3), dict(t=1.0, p=0.5, k=20, n=4)]
+    together = sample_rows(logits, [row(seed=i, **kw) for i, kw in enumerate(params)])  # type: ignore[arg-type]
+    for i, kw in enumerate(params):
+        [alone] = sample_rows(logits[i : i + 1], [row(seed=i, **kw)])  # type: ignore[arg-type]
+        assert together[i] == alone, i
+    assert len(together[2].nucleus_ids or []) <= 7 and len(together[1].nucleus_ids or []) < 300

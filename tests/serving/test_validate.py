@@ -120,7 +120,9 @@ def test_routed_experts_decoded_and_split() -> None:
     np.save(buf, arr)
     data = mutated(lambda c: c.update(routed_experts=base64.b64encode(buf.getvalue()).decode()))
     r = parse(data, want_routed_experts=True)
-    assert r.prompt_routed_experts == arr[:2].tolist() and r.routed_experts == arr[2:].tolist()
+    # One route per output id; the last one was never forwarded, so it has none.
+    assert r.prompt_routed_experts == arr[:2].tolist() and r.routed_experts == arr[2:].tolist() + [[]]
+    assert len(r.routed_experts) == len(r.output_ids)
     with pytest.raises(InvalidReply, match="shape"):
         parse(data, want_routed_experts=True, prompt_len=3)
     with pytest.raises(UnsupportedExtra):

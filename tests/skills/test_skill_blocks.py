@@ -88,8 +88,15 @@ def skill_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+# Skills whose blocks another test runs, in this same environment, and whose outputs it checks too: running them
+# here again would only double their time (check-tasks: sandboxes and real Claude Code rollouts, ~80 s).
+OWN_TEST = {"check-tasks": "tests/tasks/test_skill_check_tasks.py"}
+
+
 def _skill_param(path: Path) -> object:
     marks = [pytest.mark.slow] if path.parent.name in SLOW else []
+    if path.parent.name in OWN_TEST:
+        marks.append(pytest.mark.skip(reason=f"run, outputs checked, by {OWN_TEST[path.parent.name]}"))
     return pytest.param(path, id=path.parent.name, marks=marks)
 
 
@@ -97,6 +104,8 @@ def test_there_are_skills_and_the_slow_list_names_only_existing_ones() -> None:
     names = {p.parent.name for p in SKILL_FILES}
     assert len(names) >= 4
     assert SLOW <= names, f"SLOW names skills that do not exist: {sorted(SLOW - names)}"
+    for name, test in OWN_TEST.items():
+        assert name in names and name in (REPO / test).read_text(), (name, test)
 
 
 def test_the_readme_lists_every_skill_and_no_other() -> None:

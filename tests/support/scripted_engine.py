@@ -50,6 +50,9 @@ class ScriptedPolicyEngine:
     score: bool = True
     """Score with the model (real logprobs); False gives logprob 0.0 everywhere (benchmarks only)."""
     calls: list[EngineCall] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    """The prompt of the call being answered, set before the script runs: a script may size its answer to the
+    exact prompt length (the decoded text re-encoded can differ by a few tokens at segment boundaries)."""
 
     def __post_init__(self) -> None:
         from transformers import AutoTokenizer
@@ -86,6 +89,7 @@ class ScriptedPolicyEngine:
     ) -> GenerateResult:
         async with self._lock:  # one forward at a time: the machine has two cores
             index = len(self.calls)
+            self.prompt_ids = list(token_ids)
             prompt = self.tokenizer.decode(token_ids, skip_special_tokens=False)
             text = self._text_for(prompt, index)
             output_ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_id]

@@ -1,4 +1,6 @@
-"""`lego tasks screen --run`: pass rates from recorded rollouts, the band, the screened dataset and report.
+"""`lego tasks screen`: pass rates from recorded rollouts (`--run`), the band, the screened dataset and report;
+and, for the screen that rolls out itself, what a session plans, reuses and refuses before any rollout
+(tests/rollout/test_tasks_screen_rollouts.py runs it end to end with real Claude Code).
 
 The attempts come from the real recorded `lego train` run of the monitor's tests (first_letter, 8 samples per
 prompt) and, where infrastructure failures matter, from the synthetic run (support.synthetic_run, a TEST
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from support.synthetic_run import write_synthetic_run
 from typer.testing import CliRunner
@@ -18,8 +21,8 @@ from lego_rl.cli.main import app
 from lego_rl.tasks.screen import read_attempts, screen
 
 TOY = Path(__file__).resolve().parents[1] / "monitor" / "runs" / "toy-train"
-EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples" / "tasks" / "tasks.jsonl").read_text()
-                     .splitlines()[0])
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+EXAMPLE = json.loads((EXAMPLES_DIR / "tasks.jsonl").read_text().splitlines()[0])
 runner = CliRunner()
 
 
@@ -85,6 +88,11 @@ def test_screen_a_recorded_training_run(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "band" in res.output
     res = runner.invoke(app, ["tasks", "screen", "--data", str(data), "--run", str(tmp_path / "nothing")])
     assert res.exit_code == 2 and "holds no run" in res.output
+    # the options of the screen that rolls out mean nothing to a read-only one, and the reverse
+    res = runner.invoke(app, ["tasks", "screen", "--data", str(data), "--run", str(TOY), "--harness", "codex"])
+    assert res.exit_code == 2 and "--harness only work(s) when the screen rolls out" in " ".join(res.output.split())
+    res = runner.invoke(app, ["tasks", "screen", "--data", str(data), "--window", "last"])
+    assert res.exit_code == 2 and "--window last reads a training run" in res.output
 
 
 def test_infrastructure_failures_are_not_attempts(tmp_path: Path) -> None:
@@ -100,3 +108,130 @@ def test_infrastructure_failures_are_not_attempts(tmp_path: Path) -> None:
     # two runs read in order: the second one's attempts come after the first one's
     both = read_attempts([tmp_path / "run", tmp_path / "run"])
     assert all(both.rewards[i] == by_hand[i] * 2 for i in by_hand)
+
+
+# -- screening that rolls out itself: what it plans, reuses and refuses (no engine, no sandbox) -------------
+
+
+def _session_config(tmp_path: Path, data: Path, run_root: Path, *overrides: str) -> Any:
+    from lego_rl.config.resolve import resolve
+
+    return resolve(None, environ={}, overrides=[
+        f'rollout.prompt_data="{data}"', f'paths.run_root="{run_root}"',
+        f'sandbox.images="{EXAMPLES_DIR / "images.json"}"', *overrides])
+
+
+def _examples_dataset(path: Path, ids: list[str]) -> Path:
+    """Rows of the example tasks (their archives copied beside ``path``), one per id."""
+    import shutil
+
+    (path.parent / "repos").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for iid in ids:
+        row = json.loads(json.dumps(EXAMPLE))
+        row["metadata"]["instance_id"] = row["label"] = iid
+        lines.append(json.dumps(row))
+    shutil.copy(EXAMPLES_DIR / EXAMPLE["metadata"]["repo_archive"], path.parent / EXAMPLE["metadata"]["repo_archive"])
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _log(run_root: Path, config: dict[str, Any], outcomes: list[tuple[str, str, float | None]]) -> None:
+    """A run directory holding ``(rollout_id, instance_id, reward)`` outcomes (None: an infrastructure
+    failure; the rollout id ``...-killed`` is started and never finished, as under SIGKILL)."""
+    from lego_rl.runstore import RunDir
+    from lego_rl.runstore.events import RolloutFinished, RolloutStarted
+    from lego_rl.termination import TerminationReason
+
+    run = RunDir.open(run_root, config=config)
+    for rid, iid, reward in outcomes:
+        run.events.emit(RolloutStarted(rollout_id=rid, instance_id=iid, harness="claude_code"))
+        run.rollout_dir(rid)
+        if rid.endswith("-killed"):
+            continue
+        infra = reward is None
+        run.events.emit(RolloutFinished(
+            rollout_id=rid, reward=reward, infrastructure_failure=infra,
+            termination=TerminationReason.SANDBOX_SETUP if infra else TerminationReason.COMPLETED))
+    run.close()
+
+
+def test_a_second_session_tops_up_only_what_is_missing(tmp_path: Path) -> None:
+    from lego_rl.config.resolve import config_json
+    from lego_rl.orchestrate.screen_session import ScreenSession
+
+    data = _examples_dataset(tmp_path / "data" / "tasks.jsonl", ["a", "b", "c", "d"])
+    run_root = tmp_path / "run"
+    r = _session_config(tmp_path, data, run_root)
+    fresh = ScreenSession(r, k=3).plan()
+    assert fresh.reused == 0 and [(s.rollout_id, s.group_index, s.index) for s in fresh.specs] == [
+        (f"{t}-s{i}", g, i) for g, t in enumerate("abcd") for i in range(3)]
+    assert not run_root.exists()  # planning writes nothing
+
+    _log(run_root, config_json(r), [
+        ("a-s0", "a", 1.0), ("a-s1", "a", 0.0), ("a-s2", "a", 0.0),  # complete
+        ("b-s0", "b", 1.0), ("b-s1", "b", None), ("b-killed", "b", None),  # one attempt, two lost
+        ("c-s0", "c", 0.0), ("c-s1", "c", 0.0), ("c-s2", "c", 1.0), ("c-s3", "c", 1.0),  # more than k
+    ])
+    session = ScreenSession(r, k=3)
+    planned = session.plan()
+    assert planned.reused == 3 + 1 + 3
+    # b: 2 more, numbered past every id it used (b-s1 failed in the infrastructure: no attempt, id taken);
+    # d: nothing yet
+    assert [s.rollout_id for s in planned.specs] == ["b-s2", "b-s3", "d-s0", "d-s1", "d-s2"]
+    assert {s.row.metadata.instance_id for s in planned.specs} == {"b", "d"}
+    verdicts = {v.instance_id: v for v in session.verdicts()}
+    assert [(v.instance_id, v.row) for v in verdicts.values()] == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+    assert verdicts["a"].decision == "kept" and verdicts["c"].decision == "kept"  # c by its first 3
+    assert verdicts["b"].decision == "too few attempts"
+    assert verdicts["b"].infrastructure_reasons == {"sandbox_setup": 1}
+    # a harness for every task is carried by the specs
+    assert {s.row.metadata.agent for s in ScreenSession(r, k=3, harness="codex").plan().specs} == {"codex"}
+    assert ScreenSession(r, k=3, ids=["a", "c"]).plan().specs == []
+
+
+def test_a_directory_of_another_policy_or_of_training_is_refused(tmp_path: Path) -> None:
+    import pytest
+
+    from lego_rl.config.resolve import config_json
+    from lego_rl.errors import ConfigError
+    from lego_rl.orchestrate.screen_session import ScreenSession
+
+    data = _examples_dataset(tmp_path / "data" / "tasks.jsonl", ["a"])
+    run_root = tmp_path / "run"
+    _log(run_root, config_json(_session_config(tmp_path, data, run_root)), [("a-s0", "a", 1.0)])
+    hotter = _session_config(tmp_path, data, run_root, "rollout.temperature=0.7")
+    with pytest.raises(ConfigError, match=r"rollout.temperature was 1.0, is 0.7"):
+        ScreenSession(hotter, k=2)
+    # what does not change the policy (how many rollouts run at once) is fine
+    assert ScreenSession(_session_config(tmp_path, data, run_root, "rollout.concurrency=2"), k=2).plan().reused == 1
+    (run_root / "metrics.jsonl").write_text("")
+    with pytest.raises(ConfigError, match="is a training run"):
+        ScreenSession(_session_config(tmp_path, data, run_root), k=2)
+
+
+def test_rows_that_cannot_be_rolled_out_are_named_and_skipped(tmp_path: Path) -> None:
+    from lego_rl.orchestrate.screen_session import ScreenSession
+
+    data = _examples_dataset(tmp_path / "data" / "tasks.jsonl", ["good", "no-archive", "no-image"])
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rows[1]["metadata"]["repo_archive"] = "repos/absent.tar.gz"
+    rows[2]["metadata"]["image"] = "nowhere:1"
+    no_cmd = json.loads(json.dumps(rows[0]))
+    no_cmd["metadata"]["instance_id"] = "no-eval-cmd"
+    del no_cmd["metadata"]["eval_cmd"]
+    data.write_text("\n".join([json.dumps(rows[0]), "{not json", json.dumps(rows[1]), json.dumps(rows[2]),
+                               json.dumps(no_cmd), json.dumps(rows[0])]) + "\n")
+    session = ScreenSession(_session_config(tmp_path, data, tmp_path / "run"), k=2)
+    assert [r.metadata.instance_id for r in session.rows] == ["good"]
+    assert {s.row.metadata.instance_id for s in session.plan().specs} == {"good"}
+    bad = {b.row: b for b in session.bad}
+    assert sorted(bad) == [2, 3, 4, 5, 6]
+    assert "JSON" in bad[2].reason
+    assert bad[3].instance_id == "no-archive" and "absent.tar.gz does not exist" in bad[3].reason
+    assert bad[4].instance_id == "no-image" and "'nowhere:1' is not in" in bad[4].reason
+    assert "eval_cmd" in bad[5].reason
+    assert "duplicate" in bad[6].reason
+    verdicts = session.verdicts()
+    assert [(v.row, v.decision) for v in verdicts if v.decision == "bad row"] == [(n, "bad row") for n in bad]
+    assert all(v.detail == bad[v.row].reason for v in verdicts if v.row in bad)

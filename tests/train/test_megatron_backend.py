@@ -145,9 +145,8 @@ def test_refusals_name_the_key(tiny_model: Path, tmp_path: Path) -> None:
         megatron(tiny_model, data_parallel=2)
     with pytest.raises(ConfigError, match=r"tensor_parallel = 3 does not divide"):
         megatron(tiny_model, tensor_parallel=3)
-    moe = ensure_tiny_model(moe=True)
-    with pytest.raises(ConfigError, match=r"Qwen3-MoE \(8 experts\) is not trained by the Megatron backend yet"):
-        megatron(moe)
+    with pytest.raises(ConfigError, match=r"routing replay needs a mixture-of-experts model; this one is dense"):
+        megatron(tiny_model, routing_replay=True)
     # A torch-backend checkpoint has no optimizer shards for this trainer.
     t = torch_backend(tiny_model)
     t.save_checkpoint(tmp_path / "torch-ckpt", extra_state={})

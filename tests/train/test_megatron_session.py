@@ -7,7 +7,6 @@ The missing-extra path runs without megatron-core; the rest skips when it is not
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,48 +15,20 @@ import pytest
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
-from lego_rl.orchestrate.toy_env import make_rows
 from lego_rl.runstore import read_events
 from lego_rl.runstore.log import follow_metrics
-
-TOML = """
-[serving]
-device = "cpu"
-port = 0
-
-[sandbox]
-provider = "bwrap"
-
-[rollout]
-prompt_data = "toy.jsonl"
-# 4 groups of 8: a step where every group has zero variance (nothing to train) is ~3 % likely, not ~40 %.
-batch_size = 4
-samples_per_prompt = 8
-top_p = 1.0
-
-[train]
-backend = "megatron"
-environment = "first_letter"
-num_rollout = 2
-lr = 1e-3
-
-[paths]
-run_root = "runs/toy"
-"""
+from support.toy_run import scrub_config_env, write_toy_run
 
 runner = CliRunner()
 
 
 @pytest.fixture
 def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    for name in list(os.environ):
-        if name.startswith(("LEGO_", "SWE_", "ADAPTER_")) or name in {"PROMPT_DATA", "RUN_ROOT", "RUN_LOG",
-                                                                      "HF_CHECKPOINT", "DATA_ROOT"}:
-            monkeypatch.delenv(name)
+    scrub_config_env(monkeypatch)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8, letters="a")))
-    (tmp_path / "lego.toml").write_text(TOML)
-    yield tmp_path
+    # 4 groups of 8: a step where every group has zero variance (nothing to train) is ~3 % likely, not ~40 %.
+    yield write_toy_run(tmp_path, rollout={"batch_size": 4, "samples_per_prompt": 8},
+                        train={"backend": "megatron", "lr": 1e-3})
 
 
 def said(res: object) -> str:

@@ -4,8 +4,6 @@ distribution on both sides), and ``lego train`` runs it end to end on the toy en
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,7 +12,6 @@ import torch
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
-from lego_rl.orchestrate.toy_env import make_rows
 from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving.engine import EmbeddedEngine
 from lego_rl.serving.protocol import SamplingParams
@@ -24,6 +21,7 @@ from lego_rl.train.batching import plan_steps
 from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
 from lego_rl.trajectory.sample import Sample
+from support.toy_run import scrub_config_env, write_toy_run
 
 TOP_P = 0.9
 
@@ -122,44 +120,15 @@ async def test_engine_nucleus_gives_zero_correction_and_a_step(engine: EmbeddedE
     assert abs(res2.metrics["sc_correction"]) > 1e-3, res2.metrics
 
 
-TOML = """
-[serving]
-device = "cpu"
-port = 0
-
-[sandbox]
-provider = "bwrap"
-
-[rollout]
-prompt_data = "toy.jsonl"
-batch_size = 2
-samples_per_prompt = 8
-top_p = 0.9
-capture_nucleus = true
-# On-policy: the correction is ~0 only when the trainer's weights are the ones that sampled (staleness 1 would
-# train step 1 on rollouts of policy 0, a real and non-zero correction).
-max_staleness = 0
-
-[train]
-environment = "first_letter"
-num_rollout = 2
-use_score_centering = true
-
-[paths]
-run_root = "runs/sc"
-"""
-
-
 @pytest.fixture
 def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    for name in list(os.environ):
-        if name.startswith(("LEGO_", "SWE_", "ADAPTER_")) or name in {"PROMPT_DATA", "RUN_ROOT", "RUN_LOG",
-                                                                      "HF_CHECKPOINT", "DATA_ROOT"}:
-            monkeypatch.delenv(name)
+    scrub_config_env(monkeypatch)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8, letters="a")))
-    (tmp_path / "lego.toml").write_text(TOML)
-    yield tmp_path
+    # On-policy: the correction is ~0 only when the trainer's weights are the ones that sampled (staleness 1 would
+    # train step 1 on rollouts of policy 0, a real and non-zero correction).
+    yield write_toy_run(tmp_path, rollout={"samples_per_prompt": 8, "top_p": 0.9, "capture_nucleus": True,
+                                           "max_staleness": 0},
+                        train={"use_score_centering": True}, paths={"run_root": "runs/sc"})
 
 
 @pytest.mark.slow

@@ -189,6 +189,10 @@ def parse_tools(raw: Any) -> list[ToolSpec]:
 REQUEST_CLASS_HEADER = "x-claude-code-request-class"
 AUXILIARY_TYPE_HEADER = "x-claude-code-auxiliary-type"
 AGENT_TYPE_HEADER = "x-claude-code-agent-type"
+COMPACTION_ASK = ("CRITICAL: Respond with TEXT ONLY.", "create a detailed summary of the conversation so far")
+"""Both are in the text block Claude Code 2.1 appends to the last user message of its compaction request. In
+``-p`` mode that request has no request-class header (a real 64k-token run, tests/rollout/test_generate_64k.py):
+without this it forked the main chain, where Codex's compaction is a side request."""
 
 
 def _output_schema(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -211,13 +215,16 @@ def claude_code_side_label(body: Mapping[str, Any], headers: Mapping[str, str], 
     title: a ``json_schema`` with one ``title`` property; memory selection and others), and, where it
     classifies its requests, an ``x-claude-code-request-class`` header (``main``, ``subagent``,
     ``compaction``, ``auxiliary``, ``side_reply``...) refined by ``x-claude-code-auxiliary-type`` /
-    ``x-claude-code-agent-type``. Each becomes its own side chain so it never forks the main chain."""
+    ``x-claude-code-agent-type``; without the header, compaction is known by its text (``COMPACTION_ASK``).
+    Each becomes its own side chain so it never forks the main chain."""
     request_class = headers.get(REQUEST_CLASS_HEADER, "").strip()
     if request_class and request_class != "main":
         if request_class == "subagent" and headers.get(AGENT_TYPE_HEADER):
             return f"subagent:{headers[AGENT_TYPE_HEADER].strip()}"
         return headers.get(AUXILIARY_TYPE_HEADER, "").strip() or request_class
     messages = body.get("messages")
+    if _asks_for_compaction(messages):
+        return "compaction"
     if body.get("max_tokens") == 1 and messages == [{"role": "user", "content": "quota"}] and not tools:
         return "quota"
     schema = _output_schema(body)
@@ -226,6 +233,18 @@ def claude_code_side_label(body: Mapping[str, Any], headers: Mapping[str, str], 
         names = sorted(props) if isinstance(props, dict) else []
         return "title" if names == ["title"] else "structured:" + ",".join(names)
     return None
+
+
+def _asks_for_compaction(messages: Any) -> bool:
+    """The last message is the user's and one of its text blocks holds both parts of ``COMPACTION_ASK``."""
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return False
+    last = messages[-1]
+    content = last.get("content")
+    if last.get("role") != "user" or not isinstance(content, list):
+        return False
+    return any(isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+               and all(part in block["text"] for part in COMPACTION_ASK) for block in content)
 
 
 def _blocks(resp: CanonicalResponse) -> list[dict[str, Any]]:

@@ -38,14 +38,17 @@ Errors are raised, never returned: ``ProtocolError`` (client's fault, 4xx) and `
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
+import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopKind
 from lego_rl.adapter.sessions import Session
@@ -65,6 +68,7 @@ from lego_rl.serving.protocol import LOGPROB_TOLERANCE, GenerateResult, Sampling
 from lego_rl.trajectory.records import TurnRecord
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class GenerateBackend(Protocol):
@@ -107,7 +111,8 @@ class AdapterCore:
     """Runs turns for every session of one served model.
 
     ``max_context_tokens`` is the model's window (prompt + output tokens); ``max_response_tokens`` caps
-    one call's output (``--rollout-max-response-len``). Sessions may lower both.
+    one call's output (``--rollout-max-response-len``). Sessions may lower both. ``render_threads``: the
+    render pool's size (default: the CPU count, at most 8).
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class AdapterCore:
         model_name: str = "lego",
         model_aliases: Sequence[str] = (),
         verify_bridges: bool = False,
+        render_threads: int | None = None,
     ) -> None:
         if max_context_tokens <= 0 or max_response_tokens <= 0:
             raise ValueError(
@@ -139,6 +145,8 @@ class AdapterCore:
         self.known_models = frozenset({model_name, *model_aliases})
         """Names a request may carry without a warning (``adapter.model_aliases`` plus the served name)."""
         self._chain_locks: dict[tuple[str, str | None], _ChainLock] = {}
+        self._render_pool = ThreadPoolExecutor(max_workers=render_threads or min(8, os.cpu_count() or 1),
+                                               thread_name_prefix="lego-render")
 
     def template_kwargs(self, session: Session | None, req: CanonicalRequest) -> dict[str, Any]:
         """Kwargs for this turn: operator defaults < client's < the session's per-sample kwargs."""
@@ -163,6 +171,13 @@ class AdapterCore:
         window = min(self.max_context_tokens, limit or self.max_context_tokens)
         floor = self.renderer.min_prompt_tokens(messages, req.tools)
         return floor if floor >= window else None
+
+    async def in_render_pool(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` on the core's own render threads (rendering and tokenising: CPU work that releases
+        the GIL in Rust). Not the loop's default pool: there, a burst of long renders would queue the
+        record fsyncs that hold every answer, and the decoding of a 10 MiB body that a size check would
+        refuse at once, behind seconds of other sessions' renders."""
+        return await asyncio.get_running_loop().run_in_executor(self._render_pool, functools.partial(fn, *args))
 
     def refuse_if_failed(self, session: Session) -> None:
         """Refuse a request on a session the engine already failed, as the outage it was.
@@ -219,7 +234,8 @@ class AdapterCore:
             return CanonicalResponse(id=_response_id(req), model=req.model or self.model_name, stop="context_limit",
                                      prompt_tokens=floor)
         try:
-            plan = await self.bridge.plan_in_thread(chain, messages, req.tools, self.template_kwargs(session, req))
+            plan = await self.in_render_pool(self.bridge.plan, chain, messages, req.tools,
+                                             self.template_kwargs(session, req))
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
         clock.render_s = clock.elapsed()

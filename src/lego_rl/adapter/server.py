@@ -8,9 +8,9 @@ Sessions: the ``/s/{session}/`` path prefix names the session when present (head
 so a harness may keep a dummy API key); otherwise the bearer token or ``x-api-key`` does. A request
 never touches any session but the one it names.
 
-Records (``records_dir``, the standalone adapter): each session's turn records are appended and fsynced
-as each turn ends, before its answer is sent (``RecordJournal``), with a status file holding the
-failure reason; with ``auto_open``, a request for a new key is validated before its session is opened.
+Records (``records_dir``, the standalone adapter; or a session's own ``records_dir``, a rollout's folder):
+each session's turn records are appended and fsynced as each turn ends, before its answer is sent
+(``RecordJournal``), with a status file holding the failure reason; with ``auto_open``, a request for a new key is validated before its session is opened.
 Logs: one JSON line (logger ``lego_rl.adapter.server``) per 4xx/5xx answer, engine error, session
 open/close and record save.
 
@@ -28,7 +28,7 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from lego_rl.adapter.chat_completions import ChatCompletionsDialect
 from lego_rl.adapter.core import AdapterCore
 from lego_rl.adapter.dialect import Dialect, Route, WireError
 from lego_rl.adapter.responses import ResponsesDialect
-from lego_rl.adapter.sessions import RecordJournal, Session, SessionRegistry
+from lego_rl.adapter.sessions import RecordJournal, Session, SessionRegistry, turn_records_path
 from lego_rl.errors import ProtocolError, ProviderError
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,8 @@ class AdapterServer:
         self.keepalive_s = keepalive_s
         self.auto_open = auto_open
         self.records_dir = records_dir
-        self.journal = RecordJournal(records_dir) if records_dir is not None else None
+        # Always there: a session opened with its own records_dir (a rollout's folder) is journaled too.
+        self.journal = RecordJournal(records_dir)
         self.body_limit_setting = body_limit_setting
 
     def app(self) -> web.Application:
@@ -125,13 +126,15 @@ class AdapterServer:
                       infra_failure=session.infra_failure, termination=session.termination)
 
     async def after_turn(self, session: Session) -> None:
-        """Make the session's new records and status durable (``records_dir`` only), on a worker thread."""
-        if self.journal is None:
+        """Make the session's new records and status durable, on a worker thread (a session with a records
+        folder: its own ``records_dir``, else the server's ``records_dir``)."""
+        folder = self.journal.folder(session)
+        if folder is None:
             return
         turns = await asyncio.to_thread(self.journal.sync, session)
         if turns:
             log_event("records_saved", session=session.id, turns=turns,
-                      path=str(self.journal.records_path(session.id)))
+                      path=str(turn_records_path(folder, session.id)))
 
     def _handler(self, dialect: Dialect, route: Route) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -155,7 +158,7 @@ class AdapterServer:
             if session is None:  # only a valid request opens a session (no empty record files)
                 session = self.open_unknown(request, unknown)
             if route.operation == "count_tokens":
-                count = await asyncio.to_thread(self.core.count_tokens, session, req)
+                count = await self.core.in_render_pool(self.core.count_tokens, session, req)
                 return web.json_response(dialect.count_tokens_body(count))
             self.core.refuse_if_failed(session)  # before a stream starts: the client gets the HTTP status
             if req.stream:
@@ -175,7 +178,7 @@ class AdapterServer:
     def known_session(self, request: web.Request) -> tuple[Session | None, ProtocolError | None]:
         """The open session the request names, or (None, the 401) when ``auto_open`` may open it once
         the request is known to be valid; other refusals are raised."""
-        token = request.match_info.get("session") or _header_token(request)
+        token = request.match_info.get("session") or header_token(request.headers)
         try:
             return self.sessions.get(token), None
         except ProtocolError as exc:
@@ -184,7 +187,7 @@ class AdapterServer:
             return None, exc
 
     def open_unknown(self, request: web.Request, refusal: ProtocolError | None) -> Session:
-        token = request.match_info.get("session") or _header_token(request)
+        token = request.match_info.get("session") or header_token(request.headers)
         assert self.auto_open is not None and token and refusal is not None
         try:
             session = self.auto_open(token)
@@ -260,11 +263,12 @@ class AdapterServer:
         return resp
 
 
-def _header_token(request: web.Request) -> str | None:
-    auth = request.headers.get("Authorization", "")
+def header_token(headers: Mapping[str, str]) -> str | None:
+    """The session a request's headers name: the bearer token, else ``x-api-key``."""
+    auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    return headers.get("x-api-key") or None
 
 
 

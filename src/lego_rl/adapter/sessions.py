@@ -6,6 +6,11 @@ records of its model calls and the bridging chains used for prefix reuse, and is
 only ever hands out the session a token names. Requests for an unknown or closed session are rejected
 with a ``ProtocolError`` (401) that the HTTP edge maps into the client's protocol.
 
+A session opened with ``records_dir`` (a rollout's folder) has each turn record appended and fsynced
+there as the turn ends (``RecordJournal``, called by the HTTP edge before the answer is sent), so a
+trainer killed mid-rollout leaves every answered turn on disk; ``close(out_dir=records_dir)`` appends
+the rest to the same file.
+
 An engine reply we refuse to train on (missing or inconsistent logprobs...) marks the session as an
 infrastructure failure: the rollout is then excluded from training, and later requests are refused
 (403, which client SDKs do not retry) so the CLI stops instead of producing more unusable turns.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +65,12 @@ class Session:
     """Bridging state per chain: ``"main"`` and one per side label, so side calls never touch main."""
     notices: set[str] = field(default_factory=set)
     """Warnings already logged for this session (the core logs each kind once per session)."""
+    records_dir: Path | None = None
+    """Where each turn record is appended (fsynced) as its turn ends; None: kept in memory until closed."""
+    journaled: int = 0
+    """How many of ``records`` are on disk in the session's journal file."""
+    journal_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """Held while appending: the edge's sync (a worker thread) and ``close`` may meet when a CLI is cut off."""
 
     def chain(self, label: str | None) -> ChainState:
         """The bridging chain for ``label`` (None = main chain), created on first use."""
@@ -113,8 +125,10 @@ class SessionRegistry:
         max_requests: int | None = None,
         max_context_tokens: int | None = None,
         max_response_tokens: int | None = None,
+        records_dir: Path | None = None,
     ) -> Session:
-        """Open a new session named ``session_id`` (the bearer token the CLI will send)."""
+        """Open a new session named ``session_id`` (the bearer token the CLI will send); with
+        ``records_dir``, its turn records are appended there as they happen (see the module docstring)."""
         # Ids name files (records, logs): only safe names, so ``..`` or ``a/b`` never escape a folder.
         if not is_safe_name(session_id):
             raise ValueError(f"session id {session_id!r} must be a safe name: 1-200 of [A-Za-z0-9._-], "
@@ -134,6 +148,7 @@ class SessionRegistry:
             max_requests=max_requests,
             max_context_tokens=max_context_tokens,
             max_response_tokens=max_response_tokens,
+            records_dir=Path(records_dir) if records_dir is not None else None,
         )
         self._sessions[session_id] = session
         return session
@@ -164,12 +179,19 @@ class SessionRegistry:
         """Close a session and return it; with ``out_dir``, save its turn records there first.
 
         The records go to ``out_dir/<session_id>.turns.jsonl`` (one TurnRecord per line), written
-        atomically; an existing file is never overwritten.
+        atomically; an existing file is never overwritten. When ``out_dir`` is the session's
+        ``records_dir``, the records not yet journaled are appended to its journal file instead, and its
+        status file says closed.
         """
         session = self.get(session_id)
-        if out_dir is not None:
+        journal = session.records_dir if out_dir is not None and Path(out_dir) == session.records_dir else None
+        if journal is not None:
+            append_records(session, journal, create=True)
+        elif out_dir is not None:
             save_turn_records(session, out_dir)
         session.state = "closed"
+        if journal is not None:
+            write_session_status(session, journal)
         del self._sessions[session_id]
         self._closed.add(session_id)
         return session
@@ -190,55 +212,86 @@ def save_turn_records(session: Session, out_dir: Path) -> Path:
     return write_new(turn_records_path(out_dir, session.id), text, what="turn records")
 
 
+def append_records(session: Session, folder: Path, *, create: bool = False) -> list[TurnRecord]:
+    """Append the session's records not yet on disk to ``folder/<session>.turns.jsonl`` and fsync it (and
+    the folder, when the file is new); the records written. The file is created exclusively by the first
+    append (an existing file of another run is never appended to); ``create`` makes it even with no record.
+    """
+    with session.journal_lock:
+        new = session.records[session.journaled:]
+        if not new and not (create and session.journaled == 0):
+            return []
+        first = session.journaled == 0
+        with open(turn_records_path(folder, session.id), "x" if first else "a", encoding="utf-8") as fh:
+            fh.write("".join(record.model_dump_json() + "\n" for record in new))
+            fh.flush()
+            os.fsync(fh.fileno())
+        if first:
+            _fsync_dir(folder)
+        session.journaled += len(new)
+        return new
+
+
+def session_status_path(folder: Path, session_id: str) -> Path:
+    return Path(folder) / f"{session_id}.session.json"
+
+
+def write_session_status(session: Session, folder: Path) -> None:
+    """``folder/<session>.session.json``, atomically: state, failure reason, termination, counts, holder pid."""
+    status = {"session": session.id, "state": session.state, "infra_failure": session.infra_failure,
+              "termination": session.termination, "records": len(session.records), "requests": session.requests,
+              "opened_at": session.opened_at, "updated_at": time.time(),
+              "pid": os.getpid()}  # which process holds the session (``lego adapter --workers``)
+    replace_file(session_status_path(folder, session.id), json.dumps(status) + "\n")
+
+
 class RecordJournal:
-    """A session's turn records appended to ``DIR/<session>.turns.jsonl`` as they happen, for a process
-    that may die at any moment (the standalone ``lego adapter``; ``kill -9`` loses nothing answered).
+    """Turn records appended to ``<folder>/<session>.turns.jsonl`` as they happen, for a process that may
+    die at any moment (``kill -9`` loses nothing answered). The folder is the session's ``records_dir``
+    (a rollout's folder) or else ``out_dir`` (the standalone ``lego adapter``'s); a session with neither
+    is not journaled.
 
     fsync policy: ``sync`` appends every record not yet written and fsyncs the file (and, on the file's
     creation, the folder) before returning; the server calls it after each turn and before the answer
-    is sent, so every answered turn is on disk. ``DIR/<session>.session.json`` (written atomically on
+    is sent, so every answered turn is on disk. ``<folder>/<session>.session.json`` (written atomically on
     open, failure and close) holds the session's state, failure reason, termination and record count.
     No file exists for a session that was never opened (requests are validated before opening).
     """
 
-    def __init__(self, out_dir: Path) -> None:
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._written: dict[str, int] = {}
+    def __init__(self, out_dir: Path | None = None) -> None:
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
         self._status: dict[str, tuple[Any, ...]] = {}
 
+    def folder(self, session: Session) -> Path | None:
+        """Where the session's records go, None when it is not journaled."""
+        return session.records_dir or self.out_dir
+
     def records_path(self, session_id: str) -> Path:
+        assert self.out_dir is not None
         return turn_records_path(self.out_dir, session_id)
 
     def status_path(self, session_id: str) -> Path:
-        return self.out_dir / f"{session_id}.session.json"
+        assert self.out_dir is not None
+        return session_status_path(self.out_dir, session_id)
 
     def sync(self, session: Session) -> list[int]:
         """Append and fsync the session's new records, refresh its status; the turns written."""
-        done = self._written.get(session.id, 0)
-        new = session.records[done:]
-        if new:
-            path = self.records_path(session.id)
-            created = not path.exists()
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write("".join(record.model_dump_json() + "\n" for record in new))
-                fh.flush()
-                os.fsync(fh.fileno())
-            if created:
-                _fsync_dir(self.out_dir)
-            self._written[session.id] = done + len(new)
+        folder = self.folder(session)
+        if folder is None:
+            return []
+        new = append_records(session, folder)
         self.write_status(session)
         return [r.turn for r in new]
 
     def write_status(self, session: Session) -> None:
         """The session's status file, rewritten only when something in it changed."""
+        folder = self.folder(session)
         state = (session.state, session.infra_failure, session.termination, len(session.records), session.requests)
-        if self._status.get(session.id) == state:
+        if folder is None or self._status.get(session.id) == state:
             return
-        status = {"session": session.id, "state": session.state, "infra_failure": session.infra_failure,
-                  "termination": session.termination, "records": len(session.records), "requests": session.requests,
-                  "opened_at": session.opened_at, "updated_at": time.time()}
-        replace_file(self.status_path(session.id), json.dumps(status) + "\n")
+        write_session_status(session, folder)
         self._status[session.id] = state
 
 

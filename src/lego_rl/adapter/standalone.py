@@ -7,14 +7,19 @@ from any new key whose first request is valid. Each turn record is appended to
 loses no answered turn; ``DIR/<session>.session.json`` holds the session's state and failure reason
 (``RecordJournal``). With ``--session`` and no ``--open-sessions``, records go to ``./lego-adapter-records``.
 Session ids must be safe file names (``runstore.safe_name``). Every answer with an error, engine error,
-session open/close and record save is logged as one JSON line on stderr.
+session open/close and record save is logged as one JSON line on stderr. ``--workers N`` runs N of these
+behind one port, each session held by one of them (``lego_rl.adapter.multiproc``); a worker listens on
+a Unix socket (``unix_socket``) and opens only the ``--session`` ids it owns (``owner``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import logging
 import signal
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,14 +27,16 @@ from typing import Any
 
 from aiohttp import web
 
-from lego_rl.adapter.server import log_event
-
 from lego_rl.adapter.core import AdapterCore
-from lego_rl.adapter.server import DEFAULT_MAX_BODY_BYTES, AdapterServer
+from lego_rl.adapter.server import DEFAULT_MAX_BODY_BYTES, AdapterServer, log_event
 from lego_rl.adapter.sessions import SessionRegistry
 from lego_rl.errors import ConfigError
+from lego_rl.runstore.layout import is_safe_name
 
 DEFAULT_CONTEXT_LIMIT = 32768
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before the adapter accepts them. aiohttp's default (128) is below what
+hundreds of rollouts starting at once open: the excess SYNs are dropped and retried after 1, 3, 7 s."""
 DEFAULT_RECORDS_DIR = Path("lego-adapter-records")
 """Where ``--session`` sessions' records go when no ``--open-sessions`` folder is given."""
 
@@ -47,6 +54,27 @@ class StandaloneOptions:
     max_response_tokens: int = 8192
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    unix_socket: Path | None = None
+    """Listen on this Unix socket instead of ``host:port`` (a worker behind ``lego adapter --workers``)."""
+    worker_index: int = 0
+    workers: int = 1
+    """This process is worker ``worker_index`` of ``workers``: it opens only the ``sessions`` it owns."""
+
+
+def owner(key: str, workers: int) -> int:
+    """The worker (0..workers-1) that holds the session named ``key``: a fixed hash of the name, the same
+    in every process, so the front and the workers agree without talking."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % workers
+
+
+def log_to_stderr() -> None:
+    """The adapter's structured lines (errors answered, engine errors, sessions, record saves) on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    adapter_log = logging.getLogger("lego_rl.adapter")
+    adapter_log.addHandler(handler)
+    adapter_log.setLevel(logging.INFO)
 
 
 def model_max_context_tokens(model_dir: Path) -> int:
@@ -59,21 +87,31 @@ def model_max_context_tokens(model_dir: Path) -> int:
     return int(value) if isinstance(value, int) and value > 0 else DEFAULT_CONTEXT_LIMIT
 
 
+def check_options(opts: StandaloneOptions) -> None:
+    """Refuse options no worker could start with (checked once before ``--workers`` start any)."""
+    if opts.open_sessions is not None and opts.open_sessions.exists() and not opts.open_sessions.is_dir():
+        raise ConfigError(f"--open-sessions {opts.open_sessions} exists and is not a directory",
+                          parameter="--open-sessions", value=str(opts.open_sessions))
+    for sid in opts.sessions:
+        if not is_safe_name(sid):
+            raise ConfigError(f"session id {sid!r} must be a safe name: 1-200 of [A-Za-z0-9._-], not starting "
+                              "or ending with '.'", parameter="--session", value=sid)
+
+
 def build_standalone(opts: StandaloneOptions) -> tuple[AdapterServer, Any]:
     """The server and its serving client (close the client when done)."""
     from lego_rl.chat.render import ChatRenderer
     from lego_rl.serving.client import ServingClient
 
-    if opts.open_sessions is not None and opts.open_sessions.exists() and not opts.open_sessions.is_dir():
-        raise ConfigError(f"--open-sessions {opts.open_sessions} exists and is not a directory",
-                          parameter="--open-sessions", value=str(opts.open_sessions))
+    check_options(opts)
     context = opts.max_context_tokens or model_max_context_tokens(opts.model_dir)
     renderer = ChatRenderer.from_pretrained(opts.model_dir, template_kwargs=opts.template_kwargs)
     client = ServingClient([opts.serving_url], vocab_size=renderer.vocab_size)
     core = AdapterCore(renderer, client, max_context_tokens=context,
                        max_response_tokens=min(opts.max_response_tokens, context), model_name=opts.model_dir.name)
     registry = SessionRegistry()
-    for sid in opts.sessions:
+    mine = [sid for sid in opts.sessions if owner(sid, opts.workers) == opts.worker_index]
+    for sid in mine:
         try:
             registry.open(sid)
         except ValueError as exc:
@@ -84,23 +122,27 @@ def build_standalone(opts: StandaloneOptions) -> tuple[AdapterServer, Any]:
         records_dir=opts.open_sessions or DEFAULT_RECORDS_DIR, body_limit_setting="lego adapter --max-body-mb",
     )
     assert server.journal is not None
-    for sid in opts.sessions:
+    for sid in mine:
         server.journal.write_status(registry.get(sid))
         log_event("session_opened", session=sid, via="--session")
     return server, client
 
 
 async def serve_standalone(opts: StandaloneOptions, *, ready: asyncio.Event | None = None,
-                           stop: asyncio.Event | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (or ``stop`` is set); records are saved on the way out."""
+                           stop: asyncio.Event | None = None, handle_sigint: bool = True) -> None:
+    """Serve until SIGINT/SIGTERM (or ``stop`` is set); records are saved on the way out. A worker
+    (``handle_sigint=False``) stops on SIGTERM only: its front decides when."""
     server, client = build_standalone(opts)
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     try:
-        await web.TCPSite(runner, opts.host, opts.port).start()
+        if opts.unix_socket is not None:
+            await web.UnixSite(runner, str(opts.unix_socket), backlog=LISTEN_BACKLOG).start()
+        else:
+            await web.TCPSite(runner, opts.host, opts.port, backlog=LISTEN_BACKLOG).start()
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM) if handle_sigint else (signal.SIGTERM,):
             loop.add_signal_handler(sig, stop.set)
         if ready is not None:
             ready.set()

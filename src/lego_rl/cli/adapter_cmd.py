@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
-import sys
 from pathlib import Path
 
 import typer
@@ -27,6 +25,9 @@ def adapter(
     template_kwargs: str = typer.Option("{}", "--template-kwargs", help="JSON object of chat-template kwargs."),
     max_body_mb: float = typer.Option(32.0, "--max-body-mb", min=0.001, help=(
         "Largest accepted request body in MiB (larger ones are answered 413); adapter.max_body_mb in lego.toml.")),
+    workers: int = typer.Option(1, "--workers", min=1, help=(
+        "Adapter processes behind the port (each session is held by one of them; use more than one when one "
+        "process's CPU is the limit).")),
 ) -> None:
     """Serve Anthropic Messages, OpenAI Responses and Chat Completions over a served model.
 
@@ -35,7 +36,8 @@ def adapter(
     """
     import asyncio
 
-    from lego_rl.adapter.standalone import DEFAULT_RECORDS_DIR, StandaloneOptions, serve_standalone
+    from lego_rl.adapter.multiproc import serve_workers
+    from lego_rl.adapter.standalone import DEFAULT_RECORDS_DIR, StandaloneOptions, log_to_stderr, serve_standalone
     from lego_rl.errors import ConfigError
 
     try:
@@ -54,20 +56,22 @@ def adapter(
                              max_response_tokens=max_response_tokens, template_kwargs=kwargs,
                              max_body_bytes=int(max_body_mb * 1024 * 1024))
     records = open_sessions or DEFAULT_RECORDS_DIR
-    err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model}); turn records in {records}/",
+    procs = f"; {workers} worker processes" if workers > 1 else ""
+    err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model}); turn records in {records}/{procs}",
               markup=False, highlight=False)
-    # The adapter's structured lines (errors answered, engine errors, sessions, record saves) on stderr.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    adapter_log = logging.getLogger("lego_rl.adapter")
-    adapter_log.addHandler(handler)
-    adapter_log.setLevel(logging.INFO)
+    log_to_stderr()
     try:
-        asyncio.run(serve_standalone(opts))
+        if workers > 1:
+            code = asyncio.run(serve_workers(opts, workers))
+            if code:
+                fail("an adapter worker process died; the others were stopped (records of answered turns are saved)")
+                raise typer.Exit(EXIT_INFRA)
+        else:
+            asyncio.run(serve_standalone(opts))
     except ConfigError as exc:
         fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
-    except OSError as exc:  # port in use, unreadable model files
+    except (OSError, RuntimeError) as exc:  # port in use, unreadable model files, a worker that did not start
         fail(exc)
         raise typer.Exit(EXIT_INFRA) from None
     except KeyboardInterrupt:

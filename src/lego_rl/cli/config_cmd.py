@@ -114,8 +114,9 @@ def validate(
     overrides: SetOpt = None,
     as_json: JsonOpt = False,
     remote: Annotated[bool, typer.Option("--remote", help="Also check what must exist before a launch: SSH to "
-                                         "the sandbox nodes of cluster.json and the health of configured vLLM "
-                                         "servers (network; each bounded by --timeout).")] = False,
+                                         "the sandbox nodes of cluster.json, the health of configured vLLM "
+                                         "servers, and the Ray cluster's resources against the placement "
+                                         "cluster.* needs (network; each bounded by --timeout).")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds per network check with --remote.")] = 5.0,
     docs: Annotated[bool, typer.Option("--docs", help="Show what each key means.")] = False,
 ) -> None:

@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, escape, fail, out
+from lego_rl.cli.options import ConfigOpt, SetOpt, load
 
 tasks_app = typer.Typer(help="Task rows: convert a dataset into them, prove each is gradable.", no_args_is_help=True)
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
@@ -280,50 +281,180 @@ def check(
 
 @tasks_app.command("screen")
 def screen_tasks(
-    data: Annotated[Path, typer.Option("--data", help="Task JSONL to screen (its rows are kept verbatim).")],
-    runs: Annotated[list[Path], typer.Option("--run", help="Run directory whose rollouts are the attempts, e.g. "
-                                             "a `lego rollout-check -n K` run (repeatable; read in order).")],
+    data: Annotated[Path | None, typer.Option("--data", help="Task JSONL to screen (its rows are kept verbatim); "
+                                              "default rollout.prompt_data.")] = None,
+    runs: Annotated[list[Path] | None, typer.Option("--run", help="Read-only: a run directory whose rollouts are "
+                                                    "the attempts, e.g. a training run (repeatable; read in "
+                                                    "order). Without --run, the screen rolls out itself.")] = None,
     k: Annotated[int, typer.Option("-k", min=1, help="Attempts per task.")] = 4,
     min_solved: Annotated[int, typer.Option("--min-solved", min=0, help="Keep tasks solved at least this often.")] = 1,
     max_solved: Annotated[int | None, typer.Option("--max-solved", min=0, help="... and at most this often "
                                                    "(default k-1).")] = None,
-    window: Annotated[str, typer.Option("--window", help="first: each task's first K attempts (a screening "
-                                        "run); last: its last K (a training run: what stopped carrying signal).")
-                      ] = "first",
+    window: Annotated[str, typer.Option("--window", help="With --run. first: each task's first K attempts (a "
+                                        "screening run); last: its last K (a training run: what stopped carrying "
+                                        "signal).")] = "first",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Screened dataset JSONL (atomically).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Per-task report JSONL (atomically).")] = None,
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
+    ids: IdsOpt = None,
+    harness: Annotated[str | None, typer.Option("--harness", help="Harness for every task (default: each row's "
+                                                "metadata.agent, else agent.default_harness).")] = None,
+    vllm_url: Annotated[list[str] | None, typer.Option("--vllm-url", help="Roll out against these vLLM servers "
+                                                       "instead of the embedded engine (repeatable).")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-j", min=1, help="Rollouts in flight "
+                                                    "(default rollout.concurrency).")] = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Keep the tasks whose pass rate over K recorded attempts is inside a band (default: solved 1..K-1 of K).
+    """Keep the tasks whose pass rate over K attempts is inside a band (default: solved 1..K-1 of K).
 
-    Only rollouts already in the run directories are read (generate them with `lego rollout-check -n K`);
-    infrastructure failures are not attempts. Exit codes: 0 some task kept; 1 none kept; 2 bad usage."""
+    Without --run it rolls out K attempts per task itself, with the config's policy through the training
+    stack (engine, adapter, each row's harness in its sandbox, grader), into paths.run_root; run again with
+    the same run root, it reuses the attempts there and rolls out only what is missing (a rollout lost to
+    the infrastructure is not an attempt). With --run it only reads recorded rollouts. Rows that cannot be
+    rolled out are named (decision "bad row"). Exit codes: 0 some task kept; 1 none kept; 2 bad usage;
+    3 some task is short of K attempts after rolling out (infrastructure: run again to top up);
+    143 stopped by SIGTERM (outcomes so far saved: run again to go on)."""
     from lego_rl.errors import TaskDataError
     from lego_rl.runstore.files import replace_file
     from lego_rl.swe.dataset_check import read_dataset
-    from lego_rl.tasks.screen import read_attempts, screen
+    from lego_rl.tasks.screen import TaskScreen, read_attempts, screen
 
     if window not in ("first", "last"):
         raise _fail(f"--window {window!r} is not one of first, last")
+    if not runs:
+        _screen_by_rolling_out(data=data, k=k, min_solved=min_solved, max_solved=max_solved, window=window,
+                               output=output, report=report, config=config, overrides=overrides, ids=ids,
+                               harness=harness, vllm_url=vllm_url, concurrency=concurrency, as_json=as_json)
+        return
+    rolling = {"--ids": ids, "--harness": harness, "--vllm-url": vllm_url, "--concurrency": concurrency,
+               "--set": overrides, "--config": config}
+    given = [name for name, value in rolling.items() if value]
+    if given:
+        raise _fail(f"--run reads recorded rollouts; {', '.join(given)} only work(s) when the screen rolls out "
+                    "(without --run)")
+    if data is None:
+        raise _fail("--run needs --data (the task JSONL the run's tasks come from)")
     try:
-        rows = [r for r in read_dataset(data) if r.task is not None]
+        dataset = read_dataset(data)
+        rows = [r for r in dataset if r.task is not None]
         attempts = read_attempts(runs)
         verdicts = screen([r.instance_id or "" for r in rows], attempts, k=k, min_solved=min_solved,
                           max_solved=max_solved, window="first" if window == "first" else "last")
     except (TaskDataError, ValueError) as exc:
         raise _fail(str(exc)) from None
+    for v, r in zip(verdicts, rows, strict=True):
+        v.row = r.row
+    verdicts += [TaskScreen(instance_id=r.instance_id or "", attempts=0, solved=0, pass_rate=None, decision="bad row",
+                            row=r.row, detail=r.problem) for r in dataset if r.task is None]
     kept = {v.instance_id for v in verdicts if v.decision == "kept"}
-    band = (min_solved, k - 1 if max_solved is None else max_solved)
     if output is not None:
         replace_file(output, "".join(r.line + "\n" for r in rows if r.instance_id in kept))
+    code = _print_screen(verdicts, attempts.terminations, k=k, min_solved=min_solved, max_solved=max_solved,
+                         window=window, output=output, report=report, as_json=as_json)
+    raise typer.Exit(code)
+
+
+def _screen_by_rolling_out(*, data: Path | None, k: int, min_solved: int, max_solved: int | None, window: str,
+                           output: Path | None, report: Path | None, config: Path | None,
+                           overrides: list[str] | None, ids: list[str] | None, harness: str | None,
+                           vllm_url: list[str] | None, concurrency: int | None, as_json: bool) -> None:
+    """``lego tasks screen`` without ``--run``: top up the run root to K attempts per task, then screen."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lego_rl.cli.rollout_cmd import EXIT_SIGTERM, _until_sigterm
+    from lego_rl.config.checks import run_checks
+    from lego_rl.errors import ConfigError, TaskDataError
+    from lego_rl.orchestrate.harnesses import harness_inventory
+    from lego_rl.orchestrate.screen_session import ScreenSession
+    from lego_rl.rollout.generate import RolloutResult
+    from lego_rl.runstore.files import replace_file
+
+    if window != "first":
+        raise _fail("--window last reads a training run: give it with --run")
+    high = k - 1 if max_solved is None else max_solved
+    if not 0 <= min_solved <= high <= k:
+        raise _fail(f"the band {min_solved}..{high} of k={k} is empty or outside 0..k")
+    # Typed options reach the resolver as values, as in `lego rollout-check` (and are refused by the same
+    # checks: an unknown --harness before any engine or sandbox starts).
+    typed: dict[str, tuple[Any, str]] = {}
+    if data is not None:
+        typed["rollout.prompt_data"] = (str(data), "--data")
+    if vllm_url:
+        typed["serving.backend"] = ("vllm", "--vllm-url")
+        typed["serving.urls"] = (list(vllm_url), "--vllm-url")
+    if harness is not None:
+        typed["agent.default_harness"] = (harness, "--harness")
+    try:
+        r = load(config, overrides, typed)
+        # run_root_exists is the one finding a resumable screen expects (it reuses the directory); bad dataset
+        # rows are named per row below rather than stopping the whole screen.
+        errors = [f for f in run_checks(r, harnesses=harness_inventory(r)) if f.severity == "error"
+                  and f.code not in ("run_root_exists", "dataset_row", "dataset_rows", "images_missing")]
+        if errors:
+            for f in errors:
+                fail(f"{f.message} — {f.fix}", label="config")
+            err.print("run `lego validate` for the full picture")
+            raise typer.Exit(EXIT_USAGE)
+        session = ScreenSession(r, k=k, ids=_ids(ids), harness=harness)
+        planned = session.plan()
+    except (ConfigError, TaskDataError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    if not as_json:
+        for b in session.bad:
+            where = f"row {b.row} {b.instance_id or '-'}: "
+            err.print(f"[yellow]bad row[/] {escape(where + b.reason)}", highlight=False)
+        err.print(escape(f"{session.layout.root}: {planned.reused} attempts reused, {len(planned.specs)} to roll "
+                         f"out ({len(session.rows)} tasks, k={k})"), highlight=False)
+    results: list[RolloutResult] = []
+    if planned.specs:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, disable=as_json) as bar:
+            job = bar.add_task("screening rollouts", total=len(planned.specs))
+
+            def on_progress(event: str, spec: object, result: RolloutResult | None) -> None:
+                if event == "finished" and result is not None:
+                    bar.update(job, advance=1, description=escape(
+                        f"screening rollouts  {result.instance_id}#{result.index}: {result.termination.value}"))
+
+            try:
+                work = session.run(planned.specs, concurrency=concurrency or r.config.rollout.concurrency,
+                                   progress=on_progress)
+                results = asyncio.run(_until_sigterm(work))
+            except asyncio.CancelledError:
+                fail(f"stopped by SIGTERM; sandboxes cleaned up, outcomes so far saved under {session.layout.root} "
+                     "(run the same command again to go on)", label="tasks screen")
+                raise typer.Exit(EXIT_SIGTERM) from None
+            except (ConfigError, TaskDataError) as exc:
+                raise _fail(str(exc)) from None
+    verdicts = session.verdicts(min_solved=min_solved, max_solved=max_solved)
+    if output is not None:
+        replace_file(output, "".join(line + "\n" for line in session.kept_lines(verdicts)))
+    code = _print_screen(verdicts, session.attempts().terminations, k=k, min_solved=min_solved,
+                         max_solved=max_solved, window=window, output=output, report=report, as_json=as_json,
+                         extra={"run_root": str(session.layout.root), "reused": planned.reused,
+                                "rolled_out": len(results)})
+    # every task was topped up to k: one still short lost rollouts to the infrastructure
+    short = any(v.decision == "too few attempts" for v in verdicts)
+    raise typer.Exit(EXIT_INFRA if short else code)
+
+
+def _print_screen(verdicts: list[Any], terminations: Counter[str], *, k: int, min_solved: int,
+                  max_solved: int | None, window: str, output: Path | None, report: Path | None, as_json: bool,
+                  extra: dict[str, Any] | None = None) -> int:
+    """Write the report, print the summary (or the JSON), and return the exit code (0 kept, 1 none kept)."""
+    from lego_rl.runstore.files import replace_file
+
     if report is not None:
         replace_file(report, "".join(v.model_dump_json() + "\n" for v in verdicts))
+    band = (min_solved, k - 1 if max_solved is None else max_solved)
+    kept = [v for v in verdicts if v.decision == "kept"]
     decisions = dict(sorted(Counter(v.decision for v in verdicts).items()))
     summary = {"tasks": len(verdicts), "kept": len(kept), "decisions": decisions,
-               "terminations": dict(attempts.terminations.most_common()),
-               "infrastructure_failures": sum(attempts.infrastructure.values()),
+               "terminations": dict(terminations.most_common()),
+               "infrastructure_failures": sum(v.infrastructure_failures for v in verdicts),
                "band": list(band), "k": k, "window": window,
-               "output": str(output) if output else None, "report": str(report) if report else None}
+               "output": str(output) if output else None, "report": str(report) if report else None} | (extra or {})
     if as_json:
         out.print_json(json.dumps({"summary": summary, "tasks": [v.model_dump() for v in verdicts]}))
     else:
@@ -334,13 +465,23 @@ def screen_tasks(
         for decision, n in decisions.items():
             table.add_row(decision, str(n))
         out.print(table)
+        named = [v for v in verdicts if v.decision in ("bad row", "too few attempts")]
+        if named:
+            why = Table(title="not screened", title_justify="left")
+            for col in ("row", "task", "why", ):
+                why.add_column(col, overflow="fold")
+            for v in named:
+                reason = v.detail or (f"{v.attempts} of {k} attempts; lost to the infrastructure: "
+                                      + (", ".join(f"{t} {n}" for t, n in v.infrastructure_reasons.items()) or "none"))
+                why.add_row(str(v.row or "-"), escape(v.instance_id or "-"), escape(reason))
+            out.print(why)
         mix = Table(title="termination mix", title_justify="left")
         for col in ("termination", "rollouts"):
             mix.add_column(col)
-        for reason, n in attempts.terminations.most_common():
+        for reason, n in terminations.most_common():
             mix.add_row(escape(reason), str(n))
         out.print(mix)
-    raise typer.Exit(EXIT_OK if kept else EXIT_FAILED)
+    return EXIT_OK if kept else EXIT_FAILED
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from lego_rl.cli.console import EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, fail, out
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
 from lego_rl.config.checks import run_checks
 from lego_rl.errors import ConfigError, LegoError, TaskDataError
+from lego_rl.runstore import checkpoints_after, latest_checkpoint
 
 if TYPE_CHECKING:
     from lego_rl.orchestrate.loop import LoopProgress
@@ -49,12 +50,17 @@ def _num(value: float | None, fmt: str = ".3f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+ENDED = ("completed", "stopped", "failed")
+"""Phases after which nothing remains to estimate."""
+
+
 def progress_line(p: LoopProgress) -> Text:
     """One status line: step, phase, rollouts, reward, ETA (plain text: no markup from data)."""
+    eta = None if p.phase in ENDED else p.eta_s()
     return Text(
         f"step {min(p.step + 1, p.total_steps)}/{p.total_steps}  {p.phase:<8}  rollouts {p.rollouts_done}/"
         f"{p.rollouts_planned} (in flight {p.in_flight})  reward {_num(p.last_reward)}  solved "
-        f"{_num(p.last_solve_rate, '.0%')}  pass@1 {_num(p.last_pass_at_1)}  ETA {_duration(p.eta_s())}"
+        f"{_num(p.last_solve_rate, '.0%')}  pass@1 {_num(p.last_pass_at_1)}  ETA {_duration(eta)}"
     )
 
 
@@ -69,15 +75,41 @@ def _json_outcome(as_json: bool, status: str, exc: BaseException | None, run_roo
                                    "run_root": str(run_root), "exit_code": exit_code}))
 
 
-def _status(session: TrainSession | SftSession) -> Text | None:
+def _progress(session: TrainSession | SftSession) -> LoopProgress | SftProgress | None:
     from lego_rl.orchestrate.sft import SftSession
 
     if isinstance(session, SftSession):
-        return sft_progress_line(session.runner.progress) if session.runner is not None else None
-    return progress_line(session.loop.progress) if session.loop is not None else None
+        return session.runner.progress if session.runner is not None else None
+    return session.loop.progress if session.loop is not None else None
 
 
-async def _drive(session: TrainSession | SftSession, *, live: Live | None) -> TrainSummary | SftSummary:
+def _status(session: TrainSession | SftSession) -> Text | None:
+    from lego_rl.orchestrate.sft import SftProgress
+
+    p = _progress(session)
+    if p is None:
+        return None
+    return sft_progress_line(p) if isinstance(p, SftProgress) else progress_line(p)
+
+
+class LineLog:
+    """The progress for a stderr that is no terminal (a log file, a pipe): a live line would be redrawn with
+    cursor moves a file keeps as garbage and end without a newline; instead, one whole line each time the step
+    or the phase changes, so the log reads as the run's history."""
+
+    def __init__(self) -> None:
+        self._last: tuple[int, str] | None = None
+
+    def show(self, session: TrainSession | SftSession) -> None:
+        progress, line = _progress(session), _status(session)
+        if progress is None or line is None or (progress.step, progress.phase) == self._last:
+            return
+        self._last = (progress.step, progress.phase)
+        err.print(line, soft_wrap=True, highlight=False)
+
+
+async def _drive(session: TrainSession | SftSession, *, live: Live | None,
+                 lines: LineLog | None = None) -> TrainSummary | SftSummary:
     """Run the session; the first Ctrl-C/SIGTERM stops cleanly, a second one cancels at once."""
     loop = asyncio.get_running_loop()
     task: asyncio.Future[TrainSummary | SftSummary] = asyncio.ensure_future(session.run())
@@ -102,6 +134,8 @@ async def _drive(session: TrainSession | SftSession, *, live: Live | None) -> Tr
             line = _status(session) if live is not None else None
             if live is not None and line is not None:
                 live.update(line)
+            if lines is not None:
+                lines.show(session)
         return task.result()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -112,18 +146,17 @@ def _refuse_checkpoints_past_latest(checkpoints: Path) -> None:
     """A resume from a ``latest`` that an operator pointed back (a roll back) would retrain the steps after it and
     then fail mid-run on saving over their checkpoints, which are never overwritten: refuse before anything
     starts, naming them, so that the operator moves them away (and keeps them) first."""
-    pointer = checkpoints / "latest"
-    if not pointer.is_file():
+    latest = latest_checkpoint(checkpoints)
+    if latest is None:
         return
-    latest = pointer.read_text().strip()
-    # step-NNNNNN names sort as their step numbers (zero-padded); anything else in the folder is not ours.
-    newer = sorted(p.name for p in checkpoints.glob("step-*") if p.is_dir() and p.name > latest)
+    newer = checkpoints_after(checkpoints, latest.step)
     if newer:
+        name = latest.path.name
         raise ConfigError(
-            f"{pointer} names {latest}, but {', '.join(newer)} (newer) exist in {checkpoints}: resuming would "
-            f"retrain those steps and cannot overwrite their checkpoints; to roll back to {latest}, move them out "
-            "of checkpoints/ first (or start a new run with model.checkpoint set to the one you want)",
-            parameter="train.resume", value=latest)
+            f"{checkpoints / 'latest'} names {name}, but {', '.join(newer)} (newer) exist in {checkpoints}: "
+            f"resuming would retrain those steps and cannot overwrite their checkpoints; to roll back to {name}, "
+            "move them out of checkpoints/ first (or start a new run with model.checkpoint set to the one you "
+            "want)", parameter="train.resume", value=name)
 
 
 def train(
@@ -215,8 +248,12 @@ def train(
     try:
         if as_json:
             summary = asyncio.run(_drive(session, live=None))
+        elif not err.is_terminal:
+            summary = asyncio.run(_drive(session, live=None, lines=LineLog()))
         else:
-            with Live(Text("starting the engine and the trainer..."), console=err, refresh_per_second=4,
+            starting = ("placing the trainer ranks and the engines on the Ray cluster..."
+                        if r.config.cluster.mode == "ray" else "starting the engine and the trainer...")
+            with Live(Text(starting), console=err, refresh_per_second=4,
                       transient=False) as live:
                 summary = asyncio.run(_drive(session, live=live))
     except (ConfigError, TaskDataError) as exc:

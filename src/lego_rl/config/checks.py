@@ -99,6 +99,23 @@ def not_implemented(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 @check
+def cluster_mode(r: ResolvedConfig) -> Iterator[Finding]:
+    """Ray mode places torch trainer ranks and embedded-engine replicas: a setting it would override is refused."""
+    c = r.config
+    if c.cluster.mode != "ray":
+        return
+    if c.serving.backend != "embedded":
+        yield error("cluster_serving", f"cluster.mode = \"ray\" places embedded-engine replicas (cluster.engine_replicas), "
+                    f"but serving.backend = {c.serving.backend!r} names engines started elsewhere",
+                    "set serving.backend = \"embedded\", or cluster.mode = \"local\" to train against the vLLM URLs",
+                    "cluster.mode", "serving.backend")
+    if c.train.backend != "torch":
+        yield error("cluster_backend", f"cluster.mode = \"ray\" places torch trainer ranks; train.backend = "
+                    f"{c.train.backend!r} is not placed by Ray", "set train.backend = \"torch\", or run the Megatron "
+                    "backend under torchrun with cluster.mode = \"local\"", "cluster.mode", "train.backend")
+
+
+@check
 def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
     tr, cl = r.config.train, r.config.cluster
     devices = trainer_devices(r.config)
@@ -200,6 +217,41 @@ def score_centering(r: ResolvedConfig) -> Iterator[Finding]:
             "set serving.backend = \"embedded\", or rollout.capture_nucleus = false and "
             "train.use_score_centering = false",
             "rollout.capture_nucleus", "serving.backend", "train.use_score_centering",
+        )
+
+
+@check
+def off_policy_correction(r: ResolvedConfig) -> Iterator[Finding]:
+    """The trainer's PPO ratio is taken against ``old_logprobs``, which it recomputes with the weights it
+    holds at the step; a rollout sampled by an older policy is only reweighted towards its real sampler by
+    TIS/MIS (``exp(old - rollout logprob)``). Without them its tokens train as if the current policy had
+    sampled them: a bias that grows with the lag and the learning rate. Bounded (``max_staleness`` policies,
+    the default 1) it is a warning, not an error: asynchronous training at staleness 1 is the default and
+    the common trade. ``partial_rollouts = "keep"`` trains tokens of any age, and its contract is that each
+    is corrected by its own sampling logprob: without a correction that promise is silently broken, so
+    that is an error."""
+    ro, tr = r.config.rollout, r.config.train
+    if tr.is_correction != "none":
+        return
+    if ro.partial_rollouts == "keep":
+        yield error(
+            "off_policy_uncorrected",
+            f"rollout.partial_rollouts=\"keep\" trains tokens sampled by policies older than "
+            f"rollout.max_staleness={ro.max_staleness}, with no bound on their age, but train.is_correction="
+            "\"none\" trains them as if the current policy had sampled them (keep relies on the correction)",
+            "set train.is_correction = \"tis\" (or \"mis\"), or rollout.partial_rollouts = \"drop\"",
+            "train.is_correction", "rollout.partial_rollouts", "rollout.max_staleness",
+        )
+    elif ro.max_staleness > 0:
+        yield warning(
+            "off_policy_uncorrected",
+            f"rollout.max_staleness={ro.max_staleness} trains rollouts sampled up to {ro.max_staleness} "
+            "policies ago, and train.is_correction=\"none\" trains their tokens as if the current policy had "
+            "sampled them: the PPO ratio is against the trainer's own logprobs, so nothing corrects the lag "
+            "(a bias that grows with the lag and the learning rate)",
+            "set train.is_correction = \"tis\" (truncated importance weights, is_low/is_high) or \"mis\", or "
+            "rollout.max_staleness = 0 (synchronous: on-policy, slower)",
+            "train.is_correction", "rollout.max_staleness",
         )
 
 
@@ -383,14 +435,15 @@ def image_findings(r: ResolvedConfig, scan: DatasetScan) -> Iterator[Finding]:
 
 def harness_findings(r: ResolvedConfig, inventory: HarnessInventory, scan: DatasetScan) -> Iterator[Finding]:
     """The default harness, every row's ``metadata.agent`` and every ``[harness.<name>]`` table must name an
-    installed harness, and each table must be accepted by its plugin."""
+    installed harness, and each table must be accepted by its plugin. Training on an environment
+    (``train.environment``) runs no CLI: the default harness is not needed then."""
     if inventory.load_error is not None:
         yield error("harness_plugins", f"harness plugins cannot be loaded: {inventory.load_error}",
                     "fix or uninstall the named package (`pip uninstall ...`)", "agent.default_harness")
         return
     installed = sorted(inventory.installed)
     known = ", ".join(installed) or "none"
-    wanted = {r.config.agent.default_harness: "agent.default_harness"}
+    wanted = {} if r.config.train.environment else {r.config.agent.default_harness: "agent.default_harness"}
     wanted |= {n: "rollout.prompt_data" for n in scan.agents}
     for name, key in sorted(wanted.items()):
         if name not in inventory.installed:

@@ -1,18 +1,21 @@
 """Checks that touch the network, run by ``lego validate --remote`` only, each within a timeout.
 
-They test what must already exist before a launch: the health of every configured vLLM server, and every
+They test what must already exist before a launch: the health of every configured vLLM server; every
 sandbox node of cluster.json (sunabako): reachable over SSH (OpenSSH with ``cluster.ssh_config``, the
 transport the sunabako SDK uses), its sunabako binary there and initialised, room for one more sandbox,
-the settings the provider needs, and the root filesystems of ``sandbox.images`` at the same paths; one
-finding per failure, naming the node. Never the adapter: the job itself starts it, so before launch its
+the settings the provider needs, and the root filesystems of ``sandbox.images`` at the same paths, one
+finding per failure naming the node; and (``cluster.mode = "ray"`` with ``cluster.ray_address``) the Ray
+cluster's alive nodes against the placement groups ``lego train`` will ask for. Never the adapter: the job itself starts it, so before launch its
 address answering would mean another job holds the port, not that this one is ready."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import shlex
+import socket
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,7 @@ from pathlib import Path
 import aiohttp
 
 from lego_rl.config.findings import Finding, error
+from lego_rl.config.placement import key_for, placement_plan, shortfalls
 from lego_rl.config.resolve import ResolvedConfig
 
 
@@ -167,6 +171,52 @@ def _image_roots(r: ResolvedConfig) -> list[str]:
         return []
 
 
+def ray_head_unreachable(address: str, timeout: float) -> str | None:
+    """None when something accepts TCP connections at the Ray head's ``host:port`` (6379 when no port is given),
+    else why not. Checked first because ``ray.init`` retries a dead address for minutes before it gives up."""
+    host, _, port = address.removeprefix("ray://").rpartition(":") if ":" in address else (address, "", "6379")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except ValueError:
+        return f"not a host:port address: {address!r}"
+    except TimeoutError:
+        return f"no answer from {host}:{port} within {timeout:g} s"
+    except OSError as exc:
+        return f"cannot connect to {host}:{port}: {exc.strerror or type(exc).__name__}"
+
+
+def _ray_nodes(address: str, timeout: float) -> list[dict[str, float]] | str:
+    """Total resources of every alive node of the Ray cluster at ``address``, or why it cannot be read."""
+    try:
+        import ray  # the `cluster` extra; imported here: only a Ray-mode check needs it
+    except ImportError:
+        return "Ray is not installed (pip install 'lego-rl[cluster]')"
+    dead = ray_head_unreachable(address, timeout)
+    if dead is not None:
+        return dead
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, gRPC errors: all mean "unreachable"
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        return [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
+    finally:
+        ray.shutdown()
+
+
+def ray_findings(r: ResolvedConfig, nodes: list[dict[str, float]]) -> list[Finding]:
+    """One ``ray_resources`` error per resource the cluster's ``nodes`` lack for the run's placement."""
+    cl = r.config.cluster
+    found = []
+    for resource, why in shortfalls(placement_plan(r.config), nodes):
+        key = key_for(resource, cl)
+        found.append(error("ray_resources", f"Ray cluster {cl.ray_address}: {why}",
+                           "start more nodes (`ray start --address ... --resources ...`) or ask for less "
+                           "(cluster.trainer_nodes, cluster.engine_replicas, cluster.*_placement)", key))
+    return found
+
+
 async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Finding]:
     c = r.config
     findings: list[Finding] = []
@@ -174,11 +224,22 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
     if c.serving.backend == "vllm":
         for url in c.serving.urls:
             jobs.append((f"serving {url}", _http_ok(url.rstrip("/") + "/health", timeout)))
-    nodes = _cluster_nodes(r)
-    roots = _image_roots(r) if nodes else []
+    sandbox_nodes = _cluster_nodes(r)
+    roots = _image_roots(r) if sandbox_nodes else []
     node_jobs = [_node_findings(node, c.cluster.ssh_config, c.sandbox.memory_mb, bool(c.sandbox.allow_test_memory),
-                                roots, timeout) for node in nodes]
+                                roots, timeout) for node in sandbox_nodes]
+    ray_job = None
+    if c.cluster.mode == "ray" and c.cluster.ray_address:  # without an address lego train starts its own Ray
+        ray_job = asyncio.to_thread(_ray_nodes, c.cluster.ray_address, timeout)
     results = await asyncio.gather(*(job for _, job in jobs))
+    if ray_job is not None:
+        nodes = await ray_job
+        if isinstance(nodes, str):
+            findings.append(error("unreachable", f"ray {c.cluster.ray_address}: {nodes}",
+                                  "start the head with `ray start --head` and check the address and firewalls",
+                                  "cluster.ray_address"))
+        else:
+            findings.extend(ray_findings(r, nodes))
     for (what, _), reason in zip(jobs, results, strict=True):
         if reason is not None:
             findings.append(error("unreachable", f"{what}: {reason}",

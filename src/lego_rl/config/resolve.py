@@ -298,8 +298,11 @@ def derive(cfg: LegoConfig, sources: dict[str, Source], *, now: _dt.datetime | N
 
 
 def trainer_devices(cfg: LegoConfig) -> int:
-    """Devices the trainer runs on: GPUs across trainer nodes, or one CPU process."""
-    return max(1, cfg.cluster.trainer_nodes * cfg.cluster.gpus_per_node)
+    """Devices the trainer runs on: GPUs across trainer nodes, or one CPU process (in Ray mode one CPU rank per
+    trainer node: the ranks are placed by Ray, not started by torchrun on one machine)."""
+    cl = cfg.cluster
+    per_node = cl.gpus_per_node or (1 if cl.mode == "ray" else 0)
+    return max(1, cl.trainer_nodes * per_node)
 
 
 def resolve(

@@ -58,6 +58,11 @@ class ServingConfig(Section):
     """Device of the embedded engine."""
     max_batch_size: int = Field(default=8, ge=1)
     """Requests the embedded engine decodes together."""
+    precision: Literal["auto", "weights", "trainer"] = "auto"
+    """How the embedded engine computes. `weights`: everything in `model.dtype`. `trainer`: fp32 weights with
+    matmuls and attention in bf16 on CUDA, exactly the torch trainer's autocast recipe, so rollout and trainer
+    logprobs agree (RESULTS.md: mean |Δ| 0.003 against 0.008 for pure bf16; fp32 on CPU). `auto`: `trainer`
+    on CUDA when `model.dtype` is auto, else `weights`."""
     tool_call_parser: str = "qwen3_coder"
     """Parser for tool calls in the sampled text; must match the served model (qwen3_coder, hermes)."""
     reasoning_parser: str = "qwen3"
@@ -226,8 +231,10 @@ class TrainConfig(Section):
     """Recompute activations during the backward pass: less memory for long rollouts, ~30 % more compute."""
     dual_clip_c: float | None = Field(default=None, gt=1)
     """Dual clip: a negative-advantage token's loss is at most ``c·|A|`` (e.g. 3); null disables it."""
-    is_correction: Literal["none", "tis", "mis"] = "none"
-    """Rollout-vs-trainer importance correction: truncated (tis) or masked (mis) importance sampling."""
+    is_correction: Literal["none", "tis", "mis"] = "tis"
+    """Rollout-vs-trainer importance correction: truncated (tis) or masked (mis) importance sampling. The
+    default is tis because training is asynchronous by default (rollout.max_staleness = 1): tokens sampled by
+    an older policy need the correction, and on-policy tokens get a ratio of ~1 (a no-op)."""
     is_level: Literal["token", "sequence"] = "token"
     """The importance ratio per token, or one per rollout (the product over its trained tokens)."""
     is_low: float = Field(default=0.0, ge=0)
@@ -267,6 +274,10 @@ class TrainConfig(Section):
     oversample_zero_variance: bool = False
     """Replace a group whose rewards are all equal (zero advantage, no signal) by a freshly drawn prompt,
     up to rollout.batch_size extra prompts per step; off = such groups stay in with zero advantage."""
+    retire_zero_variance_after: int = Field(default=0, ge=0)
+    """Retire a task (never draw it again) after this many zero-variance groups of it in a row: it stopped
+    carrying signal, usually because the policy always solves it. 0 = never retire (the counts are still in
+    each step's metrics row and in `lego monitor`). The last task still drawn is never retired."""
     seed: int = 0
     """Seed of the prompt order (reshuffled every epoch over the dataset)."""
     sft_data: str | None = None
@@ -279,11 +290,34 @@ class TrainConfig(Section):
     """Demonstrations (whole rollouts, every segment) per SFT optimizer step."""
 
 
+RayPlacement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+"""A Ray placement group strategy: PACK fills a node before the next, STRICT_SPREAD puts every bundle on a
+different node (docs/cluster.md)."""
+
+
 class ClusterConfig(Section):
+    mode: Literal["local", "ray"] = "local"
+    """local: `lego train` runs the trainer and the engine in its own process (or under torchrun). ray: it places
+    the trainer ranks and the engine replicas as Ray actors on a Ray cluster (docs/cluster.md)."""
     trainer_nodes: int = Field(default=1, ge=1)
     """Nodes running the trainer."""
     gpus_per_node: int = Field(default=0, ge=0)
-    """GPUs per trainer node (0 = CPU)."""
+    """GPUs per trainer node (0 = CPU; with cluster.mode = "ray" a CPU node runs one trainer rank)."""
+    engine_replicas: int = Field(default=1, ge=1)
+    """Ray mode: embedded-engine replicas, each a Ray actor serving vLLM-shaped HTTP routes."""
+    gpus_per_engine: int = Field(default=0, ge=0, le=1)
+    """Ray mode: GPUs of each engine replica (0 = CPU; the embedded engine uses one device)."""
+    cpus_per_actor: float = Field(default=1.0, gt=0)
+    """Ray mode: logical CPUs each trainer rank and each engine replica reserves in its placement bundle."""
+    trainer_placement: RayPlacement = "PACK"
+    """Ray mode: placement group strategy of the trainer ranks (one bundle per rank)."""
+    engine_placement: RayPlacement = "PACK"
+    """Ray mode: placement group strategy of the engine replicas (one bundle per replica)."""
+    trainer_resources: dict[str, float] = Field(default_factory=dict)
+    """Ray mode: custom resources every trainer bundle also needs (e.g. {"train_node": 1} to keep the ranks on
+    nodes started with `ray start --resources '{"train_node": 8}'`)."""
+    engine_resources: dict[str, float] = Field(default_factory=dict)
+    """Ray mode: custom resources every engine bundle also needs."""
     train_head: str | None = None
     """Address of the first training node (TRAIN_HEAD)."""
     train_workers: list[str] = Field(default_factory=list)
@@ -296,9 +330,10 @@ class ClusterConfig(Section):
     gloo_socket_ifname: str | None = None
     """Network interface for Gloo/NCCL bootstrap."""
     start_ray: bool = True
-    """Start a Ray cluster (false = reuse the experiment's running one)."""
+    """Ray mode without cluster.ray_address: start a one-node Ray head in the `lego train` process (false =
+    join the running cluster that `ray start` made on this node, or $RAY_ADDRESS)."""
     ray_address: str | None = None
-    """Ray address to join when not starting one."""
+    """Ray mode: the address of the Ray cluster to join (`ray start --head` prints it, e.g. 10.0.0.1:6379)."""
 
 
 class MonitorConfig(Section):

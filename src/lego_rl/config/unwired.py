@@ -9,7 +9,7 @@ no reader outside ``lego_rl.config``; an unlisted one must have one).
 
 from __future__ import annotations
 
-RAY = "Ray cluster mode (the orchestrate package's Ray actors) reads it"
+RAY = "cluster.start_ray starts Ray on the training nodes over SSH (today `ray start` is run on each node)"
 VLLM = "lego starts the vLLM servers itself (today they are started outside lego)"
 
 UNWIRED: dict[str, str] = {
@@ -21,12 +21,7 @@ UNWIRED: dict[str, str] = {
     "sandbox.rootfs": "the rollout passes a default root filesystem to bwrap (today an image without an "
                       "images.json entry is refused)",
     "grader.max_output_kb": "the grader cuts its saved output (today it keeps all of it)",
-    "cluster.trainer_nodes": RAY,
-    "cluster.gpus_per_node": RAY,
     "cluster.train_head": RAY,
     "cluster.train_workers": RAY,
-    "cluster.gloo_socket_ifname": RAY,
-    "cluster.start_ray": RAY,
-    "cluster.ray_address": RAY,
 }
 """``section.key`` → what will read it (completes "it has no effect until ...")."""

@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 
 from lego_rl.monitor.compare import Comparison, compare
-from lego_rl.monitor.snapshot import SECTIONS, STAGE_ORDER, Snapshot, build, quantile
+from lego_rl.monitor.snapshot import SECTIONS, STAGE_ORDER, STOPPED_SIGNAL, Snapshot, build, quantile
 from lego_rl.monitor.state import RunState
 from lego_rl.monitor.svg import line_chart, stacked_bars
 from lego_rl.runstore import write_new
@@ -154,6 +154,10 @@ def _tasks(s: Snapshot) -> str:
         y = 10 + row_i * CELL
         rate = "-" if t.solve_rate is None else f"{t.solve_rate:.0%}"
         mark = " ∅" if t.zero_variance_groups else ""
+        if t.zero_variance_streak >= STOPPED_SIGNAL:
+            mark += f" ∅×{t.zero_variance_streak} in a row"
+        if t.retired:
+            mark += " retired"
         parts.append(f'<text x="0" y="{y + 7}">{escape(t.instance_id[:40])} {rate}{mark}</text>')
         parts.extend(
             f'<rect x="{name_w + j * CELL}" y="{y}" width="{CELL - 1}" height="{CELL - 1}" '
@@ -163,7 +167,8 @@ def _tasks(s: Snapshot) -> str:
     parts.append("</svg>")
     head = (
         f"<p>{len(tk.tasks)} tasks; zero-variance groups (no GRPO signal, marked ∅): "
-        f"{tk.zero_variance_groups} of {tk.groups}. "
+        f"{tk.zero_variance_groups} of {tk.groups}; stopped carrying signal (∅×n: their last n ≥ "
+        f"{STOPPED_SIGNAL} groups in a row): {tk.stopped_signal}; retired by the trainer: {len(tk.retired)}. "
         "Cells: green solved, red failed, yellow infrastructure, oldest first.</p>"
     )
     more = f"<p>{len(tk.tasks) - len(shown)} more tasks not drawn.</p>" if len(tk.tasks) > len(shown) else ""

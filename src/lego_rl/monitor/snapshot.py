@@ -127,12 +127,24 @@ class TaskRow(BaseModel):
     solve_rate: float | None
     zero_variance_groups: int
     """Groups (steps) whose admitted rewards were all equal: no GRPO signal."""
+    zero_variance_streak: int = 0
+    """Of those, how many in a row end its groups so far: a task at 2 or more stopped carrying signal."""
+    retired: bool = False
+    """Retired by the trainer (``train.retire_zero_variance_after``): no longer drawn."""
+
+
+STOPPED_SIGNAL = 2
+"""Zero-variance groups in a row from which the views call a task one that stopped carrying signal."""
 
 
 class Tasks(BaseModel):
     tasks: list[TaskRow]
     zero_variance_groups: int
     groups: int
+    stopped_signal: int = 0
+    """Tasks whose last ``STOPPED_SIGNAL`` or more groups had zero variance."""
+    retired: list[str] = []
+    """Tasks the trainer retired, in the order it did (from the metrics rows)."""
 
 
 class ConsistencyStep(BaseModel):
@@ -376,10 +388,17 @@ SYMBOL = {"solved": "✓", "failed": "·", "infra": "✗"}
 def tasks(state: RunState) -> Tasks:
     rows = []
     zero = groups = 0
+    retired = [iid for step in sorted(state.steps) if (m := state.steps[step].metrics) for iid in m.retired_tasks]
     for task in sorted(state.tasks.values(), key=lambda t: t.instance_id):
         # a group is one step's rollouts of the task; evaluation rollouts (step None) form no group
-        trained = [rewards for step, rewards in task.groups.items() if step is not None and len(rewards) > 1]
+        trained = [rewards for step, rewards in sorted(task.groups.items(), key=lambda kv: kv[0] or 0)
+                   if step is not None and len(rewards) > 1]
         zv = sum(1 for rewards in trained if len(set(rewards)) == 1)
+        streak = 0
+        for rewards in reversed(trained):
+            if len(set(rewards)) != 1:
+                break
+            streak += 1
         zero += zv
         groups += len(trained)
         rows.append(
@@ -389,9 +408,12 @@ def tasks(state: RunState) -> Tasks:
                 attempts=len(task.cells),
                 solve_rate=task.solve_rate,
                 zero_variance_groups=zv,
+                zero_variance_streak=streak,
+                retired=task.instance_id in retired,
             )
         )
-    return Tasks(tasks=rows, zero_variance_groups=zero, groups=groups)
+    return Tasks(tasks=rows, zero_variance_groups=zero, groups=groups, retired=retired,
+                 stopped_signal=sum(1 for r in rows if r.zero_variance_streak >= STOPPED_SIGNAL))
 
 
 def consistency(state: RunState, kl_warn: float) -> Consistency:

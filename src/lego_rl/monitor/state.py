@@ -27,6 +27,7 @@ from lego_rl.runstore.events import (
     GroupReplaced,
     LogRepaired,
     RolloutCheckFinished,
+    ScreenFinished,
     RolloutFinished,
     RolloutRefilled,
     RolloutStarted,
@@ -37,6 +38,7 @@ from lego_rl.runstore.events import (
     SessionCloseFailed,
     StageFinished,
     StepFinished,
+    StepsAbandoned,
     StepStarted,
     TrainingFinished,
 )
@@ -204,9 +206,13 @@ class RunState:
         self.checkpoints: list[CheckpointSaved] = []
         self.baselines: list[Baseline] = []
         self.check_finished: RolloutCheckFinished | None = None
+        self.screen_finished: ScreenFinished | None = None
+        """The last ``lego tasks screen`` session's end (a screening run reads like a rollout-check run)."""
         self.finished: TrainingFinished | None = None
         self.started_at: float | None = None
         self.resumes = 0
+        self.abandoned: list[StepsAbandoned] = []
+        """Resumes that abandoned recorded steps (a roll back): their metrics rows were moved aside."""
         self.serving: list[str] = []
         self.last_error: tuple[float, str] | None = None
         self.last_event_ts: float | None = None
@@ -331,6 +337,16 @@ class RunState:
             self.evals.append(e)
         elif isinstance(e, CheckpointSaved):
             self.checkpoints.append(e)
+        elif isinstance(e, StepsAbandoned):
+            # A resume from an older checkpoint: those steps are not the run's any more (their rollouts stay
+            # known, counted in no step; the resumed run records the steps again).
+            for step in e.steps:
+                self.steps.pop(step, None)
+            for r in self.rollouts.values():
+                if r.counted_in in e.steps:
+                    r.counted_in = None
+            self.checkpoints = [c for c in self.checkpoints if c.step not in e.steps]
+            self.abandoned.append(e)
         elif isinstance(e, TrainingFinished):
             self.finished = e
             self.open_step = None
@@ -341,12 +357,16 @@ class RunState:
         elif isinstance(e, RunResumed):
             self.resumes += 1
             self.finished = None  # a resumed run is running again until its next training_finished
+            self.screen_finished = None  # ... or its next screening session's end
         elif isinstance(e, Baseline):
             self.baselines.append(e)
             if self.kind == "empty":
                 self.kind = "rollout-check"
         elif isinstance(e, RolloutCheckFinished):
             self.check_finished = e
+            self.kind = "rollout-check"
+        elif isinstance(e, ScreenFinished):
+            self.screen_finished = e
             self.kind = "rollout-check"
         elif isinstance(e, ServingReady):
             self.serving = e.serving
@@ -455,6 +475,9 @@ class RunState:
                     )
                 )
             out.extend(Note("error", f"skipped: {bad}") for bad in log.bad_lines)
+        out.extend(Note("info", f"resumed from step {a.resumed_from}'s checkpoint: steps "
+                                f"{', '.join(map(str, a.steps))} recorded before were abandoned (not shown; "
+                                f"their metrics rows are in {a.metrics_set_aside})") for a in self.abandoned)
         out.append(self.status_note(now))
         return out
 
@@ -463,6 +486,8 @@ class RunState:
             return f"finished ({self.finished.status})"
         if self.check_finished is not None:
             return "finished"
+        if self.screen_finished is not None:
+            return "finished (stopped)" if self.screen_finished.stopped else "finished"
         if not self.events.exists or (self.events_read == 0 and not self.events.torn_bytes):
             return "not started"
         quiet = now - (self.events.mtime or now)

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from lego_rl.monitor.compare import Comparison
 from lego_rl.monitor.drill import RolloutDetail
-from lego_rl.monitor.snapshot import Point, RolloutBrief, Snapshot
+from lego_rl.monitor.snapshot import STOPPED_SIGNAL, Point, RolloutBrief, Snapshot
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 VIEWS = (
@@ -211,6 +211,9 @@ def tasks(snap: Snapshot, width: int, height: int, offset: int) -> RenderableTyp
         "marked ∅);  ✓ solved  · failed  ✗ infrastructure\n",
         "bold",
     )
+    if tk.stopped_signal or tk.retired:
+        t.append(f"{tk.stopped_signal} stopped carrying signal (their last {STOPPED_SIGNAL}+ groups ∅ in a row: "
+                 f"∅×n); {len(tk.retired)} retired\n", "magenta")
     rows = tk.tasks[offset : offset + max(3, height - 4)]
     for row in rows:
         t.append(f"{row.instance_id[:name_w]:<{name_w}} ")
@@ -220,7 +223,12 @@ def tasks(snap: Snapshot, width: int, height: int, offset: int) -> RenderableTyp
         cells = row.cells[-cells_w:]
         for ch in cells:
             t.append(ch, OUTCOME_STYLE.get(ch, ""))
-        t.append(f" {row.attempts}\n", "dim")
+        t.append(f" {row.attempts}", "dim")
+        if row.zero_variance_streak >= STOPPED_SIGNAL:
+            t.append(f" ∅×{row.zero_variance_streak}", "magenta")
+        if row.retired:
+            t.append(" retired", "red")
+        t.append("\n")
     if offset + len(rows) < len(tk.tasks):
         t.append(f"... {len(tk.tasks) - offset - len(rows)} more (↓ to scroll)", "dim")
     return t

@@ -25,6 +25,8 @@ The contract (``Environment``):
 
 from __future__ import annotations
 
+import copy
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -36,7 +38,7 @@ from lego_rl.errors import ConfigError
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.protocol import FinishReason, SamplingParams
 from lego_rl.termination import TerminationReason
-from lego_rl.trajectory.sample import Sample
+from lego_rl.trajectory.sample import PromptRoutingSnapshot, Sample
 
 ENTRY_POINT_GROUP = "lego_rl.environments"
 
@@ -58,6 +60,10 @@ class Completion:
     """Per output token, the ids of the nucleus it was sampled from (``rollout.capture_nucleus``)."""
     nucleus_probs: list[list[float]] | None = None
     """The sampler's probabilities of those ids."""
+    routed_experts: list[list[list[int]]] | None = None
+    """Per output token, its experts ``[layer][k]`` (``rollout.use_rollout_routing_replay``; the last is empty)."""
+    prompt_routed_experts: list[list[list[int]]] | None = None
+    """Per prompt token, its experts at this call's prefill (the R3 prompt snapshot)."""
 
 
 @dataclass
@@ -78,10 +84,16 @@ class Sampler:
 
     Every environment rollout of a step shares one sampler; the temperature, top-p and top-k are the
     run's (``rollout.*``) so that the trainer's recomputed logprobs follow the same convention.
+
+    With a ``seed`` (``train.seed``), ``for_rollout(rollout_id)`` gives a rollout a view whose n-th request
+    carries the seed ``hash(seed, rollout_id, n)``: what a rollout samples then depends on the run's seed, its
+    id and the weights, not on which other requests shared the engine's batch or which replica served it. A
+    run is repeatable, and a Ray cluster run samples what the single-process run samples.
     """
 
     def __init__(self, client: ServingClient, renderer: ChatRenderer, *, temperature: float, top_p: float,
-                 top_k: int, max_tokens: int, capture_nucleus: bool = False) -> None:
+                 top_k: int, max_tokens: int, capture_nucleus: bool = False, seed: int | None = None,
+                 capture_routing: bool = False) -> None:
         self.client = client
         self.renderer = renderer
         self.temperature = temperature
@@ -90,6 +102,25 @@ class Sampler:
         self.max_tokens = max_tokens
         self.capture_nucleus = capture_nucleus
         """Ask the engine for each token's nucleus (score centering replays it in the trainer)."""
+        self.capture_routing = capture_routing
+        """Ask the engine for each token's routed experts (R3: the trainer replays them)."""
+        self.seed = seed
+        self._rollout_id: str | None = None
+        self._requests = 0
+
+    def for_rollout(self, rollout_id: str) -> Sampler:
+        """This sampler for one rollout: its requests are seeded from ``(seed, rollout_id, request number)``
+        (unseeded, as the engine draws, when the sampler has no seed)."""
+        view = copy.copy(self)
+        view._rollout_id, view._requests = rollout_id, 0
+        return view
+
+    def _next_seed(self) -> int | None:
+        if self.seed is None or self._rollout_id is None:
+            return None
+        n, self._requests = self._requests, self._requests + 1
+        digest = hashlib.blake2b(f"{self.seed}:{self._rollout_id}:{n}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") >> 1  # 63 bits: the engine's seed range
 
     async def chat(self, messages: Sequence[Message], *, max_tokens: int | None = None,
                    session_id: str | None = None) -> Completion:
@@ -102,10 +133,11 @@ class Sampler:
         """Sample a continuation of raw token ids."""
         params = SamplingParams(
             max_tokens=max_tokens or self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, stop_token_ids=sorted(self.renderer.eos_ids),
+            top_k=self.top_k, stop_token_ids=sorted(self.renderer.eos_ids), seed=self._next_seed(),
         )
         res = await self.client.generate(prompt_ids, params, session_id=session_id,
-                                         return_nucleus=self.capture_nucleus)
+                                         return_nucleus=self.capture_nucleus,
+                                         return_routed_experts=self.capture_routing)
         versions = [res.version_of(i) for i in range(len(res.output_ids))]
         return Completion(
             prompt_ids=list(prompt_ids), output_ids=list(res.output_ids), logprobs=list(res.logprobs),
@@ -113,6 +145,7 @@ class Sampler:
             text=self.renderer.decode(self.renderer.strip_end_of_message(res.output_ids)),
             nucleus_ids=None if res.nucleus is None else [e.ids for e in res.nucleus],
             nucleus_probs=None if res.nucleus is None else [e.probs for e in res.nucleus],
+            routed_experts=res.routed_experts, prompt_routed_experts=res.prompt_routed_experts,
         )
 
 
@@ -148,6 +181,10 @@ def completion_sample(c: Completion, *, rollout_id: str, group_index: int, index
         text=c.text,
         nucleus_ids=None if c.nucleus_ids is None else [[] for _ in c.prompt_ids] + c.nucleus_ids,
         nucleus_probs=None if c.nucleus_probs is None else [[] for _ in c.prompt_ids] + c.nucleus_probs,
+        routed_experts=None if c.routed_experts is None else [[] for _ in c.prompt_ids] + c.routed_experts,
+        prompt_routing=[] if c.prompt_routed_experts is None else [PromptRoutingSnapshot(
+            rollout_id=rollout_id, group_index=group_index, turn=segment, prompt_len=n_prompt,
+            routes=c.prompt_routed_experts)],
     )
 
 

@@ -54,9 +54,10 @@ from lego_rl.orchestrate.scheduler import (
     SchedulerSettings,
     StepRollouts,
 )
+from lego_rl.orchestrate.task_signal import TaskSignal
 from lego_rl.orchestrate.weight_sync import WeightSync
 from lego_rl.rollout.generate import RolloutResult
-from lego_rl.runstore import RunDir, StepMetrics, replace_file
+from lego_rl.runstore import RunDir, StepMetrics, checkpoint_dir, latest_checkpoint, publish_latest
 from lego_rl.runstore.events import (
     CheckpointSaved,
     EvalFinished,
@@ -116,6 +117,8 @@ class LoopSettings:
     masked out (drop)."""
     max_refills: int = 2
     oversample_zero_variance: bool = False
+    retire_zero_variance_after: int = 0
+    """Retire a task after this many zero-variance groups in a row (0: never; ``orchestrate.task_signal``)."""
     checkpoint_every: int = 0
     eval_every: int = 0
     eval_samples: int = 4
@@ -132,7 +135,8 @@ class LoopSettings:
             top_p=c.rollout.top_p, top_k=c.rollout.top_k,
             concurrency=c.rollout.concurrency, max_staleness=c.rollout.max_staleness,
             partial_rollouts=c.rollout.partial_rollouts, max_refills=c.train.max_refills,
-            oversample_zero_variance=c.train.oversample_zero_variance, checkpoint_every=c.train.checkpoint_every,
+            oversample_zero_variance=c.train.oversample_zero_variance,
+            retire_zero_variance_after=c.train.retire_zero_variance_after, checkpoint_every=c.train.checkpoint_every,
             eval_every=c.train.eval_every, eval_samples=c.train.eval_samples,
             infra_failure_policy=c.train.infra_failure_policy, seed=c.train.seed,
         )
@@ -170,6 +174,8 @@ class PromptStream:
         self.seed = seed
         self.cursor = cursor or DataCursor()
         self._order = self._shuffled(self.cursor.epoch)
+        self.retired: set[str] = set()
+        """Ids never drawn again (``TaskSignal`` keeps at least one prompt out of it)."""
 
     def _shuffled(self, epoch: int) -> list[int]:
         order = list(range(len(self.prompts)))
@@ -177,12 +183,16 @@ class PromptStream:
         return order
 
     def next(self) -> Prompt:
-        if self.cursor.position >= len(self._order):
-            self.cursor = DataCursor(epoch=self.cursor.epoch + 1, position=0)
-            self._order = self._shuffled(self.cursor.epoch)
-        prompt = self.prompts[self._order[self.cursor.position]]
-        self.cursor = DataCursor(epoch=self.cursor.epoch, position=self.cursor.position + 1)
-        return prompt
+        if len(self.retired) >= len({p.id for p in self.prompts}):
+            raise TrainingError("every task of the training data is retired: nothing left to draw")
+        while True:
+            if self.cursor.position >= len(self._order):
+                self.cursor = DataCursor(epoch=self.cursor.epoch + 1, position=0)
+                self._order = self._shuffled(self.cursor.epoch)
+            prompt = self.prompts[self._order[self.cursor.position]]
+            self.cursor = DataCursor(epoch=self.cursor.epoch, position=self.cursor.position + 1)
+            if prompt.id not in self.retired:
+                return prompt
 
 
 @dataclass
@@ -244,6 +254,7 @@ class TrainLoop:
         self.sync = sync
         self.eval_prompts = list(eval_prompts)
         self.stream = PromptStream(prompts, seed=settings.seed)
+        self.signal = TaskSignal([p.id for p in self.stream.prompts], retire_after=settings.retire_zero_variance_after)
         self.admission = settings.admission
         self.progress = LoopProgress(total_steps=settings.num_rollout)
         self.next_step = 0
@@ -264,27 +275,24 @@ class TrainLoop:
 
     # -- checkpoints --------------------------------------------------------------------------------
 
-    def _checkpoint_dir(self, step: int) -> Path:
-        return self.run_dir.layout.checkpoints / f"step-{step:06d}"
-
     def save_checkpoint(self, step: int) -> Path:
         """Checkpoint after ``step`` (the last completed one) with the cursor as that step left it."""
-        path = self._checkpoint_dir(step)
+        path = checkpoint_dir(self.run_dir.layout.checkpoints, step)
         state = {"step": step, "cursor": self._committed.model_dump(), "pending": self._committed_pending,
-                 "seed": self.s.seed}
+                 "seed": self.s.seed, "task_signal": self.signal.state()}
         self.backend.save_checkpoint(path, extra_state=state)
         # Written after the backend returned: ``latest`` never names a checkpoint still being written.
-        replace_file(self.run_dir.layout.checkpoints / "latest", path.name + "\n")
+        publish_latest(self.run_dir.layout.checkpoints, step)
         self.run_dir.events.emit(CheckpointSaved(step=step, path=str(path)))
         self._last_checkpoint_step = step
         return path
 
     def resume(self) -> int | None:
         """Load the newest checkpoint of the run directory; the step it holds (None: nothing saved)."""
-        pointer = self.run_dir.layout.checkpoints / "latest"
-        if not pointer.exists():
+        latest = latest_checkpoint(self.run_dir.layout.checkpoints)
+        if latest is None:
             return None
-        path = self.run_dir.layout.checkpoints / pointer.read_text().strip()
+        path = latest.path
         state = self.backend.load_checkpoint(path)
         try:
             step = int(state["step"])
@@ -303,11 +311,14 @@ class TrainLoop:
             raise ConfigError(f"checkpoint {path} names prompts the training data no longer has: {unknown[:5]}; "
                               "resume with the data the run started with", parameter="rollout.prompt_data")
         self.stream = PromptStream(self.stream.prompts, seed=self.s.seed, cursor=cursor)
+        self.signal.load(state.get("task_signal"))
+        self.stream.retired = set(self.signal.retired)
         self._committed = cursor
         self._committed_pending = pending
         self._redo = [by_id[x] for x in pending]
         self._resumed = True
         self._last_checkpoint_step = step
+        self.run_dir.abandon_after(step)  # rows of steps after the checkpoint are not this run's any more
         self.next_step = step + 1
         self.progress.step = self.next_step
         return step
@@ -581,6 +592,9 @@ class TrainLoop:
         sampled = results + [r for g in rolled.dropped for r in g.results]
         rewards = [r.reward for r in sampled
                    if r.reward is not None and r.termination not in self.admission.excluded]
+        # Per task: zero-variance groups in a row (replaced groups too), and the tasks that retires.
+        zero_tasks, retired_now = self.signal.observe([*rolled.groups, *rolled.dropped], self.admission)
+        self.stream.retired.update(retired_now)
         values: dict[str, float] = {
             **stats, **outcome.metrics,
             "trained": float(outcome.trained), "weight_version": float(outcome.weight_version),
@@ -592,6 +606,7 @@ class TrainLoop:
             "time_step_s": t_rollout + t_train + t_sync,
             "excluded_rollouts": float(sum(excluded.values())),
             "stale_groups": float(rolled.stale_groups), "cancelled_rollouts": float(rolled.cancelled_rollouts),
+            "tasks_retired": float(len(self.signal.retired)),
             **ages,
         }
         if rolled.slot_capacity_s > 0:
@@ -602,7 +617,8 @@ class TrainLoop:
             values["reward_mean"] = reward_mean
             values["solve_rate"] = sum(1 for x in rewards if x >= self.s.solved_reward) / len(rewards)
         row = StepMetrics(step=step, started_at=started, finished_at=max(time.time(), started), values=values,
-                          terminations=dict(Counter(r.termination for r in sampled)))
+                          terminations=dict(Counter(r.termination for r in sampled)),
+                          zero_variance_tasks=zero_tasks, retired_tasks=retired_now)
         self.run_dir.metrics.append(row)
         self.run_dir.events.emit(StepFinished(
             step=step, admitted_rollouts=int(stats["admitted_rollouts"]), excluded_rollouts=dict(excluded),

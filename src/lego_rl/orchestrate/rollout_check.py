@@ -120,14 +120,20 @@ async def run_rollout_check(
     progress: ProgressFn | None = None,
 ) -> CheckReport:
     async with RunProviders() as providers:  # one per run: the warm pool serves every rollout of it
-        ctx = RolloutContext(
-            settings=settings_from_config(r, stack.adapter_url), run=run, sessions=stack.sessions,
-            adapter_url=stack.adapter_url, harness_for=harness_factory(r),
-            toolchain=Toolchain(Path(r.config.paths.toolchain_dir or "")), images=images, dataset_dir=dataset_dir,
-            providers=providers,
-        )
+        ctx = rollout_context(r, stack, run, dataset_dir=dataset_dir, images=images, providers=providers)
         runner = RolloutRunner(ctx, concurrency=concurrency)
         return CheckReport(await runner.run(plan(rows, samples_per_task, harness), progress))
+
+
+def rollout_context(r: ResolvedConfig, stack: Stack, run: RunDir, *, dataset_dir: Path | None,
+                    images: dict[str, ImageSpec] | None, providers: RunProviders | None = None) -> RolloutContext:
+    """What every rollout of a run without a trainer shares (rollout-check, task screening); ``providers``:
+    the run's shared sandbox providers (None: one provider per sandbox)."""
+    return RolloutContext(
+        settings=settings_from_config(r, stack.adapter_url), run=run, sessions=stack.sessions, adapter_url=stack.adapter_url,
+        harness_for=harness_factory(r), toolchain=Toolchain(Path(r.config.paths.toolchain_dir or "")),
+        images=images, dataset_dir=dataset_dir, providers=providers,
+    )
 
 
 def save_report(report: CheckReport, output: Path) -> Path:

@@ -38,7 +38,15 @@ from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError, TaskDataError
 from lego_rl.orchestrate.loop import DataCursor, Prompt, PromptStream, TrainingError
 from lego_rl.orchestrate.stack import model_dir
-from lego_rl.runstore import RunDir, RunLayout, StepMetrics, follow_metrics, replace_file
+from lego_rl.runstore import (
+    RunDir,
+    RunLayout,
+    StepMetrics,
+    checkpoint_dir,
+    follow_metrics,
+    latest_checkpoint,
+    publish_latest,
+)
 from lego_rl.runstore.events import CheckpointSaved, StepFinished, StepStarted, TrainingFinished
 from lego_rl.train.backend import TrainerBackend
 from lego_rl.train.batching import plan_steps
@@ -175,19 +183,19 @@ class SftRunner:
     # -- checkpoints --------------------------------------------------------------------------------
 
     def save_checkpoint(self, step: int) -> Path:
-        path = self.run_dir.layout.checkpoints / f"step-{step:06d}"
+        path = checkpoint_dir(self.run_dir.layout.checkpoints, step)
         state = {SFT_STATE_KEY: step, "sft_cursor": self.stream.cursor.model_dump(), "seed": self.s.seed}
         self.backend.save_checkpoint(path, extra_state=state)
-        replace_file(self.run_dir.layout.checkpoints / "latest", path.name + "\n")  # after: never half-written
+        publish_latest(self.run_dir.layout.checkpoints, step)  # after: never half-written
         self.run_dir.events.emit(CheckpointSaved(step=step, path=str(path)))
         self._last_checkpoint = step
         return path
 
     def resume(self) -> int | None:
-        pointer = self.run_dir.layout.checkpoints / "latest"
-        if not pointer.exists():
+        latest = latest_checkpoint(self.run_dir.layout.checkpoints)
+        if latest is None:
             return None
-        path = self.run_dir.layout.checkpoints / pointer.read_text().strip()
+        path = latest.path
         state = self.backend.load_checkpoint(path)
         if SFT_STATE_KEY not in state:
             raise ConfigError(f"checkpoint {path} was not written by SFT (a GRPO run's?): resume it without "
@@ -199,6 +207,7 @@ class SftRunner:
         step = int(state[SFT_STATE_KEY])
         self.stream = PromptStream(self.stream.prompts, seed=self.s.seed,
                                    cursor=DataCursor.model_validate(state["sft_cursor"]))
+        self.run_dir.abandon_after(step)  # rows of steps after the checkpoint are not this run's any more
         self.next_step = step + 1
         self._last_checkpoint = step
         return step
@@ -329,8 +338,8 @@ class SftSession:
             self.sink.close()
             self.run_dir.close()
         losses = [row.values.get("loss") for row in follow_metrics(self.run_dir.layout.metrics).read()]
-        pointer = self.run_dir.layout.checkpoints / "latest"
-        ckpt = str(self.run_dir.layout.checkpoints / pointer.read_text().strip()) if pointer.exists() else None
+        latest = latest_checkpoint(self.run_dir.layout.checkpoints)
+        ckpt = str(latest.path) if latest is not None else None
         return SftSummary(status=status, run_root=str(self.run_dir.root), steps_done=runner.next_step,
                           sft_steps=self.settings.steps, first_loss=losses[0] if losses else None,
                           last_loss=losses[-1] if losses else None, checkpoint=ckpt)

@@ -19,6 +19,7 @@ from aiohttp import web
 from lego_rl.adapter.core import AdapterCore, SamplingDefaults
 from lego_rl.adapter.server import AdapterServer
 from lego_rl.adapter.sessions import SessionRegistry
+from lego_rl.adapter.standalone import LISTEN_BACKLOG
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError
@@ -81,6 +82,7 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
     directory = model_dir(cfg.model.checkpoint)
     async with contextlib.AsyncExitStack() as stack:
         if cfg.serving.backend == "embedded":
+            from lego_rl.serving.engine import engine_precision
             from lego_rl.serving.server import EmbeddedServer
 
             device = cfg.serving.device
@@ -88,10 +90,12 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
                 import torch
 
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+            dtype, compute = engine_precision(device, cfg.model.dtype, cfg.serving.precision)
             engine = EmbeddedServer(directory, host=cfg.serving.host, port=cfg.serving.port, device=device,
-                                    dtype=dtype, max_batch=cfg.serving.max_batch_size,
-                                    max_model_len=cfg.model.max_context_tokens)
+                                    dtype=dtype, compute_dtype=compute, max_batch=cfg.serving.max_batch_size,
+                                    max_model_len=cfg.model.max_context_tokens,
+                                    # R3: the embedded engine returns routes only when started to record them.
+                                    return_routed_experts=cfg.rollout.use_rollout_routing_replay)
             await stack.enter_async_context(engine)
             urls = [engine.url]
             embedded = engine.engine
@@ -124,7 +128,7 @@ async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
         runner = web.AppRunner(server.app(), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, cfg.adapter.bind_host, cfg.adapter.port)
+        site = web.TCPSite(runner, cfg.adapter.bind_host, cfg.adapter.port, backlog=LISTEN_BACKLOG)
         try:
             await site.start()
         except OSError as exc:

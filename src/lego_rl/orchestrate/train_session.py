@@ -37,7 +37,7 @@ from lego_rl.orchestrate.rollout_check import settings_from_config
 from lego_rl.orchestrate.stack import Engines, model_dir, serving_engines, serving_stack
 from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
-from lego_rl.runstore import RunDir, RunLayout
+from lego_rl.runstore import RunDir, RunLayout, latest_checkpoint
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady, TrainingFinished
 from lego_rl.serving.errors import EngineFailed, EngineUnavailable, InvalidReply
 from lego_rl.swe.task_sandbox import RunProviders
@@ -47,6 +47,7 @@ from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.tasks.rows import load_tasks
 
 if TYPE_CHECKING:
+    from lego_rl.orchestrate.cluster import RayCluster
     from lego_rl.train.megatron_backend import MegatronTrainSettings
     from lego_rl.train.torch_backend import TorchTrainSettings
 
@@ -68,7 +69,7 @@ def torch_settings(c: LegoConfig) -> TorchTrainSettings:
     t = c.train
     return TorchTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
                               weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
-                              reference_model=t.kl_coef > 0)
+                              reference_model=t.kl_coef > 0, routing_replay=c.rollout.use_rollout_routing_replay)
 
 
 def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
@@ -100,13 +101,20 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
                           parameter="train.data_parallel", value=dp)
     if world == 1:
         return 0
+    if c.cluster.mode == "ray":
+        raise ConfigError(f"cluster.mode = \"ray\" places its own trainer ranks (cluster.trainer_nodes × "
+                          f"cluster.gpus_per_node); run one `lego train`, not {world} under torchrun",
+                          parameter="cluster.mode", value=c.cluster.mode)
     if c.train.backend != "torch":
         raise ConfigError(f"several processes (WORLD_SIZE={world}) need train.backend = \"torch\" (FSDP2), got "
                           f"{c.train.backend!r}", parameter="train.backend", value=c.train.backend)
     import torch
     import torch.distributed as dist
 
+    from lego_rl.train.distributed import check_rendezvous
+
     if not dist.is_initialized():
+        check_rendezvous()
         gpu = torch.cuda.is_available() and c.serving.device != "cpu"
         if gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -131,7 +139,8 @@ def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
     return MegatronTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
                                  weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
                                  reference_model=t.kl_coef > 0, tensor_parallel=t.tensor_parallel,
-                                 pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel)
+                                 pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel,
+                                 routing_replay=c.rollout.use_rollout_routing_replay)
 
 
 def megatron_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
@@ -162,6 +171,7 @@ def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn
     """
 
     async def rollout(prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+        seeded = sampler.for_rollout(slot.rollout_id) if isinstance(sampler, Sampler) else sampler
         run.events.emit(RolloutStarted(rollout_id=slot.rollout_id, instance_id=prompt.id, harness=f"env:{env.name}",
                                        group_index=slot.group_index, index=slot.index))
         t0 = time.monotonic()
@@ -170,7 +180,7 @@ def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn
         reward: float | None = None
         detail = ""
         try:
-            out = await env.rollout(prompt.row, sampler)
+            out = await env.rollout(prompt.row, seeded)
             reason = out.termination
             reward = out.reward
             n = len(out.completions)
@@ -266,6 +276,10 @@ class TrainSession:
             raise ConfigError(f"train.backend = {c.train.backend!r} has no trainer in this install (available: "
                               f"{have})", parameter="train.backend", value=c.train.backend)
         self.backend_factory = factories[c.train.backend]
+        if c.cluster.mode == "ray" and c.train.backend != "torch":
+            raise ConfigError(f"cluster.mode = \"ray\" places torch trainer ranks; train.backend = "
+                              f"{c.train.backend!r} runs under torchrun on its nodes instead", parameter="cluster.mode",
+                              value=c.cluster.mode)
         self.env: Environment | None = (
             load_environment(c.train.environment, c.train.environment_options) if c.train.environment else None)
         data = Path(c.rollout.prompt_data or "")
@@ -295,12 +309,23 @@ class TrainSession:
             raise TrainingError(f"serving engine(s) not healthy: {', '.join(dead)} (serving.urls); start them or "
                                 "fix the URLs")
 
-    def _make_loop(self, model_dir: Path, rollout_fn: RolloutFn, engines: Engines) -> TrainLoop:
-        backend, loss = self.backend_factory(self.r.config, model_dir)
+    def _make_loop(self, model_dir: Path, rollout_fn: RolloutFn, engines: Engines,
+                   cluster: RayCluster | None = None) -> TrainLoop:
+        in_flight = self.r.config.rollout.sync_in_flight
+        backend: TrainerBackend
+        loss: LossFn
+        sync: WeightSync
+        if cluster is not None:  # the trainer ranks and the engines are Ray actors (orchestrate.cluster)
+            from lego_rl.orchestrate.cluster import RayWeightSync
+
+            backend, loss = cluster.backend, make_loss(loss_config(self.r.config))
+            sync = RayWeightSync(cluster.engines, in_flight=in_flight)
+        else:
+            backend, loss = self.backend_factory(self.r.config, model_dir)
+            sync = weight_sync_for(engines, self.run_dir.root / "sync-weights", in_flight=in_flight)
         loop = TrainLoop(self.settings, backend=backend, loss_fn=loss, rollout_fn=rollout_fn, prompts=self.prompts,
                          run=self.run_dir, eval_prompts=self.eval_prompts, resume_index=self.resume_index,
-                         sync=weight_sync_for(engines, self.run_dir.root / "sync-weights",
-                                              in_flight=self.r.config.rollout.sync_in_flight))
+                         sync=sync)
         if self.r.config.train.resume:
             loop.resume()
         self.loop = loop
@@ -320,17 +345,25 @@ class TrainSession:
             self.loop.request_stop()
 
     def _steps_on_disk(self) -> int:
-        """Steps the run directory's newest checkpoint holds (``checkpoints/latest`` → ``step-NNNNNN``); 0 if none."""
-        pointer = self.run_dir.layout.checkpoints / "latest"
+        """Steps the run directory's newest checkpoint holds; 0 if none (or a broken pointer: this reports a
+        failure already, and must not raise a second one)."""
         try:
-            return int(pointer.read_text().strip().rsplit("-", 1)[-1]) + 1
-        except (OSError, ValueError):
+            latest = latest_checkpoint(self.run_dir.layout.checkpoints)
+        except (OSError, ConfigError):
             return 0
+        return latest.step + 1 if latest is not None else 0
 
     async def run(self) -> TrainSummary:
         c = self.r.config
         try:
             async with contextlib.AsyncExitStack() as stack:
+                cluster: RayCluster | None = None
+                if c.cluster.mode == "ray":
+                    from lego_rl.orchestrate.cluster import ray_cluster
+
+                    cluster = await stack.enter_async_context(
+                        ray_cluster(c, model_dir(c.model.checkpoint), settings=torch_settings(c)))
+                    c = cluster.serving_config(c)  # the replicas' URLs, reached like vLLM servers
                 if self.env is not None:
                     engines = await stack.enter_async_context(serving_engines(c))
                     await self._check_engines(engines)
@@ -338,7 +371,8 @@ class TrainSession:
                     sampler = Sampler(engines.client, engines.renderer, temperature=c.rollout.temperature,
                                       top_p=c.rollout.top_p, top_k=c.rollout.top_k,
                                       max_tokens=c.model.max_response_tokens,
-                                      capture_nucleus=c.rollout.capture_nucleus)
+                                      capture_nucleus=c.rollout.capture_nucleus, seed=c.train.seed,
+                                      capture_routing=c.rollout.use_rollout_routing_replay)
                     rollout_fn = env_rollout_fn(self.env, sampler, self.run_dir)
                 else:
                     st = await stack.enter_async_context(serving_stack(c))
@@ -357,7 +391,7 @@ class TrainSession:
                         dataset_dir=Path(c.rollout.prompt_data or ".").resolve().parent, providers=providers,
                     )
                     rollout_fn = agent_rollout_fn(ctx)
-                loop = self._make_loop(model_dir(c.model.checkpoint), rollout_fn, engines)
+                loop = self._make_loop(model_dir(c.model.checkpoint), rollout_fn, engines, cluster)
                 # TensorBoard reads the rows back from metrics.jsonl as the loop appends them.
                 self.sink.start(loop.next_step)
                 self.sink.follow(self.run_dir.layout.metrics)

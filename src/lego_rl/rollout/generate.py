@@ -262,6 +262,7 @@ class _Rollout:
         session = self.ctx.sessions.open(
             safe_name(self.rid), template_kwargs=s.template_kwargs, max_requests=min(caps),
             max_context_tokens=s.max_context_tokens, max_response_tokens=s.max_response_tokens,
+            records_dir=self.folder,  # each turn record on disk as it happens: a killed trainer keeps them
         )
         self.ctx.run.events.emit(SessionOpened(rollout_id=self.rid, session_id=session.id,
                                                max_requests=min(caps), harness_options=self.harness_options))

@@ -53,6 +53,7 @@ class AdapterSessions(Protocol):
         max_requests: int | None = None,
         max_context_tokens: int | None = None,
         max_response_tokens: int | None = None,
+        records_dir: Path | None = None,
     ) -> SessionView: ...
 
     def get(self, session_id: str | None) -> SessionView:

@@ -78,6 +78,17 @@ class RolloutCheckFinished(_Event):
     terminations: dict[str, int]
 
 
+class ScreenFinished(_Event):
+    """A ``lego tasks screen`` session ended (its rollouts done, or stopped: the next session tops up)."""
+
+    kind: Literal["screen_finished"] = "screen_finished"
+    k: int
+    rollouts: int
+    """Rollouts this session ran (the attempts already in the directory are not counted)."""
+    stopped: bool = False
+    """Cancelled (SIGTERM, Ctrl-C) before every planned rollout finished."""
+
+
 class _RolloutEvent(_Event):
     rollout_id: str
 
@@ -235,6 +246,17 @@ class CheckpointSaved(_Event):
     path: str
 
 
+class StepsAbandoned(_Event):
+    """A resume from the checkpoint of ``resumed_from`` abandoned the later ``steps`` this log recorded (a roll
+    back, or steps finished after the last checkpoint): their events above stay, but they are not the run's
+    steps any more (readers drop them); their metrics rows were moved to ``metrics_set_aside``."""
+
+    kind: Literal["steps_abandoned"] = "steps_abandoned"
+    resumed_from: int
+    steps: list[int]
+    metrics_set_aside: str
+
+
 class EvalFinished(_Event):
     """Held-out evaluation: pass@1 estimated from ``samples_per_row`` rollouts of each row."""
 
@@ -264,6 +286,7 @@ RunEvent = Annotated[
     | ServingReady
     | Baseline
     | RolloutCheckFinished
+    | ScreenFinished
     | RolloutStarted
     | StageFinished
     | HarnessReady
@@ -279,6 +302,7 @@ RunEvent = Annotated[
     | BatchTaken
     | StepFinished
     | CheckpointSaved
+    | StepsAbandoned
     | EvalFinished
     | TrainingFinished,
     Field(discriminator="kind"),

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from lego_rl.errors import ConfigError
-from lego_rl.runstore.events import RunResumed, RunStarted
+from lego_rl.runstore.checkpoints import set_aside_abandoned
+from lego_rl.runstore.events import RunResumed, RunStarted, StepsAbandoned
 from lego_rl.runstore.files import write_new
 from lego_rl.runstore.log import EventLog, MetricsLog
 
@@ -152,6 +153,19 @@ class RunDir:
         if self._metrics is None:
             self._metrics = MetricsLog(self.layout.metrics)
         return self._metrics
+
+    def abandon_after(self, step: int) -> list[int]:
+        """A resume from step ``step``'s checkpoint: the later steps this run recorded are abandoned. Their
+        metrics rows move aside (``set_aside_abandoned``) and a ``steps_abandoned`` event marks their events;
+        the abandoned steps, oldest first (none: nothing was recorded after ``step``)."""
+        if self._metrics is not None:  # its handle would keep appending to the file moved aside
+            self._metrics.close()
+            self._metrics = None
+        aside = set_aside_abandoned(self.layout.metrics, step)
+        if aside is None:
+            return []
+        self.events.emit(StepsAbandoned(resumed_from=step, steps=aside.steps, metrics_set_aside=aside.path.name))
+        return aside.steps
 
     def rollout_dir(self, rollout_id: str) -> Path:
         """A fresh artifact directory for one rollout; an existing one is an error, never reused."""

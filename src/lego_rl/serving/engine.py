@@ -6,6 +6,13 @@ cache), every running row decodes one token in a single batched forward, and new
 prefilled (reusing a cached prefix when one matches) and join the batch: continuous batching.
 Sampling and the logprob convention live in ``sampler.py``; HTTP lives in ``server.py``.
 
+On CUDA (or when asked with ``fast=True``) a dense Llama-family model decodes on ``StaticDecoder``
+(``static_decode.py``): KV in preallocated per-row slots, each decode step one CUDA graph per batch/length
+bucket, attention kernels chosen explicitly (no cuDNN). Other models, and MoE routing capture, use the generic
+path: the transformers model with a python-level batch cache (``kv.py``). Both share scheduling, the prefix
+cache and the sampler. ``compute_dtype`` (e.g. fp32 weights, bf16 compute) runs the trainer's autocast recipe
+on either path, so engine and trainer compute the same function (docs/serving.md).
+
 Weights can be replaced between steps, from a checkpoint directory (``reload_weights``), an in-process
 state dict (``load_state_dict``) or a stream of named tensors (``update_weights``, what weight sync uses);
 every sampled token records the version label current at its step. After any weight change the prefix
@@ -37,12 +44,27 @@ from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.request_check import context_message
 from lego_rl.serving.routing import RouterRecorder
 from lego_rl.serving.sampler import RowParams, sample_rows
-from lego_rl.serving.weights import load_checkpoint_into, load_model
+from lego_rl.serving.static_decode import StaticDecoder, unsupported_reason
+from lego_rl.serving.weights import DTYPES, load_checkpoint_into, load_model
 
 log = logging.getLogger(__name__)
 
 INITIAL_VERSION = "default"
 """The label of the weights loaded at start (vLLM's label; the client maps it to version 0)."""
+
+
+def engine_precision(device: str, model_dtype: str, precision: str) -> tuple[str, str | None]:
+    """``(dtype, compute_dtype)`` for the engine from ``model.dtype`` and ``serving.precision`` (schema.py).
+
+    ``trainer`` is the torch trainer's recipe: fp32 weights, bf16 matmuls and attention on CUDA (its autocast),
+    fp32 throughout on CPU. ``weights`` computes in the model dtype (``auto``: bf16 on CUDA, fp32 on CPU).
+    ``auto`` is ``trainer`` on CUDA unless a model dtype was chosen explicitly.
+    """
+    if precision == "trainer" or (precision == "auto" and device.startswith("cuda") and model_dtype == "auto"):
+        return "float32", ("bfloat16" if device.startswith("cuda") else None)
+    if model_dtype == "auto":
+        return ("bfloat16" if device.startswith("cuda") else "float32"), None
+    return model_dtype, None
 
 
 @dataclass
@@ -63,13 +85,23 @@ class EmbeddedEngine:
     def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: str = "float32",
                  max_batch: int = 16, max_model_len: int | None = None, prefix_cache_entries: int = 8,
                  prefill_chunk: int = 2048, name: str | None = None, threads: int | None = None,
-                 return_routed_experts: bool = False) -> None:
+                 return_routed_experts: bool = False, fast: bool | None = None,
+                 compute_dtype: str | None = None, cuda_graphs: bool = True) -> None:
+        """``fast``: decode on ``StaticDecoder`` (None: whenever the device is CUDA and the model fits it; True:
+        required, a ConfigError says why not). ``compute_dtype``: the dtype of matmuls and attention when it
+        differs from the weights' ``dtype`` — ``dtype="float32", compute_dtype="bfloat16"`` is the torch
+        trainer's recipe on CUDA (fp32 master weights under bf16 autocast); None = ``dtype``."""
         if threads:
             # Process-wide. On a crowded CPU one thread is often faster than two (no OpenMP spinning).
             torch.set_num_threads(threads)
         self.model_dir = Path(model_dir)
         self.device = torch.device(device)
         self.model, self.config, eos = load_model(self.model_dir, self.device, dtype)
+        if compute_dtype is not None and compute_dtype not in DTYPES:
+            raise ConfigError(f"compute_dtype {compute_dtype!r} is not one of {sorted(DTYPES)}",
+                              parameter="compute_dtype", value=compute_dtype)
+        self.compute_dtype = DTYPES[compute_dtype or dtype]
+        self._autocast = self.compute_dtype != DTYPES[dtype]
         self.vocab_size = int(self.config.vocab_size)
         self.max_model_len = max_model_len or int(getattr(self.config, "max_position_embeddings", 4096))
         self.eos_ids = eos
@@ -93,6 +125,34 @@ class EmbeddedEngine:
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters \
             else "past_key_values"
         self._batch = BatchCache(self.config)
+        self._static: StaticDecoder | None = None
+        reason = "return_routed_experts is set" if return_routed_experts else unsupported_reason(self.model,
+                                                                                                 self.config)
+        if fast is None:
+            fast = self.device.type == "cuda" and reason is None
+            if fast:
+                # Slots are preallocated at full context: on its own the engine takes at most a quarter of
+                # the free memory (a trainer usually shares the GPU), else it keeps the generic path.
+                need = StaticDecoder.kv_bytes(self.config, max_batch, self.max_model_len, self.compute_dtype)
+                free, _ = torch.cuda.mem_get_info(self.device)
+                if need > free // 4:
+                    fast = False
+                    log.warning("embedded engine: generic decode path — the fast path's KV cache for %d rows × "
+                                "%d positions needs %.1f GiB, over a quarter of the %.1f GiB free (lower "
+                                "max_model_len or max_batch, or pass fast=True)", max_batch, self.max_model_len,
+                                need / 2**30, free / 2**30)
+        if fast:
+            if reason is not None:
+                raise ConfigError(f"{self.model_dir} cannot use the fast decode path: {reason}", parameter="fast")
+            try:
+                self._static = StaticDecoder(self.model, self.config, slots=max_batch, max_len=self.max_model_len,
+                                             compute_dtype=self.compute_dtype, use_graphs=cuda_graphs)
+            except MemoryError as exc:
+                raise ConfigError(str(exc), parameter="max_batch") from None
+        log.info("embedded engine: %s decode path, weights %s, compute %s", "fast" if self._static else "generic",
+                 dtype, self.compute_dtype)
+        self._lengths: list[int] = []
+        """Fast path: KV positions held in each running row's slot (row i owns slot i)."""
         self._rows: list[_Req] = []
         self._waiting: list[_Req] = []
         self._by_id: dict[str, _Req] = {}
@@ -325,7 +385,7 @@ class EmbeddedEngine:
                         if not req.future.done():
                             req.future.set_exception(exc)
                         self._by_id.pop(req.out.request_id, None)
-                    self._rows, self._batch, leaving = [], BatchCache(self.config), []
+                    self._rows, self._batch, self._lengths, leaving = [], BatchCache(self.config), [], []
                     continue
             self.steps += steps
             leaving = [i for i, req in enumerate(self._rows) if self._check_done(req)]
@@ -367,6 +427,13 @@ class EmbeddedEngine:
         """Forget every KV computed by the old weights: the prefix cache, and the running rows' batch cache
         (rows frozen by ``pause("keep")`` are prefilled again under the new weights)."""
         self.prefix_cache.clear()
+        if self._static is not None:
+            self._static.refresh_weights()
+            for i, req in enumerate(self._rows):
+                seq = req.prompt + req.out.token_ids[:-1]
+                self._static.prefill(i, seq, 0)
+                self._lengths[i] = len(seq)
+            return
         if not self._rows:
             return
         self._batch = BatchCache(self.config)
@@ -390,9 +457,19 @@ class EmbeddedEngine:
         for i in leaving:
             req = self._rows[i]
             seq = req.prompt + req.out.token_ids[:-1]
-            if self._batch.lengths[i] == len(seq) and seq:
+            if self._static is not None:
+                if self._lengths[i] == len(seq) and seq:
+                    self.prefix_cache.put(seq, self._static.slot_kv(i, len(seq)))
+            elif self._batch.lengths[i] == len(seq) and seq:
                 self.prefix_cache.put(seq, self._batch.row_kv(i))
-        self._batch.remove(leaving)
+        if self._static is not None:
+            keep = [i for i in range(len(self._rows)) if i not in set(leaving)]
+            for new, old in enumerate(keep):  # compact: row j owns slot j (a source slot is never overwritten
+                if new != old:                # before it is read: keep is ascending and new <= old)
+                    self._static.move(old, new, self._lengths[old])
+            self._lengths = [self._lengths[i] for i in keep]
+        else:
+            self._batch.remove(leaving)
         self._rows = [r for i, r in enumerate(self._rows) if i not in set(leaving)]
         if self._rows:
             self._decode(version)
@@ -409,12 +486,22 @@ class EmbeddedEngine:
         """Last-position logits ``[B, V]`` and, when recording routing, experts ``[B*T, layers, k]``."""
         if self._routes is not None:
             self._routes.clear()
-        out = self.model(input_ids=ids.to(self.device), use_cache=True, logits_to_keep=1,
-                         **{self._cache_kw: cache}, **kw)
+        # The trainer's recipe when compute_dtype differs from the weights (autocast on CPU too).
+        cast = torch.autocast(self.device.type, dtype=self.compute_dtype) if self._autocast \
+            else contextlib.nullcontext()
+        with cast:
+            out = self.model(input_ids=ids.to(self.device), use_cache=True, logits_to_keep=1,
+                             **{self._cache_kw: cache}, **kw)
         routing = self._routes.take() if self._routes is not None else None
-        return out.logits[:, -1].float().cpu(), routing
+        return out.logits[:, -1].float(), routing  # [B, V] sampled on the device
 
     def _decode(self, version: str) -> None:
+        if self._static is not None:
+            logits = self._static.decode([r.out.token_ids[-1] for r in self._rows], self._lengths)  # [B, V]
+            self._lengths = [n + 1 for n in self._lengths]
+            for req, draw in zip(self._rows, sample_rows(logits, [r.row for r in self._rows]), strict=True):
+                req.out.record(draw, version)
+            return
         b = self._batch
         ids = torch.tensor([[r.out.token_ids[-1]] for r in self._rows])
         pos = torch.tensor([[n] for n in b.lengths], device=self.device)
@@ -430,6 +517,9 @@ class EmbeddedEngine:
             req.out.record(draw, version)
 
     def _prefill(self, req: _Req, version: str) -> None:
+        if self._static is not None:
+            self._prefill_static(req, version)
+            return
         reused, kv = self.prefix_cache.lookup(req.prompt)
         cache = new_cache(self.config)
         if kv is not None:
@@ -449,3 +539,21 @@ class EmbeddedEngine:
         self._batch.add(kv_of(cache), len(req.prompt))
         req.out.record(sample_rows(logits, [req.row])[0], version)
 
+
+    def _prefill_static(self, req: _Req, version: str) -> None:
+        """Prefill into the next free slot (the row's index once appended), reusing a cached prefix."""
+        assert self._static is not None
+        slot = len(self._rows)
+        reused, kv = self.prefix_cache.lookup(req.prompt)
+        if kv is not None:
+            self._static.load_kv(slot, kv)
+        start = reused
+        chunk = len(req.prompt) if reused == 0 else self.prefill_chunk
+        logits = None
+        while start < len(req.prompt):
+            piece = req.prompt[start:start + chunk]
+            logits = self._static.prefill(slot, piece, start)  # [1, V]
+            start += len(piece)
+        assert logits is not None
+        self._lengths.append(len(req.prompt))
+        req.out.record(sample_rows(logits, [req.row])[0], version)

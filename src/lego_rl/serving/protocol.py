@@ -83,7 +83,9 @@ class GenerateResult(BaseModel):
     """A validated generate reply, one choice.
 
     ``logprobs[i]`` belongs to ``output_ids[i]``. ``weight_versions`` covers every output position.
-    ``nucleus`` and ``routed_experts`` are present only when requested and supported.
+    ``nucleus`` and ``routed_experts`` are present only when requested and supported. ``routed_experts[i]``
+    is ``[layers][k]``, the experts ``output_ids[i]`` went through when it was forwarded; the last output id
+    never is, so its entry is empty. ``prompt_routed_experts[j]`` is the same for prompt id ``j``.
     """
 
     output_ids: list[int]

@@ -176,4 +176,7 @@ def _experts(choice: dict[str, Any], prompt_len: int, n: int, ctx: dict[str, Any
         raise InvalidReply(f"routed_experts shape {arr.shape} does not match {prompt_len} prompt + "
                            f"{n} output ids (expected first dim {prompt_len + n - 1})", **ctx)
     rows = arr.astype("int64").tolist()
-    return {"prompt_routed_experts": rows[:prompt_len], "routed_experts": rows[prompt_len:]}
+    # Per output id, as the adapter and the trajectory align them: the last sampled id was never forwarded,
+    # so it has no route (an empty list; the next turn's prompt routing covers it when there is one).
+    out = rows[prompt_len:] + [[]] if n else []
+    return {"prompt_routed_experts": rows[:prompt_len], "routed_experts": out}

@@ -10,7 +10,7 @@ import torch
 
 from lego_rl.errors import ConfigError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _eos_ids(model_dir: Path, config: Any) -> list[int]:
@@ -32,17 +32,30 @@ def load_model(model_dir: Path, device: torch.device, dtype: str) -> tuple[Any, 
         raise ConfigError(f"{model_dir} is not a model directory (no config.json); build one with "
                           "`lego model tiny --out DIR` or point --model at a local HF checkpoint",
                           parameter="model", value=str(model_dir))
-    if dtype not in _DTYPES:
-        raise ConfigError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}", parameter="dtype", value=dtype)
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}", parameter="dtype", value=dtype)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     # Typed as the Module it is: transformers types its `to` override as a function still wanting `self`.
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=_DTYPES[dtype], local_files_only=True, attn_implementation="sdpa"
+        model_dir, dtype=DTYPES[dtype], local_files_only=True, attn_implementation="sdpa"
     )
     model.to(device).eval()
+    if device.type == "cuda":
+        choose_attention_kernels()
     return model, config, _eos_ids(model_dir, config)
+
+
+def choose_attention_kernels() -> None:
+    """Keep SDPA off cuDNN attention, for the engine and the trainer alike (both load through here).
+
+    On the H200 images SDPA picks cuDNN attention for bf16 and rebuilds its graph whenever the shape changes,
+    which a decode step's shape does every step (~17 ms of CPU per call, FIELD-NOTES); and the two sides of the
+    rollout-vs-trainer consistency check must run the same kernels. Without cuDNN, SDPA takes FlashAttention
+    or memory-efficient attention, as the fast decode path does explicitly. Process-wide by torch's design.
+    """
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _checkpoint_files(path: Path) -> list[Path]:

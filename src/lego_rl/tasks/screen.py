@@ -28,7 +28,7 @@ from lego_rl.runstore.events import RolloutFinished, RolloutStarted
 from lego_rl.runstore.layout import RunLayout
 from lego_rl.runstore.log import read_events
 
-Decision = Literal["kept", "always solved", "never solved", "outside the band", "too few attempts"]
+Decision = Literal["kept", "always solved", "never solved", "outside the band", "too few attempts", "bad row"]
 
 
 class TaskScreen(BaseModel):
@@ -42,6 +42,12 @@ class TaskScreen(BaseModel):
     decision: Decision
     infrastructure_failures: int = 0
     """Rollouts of this task lost to the infrastructure (not counted as attempts)."""
+    infrastructure_reasons: dict[str, int] = {}
+    """Those rollouts by termination reason (``sandbox_setup``: look at the row's image and repository)."""
+    row: int | None = None
+    """The task's line in the dataset."""
+    detail: str = ""
+    """Why a ``bad row`` is bad (nothing was rolled out for it)."""
 
 
 @dataclass
@@ -51,6 +57,10 @@ class Attempts:
     rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     """Per task, the rewards of its policy outcomes in log order."""
     infrastructure: Counter[str] = field(default_factory=Counter)
+    infrastructure_reasons: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    """Per task, its infrastructure failures by termination reason."""
+    started: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Per task, every rollout id started for it (finished or not): a new attempt needs a fresh one."""
     terminations: Counter[str] = field(default_factory=Counter)
     """Every finished rollout's termination reason (policy and infrastructure)."""
     runs: list[Path] = field(default_factory=list)
@@ -63,20 +73,28 @@ def read_attempts(runs: Iterable[Path]) -> Attempts:
         log = RunLayout(run).events
         if not log.is_file():
             raise TaskDataError(f"{run} holds no run: {log} does not exist")
-        task_of: dict[str, str] = {}
-        for event in read_events(log):
-            if isinstance(event, RolloutStarted):
-                task_of[event.rollout_id] = event.instance_id
-            elif isinstance(event, RolloutFinished):
-                iid = task_of.get(event.rollout_id)
-                if iid is None:
-                    continue  # its start is in another log (a moved run log): no task to count it for
-                found.terminations[event.termination.value] += 1
-                if event.infrastructure_failure or event.reward is None:
-                    found.infrastructure[iid] += 1
-                else:
-                    found.rewards[iid].append(event.reward)
+        read_log(log, found)
         found.runs.append(run)
+    return found
+
+
+def read_log(log: Path, found: Attempts) -> Attempts:
+    """Add the rollouts of one event log to ``found`` (a run whose log is elsewhere: ``paths.run_log``)."""
+    task_of: dict[str, str] = {}
+    for event in read_events(log):
+        if isinstance(event, RolloutStarted):
+            task_of[event.rollout_id] = event.instance_id
+            found.started[event.instance_id].add(event.rollout_id)
+        elif isinstance(event, RolloutFinished):
+            iid = task_of.get(event.rollout_id)
+            if iid is None:
+                continue  # its start is in another log (a moved run log): no task to count it for
+            found.terminations[event.termination.value] += 1
+            if event.infrastructure_failure or event.reward is None:
+                found.infrastructure[iid] += 1
+                found.infrastructure_reasons[iid][event.termination.value] += 1
+            else:
+                found.rewards[iid].append(event.reward)
     return found
 
 
@@ -107,5 +125,14 @@ def screen(ids: Sequence[str], attempts: Attempts, *, k: int, min_solved: int = 
             decision = "outside the band"
         verdicts.append(TaskScreen(instance_id=iid, attempts=len(rewards), solved=solved,
                                    pass_rate=round(solved / len(rewards), 4) if rewards else None,
-                                   decision=decision, infrastructure_failures=attempts.infrastructure.get(iid, 0)))
+                                   decision=decision, infrastructure_failures=attempts.infrastructure.get(iid, 0),
+                                   infrastructure_reasons=dict(attempts.infrastructure_reasons.get(iid, {}))))
     return verdicts
+
+
+def missing_attempts(ids: Sequence[str], attempts: Attempts, *, k: int) -> dict[str, int]:
+    """Per task of ``ids``, the attempts still to roll out for ``k`` policy outcomes (tasks with none
+    missing left out). A rollout lost to the infrastructure is no attempt, so it is rolled out again."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    return {iid: k - n for iid in ids if (n := len(attempts.rewards.get(iid, []))) < k}

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lego_rl.errors import ConfigError, TrajectoryError
+from lego_rl.train.routing_replay import micro_batch_routes
 from lego_rl.trajectory.sample import Sample
 
 
@@ -40,6 +41,10 @@ class MicroBatch:
     When the samples carry the sampler's captured nucleus, ``nucleus_ids`` ``[T, K]`` int64,
     ``nucleus_probs`` ``[T, K]`` float32 and ``nucleus_valid`` ``[T, K]`` bool hold it per token (``K`` the
     largest nucleus in the micro-batch; shorter ones padded, context tokens all padding); else None.
+
+    When the samples carry MoE routing (R3), ``routed_experts`` ``[T, L, K]`` int16 holds each position's
+    experts per MoE layer and ``routes_valid`` ``[T]`` bool where one was recorded
+    (``train.routing_replay.sample_routes`` says which route a position gets); else None.
     """
 
     input_ids: torch.Tensor
@@ -54,6 +59,8 @@ class MicroBatch:
     nucleus_ids: torch.Tensor | None = None
     nucleus_probs: torch.Tensor | None = None
     nucleus_valid: torch.Tensor | None = None
+    routed_experts: torch.Tensor | None = None
+    routes_valid: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -108,6 +115,7 @@ def _micro_batch(
         slots.append(torch.full((n,), slot, dtype=torch.long))  # [n]
         cu.append(cu[-1] + n)
     nucleus = _nucleus_tensors([samples[i] for i in members])
+    routes = micro_batch_routes([samples[i] for i in members])
     return MicroBatch(
         input_ids=torch.cat(ids),  # [T]
         position_ids=torch.cat(pos),  # [T]
@@ -121,6 +129,8 @@ def _micro_batch(
         nucleus_ids=nucleus[0] if nucleus else None,  # [T, K]
         nucleus_probs=nucleus[1] if nucleus else None,  # [T, K]
         nucleus_valid=nucleus[2] if nucleus else None,  # [T, K]
+        routed_experts=routes[0] if routes else None,  # [T, L, K]
+        routes_valid=routes[1] if routes else None,  # [T]
     )
 
 

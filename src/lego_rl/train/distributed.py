@@ -16,18 +16,37 @@ waiting, so the wrapper always drains the generator.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from lego_rl.errors import ConfigError
 from lego_rl.train.backend import LossFn, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 from lego_rl.train.torch_backend import TorchBackend
 
 _STOP = "stop"
+
+
+def check_rendezvous(env: Mapping[str, str] = os.environ) -> None:
+    """Refuse a launcher environment whose ranks can never meet, before joining the process group.
+
+    ``torchrun --master-port 0`` lets the launcher's store bind any free port, but hands every rank
+    ``MASTER_PORT=0``: each then waits for a store on port 0 that no one can listen on, with no error, until
+    the rendezvous timeout. A port each rank could pick for itself would differ between ranks, so the only fix
+    is the operator's: name a free port."""
+    port = env.get("MASTER_PORT")
+    if port is None:
+        return
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"MASTER_PORT={port!r} (torchrun --master-port): the ranks meet on that port, which must be "
+                          "a free TCP port 1-65535, e.g. torchrun --master-port 29500; port 0 never works (every rank "
+                          "is told 0 while the launcher listens elsewhere, and the rendezvous hangs)",
+                          parameter="MASTER_PORT", value=port)
 _CALLS = {"compute_logprobs", "train_step", "export_weights", "save_checkpoint", "load_checkpoint"}
 
 

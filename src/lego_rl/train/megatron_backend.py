@@ -16,6 +16,9 @@ numbers on the same weights (``tests/train/test_megatron_backend.py`` compares t
   once): the torch backend's optimizer, so one step moves the same weights the same way. Megatron's own
   optimizers need CUDA, and its distributed optimizer shards state over DP, which this backend does not yet.
 * **Pipeline parallelism** is refused with a precise error (``megatron_model.init_parallel``).
+* **Qwen3-MoE** runs with expert parallel size 1 (experts split by TP like the dense MLP, megatron-core's
+  all-gather dispatcher, no auxiliary loss). With ``routing_replay`` (R3) each router is handed the rollout's
+  experts through megatron-core's own ``RouterReplay`` (``train.routing_replay`` builds and checks them).
 
 Precision, packing and the logprob convention are ``megatron_model``'s (fp32 params, bf16 autocast on CUDA;
 segments attend within themselves; the sampler's top-p/top-k convention).
@@ -23,6 +26,8 @@ segments attend within themselves; the sampler's top-p/top-k convention).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import shutil
 from collections.abc import Iterator, Sequence
@@ -68,6 +73,20 @@ _PER_HEAD_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layern
 """Replicated parameters whose gradient is split across TP ranks (each rank normalises only its heads)."""
 
 
+@functools.cache
+def _fused_experts() -> bool:
+    """Whether this transformers keeps a Qwen3-MoE layer's experts as stacked ``experts.gate_up_proj`` /
+    ``experts.down_proj`` parameters (>= 5) rather than one module per expert: the names the engine's
+    ``update_weights`` takes. Asked of a two-expert block built on the meta device (no memory)."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    cfg = Qwen3MoeConfig(hidden_size=8, moe_intermediate_size=4, num_experts=2, num_experts_per_tok=1)
+    with torch.device("meta"):
+        names = {n for n, _ in Qwen3MoeSparseMoeBlock(cfg).named_parameters()}
+    return "experts.gate_up_proj" in names
+
+
 def require_megatron() -> None:
     """A ``ConfigError`` naming the extra when megatron-core is not importable."""
     try:
@@ -92,6 +111,9 @@ class MegatronTrainSettings(OptimizerSettings):
     bf16: bool = True
     """bf16 autocast for the forward on CUDA (parameters and optimizer stay fp32); False = fp32 throughout
     (parity checks). CPU always runs fp32."""
+    routing_replay: bool = False
+    """R3: force the rollout's routed experts in every forward (``rollout.use_rollout_routing_replay``); MoE
+    models only, and every micro-batch must carry the routes of its trained tokens' prefixes."""
 
 
 def _segment_starts(mb: MicroBatch) -> torch.Tensor:
@@ -149,11 +171,9 @@ class MegatronBackend:
             raise ConfigError(f"{self.model_dir} is not a model directory (no config.json)",
                               parameter="model.checkpoint", value=str(self.model_dir))
         self.shape = Qwen3Shape.from_hf_config(json.loads(cfg_path.read_text()), source=str(cfg_path))
-        if self.shape.num_experts:
-            raise ConfigError(f"{cfg_path}: Qwen3-MoE ({self.shape.num_experts} experts) is not trained by the "
-                              "Megatron backend yet (its weight mapping exists; routing, expert parallelism and "
-                              "routing replay do not); use train.backend = \"torch\"",
-                              parameter="train.backend", value="megatron")
+        if settings.routing_replay and not self.shape.num_experts:
+            raise ConfigError(f"{cfg_path}: routing replay needs a mixture-of-experts model; this one is dense",
+                              parameter="rollout.use_rollout_routing_replay", value=True)
         check_tp(self.shape, settings.tensor_parallel)
         self.device = self._pick_device(settings.device)
         self.layout: ParallelLayout = mm.init_parallel(settings.tensor_parallel, settings.pipeline_parallel,
@@ -205,7 +225,7 @@ class MegatronBackend:
 
     def _build(self, *, recompute: bool) -> Any:
         model = self._mm.build_gpt(self.shape, vocab_rows=self.vocab_rows, tp=self.layout.tp, device=self.device,
-                                   recompute=recompute)
+                                   recompute=recompute, routing_replay=self.settings.routing_replay)
         have = {n for n, _ in model.named_parameters()}
         want = set(self._names)
         if have != want:  # a megatron-core whose local spec names parameters differently than the mapping
@@ -233,10 +253,39 @@ class MegatronBackend:
     def weight_version(self) -> int:
         return self._version
 
+    @contextlib.contextmanager
+    def _replaying(self, model: Any, mb: MicroBatch) -> Iterator[None]:
+        """Hand ``mb``'s routes to every router of ``model`` inside the block (forward, and the recomputed
+        forward of backward); a no-op without ``routing_replay``. megatron-core replays every row, so a position
+        without a route (one no trained token depends on: ``check_routes``) gets experts 0..k-1."""
+        if not self.settings.routing_replay:
+            yield
+            return
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        from lego_rl.train.routing_replay import check_routes
+
+        k = self.shape.experts_per_token
+        experts, valid = check_routes(mb, layers=self.shape.num_layers, k=k,
+                                      num_experts=self.shape.num_experts)  # [T, L, K], [T]
+        fallback = torch.arange(k).expand(experts.shape[0], k)  # [T, K]
+        replays = [layer.mlp.router.router_replay for layer in model.decoder.layers]
+        for layer, replay in enumerate(replays):
+            chosen = torch.where(valid[:, None], experts[:, layer].long(), fallback)  # [T, K]
+            replay.set_target_indices(chosen.to(self.device))
+            replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+        try:
+            yield
+        finally:
+            for replay in replays:
+                replay.clear_indices()
+                replay.clear_router_replay_action()
+
     def _token_logprobs(self, model: Any, mb: MicroBatch, temperature: float, with_entropy: bool,
                         top_p: float = 1.0, top_k: int = -1) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([T] logprob of each token given its segment's prefix, 0 at segment starts; [T] entropy or
-        None)`` on the backend's device, identical on every TP rank. Carries the gradient under grad mode."""
+        None)`` on the backend's device, identical on every TP rank. Carries the gradient under grad mode.
+        The caller wraps it in ``_replaying`` (for a training forward, through its backward too)."""
         greedy = temperature < GREEDY_EPS
         temp = 1.0 if greedy else temperature
         logits = self._mm.packed_logits(model, mb.input_ids, mb.cu_seqlens, self.device,
@@ -274,7 +323,8 @@ class MegatronBackend:
         local: dict[int, torch.Tensor] = {}
         with torch.no_grad(), self._mm.cpu_device_shim(self.device):
             for i in self._mine(len(micro_batches)):
-                lp, _ = self._token_logprobs(self.model, micro_batches[i], temperature, False, top_p, top_k)
+                with self._replaying(self.model, micro_batches[i]):
+                    lp, _ = self._token_logprobs(self.model, micro_batches[i], temperature, False, top_p, top_k)
                 local[i] = lp.cpu()  # [T]
         return self._share_over_dp(len(micro_batches), local)
 
@@ -364,19 +414,22 @@ class MegatronBackend:
         loss_sum = 0.0
         for i in self._mine(len(step.micro_batches)):
             mb = step.micro_batches[i]
-            lp, entropy = self._token_logprobs(self.model, mb, temperature, True, top_p, top_k)  # [T], [T]
             ref = None
             if self.reference is not None:
-                with torch.no_grad():
+                with torch.no_grad(), self._replaying(self.reference, mb):
                     ref, _ = self._token_logprobs(self.reference, mb, temperature, False, top_p, top_k)  # [T]
-            out = loss_fn(LossInputs(
-                logprobs=lp, old_logprobs=old_logprobs[i].to(dev), rollout_logprobs=mb.rollout_logprobs.to(dev),
-                advantages=mb.advantages.to(dev), loss_mask=mb.loss_mask.to(dev),
-                token_weights=mb.token_weights.to(dev), rollout_slots=mb.rollout_slots.to(dev),
-                rollout_token_counts=counts.to(dev), rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
-                rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev), ref_logprobs=ref, entropy=entropy,
-            ))
-            out.loss.backward()  # gradients add up over micro-batches: the token weights carry 1/(N_r R)
+            # Routes stay set through backward: recomputed layers re-run their routers there.
+            with self._replaying(self.model, mb):
+                lp, entropy = self._token_logprobs(self.model, mb, temperature, True, top_p, top_k)  # [T], [T]
+                out = loss_fn(LossInputs(
+                    logprobs=lp, old_logprobs=old_logprobs[i].to(dev), rollout_logprobs=mb.rollout_logprobs.to(dev),
+                    advantages=mb.advantages.to(dev), loss_mask=mb.loss_mask.to(dev),
+                    token_weights=mb.token_weights.to(dev), rollout_slots=mb.rollout_slots.to(dev),
+                    rollout_token_counts=counts.to(dev), rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
+                    rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev), ref_logprobs=ref,
+                    entropy=entropy,
+                ))
+                out.loss.backward()  # gradients add up over micro-batches: the token weights carry 1/(N_r R)
             loss_sum += float(out.loss.detach())
             for key, value in out.metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
@@ -426,12 +479,38 @@ class MegatronBackend:
         dist.all_gather(parts, local.contiguous(), group=ps.get_tensor_model_parallel_group())
         return unshard(name, parts)
 
-    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Parameters by their HF names, full tensors on the backend's device (a collective over TP ranks:
-        every rank must iterate to the end). With TP 1 some are detached views: copy them before the next
-        ``train_step`` if they must outlive it."""
+    def _checkpoint_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Parameters by their HF checkpoint names (one tensor per expert projection), full tensors on the
+        backend's device (a collective over TP ranks: every rank must iterate to the end)."""
         for name, p in zip(self._names, self._params, strict=True):
             yield from mcore_to_hf(name, self._full_mcore(name, p), self.shape)
+
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Parameters in the engine's layout: the HF model's own parameter names, as the torch backend exports
+        them. For Qwen3-MoE under transformers >= 5 a layer's experts are two stacked parameters,
+        ``mlp.experts.gate_up_proj`` ``[E, 2F, H]`` and ``mlp.experts.down_proj`` ``[E, H, F]`` (the
+        checkpoint's per-expert tensors are what ``save_checkpoint`` writes). A collective over TP ranks. With
+        TP 1 some are detached views: copy them before the next ``train_step`` if they must outlive it."""
+        if not (self.shape.num_experts and _fused_experts()):
+            yield from self._checkpoint_tensors()
+            return
+        pending: dict[str, list[torch.Tensor]] = {}
+        for name, t in self._checkpoint_tensors():
+            parts = name.split(".")
+            if ".mlp.experts." not in name:
+                yield name, t
+                continue
+            layer, proj = parts[2], parts[6]  # model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight
+            key = "down_proj" if proj == "down_proj" else "gate_up_proj"
+            pending.setdefault(f"{layer}.{key}", []).append(t)
+            if proj == "down_proj" and len(pending[f"{layer}.down_proj"]) == self.shape.num_experts:
+                gate_up = pending.pop(f"{layer}.gate_up_proj")  # per expert: gate [F, H], then up [F, H]
+                yield (f"model.layers.{layer}.mlp.experts.gate_up_proj",
+                       torch.stack([torch.cat(gate_up[2 * e:2 * e + 2]) for e in range(self.shape.num_experts)]))
+                yield (f"model.layers.{layer}.mlp.experts.down_proj",
+                       torch.stack(pending.pop(f"{layer}.down_proj")))  # [E, H, F]
+        if pending:
+            raise RuntimeError(f"experts left unexported: {sorted(pending)[:3]}")
 
     def _shard_file(self) -> str:
         return f"trainer_state.tp{self.layout.tp_rank}.pt"
@@ -448,7 +527,7 @@ class MegatronBackend:
             raise FileExistsError(f"checkpoint {path} already exists; it is never overwritten (save under a new "
                                   "name or move it away)")
         hf: dict[str, torch.Tensor] = {}
-        for name, t in self.export_weights():  # a collective: every rank gathers, rank 0 keeps
+        for name, t in self._checkpoint_tensors():  # a collective: every rank gathers, rank 0 keeps
             if self.layout.rank == 0:
                 hf[name] = t.detach().to("cpu", copy=True).contiguous()
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),

@@ -19,8 +19,8 @@ Layout differences, and why they exist on the Megatron side:
   ``model.embed_tokens.weight``, as the torch backend's ``named_parameters`` does.
 * **Qwen3-MoE** (every layer routed, no shared expert): HF ``mlp.gate`` is Megatron's ``mlp.router``; expert
   ``e``'s gate/up/down are ``mlp.experts.local_experts.{e}.linear_fc1`` (fused, like the dense MLP) and
-  ``linear_fc2`` (the local spec's ``SequentialMLP``, expert parallel size 1). The backend does not run MoE
-  models yet; the mapping is here, tested against megatron-core's own MoE ``GPTModel``, for the one that will.
+  ``linear_fc2`` (the local spec's ``SequentialMLP``, expert parallel size 1; experts split by TP like the
+  dense MLP). Tested against megatron-core's own MoE ``GPTModel``.
 
 Why not mbridge: it tracks Megatron-LM's main branch (its bridges import ``megatron.core`` modules and
 TransformerConfig fields of a matching version) and pulls in Transformer Engine specs; the versions usable
@@ -76,6 +76,8 @@ class Qwen3Shape:
     moe_ffn: int = 0
     """Each expert's intermediate size (``moe_intermediate_size``)."""
     experts_per_token: int = 0
+    norm_topk_prob: bool = False
+    """Whether the top-k routing weights are renormalised to sum to 1 (HF's default is False)."""
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any], *, source: str = "config.json") -> Qwen3Shape:
@@ -122,6 +124,7 @@ class Qwen3Shape:
             max_positions=int(cfg.get("max_position_embeddings", 32768)), num_experts=experts,
             moe_ffn=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
             experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) if experts else False,
         )
 
     def num_params(self) -> int:
@@ -143,7 +146,7 @@ def padded_vocab(vocab: int, tp: int) -> int:
 def check_tp(shape: Qwen3Shape, tp: int) -> None:
     """Tensor parallelism splits query groups and the FFN width evenly; say which does not divide."""
     for what, n in (("num_key_value_heads", shape.kv_heads), ("num_attention_heads", shape.heads),
-                    ("intermediate_size", shape.ffn)):
+                    ("intermediate_size", shape.ffn), ("moe_intermediate_size", shape.moe_ffn)):
         if n % tp:
             raise ConfigError(f"train.tensor_parallel = {tp} does not divide the model's {what} ({n}); choose a "
                               "divisor of it", parameter="train.tensor_parallel", value=tp)

@@ -39,11 +39,18 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe import moe_utils as _moe_utils
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from lego_rl.errors import ConfigError
 from lego_rl.serving.logprobs import sampler_logprobs
+from lego_rl.train.distributed import check_rendezvous
 from lego_rl.train.megatron_convert import Qwen3Shape
+
+if not hasattr(_moe_utils, "te_general_gemm"):
+    # megatron-core 0.16 tests ``te_general_gemm is not None`` in the MoE router's linear but binds the name only
+    # when Transformer Engine imports (0.19 binds it to None otherwise); without TE every router raised NameError.
+    _moe_utils.te_general_gemm = None
 
 
 @contextlib.contextmanager
@@ -96,6 +103,7 @@ def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> Par
                                     init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
                                     timeout=datetime.timedelta(minutes=30))
         else:
+            check_rendezvous()  # torchrun --master-port 0 would hang every rank silently
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                     timeout=datetime.timedelta(minutes=30))
     world = dist.get_world_size()
@@ -164,9 +172,47 @@ class PackedCausalAttention(MegatronModule):
         return out.reshape(out.shape[0], -1)  # [T, Hq*D]
 
 
+def _moe_config(shape: Qwen3Shape, routing_replay: bool) -> dict[str, Any]:
+    """TransformerConfig fields of a Qwen3-MoE layer: every layer routed, top-k over a softmax, no shared
+    expert, no auxiliary loss (RL fine-tuning does not rebalance experts), expert parallel size 1."""
+    if not shape.num_experts:
+        return {}
+    return dict(
+        num_moe_experts=shape.num_experts, moe_router_topk=shape.experts_per_token,
+        moe_ffn_hidden_size=shape.moe_ffn, moe_token_dispatcher_type="allgather",
+        moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_z_loss_coeff=None,
+        moe_input_jitter_eps=None,  # jitter would make old and new logprobs two different functions
+        # Qwen3-MoE's router: softmax over all experts, then top-k; renormalised or not per norm_topk_prob.
+        # Megatron's top-k-then-softmax is exactly the renormalised form; pre-softmax is the plain one.
+        moe_router_pre_softmax=not shape.norm_topk_prob, moe_router_score_function="softmax",
+        moe_enable_routing_replay=routing_replay, moe_router_dtype="fp32",
+    )
+
+
+def _route_outside_autocast(model: GPTModel) -> None:
+    """Run every MoE router's gating linear with autocast off, in fp32 (``moe_router_dtype``).
+
+    megatron-core's ``RouterGatingLinearFunction`` is a custom autograd function written for bf16 *parameters*,
+    not autocast: under autocast its forward ``mm`` comes out bf16 while its backward multiplies that bf16
+    gradient by the fp32 weight, and backward fails (measured on the H200 with 0.19.2, and on CPU autocast with
+    0.16). fp32 router logits are also what keeps near-tie expert choices stable."""
+    for layer in model.decoder.layers:
+        router = getattr(layer.mlp, "router", None)
+        if router is None:
+            continue
+        gating = router.gating
+
+        def fp32_gating(inp: torch.Tensor, _gating: Any = gating) -> torch.Tensor:
+            with torch.autocast(inp.device.type, enabled=False):
+                return _gating(inp.float())  # [T, E] fp32 logits
+
+        router.gating = fp32_gating
+
+
 def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.device,
-              recompute: bool) -> GPTModel:
-    """A Megatron GPT with Qwen3's architecture (weights uninitialised: the caller loads them)."""
+              recompute: bool, routing_replay: bool = False) -> GPTModel:
+    """A Megatron GPT with Qwen3's architecture, dense or MoE (weights uninitialised: the caller loads them).
+    With ``routing_replay`` every MoE router gets megatron-core's ``RouterReplay`` (R3)."""
     config = TransformerConfig(
         num_layers=shape.num_layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
         num_query_groups=shape.kv_heads, kv_channels=shape.head_dim, ffn_hidden_size=shape.ffn,
@@ -178,15 +224,17 @@ def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.devi
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         recompute_granularity="full" if recompute else None, recompute_method="uniform" if recompute else None,
-        recompute_num_layers=1 if recompute else None,
+        recompute_num_layers=1 if recompute else None, **_moe_config(shape, routing_replay),
     )
-    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=shape.num_experts or None, qk_layernorm=True,
+                                    normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = PackedCausalAttention
     with cpu_device_shim(device):
         model = GPTModel(config, spec, vocab_size=vocab_rows, max_sequence_length=shape.max_positions,
                          pre_process=True, post_process=True, parallel_output=True,
                          share_embeddings_and_output_weights=shape.tied, position_embedding_type="rope",
                          rotary_percent=1.0, rotary_base=int(shape.rope_theta))
+    _route_outside_autocast(model)
     return model.to(device)
 
 

@@ -28,6 +28,8 @@
   scaling) is detected at load and scored from the full logits instead.
 * **Captured nucleus.** A micro-batch that carries the sampler's nucleus has it replayed, and the candidates'
   logprobs go to the loss (score centering).
+* **Routing replay (R3).** With ``routing_replay`` a MoE model's routers pick the experts the engine chose at
+  rollout (``train.routing_replay``): the micro-batches carry them, and a micro-batch without them is refused.
 * **FSDP2.** When a process group exists (torchrun), the model is sharded per decoder layer over it; each rank
   runs its round-robin share of a step's micro-batches and the loss is scaled by the world size (FSDP averages
   gradients). ``train.distributed`` keeps the ranks' calls in step.
@@ -54,6 +56,7 @@ from lego_rl.serving.weights import load_checkpoint_into, load_model
 from lego_rl.train.backend import LossFn, LossInputs, OptimizerSettings, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 from lego_rl.train.head_logprobs import DEFAULT_CHUNK, HeadOutputs, head_logprobs
+from lego_rl.train.routing_replay import RouteReplay
 from lego_rl.train.checkpoint import (
     EXTRA_STATE,
     TRAINER_STATE,
@@ -85,6 +88,9 @@ class TorchTrainSettings(OptimizerSettings):
     logprob_chunk_tokens: int = Field(default=DEFAULT_CHUNK, ge=0)
     """Positions whose ``[chunk, V]`` logits exist at once when scoring (``train.head_logprobs``); 0 = the
     model's full ``[T, V]`` logits in one piece (the unchunked baseline)."""
+    routing_replay: bool = False
+    """R3: force the rollout's routed experts in every forward (``rollout.use_rollout_routing_replay``); MoE
+    models only, and every micro-batch must carry the routes of its trained tokens' prefixes."""
 
 
 def _read_checkpoint(path: Path, model: Any) -> dict[str, torch.Tensor]:
@@ -164,6 +170,17 @@ class TorchBackend:
         if settings.reference_model:
             self.reference, _, _ = load_model(self.model_dir, self.device, "float32")
             self.reference.requires_grad_(False)
+        # One replayer per model that scores micro-batches (the reference routes like the policy did).
+        self._replays: dict[int, RouteReplay] = {}
+        if settings.routing_replay:
+            for m in (self.model, self.reference):
+                if m is None:
+                    continue
+                try:
+                    self._replays[id(m)] = RouteReplay(m)
+                except ValueError as exc:
+                    raise ConfigError(f"{self.model_dir}: {exc}", parameter="rollout.use_rollout_routing_replay",
+                                      value=True) from None
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -289,13 +306,32 @@ class TorchBackend:
             cand = torch.cat([c.new_zeros(1, c.shape[1]), c])  # [T, K]
         return HeadOutputs(logprobs=lp, entropy=entropy, candidate_logprobs=cand)
 
+    @contextlib.contextmanager
+    def _replaying(self, mb: MicroBatch, *models: Any) -> Iterator[None]:
+        """Replay ``mb``'s routes in ``models``' forwards (and backward recomputation) inside the block; a no-op
+        without ``routing_replay``. Refuses a micro-batch whose routes are missing, short or not this model's."""
+        replays = [self._replays[id(m)] for m in models if m is not None and id(m) in self._replays]
+        if not replays:
+            yield
+            return
+        experts, valid = replays[0].check(mb)  # [T, L, K], [T]
+        experts, valid = experts.to(self.device), valid.to(self.device)
+        for r in replays:
+            r.set(experts, valid)
+        try:
+            yield
+        finally:
+            for r in replays:
+                r.clear()
+
     def _token_logprobs(
         self, model: Any, mb: MicroBatch, temperature: float, with_entropy: bool, top_p: float = 1.0,
         top_k: int = -1,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([T] logprob of each token given its segment's prefix, 0 at segment starts; [T] entropy or
         None)``, on the backend's device. Carries the gradient when called with grad enabled."""
-        out = self._score(model, mb, temperature, with_entropy, top_p, top_k)
+        with self._replaying(mb, model):
+            out = self._score(model, mb, temperature, with_entropy, top_p, top_k)
         return out.logprobs, out.entropy
 
     def compute_logprobs(
@@ -396,34 +432,36 @@ class TorchBackend:
         for slot in self._my_share(len(step.micro_batches)):
             i = 0 if slot is None else slot  # a padding slot reruns micro-batch 0 with its loss zeroed
             mb = step.micro_batches[i]
-            scored = self._score(self.model, mb, temperature, with_entropy=True, top_p=top_p, top_k=top_k)
-            ref = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref, _ = self._token_logprobs(self.reference, mb, temperature, with_entropy=False,
-                                                  top_p=top_p, top_k=top_k)  # [T]
-            inp = LossInputs(
-                logprobs=scored.logprobs,  # [T]
-                old_logprobs=old_logprobs[i].to(dev),
-                rollout_logprobs=mb.rollout_logprobs.to(dev),
-                advantages=mb.advantages.to(dev),
-                loss_mask=mb.loss_mask.to(dev),
-                token_weights=mb.token_weights.to(dev),
-                rollout_slots=mb.rollout_slots.to(dev),
-                rollout_token_counts=counts.to(dev),
-                rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
-                rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev),
-                ref_logprobs=ref,
-                entropy=scored.entropy,  # [T]
-                nucleus_candidate_logprobs=scored.candidate_logprobs,  # [T, K] when the nucleus was captured
-                nucleus_sampler_probs=None if mb.nucleus_probs is None else mb.nucleus_probs.to(dev),  # [T, K]
-                nucleus_valid=None if mb.nucleus_valid is None else mb.nucleus_valid.to(dev),  # [T, K]
-            )
-            out = loss_fn(inp)
-            # Gradients add up over micro-batches (the token weights carry 1/(N_r R)); FSDP averages over
-            # ranks, so each rank's share is scaled by the world size to keep the sum.
-            scale = 0.0 if slot is None else float(self.world)
-            (out.loss * scale).backward()
+            # Routes stay set through backward: checkpointed layers re-run their routers there.
+            with self._replaying(mb, self.model):
+                scored = self._score(self.model, mb, temperature, with_entropy=True, top_p=top_p, top_k=top_k)
+                ref = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref, _ = self._token_logprobs(self.reference, mb, temperature, with_entropy=False,
+                                                      top_p=top_p, top_k=top_k)  # [T]
+                inp = LossInputs(
+                    logprobs=scored.logprobs,  # [T]
+                    old_logprobs=old_logprobs[i].to(dev),
+                    rollout_logprobs=mb.rollout_logprobs.to(dev),
+                    advantages=mb.advantages.to(dev),
+                    loss_mask=mb.loss_mask.to(dev),
+                    token_weights=mb.token_weights.to(dev),
+                    rollout_slots=mb.rollout_slots.to(dev),
+                    rollout_token_counts=counts.to(dev),
+                    rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
+                    rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev),
+                    ref_logprobs=ref,
+                    entropy=scored.entropy,  # [T]
+                    nucleus_candidate_logprobs=scored.candidate_logprobs,  # [T, K] when the nucleus was captured
+                    nucleus_sampler_probs=None if mb.nucleus_probs is None else mb.nucleus_probs.to(dev),  # [T, K]
+                    nucleus_valid=None if mb.nucleus_valid is None else mb.nucleus_valid.to(dev),  # [T, K]
+                )
+                out = loss_fn(inp)
+                # Gradients add up over micro-batches (the token weights carry 1/(N_r R)); FSDP averages over
+                # ranks, so each rank's share is scaled by the world size to keep the sum.
+                scale = 0.0 if slot is None else float(self.world)
+                (out.loss * scale).backward()
             if slot is None:
                 continue
             loss_sum += float(out.loss.detach())

@@ -12,6 +12,11 @@ an extra engine call recorded for one step of the agent; the adapter's refusals 
 ``stream_idle_timeout_ms`` is the rollout's time budget: SSE keepalive comments do not reset Codex's
 idle timer (default 300 s), so a long engine turn would otherwise be cut and re-sent.
 
+Codex is told the rollout's context window (``model_context_window``) and compacts its history at
+``autocompact_pct`` of it (``model_auto_compact_token_limit``), as Claude Code does at its own
+``autocompact_pct``: for a model it does not know Codex assumes no window and never compacts, so a long
+rollout ran into the adapter's context_limit stop at the window instead (tests/rollout/test_generate_64k.py).
+
 Install paths: ``native`` (default): the platform archive ``@openai/codex@<v>-linux-x64``
 (``LEGO_AGENT_CODEX_NATIVE_TARBALL``), no Node; ``npm``: Node 22 + ``@openai/codex`` + the same
 platform package (``LEGO_AGENT_NODE_TARBALL`` + ``LEGO_AGENT_CODEX_TARBALL``).
@@ -23,6 +28,8 @@ import json
 import math
 from pathlib import Path
 from typing import ClassVar, Literal
+
+from pydantic import Field
 
 from lego_rl.harness import CommandSpec, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
 from lego_rl.harness.base import ArchiveOrNpmConfig, safe_id
@@ -72,6 +79,9 @@ class CodexConfig(ArchiveOrNpmConfig):
     node_version: str = DEFAULT_NODE_VERSION
     disabled_features: list[str] = list(DISABLED_FEATURES)
     """Passed as ``--disable <feature>`` each."""
+    autocompact_pct: int = Field(default=70, ge=0, le=100)
+    """Compact the conversation at this share of the context window. 0 tells Codex nothing about the window:
+    for a model it does not know it then never compacts, and a long rollout ends at the window (context_limit)."""
 
 
 class CodexHarness(HarnessPlugin[CodexConfig]):
@@ -154,6 +164,10 @@ class CodexHarness(HarnessPlugin[CodexConfig]):
             "analytics.enabled": False,
             "check_for_update_on_startup": False,
         }
+        if o.autocompact_pct:
+            # Codex derives a compaction limit of its own from a known window, so both or neither.
+            settings["model_context_window"] = request.max_context_tokens
+            settings["model_auto_compact_token_limit"] = request.max_context_tokens * o.autocompact_pct // 100
         args = ["exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
         for feature in o.disabled_features:
             args += ["--disable", feature]

@@ -1,0 +1,219 @@
+"""The embedded engine on one GPU: decode throughput of the fast path against the generic path, and logprob
+parity with the trainer's recomputation (issue 13 "A fast engine on GPU", issue 11 evidence 3).
+
+Model: random-init Qwen3-0.6B shape (``train_backend_bench.QWEN3_06B``: 28 layers, hidden 1024, 16/8 heads,
+vocab 151,936), built offline. Every figure below comes from one process, so ratios are same-run.
+
+1. Throughput (T = 1, top_p = 1, ignore EOS, random prompts of ``--prompt-len``): one stream, and ``--batch``
+   streams submitted together (continuous batching admits them, all decode together). tok/s counts generated
+   tokens over the wall time from submission to the last reply (prefill included). The baseline is the
+   generic path (``fast=False``: transformers' forward over ``kv.py``'s cache, SDPA's own kernel choice) on
+   fewer tokens (it is slow); the fast path is measured after one warm-up round that captures its CUDA graphs
+   (the warm-up time is printed too).
+2. Parity: the engine samples ``--rollouts`` × ``--new`` tokens after ``--prompt-len``-token prompts; the
+   torch trainer backend recomputes them packed (``compute_logprobs``, the same convention) and
+   ``consistency_report`` compares. bf16: the trainer as it trains on CUDA (fp32 weights, bf16 autocast)
+   against the engine in pure bf16 (``dtype=bfloat16``, the baseline) and in the trainer's recipe
+   (``dtype=float32, compute_dtype=bfloat16``). fp32: the trainer's forward with autocast switched off against
+   the engine in fp32. cuDNN attention is disabled process-wide for the parity phase (the trainer has no switch
+   of its own; the engine's fast path never uses it).
+
+    python benchmarks/gpu_engine_bench.py --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_backend_bench import build_model  # noqa: E402
+
+from lego_rl.serving.engine import EmbeddedEngine  # noqa: E402
+from lego_rl.serving.protocol import SamplingParams  # noqa: E402
+from lego_rl.train.batching import plan_steps  # noqa: E402
+from lego_rl.train.consistency import consistency_report  # noqa: E402
+from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
+from lego_rl.trajectory.sample import Sample  # noqa: E402
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
+
+
+async def generate(engine: EmbeddedEngine, batch: list[list[int]], new: int, top_p: float = 1.0,
+                   tag: str = "r") -> tuple[float, list[Any]]:
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(
+        engine.generate(p, SamplingParams(max_tokens=new, temperature=1.0, top_p=top_p, seed=i),
+                        request_id=f"{tag}{i}", ignore_eos=True) for i, p in enumerate(batch)))
+    return time.perf_counter() - t0, outs
+
+
+async def throughput(model_dir: Path, vocab: int, a: argparse.Namespace, label: str, new_single: int,
+                     new_batch: int, warm: bool, **kw: Any) -> dict[str, Any]:
+    engine = EmbeddedEngine(model_dir, device=a.device, max_batch=a.batch, max_model_len=a.max_len, **kw)
+    await engine.start()
+    row: dict[str, Any] = {"path": label}
+    try:
+        if warm:  # capture every graph the measured rounds will replay
+            t0 = time.perf_counter()
+            await generate(engine, prompts(1, a.prompt_len, vocab, 1), new_single, tag="w1-")
+            await generate(engine, prompts(a.batch, a.prompt_len, vocab, 2), new_batch, tag="wb-")
+            row["warmup_s"] = round(time.perf_counter() - t0, 2)
+        secs, _ = await generate(engine, prompts(1, a.prompt_len, vocab, 3), new_single, tag="s")
+        row["single_tok_s"] = round(new_single / secs, 1)
+        row["single_tokens"] = new_single
+        secs, _ = await generate(engine, prompts(a.batch, a.prompt_len, vocab, 4), new_batch, tag="b")
+        row["batch_tok_s"] = round(a.batch * new_batch / secs, 1)
+        row["batch_tokens_per_row"] = new_batch
+        row["batch_step_ms"] = round(1000 * secs / new_batch, 2)
+    finally:
+        await engine.stop()
+        del engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    print(json.dumps(row), flush=True)
+    return row
+
+
+async def rollouts(model_dir: Path, vocab: int, a: argparse.Namespace, top_p: float, **kw: Any) -> list[Sample]:
+    engine = EmbeddedEngine(model_dir, device=a.device, max_batch=a.rollouts, max_model_len=a.max_len, **kw)
+    await engine.start()
+    try:
+        batch = prompts(a.rollouts, a.prompt_len, vocab, 5)
+        _, outs = await generate(engine, batch, a.new, top_p=top_p, tag="p")
+    finally:
+        await engine.stop()
+        del engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return [Sample(rollout_id=f"r{i}", group_index=i, index=0, segment=0, num_segments=1,
+                   tokens=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
+                   rollout_logprobs=[0.0] * len(p) + list(o.logprobs))
+            for i, (p, o) in enumerate(zip(batch, outs, strict=True))]
+
+
+def breakdown(model_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Where a step's time goes: the decode graph replay alone, and the sampler alone, per batch size."""
+    from lego_rl.serving.sampler import RowParams, sample_rows
+    from lego_rl.serving.static_decode import StaticDecoder
+    from lego_rl.serving.weights import load_model
+
+    model, config, _ = load_model(model_dir, torch.device(a.device), "bfloat16")
+    dec = StaticDecoder(model, config, slots=a.batch, max_len=a.max_len, compute_dtype=torch.bfloat16,
+                        use_graphs=True)
+    rows = []
+    for b in (1, a.batch):
+        ids, pos = [7] * b, [a.prompt_len + 100] * b
+        for _ in range(3):
+            logits = dec.decode(ids, pos)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            logits = dec.decode(ids, pos)
+        torch.cuda.synchronize()
+        row: dict[str, Any] = {"rows": b, "decode_graph_ms": round(10 * (time.perf_counter() - t0), 3)}
+        for top_p in (1.0, 0.95):
+            params = [RowParams(temperature=1.0, top_p=top_p, top_k=0, num_logprobs=0, want_nucleus=False,
+                                generator=torch.Generator().manual_seed(i)) for i in range(b)]
+            sample_rows(logits, params)
+            t0 = time.perf_counter()
+            for _ in range(20):
+                sample_rows(logits, params)
+            row[f"sampler_ms_top_p_{top_p}"] = round(50 * (time.perf_counter() - t0), 3)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    del dec, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def compare(backend: TorchBackend, samples: list[Sample], top_p: float) -> dict[str, float]:
+    [step] = plan_steps(samples, [1.0] * len(samples), max_tokens_per_micro_batch=8192)
+    trainer = backend.compute_logprobs(step.micro_batches, temperature=1.0, top_p=top_p)
+    report = consistency_report(torch.cat([mb.rollout_logprobs for mb in step.micro_batches]), torch.cat(trainer),
+                                torch.cat([mb.loss_mask for mb in step.micro_batches]))
+    return {k: v for k, v in report.overall.model_dump().items() if v is not None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["tiny", "qwen3-0.6b"], default="qwen3-0.6b")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--single-new", type=int, default=512)
+    ap.add_argument("--batch-new", type=int, default=256)
+    ap.add_argument("--baseline-single-new", type=int, default=64)
+    ap.add_argument("--baseline-batch-new", type=int, default=16)
+    ap.add_argument("--rollouts", type=int, default=8)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--skip", default="", help="comma-separated phases to skip: breakdown, throughput, parity")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (fast=True there has no graphs)")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    skip = set(a.skip.split(","))
+
+    def save() -> None:  # after every phase: a run stopped at its time limit keeps what it measured
+        if a.out:
+            a.out.write_text(json.dumps(results, indent=1))
+
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name() if a.device == "cuda" else a.device,
+                               "torch": torch.__version__}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_model(a.model, Path(tmp) / "model")
+        vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+        if "breakdown" not in skip:
+            results["breakdown"] = breakdown(model_dir, a)
+            save()
+        if "throughput" not in skip:
+            rows = [asyncio.run(throughput(model_dir, vocab, a, "generic bf16 (baseline)", a.baseline_single_new,
+                                           a.baseline_batch_new, False, dtype="bfloat16", fast=False)),
+                    asyncio.run(throughput(model_dir, vocab, a, "fast bf16", a.single_new, a.batch_new, True,
+                                           dtype="bfloat16", fast=True)),
+                    asyncio.run(throughput(model_dir, vocab, a, "fast fp32 weights + bf16 compute", a.single_new,
+                                           a.batch_new, True, dtype="float32", compute_dtype="bfloat16", fast=True))]
+            results["throughput"] = rows
+            save()
+        if "parity" not in skip:
+            torch.backends.cuda.enable_cudnn_sdp(False)
+            backend = TorchBackend(model_dir, TorchTrainSettings(lr=1e-6, device=a.device))
+            parity = []
+            for top_p in (1.0, 0.95):
+                for label, kw in (("engine pure bf16 (baseline)", {"dtype": "bfloat16", "fast": True}),
+                                  ("engine fp32 + bf16 compute (trainer's recipe)",
+                                   {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True}),
+                                  ("generic path fp32 + bf16 autocast",
+                                   {"dtype": "float32", "compute_dtype": "bfloat16", "fast": False})):
+                    row = {"top_p": top_p, "engine": label, "trainer": "fp32 + bf16 autocast",
+                           **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, top_p, **kw)), top_p)}
+                    print(json.dumps(row), flush=True)
+                    parity.append(row)
+            # fp32 on both sides: the trainer's forward with its CUDA autocast switched off (benchmark only).
+            backend._autocast = contextlib.nullcontext  # type: ignore[method-assign]
+            row = {"top_p": 1.0, "engine": "fast fp32", "trainer": "fp32, no autocast",
+                   **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, 1.0, dtype="float32", fast=True)), 1.0)}
+            print(json.dumps(row), flush=True)
+            parity.append(row)
+            results["parity"] = parity
+            save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""The embedded engine's fast path: a dense decoder run over a preallocated KV cache, CUDA graphs per bucket.
+
+``StaticDecoder`` re-expresses a loaded Hugging Face Llama-family decoder (``qwen3``, ``qwen2``, ``llama``: RMSNorm,
+RoPE, grouped-query attention, gated SiLU MLP) as plain tensor code reading the model's own parameters, so that:
+
+* **KV lives in preallocated slots.** ``k``/``v`` are ``[layers, slots, kv_heads, max_len, head_dim]``; running
+  row ``i`` owns slot ``i`` (rows are kept compact: when a row leaves, the KV of the rows after it moves down). Decode
+  writes each row's new key at that row's own position, so rows of any lengths decode together with no padding
+  and no per-step reallocation (the python-level cache of ``kv.py`` concatenated and re-sliced every step).
+* **One decode step is one CUDA graph.** Captured lazily per (batch bucket, attended-length bucket): batch
+  sizes round up to a power of two, the attended length to a power of two >= 128, so a step attends only to
+  what the longest row needs and the set of graphs stays small. Between replays only the inputs change.
+* **Attention kernels are chosen, not left to SDPA's dispatcher.** cuDNN attention is excluded (it rebuilds its
+  graph whenever the shape changes: FIELD-NOTES.md). Prefill from position 0 is causal attention (FlashAttention
+  for bf16, the trainer's kernel); decode and prefill after a cached prefix need a per-row length mask, which
+  FlashAttention cannot take, so they run memory-efficient attention with the query heads of one KV head
+  grouped as that head's queries (no KV duplication for GQA).
+* **The trainer's precision, if asked.** ``compute_dtype`` is the dtype of every matmul and of attention; the
+  residual stream, norms and RoPE stay in the parameters' dtype. With fp32 parameters and ``compute_dtype =
+  bfloat16`` this is exactly what the trainer's forward does under ``torch.autocast(bfloat16)`` (autocast
+  casts matmul and attention inputs to bf16 and leaves the rest alone), so engine and trainer compute the same
+  function; with bf16 parameters it is the pure-bf16 model ``dtype = "bfloat16"`` loads. The bf16 copies of
+  fp32 weights are refreshed in place by ``refresh_weights`` (a captured graph keeps reading the same storage).
+
+Numerically, a forward here is the HF model's forward in the same precision up to kernel order (q/k/v and
+gate/up run as one GEMM each, RMSNorm as ``F.rms_norm``): tested on CPU in fp32 against the HF forward, and on
+the H200 against the trainer (benchmarks/RESULTS.md). Anything else — sliding-window or MoE layers, scaled RoPE, biases on
+o_proj, logit soft-capping — is refused by ``unsupported_reason`` and the engine keeps its generic path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+_FAMILIES = ("qwen3", "qwen2", "llama")
+_CAUSAL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_MASKED_KERNELS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+MIN_LEN_BUCKET = 128
+"""Smallest attended length a decode graph is captured for (a multiple of 8, as the masked kernel wants)."""
+
+
+def unsupported_reason(model: Any, config: Any) -> str | None:
+    """Why ``model`` cannot run on ``StaticDecoder`` (None when it can)."""
+    kind = getattr(config, "model_type", None)
+    if kind not in _FAMILIES:
+        return f"model_type {kind!r} is not one of {list(_FAMILIES)}"
+    scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+    if rope_type != "default":
+        return f"rope_scaling type {rope_type!r} (only unscaled RoPE)"
+    if getattr(config, "use_sliding_window", False) or any(
+            t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
+        return "sliding-window layers"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (only silu)"
+    if getattr(config, "num_experts", 0) or getattr(config, "num_experts_per_tok", 0):
+        return "mixture-of-experts layers"
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or not hasattr(model, "lm_head"):
+        return "no model.layers / lm_head"
+    attn = layers[0].self_attn
+    if getattr(attn.o_proj, "bias", None) is not None:
+        return "a bias on o_proj"
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
+        return "logit soft-capping"
+    return None
+
+
+def _bucket(n: int, floor: int) -> int:
+    b = floor
+    while b < n:
+        b *= 2
+    return b
+
+
+class StaticDecoder:
+    """A decoder forward over preallocated KV slots (see module docstring)."""
+
+    def __init__(self, model: Any, config: Any, *, slots: int, max_len: int, compute_dtype: torch.dtype,
+                 use_graphs: bool) -> None:
+        reason = unsupported_reason(model, config)
+        if reason is not None:
+            raise ValueError(f"the static decode path cannot run this model: {reason}")
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.param_dtype = next(model.parameters()).dtype
+        self.compute_dtype = compute_dtype
+        self.slots = slots
+        self.max_len = max_len
+        self.n_heads = int(config.num_attention_heads)
+        self.n_kv = int(getattr(config, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.n_heads)
+        self.scale = float(self.head_dim ** -0.5)
+        self.eps = float(config.rms_norm_eps)
+        self.vocab = int(config.vocab_size)
+        layers = model.model.layers
+        n_layers = len(layers)
+        kv_bytes = self.kv_bytes(config, slots, max_len, compute_dtype)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            if kv_bytes > 0.9 * free:
+                raise MemoryError(f"the KV cache for max_batch={slots} × max_model_len={max_len} needs "
+                                  f"{kv_bytes / 2**30:.1f} GiB, {free / 2**30:.1f} GiB are free: lower "
+                                  "max_batch or max_model_len")
+        shape = (n_layers, slots, self.n_kv, max_len, self.head_dim)
+        self.k = torch.zeros(shape, dtype=compute_dtype, device=self.device)  # [L, S, Hkv, Lmax, D]
+        self.v = torch.zeros(shape, dtype=compute_dtype, device=self.device)  # [L, S, Hkv, Lmax, D]
+        # Matmul weights in compute dtype: the parameters themselves when the dtypes agree, else copies that
+        # ``refresh_weights`` keeps equal to the parameters (autocast's cast, done once per weight version).
+        # q/k/v and gate/up are concatenated into one matrix each: one GEMM launch instead of three/two (a
+        # decode step is launch-bound: ~1 µs per kernel, thousands of kernels).
+        self._copies: list[tuple[list[torch.Tensor], torch.Tensor]] = []
+        self._norm_copies: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.layers: list[dict[str, Any]] = []
+        for layer in layers:
+            a, m = layer.self_attn, layer.mlp
+            qkv_b = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+            self.layers.append({
+                "in_norm": layer.input_layernorm.weight, "post_norm": layer.post_attention_layernorm.weight,
+                "qkv": self._mm(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                "qkv_b": self._mm(*qkv_b) if all(b is not None for b in qkv_b) else None,
+                "o": self._mm(a.o_proj.weight),
+                "qk_norm": self._stacked_norm(a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else None,
+                "gate_up": self._mm(m.gate_proj.weight, m.up_proj.weight),
+                "down": self._mm(m.down_proj.weight),
+            })
+            if any(b is not None for b in qkv_b) and self.layers[-1]["qkv_b"] is None:
+                raise ValueError("the static decode path needs biases on all of q/k/v_proj or on none")
+        self.embed = model.model.embed_tokens.weight  # [V, H] param dtype (embedding is not autocast)
+        self.final_norm = model.model.norm.weight
+        self.lm_head = self._mm(model.lm_head.weight)
+        bias = getattr(model.lm_head, "bias", None)
+        self.lm_head_bias = self._mm(bias) if bias is not None else None
+        rotary = model.model.rotary_emb
+        inv_freq = rotary.inv_freq.float()  # [D/2]
+        # HF computes freqs as an fp32 outer product (one rounding per entry): the same numbers as this.
+        freqs = torch.arange(max_len, device=self.device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [Lmax, D]
+        scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self.cos = (emb.cos() * scaling).to(self.param_dtype)  # [Lmax, D] in the residual stream's dtype
+        sin = emb.sin() * scaling  # [Lmax, D]
+        half = self.head_dim // 2
+        # rotate_half(x) * sin == roll(x, D/2) * (sin with its first half negated): negation is exact.
+        self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.param_dtype)  # [Lmax, D]
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool: Any = None
+        self._ids = torch.zeros(slots, dtype=torch.long, device=self.device)  # [S] static decode inputs
+        self._pos = torch.zeros(slots, dtype=torch.long, device=self.device)  # [S]
+        self._rows = torch.arange(slots, device=self.device)  # [S]
+
+    @staticmethod
+    def kv_bytes(config: Any, slots: int, max_len: int, dtype: torch.dtype) -> int:
+        """Bytes of the preallocated KV cache for ``slots`` rows of ``max_len`` positions."""
+        heads = int(config.num_attention_heads)
+        kv = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        return 2 * int(config.num_hidden_layers) * slots * kv * max_len * head_dim * dtype.itemsize
+
+    # -- weights -------------------------------------------------------------------------------------
+
+    def _mm(self, *params: torch.Tensor) -> torch.Tensor:
+        """The compute-dtype matrix of ``params`` concatenated along dim 0 (the parameter itself when it is one
+        already in compute dtype: no copy)."""
+        if len(params) == 1 and params[0].dtype == self.compute_dtype:
+            return params[0]
+        copy = torch.cat([w.detach() for w in params], dim=0).to(self.compute_dtype)
+        self._copies.append((list(params), copy))
+        return copy
+
+    def _stacked_norm(self, q_norm: torch.Tensor, k_norm: torch.Tensor) -> torch.Tensor:
+        """``[heads + Hkv, D]``: q_norm's weight for every query head, then k_norm's for every KV head, so one
+        norm call serves q and k (the same per-head arithmetic, half the kernels)."""
+        stacked = torch.cat([q_norm.detach().expand(self.n_heads, -1), k_norm.detach().expand(self.n_kv, -1)])
+        self._norm_copies.append((q_norm, k_norm, stacked))
+        return stacked
+
+    @torch.no_grad()
+    def refresh_weights(self) -> None:
+        """Re-derive the compute-dtype copies from the parameters, in place (after any weight change)."""
+        for q_norm, k_norm, stacked in self._norm_copies:
+            stacked[: self.n_heads].copy_(q_norm.expand(self.n_heads, -1))
+            stacked[self.n_heads :].copy_(k_norm.expand(self.n_kv, -1))
+        for params, copy in self._copies:
+            at = 0
+            for w in params:
+                copy[at : at + w.shape[0]].copy_(w)
+                at += w.shape[0]
+
+    # -- the forward ---------------------------------------------------------------------------------
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """HF's RMSNorm: normalise in fp32, back to the input dtype, times the weight (type promotion as HF).
+        ``F.rms_norm`` is one fused kernel on CUDA for the five of ``x * rsqrt(mean(x²) + eps)``."""
+        return w * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x.to(self.compute_dtype), w, b)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """HF's ``x * cos + rotate_half(x) * sin`` (``sin`` is stored with its first half negated)."""
+        return x * cos + torch.roll(x, self.head_dim // 2, dims=-1) * sin
+
+    def _qkv(self, p: dict[str, Any], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``h`` [N, H], ``cos``/``sin`` [N, 1, D] → q [N, heads, D], k and v [N, kv_heads, D] (compute dtype)."""
+        n = h.shape[0]
+        x = self._norm(h, p["in_norm"])  # [N, H]
+        qkv = self._lin(x, p["qkv"], p["qkv_b"])  # [N, (heads + 2·Hkv)·D]
+        heads = self.n_heads + self.n_kv
+        qk = qkv[:, : heads * self.head_dim].view(n, heads, self.head_dim)  # [N, heads + Hkv, D] q then k
+        v = qkv[:, heads * self.head_dim :].view(n, self.n_kv, self.head_dim)  # [N, Hkv, D]
+        if p["qk_norm"] is not None:
+            qk = self._norm(qk, p["qk_norm"])  # [N, heads + Hkv, D] per-head norms of q and k at once
+        # Type promotion as in HF: a bf16 q times fp32 cos is computed in fp32; attention then takes the
+        # compute dtype (autocast's cast of SDPA's inputs).
+        qk = self._rope(qk, cos, sin).to(self.compute_dtype)  # [N, heads + Hkv, D]
+        return qk[:, : self.n_heads], qk[:, self.n_heads :], v  # [N, heads, D], [N, Hkv, D], [N, Hkv, D]
+
+    def _rest(self, p: dict[str, Any], h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual after attention ``attn`` [N, heads*D], then the MLP block: [N, H] in the residual dtype."""
+        h = h + self._lin(attn, p["o"])  # [N, H]
+        gate, up = self._lin(self._norm(h, p["post_norm"]), p["gate_up"]).chunk(2, dim=-1)  # [N, I] each
+        return h + self._lin(F.silu(gate) * up, p["down"])  # [N, H]
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``h`` [N, H] → fp32 logits [N, V]."""
+        return self._lin(self._norm(h, self.final_norm), self.lm_head, self.lm_head_bias).float()  # [N, V]
+
+    def _decode_body(self, b: int, span: int) -> torch.Tensor:
+        """One token for rows 0..b-1 (inputs in ``_ids``/``_pos``), attending to ``span`` positions: [b, V]."""
+        ids, pos, rows = self._ids[:b], self._pos[:b], self._rows[:b]  # [b]
+        h = F.embedding(ids, self.embed)  # [b, H]
+        group = self.n_heads // self.n_kv
+        seen = torch.arange(span, device=self.device)[None, :] <= pos[:, None]  # [b, span]
+        # Additive, in the attention dtype, built once per step (a boolean mask is converted in every layer).
+        mask = torch.zeros(b, 1, 1, span, dtype=self.compute_dtype, device=self.device).masked_fill_(
+            ~seen[:, None, None, :], float("-inf"))  # [b, 1, 1, span]
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [b, 1, D]
+        with sdpa_kernel(_MASKED_KERNELS):
+            for i, p in enumerate(self.layers):
+                q, k, v = self._qkv(p, h, cos, sin)
+                self.k[i][rows, :, pos] = k  # [b, Hkv, D] at each row's own position
+                self.v[i][rows, :, pos] = v
+                qg = q.view(b, self.n_kv, group, self.head_dim)  # [b, Hkv, G, D] a KV head's queries
+                out = F.scaled_dot_product_attention(qg, self.k[i, :b, :, :span], self.v[i, :b, :, :span],
+                                                     attn_mask=mask, scale=self.scale)  # [b, Hkv, G, D]
+                h = self._rest(p, h, out.reshape(b, self.n_heads * self.head_dim))
+        return self._logits(h)
+
+    @torch.inference_mode()
+    def decode(self, ids: list[int], positions: list[int]) -> torch.Tensor:
+        """One token for each running row ``i`` (slot ``i``) at ``positions[i]``: fp32 logits [b, V]."""
+        b = len(ids)
+        bb = min(_bucket(b, 1), self.slots) if self.use_graphs else b
+        span = min(_bucket(max(positions) + 1, MIN_LEN_BUCKET), self.max_len)
+        self._ids[:b].copy_(torch.tensor(ids), non_blocking=True)
+        self._pos[:b].copy_(torch.tensor(positions), non_blocking=True)
+        if bb > b:  # padding rows decode a dummy token at position 0 of free slots; their output is ignored
+            self._ids[b:bb].zero_()
+            self._pos[b:bb].zero_()
+        if not self.use_graphs:
+            return self._decode_body(b, span)
+        graph = self._graphs.get((bb, span))
+        if graph is None:
+            graph = self._capture(bb, span)
+        graph[0].replay()
+        return graph[1][:b]
+
+    def _capture(self, b: int, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph (kernel selection, lazy init)
+                self._decode_body(b, span)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._decode_body(b, span)
+        self._graphs[(b, span)] = (graph, out)
+        return graph, out
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
+        """Run ``ids`` at positions ``start..`` of ``slot`` (positions before ``start`` already hold KV):
+        writes their KV, returns the last position's fp32 logits [1, V]."""
+        t = len(ids)
+        end = start + t
+        if end > self.max_len:
+            raise ValueError(f"{end} positions exceed the static cache's {self.max_len}")
+        pos = torch.arange(start, end, device=self.device)  # [T]
+        h = F.embedding(torch.tensor(ids, device=self.device), self.embed)  # [T, H]
+        group = self.n_heads // self.n_kv
+        mask = None
+        if start:
+            mask = torch.arange(end, device=self.device)[None, :] <= pos[:, None]  # [T, end] causal after prefix
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [T, 1, D]
+        for i, p in enumerate(self.layers):
+            q, k, v = self._qkv(p, h, cos, sin)
+            self.k[i, slot, :, start:end] = k.transpose(0, 1)  # [Hkv, T, D]
+            self.v[i, slot, :, start:end] = v.transpose(0, 1)
+            keys = self.k[i, slot, :, :end].repeat_interleave(group, dim=0)  # [heads, end, D]
+            vals = self.v[i, slot, :, :end].repeat_interleave(group, dim=0)  # [heads, end, D]
+            with sdpa_kernel(_MASKED_KERNELS if start else _CAUSAL_KERNELS):
+                out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0),
+                                                     vals.unsqueeze(0), attn_mask=mask, is_causal=not start,
+                                                     scale=self.scale)  # [1, heads, T, D]
+            h = self._rest(p, h, out[0].transpose(0, 1).reshape(t, self.n_heads * self.head_dim))
+        return self._logits(h[-1:])
+
+    # -- slots ---------------------------------------------------------------------------------------
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (row compaction)."""
+        self.k[:, dst, :, :length].copy_(self.k[:, src, :, :length])
+        self.v[:, dst, :, :length].copy_(self.v[:, src, :, :length])
+
+    def slot_kv(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Views of slot ``slot``'s first ``length`` positions, per layer ``([1, Hkv, n, D], [1, Hkv, n, D])``."""
+        return [(self.k[i, slot : slot + 1, :, :length], self.v[i, slot : slot + 1, :, :length])
+                for i in range(len(self.layers))]
+
+    def load_kv(self, slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write a cached prefix ``kv`` (per layer ``[1, Hkv, n, D]``) into the start of ``slot``."""
+        for i, (k, v) in enumerate(kv):
+            n = k.shape[2]
+            self.k[i, slot, :, :n].copy_(k[0])
+            self.v[i, slot, :, :n].copy_(v[0])
