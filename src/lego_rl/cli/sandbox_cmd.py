@@ -22,6 +22,11 @@ ProviderOpt = Annotated[str, typer.Option("--provider", "-p", help="bwrap | suna
 StateOpt = Annotated[str | None, typer.Option("--state-dir", help="Provider state dir (bwrap: "
                                                "/var/lib/lego-rl/bwrap; sunabako: the node's state dir).")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="sunabako: a "
+                                                "cluster.json; its nodes are reached over SSH instead of the "
+                                                "local node.")]
+SshConfigOpt = Annotated[str | None, typer.Option("--ssh-config", help="sunabako with --cluster: the SSH client "
+                                                  "config file for the nodes (default: the user's).")]
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -112,22 +117,41 @@ def _state(provider: str, state_dir: str | None) -> dict[str, Any]:
 
 
 @sandbox_app.command("ls")
-def ls(provider: ProviderOpt = "bwrap", state_dir: StateOpt = None, as_json: JsonOut = False) -> None:
-    """List the sandboxes a provider holds on this machine; 'leaked' ones have no living owner."""
-    rows = _listing(provider, state_dir)
+def ls(provider: ProviderOpt = "bwrap", state_dir: StateOpt = None, cluster: ClusterOpt = None,
+       ssh_config: SshConfigOpt = None, as_json: JsonOut = False) -> None:
+    """List the sandboxes a provider holds on this machine (sunabako: or on the nodes of --cluster);
+    'leaked' (bwrap) and 'dead' (sunabako) ones have no living owner."""
+    rows = _listing(provider, state_dir, cluster, ssh_config)
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    table = Table("id", "state", "owner pid", "age s", "image", title=escape(f"{provider} sandboxes"),
+    columns = ("node",) if cluster and provider == "sunabako" else ()
+    table = Table(*columns, "id", "state", "owner pid", "age s", "image", title=escape(f"{provider} sandboxes"),
                   title_justify="left")
     for r in rows:
         # Ids and image names come from the provider's state on disk: shown literally, never read as markup.
-        cells = (r["id"], r["state"], str(r.get("owner_pid") or "-"), f"{r.get('age_s', 0):.0f}", r["image"])
+        cells = (*(r["node"] for _ in columns), r["id"], r["state"], str(r.get("owner_pid") or "-"),
+                 f"{r.get('age_s', 0):.0f}", r["image"])
         table.add_row(*(escape(str(cell)) for cell in cells))
     out.print(table)
 
 
-def _listing(provider: str, state_dir: str | None) -> list[dict[str, Any]]:
+def _sunabako_nodes(state_dir: str | None, cluster: str | None, ssh_config: str | None) -> list[Any]:
+    from lego_rl.errors import SandboxError
+    from lego_rl.sandbox.sunabako_admin import nodes_for
+
+    if cluster and state_dir:
+        raise _fail("--state-dir names the local sunabako node and --cluster the remote ones: give one", EXIT_USAGE)
+    if ssh_config and not cluster:
+        raise _fail("--ssh-config applies to the nodes of --cluster only", EXIT_USAGE)
+    try:
+        return nodes_for(state_dir, cluster, ssh_config=ssh_config)
+    except SandboxError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+
+
+def _listing(provider: str, state_dir: str | None, cluster: str | None = None,
+             ssh_config: str | None = None) -> list[dict[str, Any]]:
     from lego_rl.errors import SandboxError
 
     if provider == "bwrap":
@@ -136,10 +160,11 @@ def _listing(provider: str, state_dir: str | None) -> list[dict[str, Any]]:
         return [{"id": e.id, "state": "running" if e.alive else "leaked", "owner_pid": e.owner_pid,
                  "age_s": e.age_s, "image": e.image} for e in list_state(state_dir or DEFAULT_STATE_ROOT)]
     if provider == "sunabako":
-        from lego_rl.sandbox.sunabako_admin import list_node
+        from lego_rl.sandbox.sunabako_admin import list_nodes
 
+        nodes = _sunabako_nodes(state_dir, cluster, ssh_config)
         try:
-            return list_node(state_dir)
+            return asyncio.run(list_nodes(nodes))
         except SandboxError as exc:
             raise _fail(str(exc), EXIT_INFRA) from None
     raise _fail(f"`lego sandbox ls` knows bwrap and sunabako, not {provider!r}", EXIT_USAGE)
@@ -149,20 +174,24 @@ def _listing(provider: str, state_dir: str | None) -> list[dict[str, Any]]:
 def gc(
     provider: ProviderOpt = "bwrap",
     state_dir: StateOpt = None,
+    cluster: ClusterOpt = None,
+    ssh_config: SshConfigOpt = None,
     all_: Annotated[bool, typer.Option("--all", help="Also destroy sandboxes that still have an owner.")] = False,
 ) -> None:
-    """Destroy leaked sandboxes (bwrap: owner process gone; sunabako: failed, stopped or pending deletion)."""
+    """Destroy leaked sandboxes (bwrap: owner process gone; sunabako: failed, stopped, pending deletion, or
+    recorded running with its supervisor gone, as after a node crash; on every node of --cluster)."""
     from lego_rl.errors import SandboxError
 
+    nodes = _sunabako_nodes(state_dir, cluster, ssh_config) if provider == "sunabako" else []
     try:
         if provider == "bwrap":
             from lego_rl.sandbox.bwrap_state import DEFAULT_STATE_ROOT, gc_state
 
             removed = gc_state(state_dir or DEFAULT_STATE_ROOT, include_alive=all_)
         elif provider == "sunabako":
-            from lego_rl.sandbox.sunabako_admin import gc_node
+            from lego_rl.sandbox.sunabako_admin import gc_nodes
 
-            removed = asyncio.run(gc_node(state_dir, include_running=all_))
+            removed = asyncio.run(gc_nodes(nodes, include_running=all_))
         else:
             raise _fail(f"`lego sandbox gc` knows bwrap and sunabako, not {provider!r}", EXIT_USAGE)
     except SandboxError as exc:

@@ -1,7 +1,10 @@
 """Checks that touch the network, run by ``lego validate --remote`` only, each within a timeout.
 
-They test what must already exist before a launch: the health of every configured vLLM server, SSH to
-every sandbox node of cluster.json, and (``cluster.mode = "ray"`` with ``cluster.ray_address``) the Ray
+They test what must already exist before a launch: the health of every configured vLLM server; every
+sandbox node of cluster.json (sunabako): reachable over SSH (OpenSSH with ``cluster.ssh_config``, the
+transport the sunabako SDK uses), its sunabako binary there and initialised, room for one more sandbox,
+the settings the provider needs, and the root filesystems of ``sandbox.images`` at the same paths, one
+finding per failure naming the node; and (``cluster.mode = "ray"`` with ``cluster.ray_address``) the Ray
 cluster's alive nodes against the placement groups ``lego train`` will ask for. Never the adapter: the job itself starts it, so before launch its
 address answering would mean another job holds the port, not that this one is ready."""
 
@@ -10,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import shlex
 import socket
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -33,26 +39,135 @@ async def _http_ok(url: str, timeout: float) -> str | None:
         return str(exc) or type(exc).__name__
 
 
-def _ssh_ok(host: str, port: int, timeout: float) -> str | None:
-    from fabric import Connection  # fabric imports paramiko: keep it out of the CLI's start-up
+@dataclass(frozen=True)
+class NodeTarget:
+    """One sandbox node of cluster.json, as ``lego validate --remote`` checks it."""
 
+    name: str
+    host: str
+    port: int
+    state_dir: str
+    binary: str
+
+
+# One SSH session checks the node: the binary, then its capacity (JSON), then each image rootfs. Markers
+# split the output, so one round trip answers everything (each connection costs a key exchange).
+_NODE_SCRIPT = """
+b="$1"; s="$2"; shift 2
+if [ ! -x "$b" ]; then echo "@@binary-missing"; exit 0; fi
+echo "@@capacity"; "$b" --state "$s" capacity 2>&1; echo "@@capacity-exit $?"
+echo "@@images"; for p in "$@"; do [ -d "$p" ] || echo "$p"; done
+"""
+
+
+def ssh_argv(node: NodeTarget, ssh_config: str | None, command: str, timeout: float) -> list[str]:
+    """The OpenSSH command the sunabako SDK runs for every RPC to ``node`` (plus ``-F`` for cluster.ssh_config).
+
+    Not fabric/paramiko: paramiko expands a config's ``ProxyCommand %p`` from the config file's port, not
+    the node's, and accepts unknown host keys, so it can pass a node the rollouts then cannot reach."""
+    config = ["-F", ssh_config] if ssh_config else []
+    return ["ssh", *config, "-p", str(node.port), "-o", "BatchMode=yes", "-o",
+            f"ConnectTimeout={max(1, math.ceil(timeout))}", node.host, command]
+
+
+async def _node_findings(node: NodeTarget, ssh_config: str | None, memory_mb: int, test_memory: bool,
+                         rootfs: list[str], timeout: float) -> list[Finding]:
+    """Every finding about one node: reachable, sunabako installed and initialised, room for a sandbox,
+    the settings the provider needs, and the images' root filesystems present at the same paths."""
+    what = f"ssh {node.host}:{node.port} (node {node.name})"
+    fix_key = "sandbox.cluster"
+    script = shlex.join(["sh", "-c", _NODE_SCRIPT, "sh", node.binary, node.state_dir, *rootfs])
+    proc = await asyncio.create_subprocess_exec(
+        *ssh_argv(node, ssh_config, script, timeout), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        with Connection(host, port=port, connect_timeout=timeout) as conn:
-            result = conn.run("true", hide=True, warn=True, timeout=timeout)
-            return None if result.ok else f"`true` exited {result.exited}"
-    except Exception as exc:  # noqa: BLE001 - paramiko/socket raise many types; all mean "unreachable"
-        return f"{type(exc).__name__}: {exc}"
+        out, err = await asyncio.wait_for(proc.communicate(), max(timeout, 30.0))
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        out, err = b"", f"no answer within {max(timeout, 30.0):g} s".encode()
+    text, errors = out.decode(errors="replace"), err.decode(errors="replace").strip()
+    if proc.returncode == 255 or "@@" not in text:  # 255: ssh itself failed (the command never ran)
+        return [error("unreachable", f"{what}: {errors[-400:] or f'ssh exited {proc.returncode}'}",
+                      "check the address, that sshd runs there, the SSH credentials (cluster.ssh_config) and "
+                      "firewalls", fix_key, "cluster.ssh_config")]
+    if proc.returncode != 0:
+        return [error("node_check_failed", f"{what}: the node check exited {proc.returncode}: {errors[-300:]}",
+                      "check the node's shell", fix_key)]
+    if "@@binary-missing" in text:
+        return [error("node_binary_missing", f"{what}: no executable sunabako binary at {node.binary}",
+                      "install sunabako on the node, or set the node's `binary` in cluster.json", fix_key)]
+    capacity = text.partition("@@capacity\n")[2].partition("@@capacity-exit ")[0]
+    exit_line = text.partition("@@capacity-exit ")[2].split("\n", 1)[0].strip()
+    missing_images = [line for line in text.partition("@@images\n")[2].splitlines() if line.strip()]
+    findings: list[Finding] = []
+    if exit_line != "0":
+        uninit = "node.json" in capacity
+        findings.append(error(
+            "node_uninitialised" if uninit else "node_capacity_failed",
+            f"{what}: `sunabako --state {node.state_dir} capacity` exited {exit_line}: {capacity.strip()[-300:]}",
+            "initialise the node (sunabako --state DIR init-node -) with the configuration docs/sandboxes.md "
+            "gives" if uninit else "check the node's sunabako state dir and binary", fix_key))
+    else:
+        findings += _capacity_findings(what, capacity, memory_mb, test_memory)
+    if missing_images:
+        shown = ", ".join(missing_images[:3]) + (f" and {len(missing_images) - 3} more" if len(missing_images) > 3
+                                                 else "")
+        findings.append(error("node_images_missing", f"{what}: {len(missing_images)} of {len(rootfs)} image root "
+                              f"filesystems of sandbox.images are missing there: {shown}",
+                              "import the images on every node at the same absolute path (lego images)",
+                              "sandbox.images"))
+    return findings
 
 
-def _cluster_nodes(r: ResolvedConfig) -> list[tuple[str, int]]:
-    """``(host, port)`` of every node in ``sandbox.cluster``; an unreadable file is the offline checks' finding."""
+def _capacity_findings(what: str, text: str, memory_mb: int, test_memory: bool) -> list[Finding]:
+    try:
+        cap = json.loads(text)
+        cfg = cap["config"]
+        free = int(cfg["memory_capacity_bytes"] * cfg.get("memory_overcommit", 1) - cap["memory_reserved"])
+        active, most = int(cap.get("active", 0)), int(cfg.get("max_sandboxes", 0))
+    except (ValueError, KeyError, TypeError) as exc:
+        return [error("node_capacity_failed", f"{what}: unreadable capacity answer ({exc}): {text.strip()[:200]}",
+                      "check the node's sunabako version (0.1.2)", "sandbox.cluster")]
+    out: list[Finding] = []
+    if free < memory_mb << 20:
+        out.append(error("node_full", f"{what}: {free >> 20} MiB of sandbox memory left, one sandbox needs "
+                         f"{memory_mb} MiB (sandbox.memory_mb)", "free the node (lego sandbox gc), lower "
+                         "sandbox.memory_mb, or raise the node's memory_capacity_bytes", "sandbox.memory_mb"))
+    if most and active >= most:
+        out.append(error("node_full", f"{what}: {active} of max_sandboxes={most} sandboxes already run",
+                         "free the node (lego sandbox gc) or raise its max_sandboxes", "sandbox.cluster"))
+    if int(cfg.get("uid_range_size", 1)) <= 1:
+        out.append(error("node_config", f"{what}: uid_range_size={cfg.get('uid_range_size')} leaves no uid for "
+                         "the guest user 'agent'", "re-run init-node with uid_range_size 65536", "sandbox.cluster"))
+    if test_memory and not cfg.get("allow_unbounded_memory_for_tests"):
+        out.append(error("node_config", f"{what}: sandbox.allow_test_memory is true but the node lacks "
+                         "allow_unbounded_memory_for_tests", "re-run init-node with it, or set "
+                         "sandbox.allow_test_memory = false (cgroups)", "sandbox.allow_test_memory"))
+    return out
+
+
+def _cluster_nodes(r: ResolvedConfig) -> list[NodeTarget]:
+    """Every node in ``sandbox.cluster``; an unreadable file is the offline checks' finding."""
     c = r.config
     if not c.sandbox.cluster or not Path(c.sandbox.cluster).is_file():
         return []
     try:
         nodes = json.loads(Path(c.sandbox.cluster).read_text()).get("nodes", [])
-        return [(str(node["host"]), int(node.get("port", c.cluster.ssh_port))) for node in nodes]
+        return [NodeTarget(str(node["name"]), str(node["host"]), int(node.get("port", c.cluster.ssh_port)),
+                           str(node.get("state_dir", "/var/lib/sunabako")), str(node.get("binary", "sunabako")))
+                for node in nodes]
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+
+
+def _image_roots(r: ResolvedConfig) -> list[str]:
+    """The root filesystems of sandbox.images (each must exist on every node); unreadable = none to check."""
+    path = r.config.sandbox.images
+    try:
+        data = json.loads(Path(path).read_text()) if path else {}
+        return sorted({str(e["rootfs"]) for e in data.values() if isinstance(e, dict) and e.get("rootfs")})
+    except (OSError, ValueError, AttributeError):
         return []
 
 
@@ -109,8 +224,10 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
     if c.serving.backend == "vllm":
         for url in c.serving.urls:
             jobs.append((f"serving {url}", _http_ok(url.rstrip("/") + "/health", timeout)))
-    for host, port in _cluster_nodes(r):
-        jobs.append((f"ssh {host}:{port}", asyncio.to_thread(_ssh_ok, host, port, timeout)))
+    sandbox_nodes = _cluster_nodes(r)
+    roots = _image_roots(r) if sandbox_nodes else []
+    node_jobs = [_node_findings(node, c.cluster.ssh_config, c.sandbox.memory_mb, bool(c.sandbox.allow_test_memory),
+                                roots, timeout) for node in sandbox_nodes]
     ray_job = None
     if c.cluster.mode == "ray" and c.cluster.ray_address:  # without an address lego train starts its own Ray
         ray_job = asyncio.to_thread(_ray_nodes, c.cluster.ray_address, timeout)
@@ -127,4 +244,6 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
         if reason is not None:
             findings.append(error("unreachable", f"{what}: {reason}",
                                   "check the address, that the service is running, and firewalls", what))
+    for node_findings in await asyncio.gather(*node_jobs):
+        findings += node_findings
     return findings

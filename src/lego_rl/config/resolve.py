@@ -85,7 +85,7 @@ def _resolve_path_value(value: Any, base: Path) -> Any:
 
 _PATH_KEYS = {
     "model.checkpoint", "sandbox.cluster", "sandbox.images", "sandbox.rootfs", "rollout.prompt_data",
-    "paths.data_root", "paths.run_root", "paths.artifacts", "paths.run_log", "paths.toolchain_dir",
+    "cluster.ssh_config", "paths.data_root", "paths.run_root", "paths.artifacts", "paths.run_log", "paths.toolchain_dir",
 }
 HARNESS_PATH_SUFFIXES = ("_tarball", "_tree", "_path", "_dir")
 """A harness option named like this is a host path (``native_tarball``, ``site_tree``): relative values are

@@ -121,6 +121,10 @@ class SandboxConfig(Section):
     supervision for functional tests on machines without delegated cgroups."""
     boot_concurrency: int = Field(default=2, ge=1)
     """Sandboxes booting at the same time."""
+    warm_pool: int = Field(default=0, ge=0)
+    """sunabako: sandboxes created ahead per image and options, shared by a run's rollouts and graders
+    (0 = off). A create from the pool takes milliseconds instead of a rootfs copy; each pooled sandbox holds
+    its memory reservation on the node while it waits. Emptied when the run ends."""
     lifetime_s: float | None = None
     """Hard lifetime of a sandbox; must outlive the rollout guard (default: guard + 300 s)."""
     network: Literal["auto", "adapter", "host", "none"] = "auto"
@@ -319,7 +323,10 @@ class ClusterConfig(Section):
     train_workers: list[str] = Field(default_factory=list)
     """Addresses of the other training nodes (TRAIN_WORKER)."""
     ssh_port: int = Field(default=22, ge=1, le=65535)
-    """SSH port of cluster and sandbox nodes."""
+    """SSH port of cluster and sandbox nodes (a cluster.json node without `port` uses it)."""
+    ssh_config: str | None = None
+    """SSH client config file for the sandbox nodes of cluster.json (identity, pinned host keys, proxy),
+    used by the sunabako provider, `lego validate --remote` and `lego sandbox gc`; unset = the user's own."""
     gloo_socket_ifname: str | None = None
     """Network interface for Gloo/NCCL bootstrap."""
     start_ray: bool = True

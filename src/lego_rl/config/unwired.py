@@ -23,7 +23,5 @@ UNWIRED: dict[str, str] = {
     "grader.max_output_kb": "the grader cuts its saved output (today it keeps all of it)",
     "cluster.train_head": RAY,
     "cluster.train_workers": RAY,
-    "cluster.ssh_port": "the sunabako provider takes a default SSH port (today only `lego validate --remote` "
-                        "reads it)",
 }
 """``section.key`` → what will read it (completes "it has no effect until ...")."""

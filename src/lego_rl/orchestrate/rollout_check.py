@@ -25,7 +25,7 @@ from lego_rl.orchestrate.stack import Stack
 from lego_rl.runstore import RunDir, write_new
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.sandbox.egress import parse_allow, parse_endpoint, url_endpoint
-from lego_rl.swe.task_sandbox import SandboxTarget
+from lego_rl.swe.task_sandbox import RunProviders, SandboxTarget
 from lego_rl.tasks.model import TaskRow
 from lego_rl.trajectory.manager import TrajectoryOptions
 from lego_rl.trajectory.sample import save_samples
@@ -78,8 +78,13 @@ def provider_options(r: ResolvedConfig, provider: str) -> dict[str, object]:
     c = r.config
     if provider == "sunabako":
         opts: dict[str, object] = {"allow_test_memory": bool(c.sandbox.allow_test_memory)}
+        if c.sandbox.warm_pool:
+            opts["warm_pool"] = c.sandbox.warm_pool
         if c.sandbox.cluster:
             opts["cluster"] = c.sandbox.cluster
+            opts["ssh_port"] = c.cluster.ssh_port
+            if c.cluster.ssh_config:
+                opts["ssh_config"] = c.cluster.ssh_config
         else:
             opts["state_dir"] = c.sandbox.sunabako_state_dir
         return opts
@@ -114,18 +119,20 @@ async def run_rollout_check(
     concurrency: int = 4,
     progress: ProgressFn | None = None,
 ) -> CheckReport:
-    ctx = rollout_context(r, stack, run, dataset_dir=dataset_dir, images=images)
-    runner = RolloutRunner(ctx, concurrency=concurrency)
-    return CheckReport(await runner.run(plan(rows, samples_per_task, harness), progress))
+    async with RunProviders() as providers:  # one per run: the warm pool serves every rollout of it
+        ctx = rollout_context(r, stack, run, dataset_dir=dataset_dir, images=images, providers=providers)
+        runner = RolloutRunner(ctx, concurrency=concurrency)
+        return CheckReport(await runner.run(plan(rows, samples_per_task, harness), progress))
 
 
 def rollout_context(r: ResolvedConfig, stack: Stack, run: RunDir, *, dataset_dir: Path | None,
-                    images: dict[str, ImageSpec] | None) -> RolloutContext:
-    """What every rollout of a run without a trainer shares (rollout-check, task screening)."""
+                    images: dict[str, ImageSpec] | None, providers: RunProviders | None = None) -> RolloutContext:
+    """What every rollout of a run without a trainer shares (rollout-check, task screening); ``providers``:
+    the run's shared sandbox providers (None: one provider per sandbox)."""
     return RolloutContext(
         settings=settings_from_config(r, stack.adapter_url), run=run, sessions=stack.sessions, adapter_url=stack.adapter_url,
         harness_for=harness_factory(r), toolchain=Toolchain(Path(r.config.paths.toolchain_dir or "")),
-        images=images, dataset_dir=dataset_dir,
+        images=images, dataset_dir=dataset_dir, providers=providers,
     )
 
 

@@ -40,6 +40,7 @@ from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec,
 from lego_rl.runstore import RunDir, RunLayout, latest_checkpoint
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady, TrainingFinished
 from lego_rl.serving.errors import EngineFailed, EngineUnavailable, InvalidReply
+from lego_rl.swe.task_sandbox import RunProviders
 from lego_rl.termination import TerminationReason, is_infrastructure_failure
 from lego_rl.train.backend import LossFn, TrainerBackend
 from lego_rl.train.losses import LossConfig, make_loss
@@ -380,12 +381,14 @@ class TrainSession:
                     await self._check_engines(engines)
                     self.run_dir.events.emit(ServingReady(adapter=st.adapter_url, serving=st.serving_urls))
                     images_path = Path(c.sandbox.images) if c.sandbox.images else None
+                    # One set of providers for the whole run (warm pools), closed with the stack.
+                    providers = await stack.enter_async_context(RunProviders())
                     ctx = RolloutContext(
                         settings=settings_from_config(self.r, st.adapter_url), run=self.run_dir, sessions=st.sessions,
                         adapter_url=st.adapter_url, harness_for=harness_factory(self.r),
                         toolchain=Toolchain(Path(c.paths.toolchain_dir or "")),
                         images=load_images_json(images_path) if images_path and images_path.exists() else None,
-                        dataset_dir=Path(c.rollout.prompt_data or ".").resolve().parent,
+                        dataset_dir=Path(c.rollout.prompt_data or ".").resolve().parent, providers=providers,
                     )
                     rollout_fn = agent_rollout_fn(ctx)
                 loop = self._make_loop(model_dir(c.model.checkpoint), rollout_fn, engines, cluster)

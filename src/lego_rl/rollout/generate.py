@@ -61,7 +61,7 @@ from lego_rl.runstore.events import (
 from lego_rl.sandbox.base import ImageSpec, Sandbox
 from lego_rl.swe.grader import GradeResult, grade
 from lego_rl.swe.patch import Snapshot, capture_patch, take_snapshot
-from lego_rl.swe.task_sandbox import SandboxOpener, SandboxTarget, task_sandbox_opener
+from lego_rl.swe.task_sandbox import RunProviders, SandboxOpener, SandboxTarget, task_sandbox_opener
 from lego_rl.swe.workspace import DEFAULT_PROBLEM_PATH, prepare_workspace
 from lego_rl.tasks.model import TaskRow
 from lego_rl.termination import TerminationReason, is_infrastructure_failure
@@ -92,13 +92,16 @@ class RolloutContext:
     dataset_dir: Path | None = None
     boot: asyncio.Semaphore | None = None
     """Gate on agent sandbox creation; None: one of ``settings.boot_concurrency`` slots is made."""
+    providers: RunProviders | None = None
+    """The run's shared sandbox providers (warm pools live there); None: one provider per sandbox."""
 
     def __post_init__(self) -> None:
         if self.boot is None:
             self.boot = asyncio.Semaphore(max(1, self.settings.boot_concurrency))
 
     def opener(self, row: TaskRow, target: SandboxTarget) -> SandboxOpener:
-        return task_sandbox_opener(row.metadata, target, images=self.images, dataset_dir=self.dataset_dir)
+        return task_sandbox_opener(row.metadata, target, images=self.images, dataset_dir=self.dataset_dir,
+                                   providers=self.providers)
 
 
 @dataclass

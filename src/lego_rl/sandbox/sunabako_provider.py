@@ -1,8 +1,11 @@
 """The ``sunabako`` provider: the real ``sunabako==0.1.2`` SDK behind our Sandbox contract.
 
 Nodes: one local node (``state_dir`` + ``binary``), or the nodes of a ``cluster.json`` reached over
-SSH (credentials from the existing SSH configuration). A local node without ``node.json`` is
-initialised here; cluster nodes are the operator's to provision, and are only checked.
+SSH (credentials from the existing SSH configuration, or from the client config file ``ssh_config``;
+a node without ``port`` uses ``ssh_port``). A local node without ``node.json`` is initialised here;
+cluster nodes are the operator's to provision, and are only checked. A node that stops answering
+over SSH under a command (sshd gone, link down) raises ``SandboxLost`` naming the node: a rollout
+records ``sandbox_lost``, and ``lego sandbox gc`` collects what it left there once it is back.
 
 Memory: cgroup enforcement by default. ``test_memory=True`` is the explicit functional-test setting
 for machines without a delegated cgroup v2 subtree: it needs the node's
@@ -33,6 +36,8 @@ that outlives both kills its sandbox; later calls then raise SandboxError.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import math
 import os
@@ -45,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lego_rl.errors import SandboxError, SandboxTimeout
+from lego_rl.errors import SandboxError, SandboxLost, SandboxTimeout
 from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider, cut_message
 from lego_rl.sandbox.egress import EgressRelay, Endpoint, parse_allow, start_relay
 from lego_rl.sandbox.sunabako_stage import RootfsStage
@@ -62,6 +67,14 @@ NETWORKS = ("none", "host", "allowlist")
 ENSURE_USER = (
     'id -u agent >/dev/null 2>&1 || useradd -m -U -s /bin/sh agent || exit 90; mkdir -p -- "$1" || exit 91; '
     'command -v timeout >/dev/null && echo has-timeout'
+)
+# What OpenSSH (the SDK's transport to a cluster node) prints when the node, not the sandbox, failed:
+# the SDK keeps only the message, so the node's loss is told from a command's failure by these.
+SSH_TRANSPORT_ERRORS = re.compile(
+    r"ssh: connect to host|Connection closed by|Connection reset by|kex_exchange_identification|"
+    r"Connection refused|Connection timed out|Broken pipe|ssh_exchange_identification|"
+    r"Could not resolve hostname|No route to host|Transport timed out|client_loop: send disconnect|"
+    r"Network is unreachable|port \d+: Connection"
 )
 BACKSTOP_S = 15  # runtime timeout beyond the in-sandbox one: only a command immune to SIGKILL reaches it
 TIMEOUT_EXITS = (124, 137)  # coreutils timeout: TERM worked / KILL was needed
@@ -90,6 +103,95 @@ def _env_flag(name: str) -> bool | None:
     return value == "1"
 
 
+_NODE_CLASSES: dict[int, type] = {}
+
+
+def _node_class(sdk: Any) -> type:
+    """The SDK's ``Node`` that also passes ``-F ssh_config`` to ssh (the SDK has no option for it).
+
+    sunabako 0.1.2 builds ``["ssh", "-p", PORT, ..., host, command]`` in ``Node._command``; the file goes
+    right after ``ssh``. A release that builds the command otherwise is refused, not silently ignored."""
+    cls = _NODE_CLASSES.get(id(sdk))
+    if cls is None:
+        @dataclasses.dataclass(frozen=True)
+        class SshConfigNode(sdk.Node):  # type: ignore[misc,name-defined]
+            ssh_config: str = ""
+
+            def _command(self, args: tuple[str, ...]) -> list[str]:
+                argv: list[str] = super()._command(args)
+                if not (self.host and self.ssh_config):
+                    return argv
+                if argv[:2] != ["ssh", "-p"]:
+                    raise SandboxError(f"sunabako node {self.name}: this SDK's SSH command {argv[:3]} is not the "
+                                       "one ssh_config was written for (sunabako 0.1.2)")
+                return ["ssh", "-F", self.ssh_config, *argv[1:]]
+
+        cls = _NODE_CLASSES[id(sdk)] = SshConfigNode
+    return cls
+
+
+NODE_KEYS = ("name", "host", "port", "state_dir", "binary", "rootfs")
+
+
+def load_cluster_nodes(path: str | os.PathLike[str], *, ssh_config: str | None = None, ssh_port: int = 22,
+                       sdk: Any = None) -> list[Any]:
+    """The SDK nodes of a cluster.json; a bad file or node is named precisely (file, node index, key)."""
+    sdk = sdk or _sdk()
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise SandboxError(f"sunabako cluster file {path}: {exc}") from exc
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(nodes, list) or not nodes:
+        raise SandboxError(f"sunabako cluster file {path}: needs a non-empty `nodes` list")
+    cls = _node_class(sdk)
+    out = []
+    for i, raw in enumerate(nodes):
+        where = f"sunabako cluster file {path}: node {i}"
+        if not isinstance(raw, dict):
+            raise SandboxError(f"{where} must be an object, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - set(NODE_KEYS))
+        if unknown:
+            raise SandboxError(f"{where} has unknown key(s) {unknown}; known: {', '.join(NODE_KEYS)}")
+        if not raw.get("name") or not raw.get("host"):
+            raise SandboxError(f"{where} needs a `name` and a `host`")
+        port = raw.get("port", ssh_port)
+        if not isinstance(port, int) or not 1 <= port <= 65535:
+            raise SandboxError(f"{where} ({raw['name']}): port must be an integer 1..65535, got {port!r}")
+        out.append(cls(**{**raw, "port": port}, ssh_config=str(ssh_config or "")))
+    if len({n.name for n in out}) != len(out):
+        raise SandboxError(f"sunabako cluster file {path}: node names must be distinct")
+    return out
+
+
+def ssh_argv(node: Any, command: str) -> list[str]:
+    """OpenSSH argv running the shell ``command`` on a cluster node, with the options the SDK uses."""
+    argv = ["ssh", "-p", str(node.port), "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", node.host, command]
+    config = getattr(node, "ssh_config", "")
+    return ["ssh", "-F", config, *argv[1:]] if config else argv
+
+
+async def node_shell(node: Any, command: str, *, timeout: float = 60) -> str:
+    """Stdout of the shell ``command`` run on a cluster node over SSH; ``SandboxError`` names the node."""
+    proc = await asyncio.create_subprocess_exec(*ssh_argv(node, command), stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise SandboxError(f"sunabako node {node.name} ({node.host}): no answer over SSH within {timeout:g} s") from None
+    if proc.returncode != 0:
+        raise SandboxError(f"sunabako node {node.name} ({node.host}): `{cut_message(command, 200)}` exited "
+                           f"{proc.returncode}: {cut_message(err.decode(errors='replace'), 500)}")
+    return out.decode(errors="replace")
+
+
+def transport_lost(exc: BaseException, node: Any) -> bool:
+    """Whether an SDK error is the SSH link to a cluster node failing (not the command or the sandbox)."""
+    return bool(getattr(node, "host", None)) and SSH_TRANSPORT_ERRORS.search(str(exc)) is not None
+
+
 class SunabakoSandbox(Sandbox):
     def __init__(self, inner: Any, image: ImageSpec, sdk: Any) -> None:
         self._inner = inner  # sunabako.AsyncSandbox
@@ -104,6 +206,10 @@ class SunabakoSandbox(Sandbox):
 
     def _fail(self, what: str, exc: BaseException) -> SandboxError:
         state = " (sandbox closed)" if self._closed else ""
+        if transport_lost(exc, self._inner.node):
+            return SandboxLost(f"sunabako node {self.node_name} ({self._inner.node.host}) stopped answering over SSH "
+                               f"during {what} in {self.id}: {cut_message(str(exc), 500)}; its leftovers are "
+                               "collected by `lego sandbox gc --provider sunabako` once it is back")
         return SandboxError(f"sunabako {what} in {self.id} on node {self.node_name}{state}: {cut_message(str(exc))}")
 
     def _abs(self, path: str) -> str:
@@ -174,17 +280,33 @@ class SunabakoSandbox(Sandbox):
                 await self.relay.aclose()
                 os.close(self.relay.netns_fd)
         finally:
-            await destroy(self._inner.node, self.id, self._sdk)
+            try:
+                await destroy(self._inner.node, self.id, self._sdk)
+            except SandboxLost as exc:
+                # Nothing on this side can stop it while the node is unreachable; raising would only replace
+                # the error that ended the rollout (sandbox_lost) with a close failure. It is the node's
+                # leftover now: `lego sandbox gc` on the cluster destroys it when the node answers again.
+                log.warning("%s", exc)
+
+
+def _lost_node(node: Any, sandbox_id: str, op: str, exc: BaseException) -> SandboxLost:
+    return SandboxLost(f"sunabako node {node.name} ({node.host}) is unreachable over SSH, so {op} of sandbox "
+                       f"{sandbox_id} could not run: {cut_message(str(exc), 300)}; it is left on the node for "
+                       "`lego sandbox gc --provider sunabako` (with the cluster) once the node is back")
 
 
 async def destroy(node: Any, sandbox_id: str, sdk: Any, *, stop_window_s: float = 1.0) -> None:
-    """Stop then delete; never give up silently. Stop is retried while the status lags an OOM/timeout."""
+    """Stop then delete; never give up silently. Stop is retried while the status lags an OOM/timeout.
+
+    A cluster node unreachable over SSH raises ``SandboxLost`` at once (retries cannot reach it)."""
     deadline = time.monotonic() + stop_window_s
     while True:
         try:
             await node.call_async("stop", sandbox_id, timeout=60)
             break
         except sdk.SandboxError as exc:
+            if transport_lost(exc, node):
+                raise _lost_node(node, sandbox_id, "stop", exc) from exc
             text = str(exc)
             if "not found" in text or "no such" in text.lower():
                 return  # already gone
@@ -198,6 +320,8 @@ async def destroy(node: Any, sandbox_id: str, sdk: Any, *, stop_window_s: float 
             await node.call_async("delete", sandbox_id, timeout=120)
             return
         except sdk.SandboxError as exc:
+            if transport_lost(exc, node):
+                raise _lost_node(node, sandbox_id, "delete", exc) from exc
             last = exc
             # "No such file or directory": its state dir is already gone (a gc of the node got there first).
             if "not found" in str(exc) or "no such" in str(exc).lower():
@@ -230,6 +354,8 @@ class SunabakoProvider(SandboxProvider):
         node_config: dict[str, Any] | None = None,
         warm_pool: int = 0,
         stage_rootfs: bool | None = None,
+        ssh_config: str | os.PathLike[str] | None = None,
+        ssh_port: int = 22,
     ) -> None:
         self._sdk = _sdk()
         cluster = cluster or os.environ.get("SUNABAKO_CLUSTER") or None
@@ -248,11 +374,12 @@ class SunabakoProvider(SandboxProvider):
             raise SandboxError(f"sunabako provider: warm_pool must be an integer >= 0, got {warm_pool!r}")
         self.pool = WarmPool(self._create_now, warm_pool) if warm_pool else None
         """Sandboxes created ahead (``warm_pool`` of them at most); None when off."""
+        if ssh_config is not None and not Path(ssh_config).is_file():
+            raise SandboxError(f"sunabako provider: ssh_config {ssh_config} is not a file")
         if cluster:
-            try:
-                self.cluster: Any = self._sdk.Cluster.from_file(cluster)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise SandboxError(f"sunabako cluster file {cluster}: {exc}") from exc
+            nodes = load_cluster_nodes(cluster, ssh_config=None if ssh_config is None else str(ssh_config),
+                                       ssh_port=ssh_port, sdk=self._sdk)
+            self.cluster: Any = self._sdk.Cluster(nodes)
             self.node: Any = None
         else:
             self.cluster = None
@@ -263,6 +390,7 @@ class SunabakoProvider(SandboxProvider):
         if self.node is not None and stage_rootfs is not False:
             self.stage = RootfsStage.for_state_dir(state_dir, required=stage_rootfs is True)
         self._checked = False
+        self._check_lock = asyncio.Lock()
 
     async def aclose(self) -> None:
         """Close the warm pool's sandboxes (and those still being made for it)."""
@@ -277,6 +405,11 @@ class SunabakoProvider(SandboxProvider):
         """Once per provider: initialise a fresh local node, and verify every node's settings."""
         if self._checked:
             return
+        async with self._check_lock:  # a run's rollouts share the provider: one init-node, not one each
+            if not self._checked:
+                await self._check_nodes_now()
+
+    async def _check_nodes_now(self) -> None:
         if self.node is not None and not Path(self.node.state_dir, "node.json").exists():
             config = {"uid_range_size": 65536, **self.node_config}
             if self.test_memory:
