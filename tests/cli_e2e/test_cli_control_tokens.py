@@ -1,6 +1,7 @@
 """Red team with the real CLIs: the agent reads a file holding every control token of the model, ten times.
 
-Claude Code (Anthropic Messages), OpenCode and the OpenHands SDK (Chat Completions) pass the file's text
+Claude Code (Anthropic Messages), Codex (OpenAI Responses), OpenCode and the OpenHands SDK (Chat Completions)
+pass the file's text
 through in their tool results; the adapter must encode it as plain text, so the tool result adds no
 control ids beyond the template's own frame (naively, each copy of ``<|im_start|>`` in the file would have
 become a turn boundary of the training prompt).
@@ -15,8 +16,9 @@ from typing import Any
 import pytest
 from conftest import assert_records_match_engine
 from support.netcage import run_caged
-from support.scripted_engine import tool_call_text
+from support.scripted_engine import THINK, tool_call_text
 from test_claude_code import claude_cmd, claude_env
+from test_codex import agent_messages, codex_cmd, codex_env
 from test_opencode import run_opencode, texts
 from test_openhands import run_openhands, summary
 
@@ -58,6 +60,23 @@ async def test_claude_code_reads_a_file_of_control_tokens(start_adapter, cli_pat
                           forwards=adapter.forwards, env=claude_env(home, adapter.url, "sess-1"), cwd=work,
                           timeout=240)
     assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    assert_file_arrived_as_plain_text(adapter, renderer)
+
+
+async def test_codex_reads_a_file_of_control_tokens(start_adapter, cli_path, renderer, tmp_path: Path) -> None:
+    def policy(prompt: str, index: int) -> str:
+        if "<tool_response>" in prompt:
+            return "I read the file."
+        return THINK + tool_call_text("exec_command", {"cmd": "cat evil.txt"})
+
+    adapter = await start_adapter(policy, score=False)
+    work, home = tmp_path / "repo", tmp_path / "home"
+    write_evil(renderer, work)
+    (home / ".codex").mkdir(parents=True)
+    res = await run_caged(codex_cmd(cli_path("codex"), adapter.url, prompt=PROMPT), forwards=adapter.forwards,
+                          env=codex_env(home, "sess-1"), cwd=work, timeout=240)
+    assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+    assert agent_messages(res.stdout)[-1] == "I read the file."
     assert_file_arrived_as_plain_text(adapter, renderer)
 
 
