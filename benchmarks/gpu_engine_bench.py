@@ -109,36 +109,57 @@ async def rollouts(model_dir: Path, vocab: int, a: argparse.Namespace, top_p: fl
 
 
 def breakdown(model_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
-    """Where a step's time goes: the decode graph replay alone, and the sampler alone, per batch size."""
+    """Where a step's time goes: the decode graph replay alone (as captured, and with its blocks compiled
+    first), the kernels one step launches and their summed GPU time (torch.profiler), and the sampler alone."""
+    from torch.profiler import ProfilerActivity, profile
+
     from lego_rl.serving.sampler import RowParams, sample_rows
     from lego_rl.serving.static_decode import StaticDecoder
     from lego_rl.serving.weights import load_model
 
     model, config, _ = load_model(model_dir, torch.device(a.device), "bfloat16")
-    dec = StaticDecoder(model, config, slots=a.batch, max_len=a.max_len, compute_dtype=torch.bfloat16,
-                        use_graphs=True)
     rows = []
-    for b in (1, a.batch):
-        ids, pos = [7] * b, [a.prompt_len + 100] * b
-        for _ in range(3):
-            logits = dec.decode(ids, pos)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(100):
-            logits = dec.decode(ids, pos)
-        torch.cuda.synchronize()
-        row: dict[str, Any] = {"rows": b, "decode_graph_ms": round(10 * (time.perf_counter() - t0), 3)}
-        for top_p in (1.0, 0.95):
-            params = [RowParams(temperature=1.0, top_p=top_p, top_k=0, num_logprobs=0, want_nucleus=False,
-                                generator=torch.Generator().manual_seed(i)) for i in range(b)]
-            sample_rows(logits, params)
+    for compiled in (False, True):
+        dec = StaticDecoder(model, config, slots=a.batch, max_len=a.max_len, compute_dtype=torch.bfloat16,
+                            use_graphs=True, compile=compiled)
+        for b in (1, a.batch):
+            ids, pos = [7] * b, [a.prompt_len + 100] * b
             t0 = time.perf_counter()
-            for _ in range(20):
-                sample_rows(logits, params)
-            row[f"sampler_ms_top_p_{top_p}"] = round(50 * (time.perf_counter() - t0), 3)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    del dec, model
+            for _ in range(3):
+                logits = dec.decode(ids, pos)
+            torch.cuda.synchronize()
+            row: dict[str, Any] = {"rows": b, "compiled": compiled,
+                                   "capture_s": round(time.perf_counter() - t0, 2)}
+            t0 = time.perf_counter()
+            for _ in range(100):
+                logits = dec.decode(ids, pos)
+            torch.cuda.synchronize()
+            row["decode_graph_ms"] = round(10 * (time.perf_counter() - t0), 3)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    dec.decode(ids, pos)
+                torch.cuda.synchronize()
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            row["kernels_per_step"] = len(kernels) // 5
+            row["kernel_ms_per_step"] = round(sum(e.device_time_total for e in kernels) / 5 / 1000, 3)
+            if b == 1:
+                top = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:8]
+                row["top_kernels"] = [(e.key[:60], e.count // 5, round(e.device_time_total / 5, 1)) for e in top]
+            if not compiled:
+                for top_p in (1.0, 0.95):
+                    params = [RowParams(temperature=1.0, top_p=top_p, top_k=0, num_logprobs=0, want_nucleus=False,
+                                        generator=torch.Generator().manual_seed(i)) for i in range(b)]
+                    sample_rows(logits, params)
+                    t0 = time.perf_counter()
+                    for _ in range(20):
+                        sample_rows(logits, params)
+                    row[f"sampler_ms_top_p_{top_p}"] = round(50 * (time.perf_counter() - t0), 3)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        del dec
+        gc.collect()
+        torch.cuda.empty_cache()
+    del model
     gc.collect()
     torch.cuda.empty_cache()
     return rows
@@ -164,7 +185,8 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--max-len", type=int, default=2048)
-    ap.add_argument("--skip", default="", help="comma-separated phases to skip: breakdown, throughput, parity")
+    ap.add_argument("--skip", default="", help="comma-separated phases to skip: breakdown, throughput, parity; "
+                    "or throughput variants: baseline, old, batched, compiled, compiled-trainer")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (fast=True there has no graphs)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -183,12 +205,25 @@ def main() -> None:
             results["breakdown"] = breakdown(model_dir, a)
             save()
         if "throughput" not in skip:
-            rows = [asyncio.run(throughput(model_dir, vocab, a, "generic bf16 (baseline)", a.baseline_single_new,
-                                           a.baseline_batch_new, False, dtype="bfloat16", fast=False)),
-                    asyncio.run(throughput(model_dir, vocab, a, "fast bf16", a.single_new, a.batch_new, True,
-                                           dtype="bfloat16", fast=True)),
-                    asyncio.run(throughput(model_dir, vocab, a, "fast fp32 weights + bf16 compute", a.single_new,
-                                           a.batch_new, True, dtype="float32", compute_dtype="bfloat16", fast=True))]
+            variants: list[tuple[str, str, str, bool, dict[str, Any]]] = [
+                ("generic bf16 (baseline)", "generic", "baseline", False, {"dtype": "bfloat16", "fast": False}),
+                ("fast bf16, one prefill per request (before this change)", "fast", "old", True,
+                 {"dtype": "bfloat16", "fast": True, "prefill_batch_tokens": 1}),
+                ("fast bf16 + batched prefill", "fast", "batched", True, {"dtype": "bfloat16", "fast": True}),
+                ("fast bf16 + batched prefill + compiled blocks", "fast", "compiled", True,
+                 {"dtype": "bfloat16", "fast": True, "compile_decode": True}),
+                ("fast fp32 weights + bf16 compute + batched prefill + compiled blocks", "fast", "compiled-trainer",
+                 True, {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True, "compile_decode": True}),
+            ]
+            rows = []
+            for label, kind, tag, warm, kw in variants:
+                if tag in skip:
+                    continue
+                single, batch = (a.baseline_single_new, a.baseline_batch_new) if kind == "generic" else \
+                    (a.single_new, a.batch_new)
+                rows.append(asyncio.run(throughput(model_dir, vocab, a, label, single, batch, warm, **kw)))
+                results["throughput"] = rows
+                save()
             results["throughput"] = rows
             save()
         if "parity" not in skip:
@@ -199,18 +234,23 @@ def main() -> None:
                 for label, kw in (("engine pure bf16 (baseline)", {"dtype": "bfloat16", "fast": True}),
                                   ("engine fp32 + bf16 compute (trainer's recipe)",
                                    {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True}),
-                                  ("generic path fp32 + bf16 autocast",
-                                   {"dtype": "float32", "compute_dtype": "bfloat16", "fast": False})):
+                                  ("engine fp32 + bf16 compute, compiled blocks",
+                                   {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True,
+                                    "compile_decode": True}),
+                                  ("engine pure bf16, compiled blocks",
+                                   {"dtype": "bfloat16", "fast": True, "compile_decode": True})):
                     row = {"top_p": top_p, "engine": label, "trainer": "fp32 + bf16 autocast",
                            **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, top_p, **kw)), top_p)}
                     print(json.dumps(row), flush=True)
                     parity.append(row)
             # fp32 on both sides: the trainer's forward with its CUDA autocast switched off (benchmark only).
             backend._autocast = contextlib.nullcontext  # type: ignore[method-assign]
-            row = {"top_p": 1.0, "engine": "fast fp32", "trainer": "fp32, no autocast",
-                   **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, 1.0, dtype="float32", fast=True)), 1.0)}
-            print(json.dumps(row), flush=True)
-            parity.append(row)
+            for label, compiled in (("fast fp32", False), ("fast fp32, compiled blocks", True)):
+                row = {"top_p": 1.0, "engine": label, "trainer": "fp32, no autocast",
+                       **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, 1.0, dtype="float32", fast=True,
+                                                               compile_decode=compiled)), 1.0)}
+                print(json.dumps(row), flush=True)
+                parity.append(row)
             results["parity"] = parity
             save()
 
