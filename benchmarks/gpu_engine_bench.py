@@ -4,12 +4,17 @@ parity with the trainer's recomputation (issue 13 "A fast engine on GPU", issue 
 Model: random-init Qwen3-0.6B shape (``train_backend_bench.QWEN3_06B``: 28 layers, hidden 1024, 16/8 heads,
 vocab 151,936), built offline. Every figure below comes from one process, so ratios are same-run.
 
+0. Breakdown: one decode graph replay (as captured, and with its blocks compiled first), its kernels and their
+   GPU time (torch.profiler), one decode call synced as the engine runs it, and the sampler alone.
 1. Throughput (T = 1, top_p = 1, ignore EOS, random prompts of ``--prompt-len``): one stream, and ``--batch``
    streams submitted together (continuous batching admits them, all decode together). tok/s counts generated
    tokens over the wall time from submission to the last reply (prefill included). The baseline is the
    generic path (``fast=False``: transformers' forward over ``kv.py``'s cache, SDPA's own kernel choice) on
    fewer tokens (it is slow); the fast path is measured after one warm-up round that captures its CUDA graphs
-   (the warm-up time is printed too).
+   (the warm-up time is printed too): before batched prefill (``prefill_batch_tokens=1``), with it, and with
+   compiled blocks (``compile_decode``) in bf16 and in the trainer's recipe; ``--skip`` names variants to
+   leave out. The single stream's time is split into the decode call and ``sample_rows`` (which waits for
+   the GPU).
 2. Parity: the engine samples ``--rollouts`` × ``--new`` tokens after ``--prompt-len``-token prompts; the
    torch trainer backend recomputes them packed (``compute_logprobs``, the same convention) and
    ``consistency_report`` compares. bf16: the trainer as it trains on CUDA (fp32 weights, bf16 autocast)
@@ -19,6 +24,7 @@ vocab 151,936), built offline. Every figure below comes from one process, so rat
    of its own; the engine's fast path never uses it).
 
     python benchmarks/gpu_engine_bench.py --out results.json
+    python benchmarks/gpu_engine_bench.py --skip baseline,batched --single-new 256 --batch-new 128 --new 128
 """
 
 from __future__ import annotations
@@ -73,8 +79,31 @@ async def throughput(model_dir: Path, vocab: int, a: argparse.Namespace, label: 
             await generate(engine, prompts(1, a.prompt_len, vocab, 1), new_single, tag="w1-")
             await generate(engine, prompts(a.batch, a.prompt_len, vocab, 2), new_batch, tag="wb-")
             row["warmup_s"] = round(time.perf_counter() - t0, 2)
-        secs, _ = await generate(engine, prompts(1, a.prompt_len, vocab, 3), new_single, tag="s")
+        spent = {"decode": 0.0, "sample": 0.0}
+        import lego_rl.serving.engine as engine_mod
+        sampler = engine_mod.sample_rows
+        if engine._static is not None:  # where a single-stream step's wall time goes (CPU side)
+            def timed(fn: Any, key: str) -> Any:
+                def call(*args: Any) -> Any:
+                    t0 = time.perf_counter()
+                    try:
+                        return fn(*args)
+                    finally:
+                        spent[key] += time.perf_counter() - t0
+                return call
+
+            engine._static.decode = timed(engine._static.decode, "decode")  # type: ignore[method-assign]
+            engine_mod.sample_rows = timed(engine_mod.sample_rows, "sample")  # type: ignore[attr-defined]
+        try:
+            secs, _ = await generate(engine, prompts(1, a.prompt_len, vocab, 3), new_single, tag="s")
+        finally:
+            engine_mod.sample_rows = sampler  # type: ignore[attr-defined]
+            if engine._static is not None:
+                del engine._static.decode
         row["single_tok_s"] = round(new_single / secs, 1)
+        row["single_step_ms"] = round(1000 * secs / new_single, 3)
+        row["single_decode_call_ms"] = round(1000 * spent["decode"] / new_single, 3)
+        row["single_sample_ms"] = round(1000 * spent["sample"] / new_single, 3)
         row["single_tokens"] = new_single
         secs, _ = await generate(engine, prompts(a.batch, a.prompt_len, vocab, 4), new_batch, tag="b")
         row["batch_tok_s"] = round(a.batch * new_batch / secs, 1)
@@ -135,6 +164,17 @@ def breakdown(model_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
                 logits = dec.decode(ids, pos)
             torch.cuda.synchronize()
             row["decode_graph_ms"] = round(10 * (time.perf_counter() - t0), 3)
+            # The engine waits for every step's tokens, so a step's graph starts on an idle GPU: time one
+            # decode call alone (CPU side: the input copies and cudaGraphLaunch) and one decode + sync.
+            cpu = synced = 0.0
+            for _ in range(50):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                dec.decode(ids, pos)
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                cpu, synced = cpu + t1 - t0, synced + time.perf_counter() - t0
+            row["decode_call_cpu_ms"], row["decode_synced_ms"] = round(20 * cpu, 3), round(20 * synced, 3)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
                     dec.decode(ids, pos)
