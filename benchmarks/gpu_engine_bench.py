@@ -4,12 +4,17 @@ parity with the trainer's recomputation (issue 13 "A fast engine on GPU", issue 
 Model: random-init Qwen3-0.6B shape (``train_backend_bench.QWEN3_06B``: 28 layers, hidden 1024, 16/8 heads,
 vocab 151,936), built offline. Every figure below comes from one process, so ratios are same-run.
 
+0. Breakdown: one decode graph replay (as captured, and with its blocks compiled first), its kernels and their
+   GPU time (torch.profiler), one decode call synced as the engine runs it, and the sampler alone.
 1. Throughput (T = 1, top_p = 1, ignore EOS, random prompts of ``--prompt-len``): one stream, and ``--batch``
    streams submitted together (continuous batching admits them, all decode together). tok/s counts generated
    tokens over the wall time from submission to the last reply (prefill included). The baseline is the
    generic path (``fast=False``: transformers' forward over ``kv.py``'s cache, SDPA's own kernel choice) on
    fewer tokens (it is slow); the fast path is measured after one warm-up round that captures its CUDA graphs
-   (the warm-up time is printed too).
+   (the warm-up time is printed too): before batched prefill (``prefill_batch_tokens=1``), with it, and with
+   compiled blocks (``compile_decode``) in bf16 and in the trainer's recipe; ``--skip`` names variants to
+   leave out. The single stream's time is split into the decode call and ``sample_rows`` (which waits for
+   the GPU).
 2. Parity: the engine samples ``--rollouts`` × ``--new`` tokens after ``--prompt-len``-token prompts; the
    torch trainer backend recomputes them packed (``compute_logprobs``, the same convention) and
    ``consistency_report`` compares. bf16: the trainer as it trains on CUDA (fp32 weights, bf16 autocast)
@@ -19,6 +24,7 @@ vocab 151,936), built offline. Every figure below comes from one process, so rat
    of its own; the engine's fast path never uses it).
 
     python benchmarks/gpu_engine_bench.py --out results.json
+    python benchmarks/gpu_engine_bench.py --skip baseline,batched --single-new 256 --batch-new 128 --new 128
 """
 
 from __future__ import annotations
@@ -73,8 +79,31 @@ async def throughput(model_dir: Path, vocab: int, a: argparse.Namespace, label: 
             await generate(engine, prompts(1, a.prompt_len, vocab, 1), new_single, tag="w1-")
             await generate(engine, prompts(a.batch, a.prompt_len, vocab, 2), new_batch, tag="wb-")
             row["warmup_s"] = round(time.perf_counter() - t0, 2)
-        secs, _ = await generate(engine, prompts(1, a.prompt_len, vocab, 3), new_single, tag="s")
+        spent = {"decode": 0.0, "sample": 0.0}
+        import lego_rl.serving.engine as engine_mod
+        sampler = engine_mod.sample_rows
+        if engine._static is not None:  # where a single-stream step's wall time goes (CPU side)
+            def timed(fn: Any, key: str) -> Any:
+                def call(*args: Any) -> Any:
+                    t0 = time.perf_counter()
+                    try:
+                        return fn(*args)
+                    finally:
+                        spent[key] += time.perf_counter() - t0
+                return call
+
+            engine._static.decode = timed(engine._static.decode, "decode")  # type: ignore[method-assign]
+            engine_mod.sample_rows = timed(engine_mod.sample_rows, "sample")  # type: ignore[attr-defined]
+        try:
+            secs, _ = await generate(engine, prompts(1, a.prompt_len, vocab, 3), new_single, tag="s")
+        finally:
+            engine_mod.sample_rows = sampler  # type: ignore[attr-defined]
+            if engine._static is not None:
+                del engine._static.decode
         row["single_tok_s"] = round(new_single / secs, 1)
+        row["single_step_ms"] = round(1000 * secs / new_single, 3)
+        row["single_decode_call_ms"] = round(1000 * spent["decode"] / new_single, 3)
+        row["single_sample_ms"] = round(1000 * spent["sample"] / new_single, 3)
         row["single_tokens"] = new_single
         secs, _ = await generate(engine, prompts(a.batch, a.prompt_len, vocab, 4), new_batch, tag="b")
         row["batch_tok_s"] = round(a.batch * new_batch / secs, 1)
@@ -109,36 +138,68 @@ async def rollouts(model_dir: Path, vocab: int, a: argparse.Namespace, top_p: fl
 
 
 def breakdown(model_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
-    """Where a step's time goes: the decode graph replay alone, and the sampler alone, per batch size."""
+    """Where a step's time goes: the decode graph replay alone (as captured, and with its blocks compiled
+    first), the kernels one step launches and their summed GPU time (torch.profiler), and the sampler alone."""
+    from torch.profiler import ProfilerActivity, profile
+
     from lego_rl.serving.sampler import RowParams, sample_rows
     from lego_rl.serving.static_decode import StaticDecoder
     from lego_rl.serving.weights import load_model
 
     model, config, _ = load_model(model_dir, torch.device(a.device), "bfloat16")
-    dec = StaticDecoder(model, config, slots=a.batch, max_len=a.max_len, compute_dtype=torch.bfloat16,
-                        use_graphs=True)
     rows = []
-    for b in (1, a.batch):
-        ids, pos = [7] * b, [a.prompt_len + 100] * b
-        for _ in range(3):
-            logits = dec.decode(ids, pos)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(100):
-            logits = dec.decode(ids, pos)
-        torch.cuda.synchronize()
-        row: dict[str, Any] = {"rows": b, "decode_graph_ms": round(10 * (time.perf_counter() - t0), 3)}
-        for top_p in (1.0, 0.95):
-            params = [RowParams(temperature=1.0, top_p=top_p, top_k=0, num_logprobs=0, want_nucleus=False,
-                                generator=torch.Generator().manual_seed(i)) for i in range(b)]
-            sample_rows(logits, params)
+    for compiled in (False, True):
+        dec = StaticDecoder(model, config, slots=a.batch, max_len=a.max_len, compute_dtype=torch.bfloat16,
+                            use_graphs=True, compile=compiled)
+        for b in (1, a.batch):
+            ids, pos = [7] * b, [a.prompt_len + 100] * b
             t0 = time.perf_counter()
-            for _ in range(20):
-                sample_rows(logits, params)
-            row[f"sampler_ms_top_p_{top_p}"] = round(50 * (time.perf_counter() - t0), 3)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    del dec, model
+            for _ in range(3):
+                logits = dec.decode(ids, pos)
+            torch.cuda.synchronize()
+            row: dict[str, Any] = {"rows": b, "compiled": compiled,
+                                   "capture_s": round(time.perf_counter() - t0, 2)}
+            t0 = time.perf_counter()
+            for _ in range(100):
+                logits = dec.decode(ids, pos)
+            torch.cuda.synchronize()
+            row["decode_graph_ms"] = round(10 * (time.perf_counter() - t0), 3)
+            # The engine waits for every step's tokens, so a step's graph starts on an idle GPU: time one
+            # decode call alone (CPU side: the input copies and cudaGraphLaunch) and one decode + sync.
+            cpu = synced = 0.0
+            for _ in range(50):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                dec.decode(ids, pos)
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                cpu, synced = cpu + t1 - t0, synced + time.perf_counter() - t0
+            row["decode_call_cpu_ms"], row["decode_synced_ms"] = round(20 * cpu, 3), round(20 * synced, 3)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    dec.decode(ids, pos)
+                torch.cuda.synchronize()
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            row["kernels_per_step"] = len(kernels) // 5
+            row["kernel_ms_per_step"] = round(sum(e.device_time_total for e in kernels) / 5 / 1000, 3)
+            if b == 1:
+                top = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:8]
+                row["top_kernels"] = [(e.key[:60], e.count // 5, round(e.device_time_total / 5, 1)) for e in top]
+            if not compiled:
+                for top_p in (1.0, 0.95):
+                    params = [RowParams(temperature=1.0, top_p=top_p, top_k=0, num_logprobs=0, want_nucleus=False,
+                                        generator=torch.Generator().manual_seed(i)) for i in range(b)]
+                    sample_rows(logits, params)
+                    t0 = time.perf_counter()
+                    for _ in range(20):
+                        sample_rows(logits, params)
+                    row[f"sampler_ms_top_p_{top_p}"] = round(50 * (time.perf_counter() - t0), 3)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        del dec
+        gc.collect()
+        torch.cuda.empty_cache()
+    del model
     gc.collect()
     torch.cuda.empty_cache()
     return rows
@@ -164,7 +225,8 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--max-len", type=int, default=2048)
-    ap.add_argument("--skip", default="", help="comma-separated phases to skip: breakdown, throughput, parity")
+    ap.add_argument("--skip", default="", help="comma-separated phases to skip: breakdown, throughput, parity; "
+                    "or throughput variants: baseline, old, batched, compiled, compiled-trainer")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (fast=True there has no graphs)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -183,12 +245,25 @@ def main() -> None:
             results["breakdown"] = breakdown(model_dir, a)
             save()
         if "throughput" not in skip:
-            rows = [asyncio.run(throughput(model_dir, vocab, a, "generic bf16 (baseline)", a.baseline_single_new,
-                                           a.baseline_batch_new, False, dtype="bfloat16", fast=False)),
-                    asyncio.run(throughput(model_dir, vocab, a, "fast bf16", a.single_new, a.batch_new, True,
-                                           dtype="bfloat16", fast=True)),
-                    asyncio.run(throughput(model_dir, vocab, a, "fast fp32 weights + bf16 compute", a.single_new,
-                                           a.batch_new, True, dtype="float32", compute_dtype="bfloat16", fast=True))]
+            variants: list[tuple[str, str, str, bool, dict[str, Any]]] = [
+                ("generic bf16 (baseline)", "generic", "baseline", False, {"dtype": "bfloat16", "fast": False}),
+                ("fast bf16, one prefill per request (before this change)", "fast", "old", True,
+                 {"dtype": "bfloat16", "fast": True, "prefill_batch_tokens": 1}),
+                ("fast bf16 + batched prefill", "fast", "batched", True, {"dtype": "bfloat16", "fast": True}),
+                ("fast bf16 + batched prefill + compiled blocks", "fast", "compiled", True,
+                 {"dtype": "bfloat16", "fast": True, "compile_decode": True}),
+                ("fast fp32 weights + bf16 compute + batched prefill + compiled blocks", "fast", "compiled-trainer",
+                 True, {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True, "compile_decode": True}),
+            ]
+            rows = []
+            for label, kind, tag, warm, kw in variants:
+                if tag in skip:
+                    continue
+                single, batch = (a.baseline_single_new, a.baseline_batch_new) if kind == "generic" else \
+                    (a.single_new, a.batch_new)
+                rows.append(asyncio.run(throughput(model_dir, vocab, a, label, single, batch, warm, **kw)))
+                results["throughput"] = rows
+                save()
             results["throughput"] = rows
             save()
         if "parity" not in skip:
@@ -199,18 +274,23 @@ def main() -> None:
                 for label, kw in (("engine pure bf16 (baseline)", {"dtype": "bfloat16", "fast": True}),
                                   ("engine fp32 + bf16 compute (trainer's recipe)",
                                    {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True}),
-                                  ("generic path fp32 + bf16 autocast",
-                                   {"dtype": "float32", "compute_dtype": "bfloat16", "fast": False})):
+                                  ("engine fp32 + bf16 compute, compiled blocks",
+                                   {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True,
+                                    "compile_decode": True}),
+                                  ("engine pure bf16, compiled blocks",
+                                   {"dtype": "bfloat16", "fast": True, "compile_decode": True})):
                     row = {"top_p": top_p, "engine": label, "trainer": "fp32 + bf16 autocast",
                            **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, top_p, **kw)), top_p)}
                     print(json.dumps(row), flush=True)
                     parity.append(row)
             # fp32 on both sides: the trainer's forward with its CUDA autocast switched off (benchmark only).
             backend._autocast = contextlib.nullcontext  # type: ignore[method-assign]
-            row = {"top_p": 1.0, "engine": "fast fp32", "trainer": "fp32, no autocast",
-                   **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, 1.0, dtype="float32", fast=True)), 1.0)}
-            print(json.dumps(row), flush=True)
-            parity.append(row)
+            for label, compiled in (("fast fp32", False), ("fast fp32, compiled blocks", True)):
+                row = {"top_p": 1.0, "engine": label, "trainer": "fp32, no autocast",
+                       **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, 1.0, dtype="float32", fast=True,
+                                                               compile_decode=compiled)), 1.0)}
+                print(json.dumps(row), flush=True)
+                parity.append(row)
             results["parity"] = parity
             save()
 

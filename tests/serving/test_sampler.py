@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from lego_rl.serving import sampler
 from lego_rl.serving.sampler import RowParams, sample_rows, truncation_mask
 
 
@@ -81,3 +83,44 @@ def test_a_batch_with_mixed_parameters_equals_each_row_alone() -> None:
         [alone] = sample_rows(logits[i : i + 1], [row(seed=i, **kw)])  # type: ignore[arg-type]
         assert together[i] == alone, i
     assert len(together[2].nucleus_ids or []) <= 7 and len(together[1].nucleus_ids or []) < 300
+
+
+def test_candidate_sort_gives_the_full_sorts_mask_at_the_real_vocabulary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``truncation_mask`` sorts only the top candidates and sorts a row in full only when its nucleus may reach
+    past them: on 151,936 ids, peaked rows (decided among the candidates), flat rows (redone in full), top-k
+    inside and beyond the candidates, and ties straddling the k-th all give the full sort's mask."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = 151_936
+    peaked = torch.softmax(torch.randn(6, vocab, generator=gen) * 6.0, dim=-1)  # [6, V] nuclei of 1 to ~300
+    flat = torch.softmax(torch.randn(3, vocab, generator=gen) * 0.1, dim=-1)  # [3, V] nucleus of ~95% of ids
+    tied = torch.full((1, vocab), 1e-9)  # [1, V] 40 equal ids straddle k = 20 and the candidate boundary
+    tied[0, 1000:1040] = 0.02
+    tied = tied / tied.sum()
+    probs = torch.cat([peaked, flat, tied])  # [10, V]
+    ks = torch.tensor([0, 0, 5, 50, 2000, 0, 0, 0, 7, 20])  # [10] 2000: top-k past 1,024 candidates
+    ps = torch.tensor([0.95, 0.5, 0.95, 1.0, 0.9, 1.0, 0.95, 0.3, 1.0, 1.0])  # [10]
+    redone: list[int] = []
+    full_mask = sampler._full_mask
+
+    def counted(p: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        redone.append(p.shape[0])
+        return full_mask(p, k, top_p)
+
+    for candidates, n_redone in ((16, 6), (1024, 3)):
+        monkeypatch.setattr(sampler, "_full_mask", counted)
+        got = truncation_mask(probs, ks, ps, candidates=candidates)  # [10, V]
+        monkeypatch.setattr(sampler, "_full_mask", full_mask)
+        want = truncation_mask(probs, ks, ps, candidates=vocab)  # [10, V] the full sort
+        assert torch.equal(got, want), (candidates, (got != want).sum(dim=1).tolist())
+        # Among 1,024 candidates only the two flat top-p rows and top-k 2000 are sorted in full (the flat
+        # top_p = 1 row keeps everything with no sort at all).
+        assert sum(redone) == n_redone, redone
+        redone.clear()
+    full = truncation_mask(probs, ks, ps, candidates=vocab)
+    assert full[9].sum().item() == 40  # all 40 ties with the 20th kept
+    assert full[5].all() and 1 < full[6].sum().item() < vocab  # top_p 1 keeps all; the flat row's nucleus
+    assert 0.5 <= probs[1][full[1]].sum().item() < 0.5 + probs[1].max().item()  # the smallest prefix >= p
+    # One value for all rows, and a single row, take the same route.
+    assert torch.equal(truncation_mask(peaked, 0, 0.9, candidates=64), truncation_mask(peaked, 0, 0.9,
+                                                                                         candidates=vocab))
+    assert torch.equal(truncation_mask(peaked[0], 10, 1.0), truncation_mask(peaked[:1], 10, 1.0)[0])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -100,6 +101,67 @@ def test_decoder_logits_equal_the_hf_forward(tiny_model: Path) -> None:
     with torch.no_grad():
         want = model(input_ids=torch.tensor([seqs[0]])).logits[0, -1].float()  # [V]
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-5), (got - want).abs().max()
+
+
+def test_batched_prefill_equals_one_prompt_at_a_time(tiny_model: Path) -> None:
+    """``prefill_rows`` (right-padded prompts of different lengths in one forward) writes the KV and returns the
+    last-position logits that one prefill per prompt gives, and the rows then decode as HF's forward does."""
+    model, config, _ = load_model(tiny_model, torch.device("cpu"), "float32")
+    dec = StaticDecoder(model, config, slots=4, max_len=128, compute_dtype=torch.float32, use_graphs=False)
+    ref = StaticDecoder(model, config, slots=4, max_len=128, compute_dtype=torch.float32, use_graphs=False)
+    seqs = [list(range(3, 40)), [7, 8], list(range(100, 117))]
+    got = dec.prefill_rows(1, [s[:-1] for s in seqs])  # [3, V] into slots 1..3
+    for i, seq in enumerate(seqs):
+        want = ref.prefill(i + 1, seq[:-1], 0)[0]  # [V]
+        assert torch.allclose(got[i], want, atol=2e-5, rtol=1e-5), (i, (got[i] - want).abs().max())
+        n = len(seq) - 1
+        assert torch.allclose(dec.k[:, i + 1, :, :n], ref.k[:, i + 1, :, :n], atol=1e-5)
+        assert torch.allclose(dec.v[:, i + 1, :, :n], ref.v[:, i + 1, :, :n], atol=1e-5)
+    dec.move(1, 0, len(seqs[0]) - 1)
+    dec.move(2, 1, len(seqs[1]) - 1)
+    dec.move(3, 2, len(seqs[2]) - 1)
+    # The padding's KV (slot 2 past position 1) is never attended to: decode at each row's own position.
+    out = dec.decode([s[-1] for s in seqs], [len(s) - 1 for s in seqs])  # [3, V]
+    for i, seq in enumerate(seqs):
+        with torch.no_grad():
+            want = model(input_ids=torch.tensor([seq])).logits[0, -1].float()  # [V]
+        assert torch.allclose(out[i], want, atol=2e-5, rtol=1e-5), (i, (out[i] - want).abs().max())
+    with pytest.raises(ValueError, match="slots 2..4 exceed the static cache's 4 slots"):
+        dec.prefill_rows(2, seqs)
+    with pytest.raises(ValueError, match="no empty prompt"):
+        dec.prefill_rows(0, [[1, 2], []])
+
+
+async def test_admissions_prefill_as_batches_within_the_token_budget(tiny_model: Path) -> None:
+    """Requests arriving together are prefilled in batches bounded by ``prefill_batch_tokens`` (and one that
+    reuses a cached prefix on its own); tokens and logprobs equal a budget that prefills one at a time."""
+    calls: list[int] = []
+    results = []
+    for budget in (1, 80):
+        engine = EmbeddedEngine(tiny_model, max_batch=4, fast=True, prefill_batch_tokens=budget)
+        assert engine._static is not None
+        inner = engine._static.prefill_rows
+
+        def counted(slot: int, prompts: list[list[int]], inner: Any = inner) -> torch.Tensor:
+            calls.append(len(prompts))
+            return inner(slot, prompts)
+
+        engine._static.prefill_rows = counted  # type: ignore[method-assign]
+        await engine.start()
+        try:
+            outs = await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=5, temperature=1.0, seed=i),
+                                                          request_id=f"q{i}", ignore_eos=True)
+                                          for i, p in enumerate(PROMPTS)))
+        finally:
+            await engine.stop()
+        results.append([(o.token_ids, o.logprobs) for o in outs])
+        if budget == 1:  # every prompt is longer than the budget: each alone, through the chunked path
+            assert calls == []
+        else:  # 6, 3 (padded 6·3 = 18), then 40 joins (3·40 = 120 > 80): [6, 3], then [40, 8] (2·40 = 80)
+            assert calls == [2, 2]
+    assert results[0] == results[1] or all(
+        a[0] == b[0] and max(abs(x - y) for x, y in zip(a[1], b[1], strict=True)) < 1e-5
+        for a, b in zip(results[0], results[1], strict=True))
 
 
 def test_mixed_precision_matches_autocast_on_cpu(tiny_model: Path) -> None:

@@ -47,9 +47,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_graph_decode_equals_the_hf_forward_fp32(model_dir: Path) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["captured", "compiled-then-captured"])
+def test_graph_decode_equals_the_hf_forward_fp32(model_dir: Path, compiled: bool) -> None:
     model, config, _ = load_model(model_dir, torch.device("cuda"), "float32")
-    dec = StaticDecoder(model, config, slots=8, max_len=1024, compute_dtype=torch.float32, use_graphs=True)
+    dec = StaticDecoder(model, config, slots=8, max_len=1024, compute_dtype=torch.float32, use_graphs=True,
+                        compile=compiled)
     rng = random.Random(0)
     seqs = [[rng.randrange(VOCAB) for _ in range(n)] for n in (5, 130, 300)]  # spans 128 and 512 buckets
     for slot, seq in enumerate(seqs):

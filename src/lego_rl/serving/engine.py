@@ -86,11 +86,15 @@ class EmbeddedEngine:
                  max_batch: int = 16, max_model_len: int | None = None, prefix_cache_entries: int = 8,
                  prefill_chunk: int = 2048, name: str | None = None, threads: int | None = None,
                  return_routed_experts: bool = False, fast: bool | None = None,
-                 compute_dtype: str | None = None, cuda_graphs: bool = True) -> None:
+                 compute_dtype: str | None = None, cuda_graphs: bool = True, compile_decode: bool = False,
+                 prefill_batch_tokens: int = 16384) -> None:
         """``fast``: decode on ``StaticDecoder`` (None: whenever the device is CUDA and the model fits it; True:
         required, a ConfigError says why not). ``compute_dtype``: the dtype of matmuls and attention when it
         differs from the weights' ``dtype`` — ``dtype="float32", compute_dtype="bfloat16"`` is the torch
-        trainer's recipe on CUDA (fp32 master weights under bf16 autocast); None = ``dtype``."""
+        trainer's recipe on CUDA (fp32 master weights under bf16 autocast); None = ``dtype``. ``compile_decode``:
+        the fast path's decode blocks go through ``torch.compile`` before graph capture (StaticDecoder).
+        ``prefill_batch_tokens``: the fast path prefills requests admitted together (and with no cached
+        prefix) as one right-padded batch of at most this many positions."""
         if threads:
             # Process-wide. On a crowded CPU one thread is often faster than two (no OpenMP spinning).
             torch.set_num_threads(threads)
@@ -108,6 +112,7 @@ class EmbeddedEngine:
         self.name = name or self.model_dir.name
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        self.prefill_batch_tokens = prefill_batch_tokens
         self.version = INITIAL_VERSION
         self.experts_per_token = int(getattr(self.config, "num_experts_per_tok", 0) or 0)
         if return_routed_experts and not self.experts_per_token:
@@ -146,7 +151,8 @@ class EmbeddedEngine:
                 raise ConfigError(f"{self.model_dir} cannot use the fast decode path: {reason}", parameter="fast")
             try:
                 self._static = StaticDecoder(self.model, self.config, slots=max_batch, max_len=self.max_model_len,
-                                             compute_dtype=self.compute_dtype, use_graphs=cuda_graphs)
+                                             compute_dtype=self.compute_dtype, use_graphs=cuda_graphs,
+                                             compile=compile_decode)
             except MemoryError as exc:
                 raise ConfigError(str(exc), parameter="max_batch") from None
         log.info("embedded engine: %s decode path, weights %s, compute %s", "fast" if self._static else "generic",
@@ -473,9 +479,12 @@ class EmbeddedEngine:
         self._rows = [r for i, r in enumerate(self._rows) if i not in set(leaving)]
         if self._rows:
             self._decode(version)
-        for req in admit:
-            self._prefill(req, version)
-            self._rows.append(req)
+        if self._static is not None:
+            self._admit_static(admit, version)
+        else:
+            for req in admit:
+                self._prefill(req, version)
+                self._rows.append(req)
         steps = 1
         while steps < self.burst and self._keep_decoding():
             self._decode(version)
@@ -517,9 +526,6 @@ class EmbeddedEngine:
             req.out.record(draw, version)
 
     def _prefill(self, req: _Req, version: str) -> None:
-        if self._static is not None:
-            self._prefill_static(req, version)
-            return
         reused, kv = self.prefix_cache.lookup(req.prompt)
         cache = new_cache(self.config)
         if kv is not None:
@@ -540,11 +546,44 @@ class EmbeddedEngine:
         req.out.record(sample_rows(logits, [req.row])[0], version)
 
 
-    def _prefill_static(self, req: _Req, version: str) -> None:
-        """Prefill into the next free slot (the row's index once appended), reusing a cached prefix."""
+    def _admit_static(self, admit: list[_Req], version: str) -> None:
+        """Prefill the admitted requests into the next free slots, in order. Consecutive ones with no cached
+        prefix go as one batch of at most ``prefill_batch_tokens`` padded positions (one forward instead of
+        one per request: a lone prefill is launch-bound like a decode step)."""
+        assert self._static is not None
+        group: list[_Req] = []
+
+        def flush() -> None:
+            if not group:
+                return
+            assert self._static is not None
+            logits = self._static.prefill_rows(len(self._rows), [r.prompt for r in group])  # [n, V]
+            for req, draw in zip(group, sample_rows(logits, [r.row for r in group]), strict=True):
+                req.out.record(draw, version)
+                self._lengths.append(len(req.prompt))
+                self._rows.append(req)
+            group.clear()
+
+        for req in admit:
+            reused, kv = self.prefix_cache.lookup(req.prompt)
+            longest = max([len(req.prompt)] + [len(r.prompt) for r in group])
+            if kv is None and (len(group) + 1) * longest <= self.prefill_batch_tokens:
+                group.append(req)
+                continue
+            flush()
+            if kv is None and len(req.prompt) <= self.prefill_batch_tokens:
+                group.append(req)
+                continue
+            self._prefill_static(req, version, reused, kv)
+            self._rows.append(req)
+        flush()
+
+    def _prefill_static(self, req: _Req, version: str, reused: int,
+                        kv: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        """Prefill into the next free slot (the row's index once appended) after a cached prefix ``kv`` of
+        ``reused`` positions (none: from position 0, in chunks of ``prefill_chunk``)."""
         assert self._static is not None
         slot = len(self._rows)
-        reused, kv = self.prefix_cache.lookup(req.prompt)
         if kv is not None:
             self._static.load_kv(slot, kv)
         start = reused

@@ -47,29 +47,83 @@ class Draw:
     nucleus_probs: list[float] | None = None
 
 
-def truncation_mask(probs: torch.Tensor, top_k: int | torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+CANDIDATES = 1024
+"""How many of the most likely ids ``truncation_mask`` sorts first; a row whose nucleus may reach past them is
+done again over the whole vocabulary."""
+
+
+def truncation_mask(probs: torch.Tensor, top_k: int | torch.Tensor, top_p: float | torch.Tensor,
+                    candidates: int = CANDIDATES) -> torch.Tensor:
     """Boolean mask ``[..., V]`` of the ids top-k/top-p keep from ``probs`` ``[..., V]`` (one row or a batch).
 
     ``top_k``/``top_p`` are one value for every row, or tensors ``[B]`` with one value per row of a batch
     ``[B, V]`` (a row with ``top_k <= 0`` and ``top_p >= 1`` keeps everything).
+
+    Only the ``candidates`` most likely ids are sorted (``topk``) at first: a trained model's nucleus is
+    usually far smaller than the vocabulary, and a full sort of every row (151,936 ids) is what made top-p
+    sampling cost 2–3× top-p = 1. A row is decided there when nothing past its candidates can be kept: its
+    top-k stops inside them, or (without top-k) their mass already reaches ``top_p``. The other rows are sorted
+    in full. Both give the same mask (the candidates are the sorted prefix of the full order).
     """
     vocab = probs.shape[-1]
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [..., V]
-    keep_sorted = torch.ones_like(sorted_probs, dtype=torch.bool)  # [..., V]
-    if isinstance(top_k, torch.Tensor):
-        k = top_k.to(probs.device).clamp(0, vocab)  # [B]
-        kth = sorted_probs.gather(-1, (k - 1).clamp(min=0).unsqueeze(-1))  # [B, 1] the k-th largest per row
-        keep_sorted &= (sorted_probs >= kth) | (k <= 0).unsqueeze(-1)  # [B, V] ties with the k-th stay
-    elif 0 < top_k < vocab:
-        keep_sorted &= sorted_probs >= sorted_probs[..., top_k - 1 : top_k]  # ties with the k-th stay
-    if isinstance(top_p, torch.Tensor) or top_p < 1.0:
-        p = top_p.to(probs.device).unsqueeze(-1) if isinstance(top_p, torch.Tensor) else top_p  # [B, 1] or scalar
-        kept = torch.where(keep_sorted, sorted_probs, torch.zeros_like(sorted_probs))  # [..., V]
-        kept = kept / kept.sum(dim=-1, keepdim=True)
-        before = torch.cumsum(kept, dim=-1) - kept  # [..., V] mass strictly before each id
-        keep_sorted &= before < p
-    keep_sorted[..., 0] = True
-    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)  # [..., V] back in vocab order
+    flat = probs.reshape(-1, vocab)  # [B, V]
+    rows = flat.shape[0]
+    k = (top_k.to(probs.device) if isinstance(top_k, torch.Tensor)
+         else torch.full((rows,), int(top_k), device=probs.device)).clamp(max=vocab)  # [B]
+    p = (top_p.to(probs.device) if isinstance(top_p, torch.Tensor)
+         else torch.full((rows,), float(top_p), device=probs.device))  # [B]
+    by_k = k > 0  # [B]
+    mask = torch.ones_like(flat, dtype=torch.bool)  # [B, V] rows with nothing to truncate keep every id
+    # Rows the candidates can decide: top-k inside them, or a nucleus they can reach (their share of the mass
+    # is at most candidates × the row's largest probability, so a flat row goes straight to the full sort).
+    reach = flat.amax(-1) * candidates >= p * flat.sum(-1)  # [B]
+    may = (by_k & (k <= candidates)) | (~by_k & (p < 1.0) & reach)  # [B]
+    if candidates >= vocab:
+        may = torch.zeros_like(may)
+    redo = (by_k | (p < 1.0)) & ~may  # [B]
+    if bool(may.any()):
+        idx = may.nonzero().squeeze(-1)  # [M]
+        keep, decided = _candidate_mask(flat[idx], k[idx], p[idx], candidates)  # [M, V], [M]
+        mask[idx] = keep
+        redo[idx] = ~decided
+    if bool(redo.any()):
+        idx = redo.nonzero().squeeze(-1)  # [R]
+        mask[idx] = _full_mask(flat[idx], k[idx], p[idx])  # [R, V]
+    return mask.view(probs.shape)
+
+
+def _candidate_mask(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor, candidates: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``truncation_mask`` over each row's ``candidates`` most likely ids: ``probs`` [B, V], ``k``/``p`` [B] →
+    (mask [B, V], decided [B]: whether nothing past the candidates can be kept, i.e. the mask is the row's)."""
+    vals, order = torch.topk(probs, candidates, dim=-1)  # [B, C] descending: the full order's first C
+    by_k = k > 0  # [B]
+    kth = vals.gather(-1, (k.clamp(1, candidates) - 1).unsqueeze(-1))  # [B, 1] k-th largest (if k <= C)
+    keep = (vals >= kth) | ~by_k.unsqueeze(-1)  # [B, C] ties with the k-th stay
+    # Without top-k the nucleus renormalises by the whole row's mass; with it, by the top-k mass (all inside
+    # the candidates when the row is decided here).
+    total = torch.where(by_k, torch.where(keep, vals, 0.0).sum(-1), probs.sum(-1))  # [B]
+    kept = torch.where(keep, vals, 0.0) / total.unsqueeze(-1)  # [B, C]
+    cum = torch.cumsum(kept, dim=-1)  # [B, C]
+    keep &= (cum - kept < p.unsqueeze(-1)) | (p >= 1.0).unsqueeze(-1)  # mass strictly before each id
+    keep[:, 0] = True
+    k_inside = by_k & (k <= candidates) & (vals[:, -1] < kth.squeeze(-1))  # [B] top-k ends inside
+    p_inside = ~by_k & (p < 1.0) & (cum[:, -1] >= p)  # [B] the nucleus ends inside
+    return torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, keep), k_inside | p_inside
+
+
+def _full_mask(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``truncation_mask`` by a sort of every id: ``probs`` [B, V], ``k``/``p`` [B] → [B, V]."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # [B, V]
+    by_k = (k > 0).unsqueeze(-1)  # [B, 1]
+    kth = sorted_probs.gather(-1, (k.clamp(min=1) - 1).unsqueeze(-1))  # [B, 1] the k-th largest per row
+    keep_sorted = (sorted_probs >= kth) | ~by_k  # [B, V] ties with the k-th stay
+    total = torch.where(by_k.squeeze(-1), torch.where(keep_sorted, sorted_probs, 0.0).sum(-1), probs.sum(-1))  # [B]
+    kept = torch.where(keep_sorted, sorted_probs, 0.0) / total.unsqueeze(-1)  # [B, V]
+    before = torch.cumsum(kept, dim=-1) - kept  # [B, V] mass strictly before each id
+    keep_sorted &= (before < p.unsqueeze(-1)) | (p >= 1.0).unsqueeze(-1)
+    keep_sorted[:, 0] = True
+    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)  # [B, V] back in vocab order
 
 
 def sample_rows(logits: torch.Tensor, rows: list[RowParams]) -> list[Draw]:

@@ -43,6 +43,40 @@ MIN_LEN_BUCKET = 128
 """Smallest attended length a decode graph is captured for (a multiple of 8, as the masked kernel wants)."""
 
 
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: normalise in fp32, back to the input dtype, times the weight (type promotion as HF).
+    ``F.rms_norm`` is one fused kernel on CUDA for the five of ``x * rsqrt(mean(x²) + eps)``."""
+    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def _qkv_block(h: torch.Tensor, in_norm: torch.Tensor, qkv_w: torch.Tensor, qkv_b: torch.Tensor | None,
+               qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
+               eps: float, cdt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer up to attention. ``h`` [N, H], ``cos``/``sin`` [N, 1, D] → q [N, heads, D], k and v [N, Hkv, D] in
+    ``cdt``. A free function of tensors and constants, so one ``torch.compile`` of it serves every layer."""
+    n, d = h.shape[0], cos.shape[-1]
+    x = _rms(h, in_norm, eps)  # [N, H]
+    qkv = F.linear(x.to(cdt), qkv_w, qkv_b)  # [N, (heads + 2·Hkv)·D]
+    heads = n_heads + n_kv
+    qk = qkv[:, : heads * d].view(n, heads, d)  # [N, heads + Hkv, D] q then k
+    v = qkv[:, heads * d :].view(n, n_kv, d)  # [N, Hkv, D]
+    if qk_norm is not None:
+        qk = _rms(qk, qk_norm, eps)  # [N, heads + Hkv, D] per-head norms of q and k at once
+    # HF's x * cos + rotate_half(x) * sin (``sin`` is stored with its first half negated). Type promotion as in
+    # HF: a bf16 q times fp32 cos is computed in fp32; attention then takes the compute dtype (autocast's cast
+    # of SDPA's inputs).
+    qk = (qk * cos + torch.roll(qk, d // 2, dims=-1) * sin).to(cdt)  # [N, heads + Hkv, D]
+    return qk[:, :n_heads], qk[:, n_heads:], v  # [N, heads, D], [N, Hkv, D], [N, Hkv, D]
+
+
+def _rest_block(h: torch.Tensor, attn: torch.Tensor, o_w: torch.Tensor, post_norm: torch.Tensor,
+                gate_up: torch.Tensor, down: torch.Tensor, eps: float, cdt: torch.dtype) -> torch.Tensor:
+    """A layer after attention: residual of ``attn`` [N, heads*D], then the MLP block → [N, H] residual dtype."""
+    h = h + F.linear(attn.to(cdt), o_w)  # [N, H]
+    gate, up = F.linear(_rms(h, post_norm, eps).to(cdt), gate_up).chunk(2, dim=-1)  # [N, I] each
+    return h + F.linear(F.silu(gate) * up, down)  # [N, H]
+
+
 def unsupported_reason(model: Any, config: Any) -> str | None:
     """Why ``model`` cannot run on ``StaticDecoder`` (None when it can)."""
     kind = getattr(config, "model_type", None)
@@ -81,7 +115,11 @@ class StaticDecoder:
     """A decoder forward over preallocated KV slots (see module docstring)."""
 
     def __init__(self, model: Any, config: Any, *, slots: int, max_len: int, compute_dtype: torch.dtype,
-                 use_graphs: bool) -> None:
+                 use_graphs: bool, compile: bool = False) -> None:
+        """``compile``: run the decode step's per-layer blocks (everything but the KV write and attention)
+        through ``torch.compile`` before the graphs capture them: Inductor fuses the norms, RoPE, casts and the
+        SiLU gate into a few kernels per layer (a step is launch-bound). CUDA graphs only; compiling takes
+        tens of seconds on the first step of each of two batch shapes (1 row, then >= 2 rows, dynamic)."""
         reason = unsupported_reason(model, config)
         if reason is not None:
             raise ValueError(f"the static decode path cannot run this model: {reason}")
@@ -147,6 +185,13 @@ class StaticDecoder:
         # rotate_half(x) * sin == roll(x, D/2) * (sin with its first half negated): negation is exact.
         self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.param_dtype)  # [Lmax, D]
         self.use_graphs = use_graphs and self.device.type == "cuda"
+        self._qkv_compiled: Any = None
+        self._rest_compiled: Any = None
+        if compile and self.use_graphs:
+            # Two free functions of tensors and constants: every layer has the same shapes, so one compile of
+            # each serves all layers (guards check shapes and dtypes, not which weight is passed).
+            self._qkv_compiled = torch.compile(_qkv_block, fullgraph=True)
+            self._rest_compiled = torch.compile(_rest_block, fullgraph=True)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: Any = None
         self._ids = torch.zeros(slots, dtype=torch.long, device=self.device)  # [S] static decode inputs
@@ -194,38 +239,23 @@ class StaticDecoder:
     # -- the forward ---------------------------------------------------------------------------------
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """HF's RMSNorm: normalise in fp32, back to the input dtype, times the weight (type promotion as HF).
-        ``F.rms_norm`` is one fused kernel on CUDA for the five of ``x * rsqrt(mean(x²) + eps)``."""
-        return w * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return _rms(x, w, self.eps)
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x.to(self.compute_dtype), w, b)
 
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """HF's ``x * cos + rotate_half(x) * sin`` (``sin`` is stored with its first half negated)."""
-        return x * cos + torch.roll(x, self.head_dim // 2, dims=-1) * sin
-
-    def _qkv(self, p: dict[str, Any], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def _qkv(self, p: dict[str, Any], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fast: bool = False
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``h`` [N, H], ``cos``/``sin`` [N, 1, D] → q [N, heads, D], k and v [N, kv_heads, D] (compute dtype)."""
-        n = h.shape[0]
-        x = self._norm(h, p["in_norm"])  # [N, H]
-        qkv = self._lin(x, p["qkv"], p["qkv_b"])  # [N, (heads + 2·Hkv)·D]
-        heads = self.n_heads + self.n_kv
-        qk = qkv[:, : heads * self.head_dim].view(n, heads, self.head_dim)  # [N, heads + Hkv, D] q then k
-        v = qkv[:, heads * self.head_dim :].view(n, self.n_kv, self.head_dim)  # [N, Hkv, D]
-        if p["qk_norm"] is not None:
-            qk = self._norm(qk, p["qk_norm"])  # [N, heads + Hkv, D] per-head norms of q and k at once
-        # Type promotion as in HF: a bf16 q times fp32 cos is computed in fp32; attention then takes the
-        # compute dtype (autocast's cast of SDPA's inputs).
-        qk = self._rope(qk, cos, sin).to(self.compute_dtype)  # [N, heads + Hkv, D]
-        return qk[:, : self.n_heads], qk[:, self.n_heads :], v  # [N, heads, D], [N, Hkv, D], [N, Hkv, D]
+        """``h`` [N, H], ``cos``/``sin`` [N, 1, D] → q [N, heads, D], k and v [N, kv_heads, D] (compute dtype).
+        ``fast``: the compiled block when the decoder compiles (decode steps only)."""
+        fn = self._qkv_compiled if fast and self._qkv_compiled is not None else _qkv_block
+        return fn(h, p["in_norm"], p["qkv"], p["qkv_b"], p["qk_norm"], cos, sin, self.n_heads, self.n_kv,
+                            self.eps, self.compute_dtype)
 
-    def _rest(self, p: dict[str, Any], h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _rest(self, p: dict[str, Any], h: torch.Tensor, attn: torch.Tensor, fast: bool = False) -> torch.Tensor:
         """Residual after attention ``attn`` [N, heads*D], then the MLP block: [N, H] in the residual dtype."""
-        h = h + self._lin(attn, p["o"])  # [N, H]
-        gate, up = self._lin(self._norm(h, p["post_norm"]), p["gate_up"]).chunk(2, dim=-1)  # [N, I] each
-        return h + self._lin(F.silu(gate) * up, p["down"])  # [N, H]
+        fn = self._rest_compiled if fast and self._rest_compiled is not None else _rest_block
+        return fn(h, attn, p["o"], p["post_norm"], p["gate_up"], p["down"], self.eps, self.compute_dtype)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """``h`` [N, H] → fp32 logits [N, V]."""
@@ -243,13 +273,13 @@ class StaticDecoder:
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [b, 1, D]
         with sdpa_kernel(_MASKED_KERNELS):
             for i, p in enumerate(self.layers):
-                q, k, v = self._qkv(p, h, cos, sin)
+                q, k, v = self._qkv(p, h, cos, sin, fast=True)
                 self.k[i][rows, :, pos] = k  # [b, Hkv, D] at each row's own position
                 self.v[i][rows, :, pos] = v
                 qg = q.view(b, self.n_kv, group, self.head_dim)  # [b, Hkv, G, D] a KV head's queries
                 out = F.scaled_dot_product_attention(qg, self.k[i, :b, :, :span], self.v[i, :b, :, :span],
                                                      attn_mask=mask, scale=self.scale)  # [b, Hkv, G, D]
-                h = self._rest(p, h, out.reshape(b, self.n_heads * self.head_dim))
+                h = self._rest(p, h, out.reshape(b, self.n_heads * self.head_dim), fast=True)
         return self._logits(h)
 
     @torch.inference_mode()
@@ -313,6 +343,44 @@ class StaticDecoder:
                                                      scale=self.scale)  # [1, heads, T, D]
             h = self._rest(p, h, out[0].transpose(0, 1).reshape(t, self.n_heads * self.head_dim))
         return self._logits(h[-1:])
+
+    @torch.inference_mode()
+    def prefill_rows(self, slot: int, prompts: list[list[int]]) -> torch.Tensor:
+        """Prefill ``prompts`` from position 0 into slots ``slot``, ``slot + 1``, ... as one batch: fp32 logits of
+        each prompt's last position [n, V].
+
+        The prompts are right-padded to the longest; under causal attention a real position attends only to
+        positions before it, all real, so padding changes nothing it computes. The padding's KV lands at
+        positions a row's decode overwrites before its mask lets it be attended to."""
+        n, t = len(prompts), max((len(ids) for ids in prompts), default=0)
+        if n == 0 or min(len(ids) for ids in prompts) == 0:
+            raise ValueError("prefill_rows needs at least one prompt and no empty prompt")
+        if slot + n > self.slots:
+            raise ValueError(f"slots {slot}..{slot + n - 1} exceed the static cache's {self.slots} slots")
+        if t > self.max_len:
+            raise ValueError(f"a {t}-token prompt exceeds the static cache's {self.max_len} positions")
+        padded = torch.zeros(n, t, dtype=torch.long)  # [n, T] right-padded with id 0
+        for i, ids in enumerate(prompts):
+            padded[i, : len(ids)] = torch.tensor(ids)
+        last = torch.tensor([len(ids) - 1 for ids in prompts], device=self.device)  # [n]
+        h = F.embedding(padded.to(self.device).view(-1), self.embed)  # [n·T, H]
+        cos = self.cos[:t].repeat(n, 1).unsqueeze(1)  # [n·T, 1, D] positions 0..T-1 per row
+        sin = self.sin[:t].repeat(n, 1).unsqueeze(1)  # [n·T, 1, D]
+        d, hkv = self.head_dim, self.n_kv
+        with sdpa_kernel(_CAUSAL_KERNELS):
+            for i, p in enumerate(self.layers):
+                q, k, v = self._qkv(p, h, cos, sin)  # [n·T, heads, D], [n·T, Hkv, D], [n·T, Hkv, D]
+                k4 = k.view(n, t, hkv, d).transpose(1, 2)  # [n, Hkv, T, D]
+                v4 = v.view(n, t, hkv, d).transpose(1, 2)  # [n, Hkv, T, D]
+                self.k[i, slot : slot + n, :, :t] = k4
+                self.v[i, slot : slot + n, :, :t] = v4
+                group = self.n_heads // hkv
+                out = F.scaled_dot_product_attention(q.view(n, t, self.n_heads, d).transpose(1, 2),
+                                                     k4.repeat_interleave(group, dim=1),  # [n, heads, T, D]
+                                                     v4.repeat_interleave(group, dim=1),  # [n, heads, T, D]
+                                                     is_causal=True, scale=self.scale)  # [n, heads, T, D]
+                h = self._rest(p, h, out.transpose(1, 2).reshape(n * t, self.n_heads * d))  # [n·T, H]
+        return self._logits(h.view(n, t, -1)[torch.arange(n, device=self.device), last])  # [n, V]
 
     # -- slots ---------------------------------------------------------------------------------------
 
