@@ -151,8 +151,12 @@ def arm_worker(args: argparse.Namespace) -> int:
     return 0 if summary.status == "completed" else 1
 
 
-def step_rates(run_root: Path) -> list[float]:
-    return [float(row.values["reward_mean"]) for row in follow_metrics(RunLayout(run_root).metrics).read()]
+def step_rates(run_root: Path) -> tuple[list[float], dict[str, float]]:
+    """The solve rate per step, and the mean seconds per step of its parts (for the cost projection)."""
+    rows = list(follow_metrics(RunLayout(run_root).metrics).read())
+    parts = ("time_step_s", "time_rollout_s", "time_train_s", "time_sync_s")
+    means = {k: statistics.mean(float(r.values.get(k, 0.0)) for r in rows) if rows else 0.0 for k in parts}
+    return [float(r.values["reward_mean"]) for r in rows], means
 
 
 def spread(xs: list[float]) -> str:
@@ -222,6 +226,9 @@ def orchestrate(args: argparse.Namespace) -> int:
             save()
             if rate >= args.band_low:
                 break
+        if not rounds:  # --sft-rounds 0: GRPO straight from --start-checkpoint, its rate taken as 0
+            print(f"no SFT round: the solve rate of {checkpoint} is not measured here; gains are against 0",
+                  flush=True)
         landed = "inside" if args.band_low <= rate <= args.band_high else "outside"
         summary["sft_rate"], summary["sft_checkpoint"] = rate, checkpoint
         print(f"SFT'd solve rate {rate:.0%}: {landed} the band {args.band_low:.0%}-{args.band_high:.0%}", flush=True)
@@ -243,12 +250,14 @@ def orchestrate(args: argparse.Namespace) -> int:
                                 root.with_suffix(".log"))
                 if rc != 0:
                     raise StageFailed(f"{arm} seed {seed}", rc, root.with_suffix(".log"))
-                rates = step_rates(root)
+                rates, per_step = step_rates(root)
                 last = rates[-3:]
                 arms.append({"arm": arm, "seed": seed, "rates": rates, "wall_s": time.time() - t0,
-                             "gain": statistics.mean(last) - rate, "load_1min": os.getloadavg()[0]})
+                             "gain": statistics.mean(last) - rate, "load_1min": os.getloadavg()[0],
+                             "mean_s_per_step": per_step})
                 print(f"seed {seed} {arm:7s} {time.time() - t0:6.0f}s  solve rate per step "
-                      f"{[round(x, 2) for x in rates]}  gain {arms[-1]['gain']:+.2f}", flush=True)
+                      f"{[round(x, 2) for x in rates]}  gain {arms[-1]['gain']:+.2f}  s/step "
+                      + " ".join(f"{k[5:-2]} {v:.0f}" for k, v in per_step.items()), flush=True)
                 save()
     except StageFailed as exc:
         save()
@@ -266,6 +275,12 @@ def orchestrate(args: argparse.Namespace) -> int:
     for arm in ARMS:
         print(f"{arm}: gain {spread(gains[arm])}")
     print(f"grpo - control (same seed): {spread(diffs)}")
+    if not arms:  # --seeds 0: the SFT rounds only
+        save()
+        return 0
+    step_s = statistics.mean(a["wall_s"] / max(1, len(a["rates"])) for a in arms)
+    print(f"cost: {step_s:.0f} s per GRPO step (arm wall / steps, start-up included); the full protocol "
+          f"(3 seeds x 2 arms x 20 steps) at this rate: {3 * 2 * 20 * step_s / 3600:.1f} h plus the SFT rounds")
     summary["gain_grpo_minus_control"] = diffs
     save()
     return 0
