@@ -208,7 +208,8 @@ def orchestrate(args: argparse.Namespace) -> int:
             rc = run_logged([args.lego, "train", "-c", args.config, "--sft", str(demos), "--steps", str(args.sft_steps),
                              "--run-root", str(root),
                              *set_argv([*common_sets(args, task_file), f'model.checkpoint="{checkpoint}"',
-                                        f"train.lr={args.sft_lr}", "train.checkpoint_every=0"])],
+                                        f"train.lr={args.sft_lr}", f"train.warmup_steps={args.sft_warmup}",
+                                        "train.checkpoint_every=0"])],
                             root.with_suffix(".log"))
             sft_s = time.time() - t0
             if rc != 0:
@@ -293,9 +294,11 @@ def main() -> None:
     ap.add_argument("--demos", default=None, help="an existing demonstrations file (skips recording)")
     ap.add_argument("--demos-n", type=int, default=2, help="demonstrations to record")
     ap.add_argument("--start-checkpoint", default=None, help="first SFT round starts here (default lego:tiny)")
-    ap.add_argument("--sft-steps", type=int, default=5, help="SFT steps per round")
-    ap.add_argument("--sft-rounds", type=int, default=4)
-    ap.add_argument("--sft-lr", type=float, default=1e-3)
+    ap.add_argument("--sft-steps", type=int, default=8, help="SFT steps per round")
+    ap.add_argument("--sft-rounds", type=int, default=8)
+    ap.add_argument("--sft-lr", type=float, default=2e-3)
+    ap.add_argument("--sft-warmup", type=int, default=3,
+                    help="train.warmup_steps of each SFT round (a fresh AdamW at full lr jumps off the demo)")
     ap.add_argument("--k", type=int, default=8, help="rollouts per solve-rate measurement after each SFT round")
     ap.add_argument("--band-low", type=float, default=0.10)
     ap.add_argument("--band-high", type=float, default=0.50)
