@@ -43,3 +43,21 @@ def load(config: Path | None, overrides: list[str] | None,
          typed: Mapping[str, tuple[Any, str]] | None = None) -> ResolvedConfig:
     """Resolve with ``--set`` strings and, above them, typed options as ``{key: (value, "--option")}``."""
     return resolve(config_path(config), overrides=overrides or [], typed_overrides=typed)
+
+
+def rollout_options(data: Path | None, vllm_url: list[str] | None, harness: str | None) -> dict[str, tuple[Any, str]]:
+    """The typed overrides of the commands that roll out (`lego rollout-check`, `lego tasks screen`).
+
+    Typed options reach the resolver as values, never re-parsed from `--set` text (where a backslash in a path is
+    an escape). `--harness` becomes the run's default harness so that the same check that refuses `--set
+    agent.default_harness=nosuch` refuses it, before the engine or a sandbox starts.
+    """
+    typed: dict[str, tuple[Any, str]] = {}
+    if data is not None:
+        typed["rollout.prompt_data"] = (str(data), "--data")
+    if vllm_url:
+        typed["serving.backend"] = ("vllm", "--vllm-url")
+        typed["serving.urls"] = (list(vllm_url), "--vllm-url")
+    if harness is not None:
+        typed["agent.default_harness"] = (harness, "--harness")
+    return typed

@@ -7,7 +7,7 @@ import json
 import signal
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich import box
@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, escape, fail, out
-from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
+from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load, rollout_options
 from lego_rl.config.checks import run_checks
 from lego_rl.errors import ConfigError, GraderError, TaskDataError
 from lego_rl.runstore.events import Baseline
@@ -122,17 +122,7 @@ def rollout_check(
     as_json: JsonOpt = False,
 ) -> None:
     """Run real rollouts (CLI in a sandbox, adapter, engine, grader) over a dataset, without training."""
-    # Typed options reach the resolver as values (never re-parsed from `--set` text, where a backslash in a
-    # path is an escape). `--harness` becomes the run's default harness so that the same check that refuses
-    # `--set agent.default_harness=nosuch` refuses it, before the engine or a sandbox starts.
-    typed: dict[str, tuple[Any, str]] = {}
-    if data is not None:
-        typed["rollout.prompt_data"] = (str(data), "--data")
-    if vllm_url:
-        typed["serving.backend"] = ("vllm", "--vllm-url")
-        typed["serving.urls"] = (list(vllm_url), "--vllm-url")
-    if harness is not None:
-        typed["agent.default_harness"] = (harness, "--harness")
+    typed = rollout_options(data, vllm_url, harness)
     try:
         r = load(config, overrides, typed)
         from lego_rl.orchestrate.harnesses import harness_inventory

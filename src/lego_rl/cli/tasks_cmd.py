@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, escape, fail, out
-from lego_rl.cli.options import ConfigOpt, SetOpt, load
+from lego_rl.cli.options import ConfigOpt, SetOpt, load, rollout_options
 
 tasks_app = typer.Typer(help="Task rows: convert a dataset into them, prove each is gradable.", no_args_is_help=True)
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
@@ -375,16 +375,7 @@ def _screen_by_rolling_out(*, data: Path | None, k: int, min_solved: int, max_so
     high = k - 1 if max_solved is None else max_solved
     if not 0 <= min_solved <= high <= k:
         raise _fail(f"the band {min_solved}..{high} of k={k} is empty or outside 0..k")
-    # Typed options reach the resolver as values, as in `lego rollout-check` (and are refused by the same
-    # checks: an unknown --harness before any engine or sandbox starts).
-    typed: dict[str, tuple[Any, str]] = {}
-    if data is not None:
-        typed["rollout.prompt_data"] = (str(data), "--data")
-    if vllm_url:
-        typed["serving.backend"] = ("vllm", "--vllm-url")
-        typed["serving.urls"] = (list(vllm_url), "--vllm-url")
-    if harness is not None:
-        typed["agent.default_harness"] = (harness, "--harness")
+    typed = rollout_options(data, vllm_url, harness)
     try:
         r = load(config, overrides, typed)
         # run_root_exists is the one finding a resumable screen expects (it reuses the directory); bad dataset
