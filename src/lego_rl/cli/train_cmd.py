@@ -119,8 +119,12 @@ async def _drive(session: TrainSession | SftSession, *, live: Live | None,
         nonlocal signals
         signals += 1
         if signals == 1:
-            err.print(f"{signal.Signals(signum).name}: stopping — abandoning the step in flight and saving a "
-                      "checkpoint of the last completed step (again to quit at once)", markup=False,
+            from lego_rl.orchestrate.sft import SftSession
+
+            # An SFT step runs in a worker thread that cannot be interrupted: it is finished, not abandoned.
+            what = ("finishing the SFT step in flight, then saving its checkpoint" if isinstance(session, SftSession)
+                    else "abandoning the step in flight and saving a checkpoint of the last completed step")
+            err.print(f"{signal.Signals(signum).name}: stopping — {what} (again to quit at once)", markup=False,
                       highlight=False)
             session.request_stop()
         else:
