@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import tempfile
@@ -220,4 +221,5 @@ async def test_sunabako_cluster_file_mode(sunabako_state: Path) -> None:
         await sb.close()
     from lego_rl.sandbox.sunabako_admin import list_node
 
-    assert list_node(str(node_dir)) == []
+    # list_node runs its own event loop: off this test's loop, as the CLI calls it.
+    assert await asyncio.to_thread(list_node, str(node_dir)) == []

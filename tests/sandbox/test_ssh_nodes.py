@@ -96,7 +96,8 @@ def test_cluster_file_errors_name_the_node_and_key(tmp_path: Path) -> None:
     path = tmp_path / "cluster.json"
     cases = {
         '{"nodes": []}': "needs a non-empty `nodes` list",
-        '{"nodes": [{"name": "a"}]}': "node 0 needs a `name` and a `host`",
+        '{"nodes": [{"host": "h"}]}': "node 0 needs a `name`",
+        '{"nodes": [{"name": "a", "host": ""}]}': "node 0 (a): host must be a non-empty string, got ''",
         '{"nodes": [{"name": "a", "host": "h", "prot": 22}]}': "node 0 has unknown key(s) ['prot']",
         '{"nodes": [{"name": "a", "host": "h"}, {"name": "b", "host": "h", "port": 70000}]}':
             "node 1 (b): port must be an integer 1..65535, got 70000",
@@ -108,6 +109,9 @@ def test_cluster_file_errors_name_the_node_and_key(tmp_path: Path) -> None:
         with pytest.raises(SandboxError, match=None) as info:
             load_cluster_nodes(path)
         assert str(path) in str(info.value) and message in str(info.value), (text, str(info.value))
+    path.write_text('{"nodes": [{"name": "here", "state_dir": "/var/lib/sunabako"}]}')
+    (here,) = load_cluster_nodes(path)
+    assert here.host is None  # a node without host is this machine, reached without SSH
     path.write_text('{"nodes": [{"name": "a", "host": "h"}, {"name": "b", "host": "g", "port": 2200}]}')
     a, b = load_cluster_nodes(path, ssh_config="/etc/lego/ssh_config", ssh_port=2222)
     assert (a.port, b.port) == (2222, 2200)  # cluster.ssh_port is the default, a node's own port wins

@@ -156,7 +156,7 @@ def _cluster_nodes(r: ResolvedConfig) -> list[NodeTarget]:
         nodes = json.loads(Path(c.sandbox.cluster).read_text()).get("nodes", [])
         return [NodeTarget(str(node["name"]), str(node["host"]), int(node.get("port", c.cluster.ssh_port)),
                            str(node.get("state_dir", "/var/lib/sunabako")), str(node.get("binary", "sunabako")))
-                for node in nodes]
+                for node in nodes if node.get("host")]  # a node without host is this machine: no SSH to check
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return []
 

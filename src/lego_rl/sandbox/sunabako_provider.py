@@ -135,7 +135,8 @@ NODE_KEYS = ("name", "host", "port", "state_dir", "binary", "rootfs")
 
 def load_cluster_nodes(path: str | os.PathLike[str], *, ssh_config: str | None = None, ssh_port: int = 22,
                        sdk: Any = None) -> list[Any]:
-    """The SDK nodes of a cluster.json; a bad file or node is named precisely (file, node index, key)."""
+    """The SDK nodes of a cluster.json; a bad file or node is named precisely (file, node index, key). A node
+    without ``host`` is on this machine (its ``state_dir`` and ``binary`` used directly, no SSH)."""
     sdk = sdk or _sdk()
     try:
         data = json.loads(Path(path).read_text())
@@ -153,8 +154,10 @@ def load_cluster_nodes(path: str | os.PathLike[str], *, ssh_config: str | None =
         unknown = sorted(set(raw) - set(NODE_KEYS))
         if unknown:
             raise SandboxError(f"{where} has unknown key(s) {unknown}; known: {', '.join(NODE_KEYS)}")
-        if not raw.get("name") or not raw.get("host"):
-            raise SandboxError(f"{where} needs a `name` and a `host`")
+        if not raw.get("name"):
+            raise SandboxError(f"{where} needs a `name` (and a `host` unless the node is this machine)")
+        if "host" in raw and (not isinstance(raw["host"], str) or not raw["host"]):
+            raise SandboxError(f"{where} ({raw['name']}): host must be a non-empty string, got {raw['host']!r}")
         port = raw.get("port", ssh_port)
         if not isinstance(port, int) or not 1 <= port <= 65535:
             raise SandboxError(f"{where} ({raw['name']}): port must be an integer 1..65535, got {port!r}")
