@@ -178,3 +178,38 @@ async def test_sshd_lost_sandbox_keeps_running_until_gc_all(node: SshNode, provi
     assert f"removed 1 sandbox(es): sandbox-0/{sb.id}" in await _gc(node, "--all")
     assert _records(node) == {} and not os.path.exists(f"/proc/{status['init_pid']}")
     assert await gc_nodes(nodes_for(cluster=str(node.cluster_json), ssh_config=str(node.ssh_config))) == []
+
+
+# Real OpenSSH client messages for a node lost under a command. Which one a dying node produces depends on
+# timing (CI printed the last one when the node's namespace went away mid-RPC; this machine the others).
+SSH_LOSS_MESSAGES = [
+    "ssh: connect to host 10.251.132.122 port 22: Connection refused",
+    "kex_exchange_identification: Connection closed by remote host",
+    "client_loop: send disconnect: Broken pipe",
+    "Connection reset by 10.251.3.4 port 22",
+    "ssh: connect to host node-7 port 22: No route to host",
+    "Connection to 10.251.245.6 closed by remote host.",
+]
+
+
+@pytest.mark.parametrize("message", SSH_LOSS_MESSAGES)
+def test_openssh_transport_failures_are_a_lost_node(message: str) -> None:
+    from types import SimpleNamespace
+
+    from lego_rl.sandbox.sunabako_provider import transport_lost
+
+    assert transport_lost(RuntimeError(message), SimpleNamespace(host="10.251.245.6"))
+    # The same text from a node on this machine (no SSH in between) is the runtime's own failure.
+    assert not transport_lost(RuntimeError(message), SimpleNamespace(host=None))
+
+
+@pytest.mark.parametrize("message", [
+    "sandbox s-1 not found", "startup failed: mount /testbed: permission denied", "exec: exit status 1",
+    "Connection to the database closed", "no space left on device",
+])
+def test_runtime_failures_on_a_reachable_node_are_not_a_lost_node(message: str) -> None:
+    from types import SimpleNamespace
+
+    from lego_rl.sandbox.sunabako_provider import transport_lost
+
+    assert not transport_lost(RuntimeError(message), SimpleNamespace(host="10.251.245.6"))

@@ -74,7 +74,7 @@ SSH_TRANSPORT_ERRORS = re.compile(
     r"ssh: connect to host|Connection closed by|Connection reset by|kex_exchange_identification|"
     r"Connection refused|Connection timed out|Broken pipe|ssh_exchange_identification|"
     r"Could not resolve hostname|No route to host|Transport timed out|client_loop: send disconnect|"
-    r"Network is unreachable|port \d+: Connection"
+    r"Network is unreachable|port \d+: Connection|Connection to \S+ closed by remote host"
 )
 BACKSTOP_S = 15  # runtime timeout beyond the in-sandbox one: only a command immune to SIGKILL reaches it
 TIMEOUT_EXITS = (124, 137)  # coreutils timeout: TERM worked / KILL was needed
