@@ -95,7 +95,8 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dp = data_parallel
-    if dp is not None and dp != world:
+    # The Megatron backend checks TP × DP = world itself (megatron_model.init_parallel); FSDP2 is DP only.
+    if c.train.backend == "torch" and dp is not None and dp != world:
         raise ConfigError(f"train.data_parallel = {dp} but {world} process(es) were started (torchrun "
                           f"--nproc-per-node); make them equal or unset train.data_parallel",
                           parameter="train.data_parallel", value=dp)
@@ -105,9 +106,6 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
         raise ConfigError(f"cluster.mode = \"ray\" places its own trainer ranks (cluster.trainer_nodes × "
                           f"cluster.gpus_per_node); run one `lego train`, not {world} under torchrun",
                           parameter="cluster.mode", value=c.cluster.mode)
-    if c.train.backend != "torch":
-        raise ConfigError(f"several processes (WORLD_SIZE={world}) need train.backend = \"torch\" (FSDP2), got "
-                          f"{c.train.backend!r}", parameter="train.backend", value=c.train.backend)
     import torch
     import torch.distributed as dist
 
@@ -123,12 +121,22 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
 
 
 def follow_rank_zero_session(c: LegoConfig) -> int:
-    """Ranks 1..N-1 of ``lego train`` under torchrun: build the same torch backend and make the calls rank 0
-    announces until it stops (``train.distributed``). Returns the number of calls made."""
-    from lego_rl.train.distributed import follow_rank_zero
-    from lego_rl.train.torch_backend import TorchBackend
+    """Ranks 1..N-1 of ``lego train`` under torchrun: build the same backend as rank 0 (``train.backend``) and make
+    the calls rank 0 announces until it stops (``train.distributed``). Returns the number of calls made."""
+    from lego_rl.train.distributed import RankedBackend, follow_rank_zero
 
-    return follow_rank_zero(TorchBackend(model_dir(c.model.checkpoint), torch_settings(c)))
+    directory = model_dir(c.model.checkpoint)
+    backend: RankedBackend
+    if c.train.backend == "megatron":
+        from lego_rl.train.megatron_backend import MegatronBackend, require_megatron
+
+        require_megatron()
+        backend = MegatronBackend(directory, megatron_settings(c))
+    else:
+        from lego_rl.train.torch_backend import TorchBackend
+
+        backend = TorchBackend(directory, torch_settings(c))
+    return follow_rank_zero(backend)
 
 
 def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
@@ -148,7 +156,12 @@ def megatron_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, Lo
     from lego_rl.train.megatron_backend import MegatronBackend, require_megatron
 
     require_megatron()
-    return MegatronBackend(model_dir, megatron_settings(c)), make_loss(loss_config(c))
+    backend = MegatronBackend(model_dir, megatron_settings(c))
+    if backend.layout.world > 1:  # under torchrun: this is rank 0 (the others follow, see start_ranks)
+        from lego_rl.train.distributed import RankZeroBackend
+
+        return RankZeroBackend(backend), make_loss(loss_config(c))
+    return backend, make_loss(loss_config(c))
 
 
 BACKENDS: dict[str, BackendFactory] = {"torch": torch_backend, "megatron": megatron_backend}

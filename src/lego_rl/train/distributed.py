@@ -1,8 +1,9 @@
-"""Driving a data-parallel (FSDP2) torch backend from one process: rank 0 runs the loop, the other ranks follow.
+"""Driving a multi-rank trainer backend from one process: rank 0 runs the loop, the other ranks follow.
 
-Under ``torchrun --nproc-per-node N lego train ...`` every rank builds the same ``TorchBackend``, which shards the
-model over the process group (``TorchBackend._shard``). Only rank 0 runs the training loop (engine, rollouts,
-run directory). Each backend call is a collective, so the other ranks must make the same calls in the same order:
+Under ``torchrun --nproc-per-node N lego train ...`` every rank builds the same backend: the torch backend shards
+the model over the process group (FSDP2, ``TorchBackend._shard``); the Megatron backend splits it over its tensor-
+and data-parallel groups. Only rank 0 runs the training loop (engine, rollouts, run directory). Each backend call
+is a collective, so the other ranks must make the same calls in the same order:
 
 * rank 0 wraps its backend in ``RankZeroBackend``; every method first broadcasts ``(method, args, kwargs)``
   (the packed micro-batches and the loss function travel pickled, CPU tensors) and then runs it locally;
@@ -19,15 +20,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from lego_rl.errors import ConfigError
-from lego_rl.train.backend import LossFn, StepResult
+from lego_rl.train.backend import LossFn, StepResult, TrainerBackend
 from lego_rl.train.batching import MicroBatch, OptimizerStep
-from lego_rl.train.torch_backend import TorchBackend
 
 _STOP = "stop"
 
@@ -47,6 +47,17 @@ def check_rendezvous(env: Mapping[str, str] = os.environ) -> None:
                           "a free TCP port 1-65535, e.g. torchrun --master-port 29500; port 0 never works (every rank "
                           "is told 0 while the launcher listens elsewhere, and the rendezvous hangs)",
                           parameter="MASTER_PORT", value=port)
+
+
+class RankedBackend(TrainerBackend, Protocol):
+    """A backend that knows its place in the process group (the torch and the Megatron backends)."""
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the default process group."""
+        ...
+
+
 _CALLS = {"compute_logprobs", "train_step", "export_weights", "save_checkpoint", "load_checkpoint"}
 
 
@@ -60,7 +71,7 @@ def _broadcast(call: tuple[str, tuple[Any, ...], dict[str, Any]] | None) -> tupl
 class RankZeroBackend:
     """Rank 0's ``TrainerBackend``: announces each call to the other ranks, then makes it."""
 
-    def __init__(self, inner: TorchBackend) -> None:
+    def __init__(self, inner: RankedBackend) -> None:
         if inner.rank != 0:
             raise ValueError(f"RankZeroBackend belongs on rank 0, this is rank {inner.rank}")
         self.inner = inner
@@ -112,7 +123,7 @@ class RankZeroBackend:
             self._stopped = True
 
 
-def follow_rank_zero(backend: TorchBackend) -> int:
+def follow_rank_zero(backend: RankedBackend) -> int:
     """Ranks 1..N-1: make every call rank 0 announces until it says stop. Returns how many calls were made."""
     if backend.rank == 0:
         raise ValueError("follow_rank_zero runs on ranks other than 0")

@@ -254,6 +254,11 @@ class MegatronBackend:
     def weight_version(self) -> int:
         return self._version
 
+    @property
+    def rank(self) -> int:
+        """This process's rank in the default process group (``train.distributed`` drives ranks > 0)."""
+        return self.layout.rank
+
     @contextlib.contextmanager
     def _replaying(self, model: Any, mb: MicroBatch) -> Iterator[None]:
         """Hand ``mb``'s routes to every router of ``model`` inside the block (forward, and the recomputed
