@@ -41,6 +41,7 @@ def _register() -> None:
     # Each module imports only typer/rich at its top; heavy imports (torch, sandboxes) wait inside commands.
     from lego_rl.cli import (
         adapter_cmd,
+        audit_cmd,
         config_cmd,
         harness_cmd,
         monitor_cmd,
@@ -52,7 +53,7 @@ def _register() -> None:
     )
 
     for module in (config_cmd, rollout_cmd, train_cmd, tasks_cmd, harness_cmd, serving_cmd, adapter_cmd,
-                   sandbox_cmd, monitor_cmd):
+                   sandbox_cmd, monitor_cmd, audit_cmd):
         module.register(app)
 
 

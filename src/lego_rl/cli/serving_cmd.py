@@ -42,6 +42,12 @@ def serve(
     threads: int = typer.Option(0, min=0, help="torch CPU threads (0: torch's default)."),
     return_routed_experts: bool = typer.Option(
         False, "--return-routed-experts", help="MoE models: return each token's experts (as vLLM's flag)."),
+    precision: str = typer.Option(
+        "weights", help="weights: compute in --dtype. trainer: fp32 weights with bf16 matmuls and attention, as the "
+        "trainers' autocast computes on CUDA (serving.precision; overrides --dtype)."),
+    served_log: Path | None = typer.Option(
+        None, "--served-log", help="Append every finished generation (token ids, logprobs, weight versions) to this "
+        "JSON-lines file, the engine's record for `lego audit` (a run's audit/engine-<name>.jsonl)."),
 ) -> None:
     """Serve a model with lego's embedded engine on vLLM's token-in/token-out routes."""
     import asyncio
@@ -53,10 +59,18 @@ def serve(
         from lego_rl.serving.tiny_model import ensure_tiny_model
 
         model = ensure_tiny_model()
+    if precision not in ("weights", "trainer"):
+        err.print(f"--precision must be weights or trainer, got {precision!r}", markup=False)
+        raise typer.Exit(EXIT_USAGE)
+    compute: str | None = None
+    if precision == "trainer":
+        from lego_rl.serving.engine import engine_precision
+
+        dtype, compute = engine_precision(device, "auto", "trainer")  # bf16 compute on CUDA, fp32 on CPU
     try:
-        asyncio.run(_serve(model, host, port, device=device, dtype=dtype, max_batch=max_batch,
-                           max_model_len=max_model_len or None, threads=threads or None,
-                           return_routed_experts=return_routed_experts))
+        asyncio.run(_serve(model, host, port, served_log=served_log, device=device, dtype=dtype,
+                           compute_dtype=compute, max_batch=max_batch, max_model_len=max_model_len or None,
+                           threads=threads or None, return_routed_experts=return_routed_experts))
     except ConfigError as exc:
         fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
@@ -67,13 +81,13 @@ def serve(
         pass
 
 
-async def _serve(model: Path, host: str, port: int, **engine_kw: object) -> None:
+async def _serve(model: Path, host: str, port: int, *, served_log: Path | None, **engine_kw: object) -> None:
     import asyncio
     import signal
 
     from lego_rl.serving.server import EmbeddedServer
 
-    server = EmbeddedServer(model, host=host, port=port, **engine_kw)
+    server = EmbeddedServer(model, host=host, port=port, served_log=served_log, **engine_kw)
     await server.start()
     err.print(f"lego serve: {model} on {server.url} (POST /inference/v1/generate)", markup=False, highlight=False)
     stop = asyncio.Event()

@@ -253,6 +253,10 @@ class TrainConfig(Section):
     """What infrastructure-failed rollouts do: excluded from statistics and loss, or kept with reward 0."""
     resume: bool = False
     """Continue the run already in paths.run_root instead of refusing to touch it."""
+    audit: bool = False
+    """Record the chain for `lego audit`: every trainer rank's steps (audit/rank-<r>.jsonl: tokens and logprobs as
+    the loss reads them, optimizer steps, parameter fingerprints) and the embedded engine's served tokens
+    (audit/engine-0.jsonl); `lego serve --served-log` writes the same for separate engines."""
     environment: str | None = None
     """A verifiable environment registered in the `lego_rl.environments` entry-point group (e.g. the
     built-in `first_letter`): rollouts sample from the engine and score the text themselves, with no

@@ -95,7 +95,9 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
                                     dtype=dtype, compute_dtype=compute, max_batch=cfg.serving.max_batch_size,
                                     max_model_len=cfg.model.max_context_tokens,
                                     # R3: the embedded engine returns routes only when started to record them.
-                                    return_routed_experts=cfg.rollout.use_rollout_routing_replay)
+                                    return_routed_experts=cfg.rollout.use_rollout_routing_replay,
+                                    served_log=(Path(cfg.paths.run_root or "runs/unnamed") / "audit" / "engine-0.jsonl"
+                                                if cfg.train.audit else None))
             await stack.enter_async_context(engine)
             urls = [engine.url]
             embedded = engine.engine

@@ -48,6 +48,8 @@ from lego_rl.tasks.rows import load_tasks
 
 if TYPE_CHECKING:
     from lego_rl.orchestrate.cluster import RayCluster
+    from lego_rl.train.audit import AuditableBackend
+    from lego_rl.train.distributed import RankedBackend
     from lego_rl.train.megatron_backend import MegatronTrainSettings
     from lego_rl.train.torch_backend import TorchTrainSettings
 
@@ -77,11 +79,31 @@ def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossF
     from lego_rl.train.torch_backend import TorchBackend
 
     backend = TorchBackend(model_dir, torch_settings(c))
-    if backend.world > 1:  # under torchrun: this is rank 0 (the others follow, see start_ranks)
-        from lego_rl.train.distributed import RankZeroBackend
+    return _rank_zero(c, backend, world=backend.world), make_loss(loss_config(c))
 
-        return RankZeroBackend(backend), make_loss(loss_config(c))
-    return backend, make_loss(loss_config(c))
+
+def audit_path(c: LegoConfig, rank: int) -> Path:
+    """Where trainer rank ``rank`` writes its audit records (``train.audit``; ``orchestrate.audit`` reads them)."""
+    return Path(c.paths.run_root or "runs/unnamed") / "audit" / f"rank-{rank}.jsonl"
+
+
+def _audited(c: LegoConfig, backend: AuditableBackend) -> RankedBackend:
+    if not c.train.audit:
+        return backend
+    from lego_rl.train.audit import AuditedBackend
+
+    return AuditedBackend(backend, audit_path(c, backend.rank))
+
+
+def _rank_zero(c: LegoConfig, backend: AuditableBackend, *, world: int) -> TrainerBackend:
+    """Rank 0's backend: audited when ``train.audit`` is on, and under torchrun (``world`` > 1) wrapped so that
+    every call is announced to the other ranks first (see ``start_ranks``)."""
+    inner = _audited(c, backend)
+    if world == 1:
+        return inner
+    from lego_rl.train.distributed import RankZeroBackend
+
+    return RankZeroBackend(inner)
 
 
 def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
@@ -123,10 +145,10 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
 def follow_rank_zero_session(c: LegoConfig) -> int:
     """Ranks 1..N-1 of ``lego train`` under torchrun: build the same backend as rank 0 (``train.backend``) and make
     the calls rank 0 announces until it stops (``train.distributed``). Returns the number of calls made."""
-    from lego_rl.train.distributed import RankedBackend, follow_rank_zero
+    from lego_rl.train.distributed import follow_rank_zero
 
     directory = model_dir(c.model.checkpoint)
-    backend: RankedBackend
+    backend: AuditableBackend
     if c.train.backend == "megatron":
         from lego_rl.train.megatron_backend import MegatronBackend, require_megatron
 
@@ -136,7 +158,7 @@ def follow_rank_zero_session(c: LegoConfig) -> int:
         from lego_rl.train.torch_backend import TorchBackend
 
         backend = TorchBackend(directory, torch_settings(c))
-    return follow_rank_zero(backend)
+    return follow_rank_zero(_audited(c, backend))
 
 
 def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
@@ -157,11 +179,7 @@ def megatron_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, Lo
 
     require_megatron()
     backend = MegatronBackend(model_dir, megatron_settings(c))
-    if backend.layout.world > 1:  # under torchrun: this is rank 0 (the others follow, see start_ranks)
-        from lego_rl.train.distributed import RankZeroBackend
-
-        return RankZeroBackend(backend), make_loss(loss_config(c))
-    return backend, make_loss(loss_config(c))
+    return _rank_zero(c, backend, world=backend.layout.world), make_loss(loss_config(c))
 
 
 BACKENDS: dict[str, BackendFactory] = {"torch": torch_backend, "megatron": megatron_backend}

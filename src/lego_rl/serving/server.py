@@ -6,6 +6,10 @@ Routes: ``POST /inference/v1/generate``, ``POST /inference/v1/abort_requests`` (
 ``GET /v1/models``. Bad requests get vLLM's 400 body ``{"error": {"message", "type", "param", "code"}}``;
 unknown fields are accepted and logged, as vLLM does. Lego extension: ``return_sampling_mask: true``
 adds ``sampling_mask`` (nucleus ids) and ``sampling_mask_probs`` (their sampler probabilities).
+
+``served_log``: every finished generation is appended as one JSON line (request id, prompt length, the sampled
+token ids, their logprobs and weight-version spans), the engine's own record for ``lego audit`` to hold the
+trainer's tensors against.
 """
 
 from __future__ import annotations
@@ -32,6 +36,28 @@ from lego_rl.serving.request_check import BadRequest, check_generate
 
 log = logging.getLogger(__name__)
 ENGINE_KEY = web.AppKey("engine", EmbeddedEngine)
+
+
+class ServedLog:
+    """Append-only JSON lines of what the engine sampled (see the module docstring). Appending, never truncating:
+    a restarted engine adds to its earlier record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def append(self, out: EngineOutput) -> None:
+        row = {"request_id": out.request_id, "prompt_len": out.prompt_len, "token_ids": out.token_ids,
+               "logprobs": out.logprobs, "weight_versions": _spans(out.versions)}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+SERVED_LOG_KEY = web.AppKey("served_log", ServedLog)
 VLLM_ID_PREFIX = "generate-tokens-"
 
 
@@ -117,6 +143,9 @@ async def generate(request: web.Request) -> web.Response:
     except Exception as exc:
         log.exception("generate %s failed", checked.request_id)
         return error_response(f"{type(exc).__name__}: {exc}", status=500, kind="InternalServerError")
+    served = request.app.get(SERVED_LOG_KEY)
+    if served is not None:
+        served.append(out)
     return web.json_response(render_reply(out, model=engine.name, want_logprobs=checked.want_logprobs))
 
 
@@ -222,9 +251,11 @@ ROUTES: tuple[tuple[str, str, Any], ...] = (
 )
 
 
-def build_app(engine: EmbeddedEngine) -> web.Application:
+def build_app(engine: EmbeddedEngine, *, served_log: ServedLog | None = None) -> web.Application:
     app = web.Application(client_max_size=256 * 1024**2)
     app[ENGINE_KEY] = engine
+    if served_log is not None:
+        app[SERVED_LOG_KEY] = served_log
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
     return app
@@ -239,8 +270,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EmbeddedServer:
     """The engine plus its HTTP server; ``await start()`` / ``await stop()`` or ``async with``."""
 
-    def __init__(self, model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0, **engine_kw: Any):
+    def __init__(self, model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 0,
+                 served_log: Path | None = None, **engine_kw: Any):
         self.model_dir, self.host, self.port, self.engine_kw = Path(model_dir), host, port, engine_kw
+        self.served_log_path = served_log
+        self._served: ServedLog | None = None
         self.engine: EmbeddedEngine | None = None
         self._runner: web.AppRunner | None = None
 
@@ -254,7 +288,10 @@ class EmbeddedServer:
         self.engine = await loop.run_in_executor(None, lambda: EmbeddedEngine(self.model_dir, **self.engine_kw))
         await self.engine.start()
         # handler_cancellation: a client that hangs up aborts its request (vLLM's with_cancellation).
-        self._runner = web.AppRunner(build_app(self.engine), access_log=None, handler_cancellation=True)
+        if self.served_log_path is not None:
+            self._served = ServedLog(self.served_log_path)
+        self._runner = web.AppRunner(build_app(self.engine, served_log=self._served), access_log=None,
+                                     handler_cancellation=True)
         await self._runner.setup()
         port = self.port or free_port(self.host)
         await web.TCPSite(self._runner, self.host, port).start()
@@ -267,6 +304,9 @@ class EmbeddedServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._served is not None:
+            self._served.close()
+            self._served = None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -286,4 +326,4 @@ async def embedded_server(model_dir: str | Path, **kw: Any) -> AsyncIterator[str
         await server.stop()
 
 
-__all__ = ["EmbeddedServer", "SamplingParams", "build_app", "embedded_server", "render_reply"]
+__all__ = ["EmbeddedServer", "SamplingParams", "ServedLog", "build_app", "embedded_server", "render_reply"]

@@ -259,6 +259,17 @@ class MegatronBackend:
         """This process's rank in the default process group (``train.distributed`` drives ranks > 0)."""
         return self.layout.rank
 
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken, as AdamW counts them (``train.audit``)."""
+        from lego_rl.train.audit import adam_steps
+
+        return adam_steps(self.optimizer)
+
+    def local_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's TP shard of every trained parameter, by Megatron name."""
+        yield from zip(self._names, self._params, strict=True)
+
     @contextlib.contextmanager
     def _replaying(self, model: Any, mb: MicroBatch) -> Iterator[None]:
         """Hand ``mb``'s routes to every router of ``model`` inside the block (forward, and the recomputed

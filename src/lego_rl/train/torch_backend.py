@@ -225,6 +225,19 @@ class TorchBackend:
     def weight_version(self) -> int:
         return self._version
 
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken, as AdamW counts them (``train.audit``)."""
+        from lego_rl.train.audit import adam_steps
+
+        return adam_steps(self.optimizer)
+
+    def local_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's shard of every trained parameter (the local part of FSDP2's DTensors)."""
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                yield name, p.to_local() if hasattr(p, "to_local") else p
+
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.bfloat16)
