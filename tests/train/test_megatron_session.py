@@ -79,14 +79,16 @@ def test_trains_the_toy_environment_with_megatron_and_resumes(toy: Path) -> None
 def test_lego_train_under_torchrun_trains_with_megatron_tensor_parallel(tmp_path: Path) -> None:
     """``torchrun --nproc-per-node 2 lego train`` with ``train.backend = "megatron"`` and TP=2 (gloo on CPU): rank 0
     runs the loop, the engine and the run directory, rank 1 follows its trainer calls (``train.distributed``); both
-    exit 0, a step trained, and the checkpoint holds one optimizer shard per TP rank and the gathered HF weights."""
+    exit 0, both steps trained, the checkpoint holds one optimizer shard per TP rank and the gathered HF weights,
+    and `lego audit` passes over both ranks' records."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
     import os
     import socket
     import subprocess
 
-    write_toy_run(tmp_path, rollout={"batch_size": 4, "samples_per_prompt": 8},
-                  train={"backend": "megatron", "lr": 1e-3, "tensor_parallel": 2},
+    write_toy_run(tmp_path, rollout={"batch_size": 4, "samples_per_prompt": 8, "max_staleness": 0},
+                  train={"backend": "megatron", "lr": 1e-3, "tensor_parallel": 2, "audit": True,
+                         "oversample_zero_variance": True},
                   cluster={"gpus_per_node": 2})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEGO_", "SWE_", "ADAPTER_"))
            and k not in {"PROMPT_DATA", "RUN_ROOT", "RUN_LOG", "HF_CHECKPOINT", "DATA_ROOT"}}
@@ -107,3 +109,13 @@ def test_lego_train_under_torchrun_trains_with_megatron_tensor_parallel(tmp_path
     assert marker["backend"] == "megatron" and marker["tensor_parallel"] == 2
     assert (ckpt / "trainer_state.tp0.pt").is_file() and (ckpt / "trainer_state.tp1.pt").is_file()
     assert (ckpt / "model.safetensors").is_file()
+    # The audit: both TP ranks recorded both optimizer steps and changed their own shards; every trained token
+    # is an engine reply; step 1 was served the weights step 0 trained.
+    res = runner.invoke(app, ["audit", str(root), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["ranks"] == 2 and report["steps_trained"] == 2, report
+    for rank in (0, 1):
+        rows = [json.loads(line) for line in (root / "audit" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        assert [r["optimizer_steps_after"] for r in rows] == [1, 2]
+        assert all(r["parameters_changed"] == r["parameters"] for r in rows), rows
