@@ -150,7 +150,14 @@ class _Run:
         for row in self.ranks.get(0, []):
             steps = {step_of.get(rid, -1) for rid in row.get("rollout_ids", [])}
             self.rows_by_step.append((steps.pop() if len(steps) == 1 else -1, row))
+        self.first_version = self.step_started[min(self.step_started)].weight_version if self.step_started else 0
         self.optimizer_steps = int(sum(self.metrics.get(s, {}).get("optimizer_steps", 1) for s in self.trained_steps))
+
+
+def _version_after(run: _Run, policy: int) -> int:
+    """The weight version the engines serve once ``policy`` steps are done (trained or not)."""
+    done = [s for s in run.step_finished if s < policy]
+    return run.step_finished[max(done)].weight_version if done else run.first_version
 
 
 def _check_ranks(run: _Run) -> Check:
@@ -197,7 +204,9 @@ def _check_tokens_and_versions(run: _Run) -> tuple[Check, Check, dict[int, list[
     versions_by_step: dict[int, list[int]] = {}
     for step, row in run.rows_by_step:
         batch = run.batches.get(step)
-        started = dict(zip(batch.rollout_ids, batch.started_policies, strict=True)) if batch else {}
+        # started_policies count steps completed (trained or not), not weight versions: map them.
+        started = ({rid: _version_after(run, p) for rid, p in zip(batch.rollout_ids, batch.started_policies,
+                                                                  strict=True)} if batch else {})
         step_version = run.step_started[step].weight_version if step in run.step_started else None
         seen: set[int] = set()
         for entry in row.get("tokens") or []:
