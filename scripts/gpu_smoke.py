@@ -77,7 +77,8 @@ def build_model(out: Path, shape: str, *, device: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(tiny, tmp, ignore=shutil.ignore_patterns("model*.safetensors", "*.index.json"))
     cfg = json.loads((tmp / "config.json").read_text())
-    cfg.update(SHAPES[shape], tie_word_embeddings=True, dtype="bfloat16", torch_dtype="bfloat16")
+    cfg.update(SHAPES[shape], tie_word_embeddings=True, dtype="bfloat16")
+    cfg["layer_types"] = ["full_attention"] * cfg["num_hidden_layers"]  # transformers checks one per layer
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     h, d, ffn = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
     heads, kv, vocab = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
