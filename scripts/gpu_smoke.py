@@ -106,15 +106,19 @@ def build_model(out: Path, shape: str, *, device: str) -> Path:
 
 
 def write_config(work: Path, model: Path, *, tp: int, trainer_gpus: int, engine_urls: list[str], cpu: bool,
-                 steps: int) -> Path:
+                 steps: int, samples: int) -> Path:
     from lego_rl.orchestrate.toy_env import make_rows
 
     (work / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(16, letters="ab")))
     serving = (f'backend = "vllm"\nurls = {json.dumps(engine_urls)}\n' if engine_urls else
                f'backend = "embedded"\ndevice = "{"cpu" if cpu else "cuda"}"\nport = 0\n')
+    # A short context: the GPU engine's fast path preallocates KV for max_batch × context and falls back to the
+    # generic (slow) decode when that exceeds a quarter of free memory (65,536 positions did, on the x2 run).
     text = f"""[model]
 checkpoint = "{model}"
 dtype = "{"float32" if cpu else "auto"}"
+max_context_tokens = 4096
+max_response_tokens = 64
 
 [serving]
 {serving}
@@ -124,7 +128,7 @@ provider = "bwrap"
 [rollout]
 prompt_data = "toy.jsonl"
 batch_size = 2
-samples_per_prompt = 4
+samples_per_prompt = {samples}
 max_staleness = 0
 top_p = 1.0
 
@@ -190,6 +194,7 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.4b")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=4, help="Samples per prompt (2 prompts per step).")
     ap.add_argument("--cpu", action="store_true", help="gloo ranks and CPU engines with the tiny model (dry run).")
     ap.add_argument("--timeout", type=float, default=1800, help="Seconds for the whole training run.")
     args = ap.parse_args()
@@ -229,7 +234,7 @@ def main() -> int:
                   + (" on CPU (gloo)" if args.cpu else " on GPUs") + f", model {args.shape}")
         log(layout)
         config = write_config(work, model, tp=args.tp, trainer_gpus=args.trainer_gpus, engine_urls=urls,
-                              cpu=args.cpu, steps=args.steps)
+                              cpu=args.cpu, steps=args.steps, samples=args.samples)
         tr_env = env if args.cpu else {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(args.trainer_gpus)))}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={args.trainer_gpus}",
                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "lego_rl", "train", "-c", str(config),
