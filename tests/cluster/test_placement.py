@@ -98,19 +98,12 @@ def test_bad_cluster_values_are_refused_naming_the_key(here: Path) -> None:
     assert info.value.parameter == "cluster.gpus_per_engine"
 
 
-def test_ray_mode_refuses_the_megatron_backend_before_anything_starts(here: Path) -> None:
-    from lego_rl.orchestrate.toy_env import make_rows
-    from lego_rl.orchestrate.train_session import TrainSession
-
-    import json
-
-    (here / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(4)))
-    r = cfg("train.backend=\"megatron\"", "train.environment=\"first_letter\"", "rollout.prompt_data=\"toy.jsonl\"",
-            "paths.run_root=\"runs/x\"")
-    with pytest.raises(ConfigError, match="places torch trainer ranks") as info:
-        TrainSession(r)
-    assert info.value.parameter == "cluster.mode"
-    assert not (here / "runs" / "x").exists()
+def test_megatron_ray_mode_splits_the_ranks_into_tensor_and_data_parallel(here: Path) -> None:
+    """Ray places Megatron ranks like torch ones: one bundle per rank; DP is what TP leaves of them."""
+    r = cfg("train.backend=\"megatron\"", "cluster.trainer_nodes=2", "cluster.gpus_per_node=8",
+            "train.tensor_parallel=2")
+    assert placement_plan(r.config).trainer.bundles == [{"CPU": 1.0, "GPU": 1.0}] * 16
+    assert r.config.train.data_parallel == 8
 
 
 def test_ray_mode_under_torchrun_is_refused(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,8 @@ through the object store. It must train two steps with the results of the
 same run in one process (no Ray): the same rewards, losses within fp32 reduction-order noise, the same final
 weights within what Adam's first steps make of that noise. ``lego validate --remote`` on the same cluster: the
 placement fits; asking for a GPU and a third trainer node names the missing resources, and ``lego train`` refuses
-a third node before it starts any actor (exit 2).
+a third node before it starts any actor (exit 2). Then the Megatron backend on the same cluster: TP = 2 over the
+two nodes' ranks, audited (`lego audit`) with the two replicas' served-token logs.
 """
 
 from __future__ import annotations
@@ -150,6 +151,20 @@ def test_two_node_ray_run_equals_the_single_process_run(tmp_path: Path) -> None:
         # reduction order (the loss itself is ~0 on GRPO's on-policy pass; the gradient norm is not).
         for k in ("loss", "pg_loss", "grad_norm", "entropy", "ratio_mean", "clip_frac_low", "clip_frac_high"):
             assert rows[step][k] == pytest.approx(base_rows[step][k], rel=1e-4, abs=1e-7), (step, k)
+    # Megatron ranks placed by Ray (TP = 2, one rank per node): the same first step's rollouts (same initial
+    # weights, same seeded sampling), two steps trained, and the audit passes over both ranks' records.
+    mega = outcome["train_megatron"]
+    assert mega["rc"] == 0, mega["stdout"][-3000:] + mega["stderr"]
+    assert json.loads(mega["stdout"])["steps_done"] == 2
+    mega_rows = {r.step: r.values for r in follow_metrics(ray_run / "runs/megatron/metrics.jsonl").read()}
+    assert mega_rows[0]["reward_mean"] == base_rows[0]["reward_mean"]
+    assert mega_rows[0]["sampled_tokens"] == base_rows[0]["sampled_tokens"]
+    audit = outcome["audit_megatron"]
+    assert audit["rc"] == 0, audit["stdout"][-3000:] + audit["stderr"]
+    report = json.loads(audit["stdout"])
+    assert report["ranks"] == 2 and report["steps_trained"] >= 1, report
+    assert sorted(p.name for p in (ray_run / "runs/megatron/audit").glob("engine-*.jsonl")) == [
+        "engine-0.jsonl", "engine-1.jsonl"]
     weights = _final_weights(ray_run / "runs/toy")
     base_weights = _final_weights(single / "runs/toy")
     # The sharded save writes the tied output head under its own name too (equal to the embedding).

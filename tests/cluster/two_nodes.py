@@ -50,6 +50,12 @@ def main(work: Path, ray_tmp: str) -> None:
     lego_json("train_short", "train", "-c", "lego.toml", "--set", "cluster.trainer_nodes=3", "--run-root",
               "runs/short")
     lego_json("train", "train", "-c", "lego.toml")
+    # The Megatron backend on the same cluster: TP = 2 across the two nodes' ranks, audited.
+    lego_json("train_megatron", "train", "-c", "lego.toml", "--set", "train.backend=\"megatron\"", "--set",
+              "train.tensor_parallel=2", "--set", "train.audit=true", "--run-root", "runs/megatron")
+    res = subprocess.run([lego, "audit", "runs/megatron", "--json"], env=env, cwd=work, capture_output=True,
+                         text=True, timeout=120)
+    outcome["audit_megatron"] = {"rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr[-4000:]}
     (work / "outcome.json").write_text(json.dumps(outcome))
 
 

@@ -84,7 +84,6 @@ def test_off_policy_tokens_without_a_correction(base_toml: Path, overrides: list
         (["serving.reasoning_parser=\"deepseek_r1\""], "reasoning_parser"),
         (["serving.backend=\"vllm\""], "vllm_urls"),
         (["cluster.mode=\"ray\"", "serving.backend=\"vllm\"", "serving.urls=[\"http://h:1\"]"], "cluster_serving"),
-        (["cluster.mode=\"ray\"", "train.backend=\"megatron\""], "cluster_backend"),
         (["sandbox.provider=\"sunabako\""], "sunabako_memory"),
         (["model.checkpoint=\"/nonexistent/ckpt\""], "checkpoint"),
         (["model.checkpoint=\"lego:huge\""], "checkpoint"),

@@ -100,7 +100,7 @@ def not_implemented(r: ResolvedConfig) -> Iterator[Finding]:
 
 @check
 def cluster_mode(r: ResolvedConfig) -> Iterator[Finding]:
-    """Ray mode places torch trainer ranks and embedded-engine replicas: a setting it would override is refused."""
+    """Ray mode places the trainer ranks and embedded-engine replicas: a setting it would override is refused."""
     c = r.config
     if c.cluster.mode != "ray":
         return
@@ -109,10 +109,6 @@ def cluster_mode(r: ResolvedConfig) -> Iterator[Finding]:
                     f"but serving.backend = {c.serving.backend!r} names engines started elsewhere",
                     "set serving.backend = \"embedded\", or cluster.mode = \"local\" to train against the vLLM URLs",
                     "cluster.mode", "serving.backend")
-    if c.train.backend != "torch":
-        yield error("cluster_backend", f"cluster.mode = \"ray\" places torch trainer ranks; train.backend = "
-                    f"{c.train.backend!r} is not placed by Ray", "set train.backend = \"torch\", or run the Megatron "
-                    "backend under torchrun with cluster.mode = \"local\"", "cluster.mode", "train.backend")
 
 
 @check

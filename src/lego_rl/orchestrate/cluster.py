@@ -4,7 +4,8 @@
 run directory); what moves onto the cluster are the two heavy pieces, placed by two placement groups that
 ``config.placement.placement_plan`` derives from ``cluster.*``:
 
-* **Trainer ranks** (``TrainerRank``): one actor per rank, each a plain ``TorchBackend`` in one process group
+* **Trainer ranks** (``TrainerRank``): one actor per rank, each a plain ``TorchBackend`` (or ``MegatronBackend``
+  with ``train.backend = "megatron"``: TP × DP over the ranks) in one process group
   (gloo on CPU, NCCL on GPU) whose rendezvous is rank 0's node address. The driver holds a
   ``RayTrainerBackend``, a ``TrainerBackend`` that sends every call to every rank (each call is a collective:
   all ranks must make it, in the same order) and returns rank 0's result (logprobs are all-gathered, metrics
@@ -53,7 +54,10 @@ from lego_rl.train.batching import MicroBatch, OptimizerStep
 
 if TYPE_CHECKING:
     from lego_rl.serving.server import EmbeddedServer
-    from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
+    from lego_rl.train.audit import AuditableBackend
+    from lego_rl.train.distributed import RankedBackend
+    from lego_rl.train.megatron_backend import MegatronTrainSettings
+    from lego_rl.train.torch_backend import TorchTrainSettings
 
 PLACEMENT_TIMEOUT_S = 600.0
 """How long the placement groups may wait for their resources (nodes joining, other jobs releasing them)."""
@@ -103,29 +107,47 @@ def _free_port(host: str) -> int:
 
 
 class TrainerRank:
-    """One trainer rank on a Ray node: a ``TorchBackend`` in a process group of ``world`` ranks."""
+    """One trainer rank on a Ray node: a ``TorchBackend`` (FSDP2) or a ``MegatronBackend`` (TP × DP) in a process
+    group of ``world`` ranks, chosen by the settings it is handed."""
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
-        self.backend: TorchBackend | None = None
+        self.backend: RankedBackend | None = None
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port on it: rank 0's answer is every rank's rendezvous."""
         host = ray.util.get_node_ip_address()
         return host, _free_port(host)
 
-    def setup(self, master: tuple[str, int], model_dir: str, settings: TorchTrainSettings) -> int:
-        """Join the process group and load the model (sharded by FSDP2 when ``world`` > 1)."""
+    def setup(self, master: tuple[str, int], model_dir: str, settings: TorchTrainSettings | MegatronTrainSettings,
+              audit: str | None = None) -> int:
+        """Join the process group and load the model (sharded by FSDP2, or split by Megatron's TP/DP groups, when
+        ``world`` > 1). ``audit``: the folder of ``train.audit``'s per-rank records."""
         import torch.distributed as dist
 
-        from lego_rl.train.torch_backend import TorchBackend
+        from lego_rl.train.megatron_backend import MegatronTrainSettings
 
         if self.world > 1:
             gpu = torch.cuda.is_available() and settings.device != "cpu"
             host, port = master
             dist.init_process_group("nccl" if gpu else "gloo", init_method=f"tcp://{host}:{port}",
                                     rank=self.rank, world_size=self.world)
-        self.backend = TorchBackend(Path(model_dir), settings)
+        backend: AuditableBackend
+        if isinstance(settings, MegatronTrainSettings):
+            from lego_rl.train.megatron_backend import MegatronBackend, require_megatron
+
+            require_megatron()
+            backend = MegatronBackend(Path(model_dir), settings)  # joins Megatron's groups in the one above
+        else:
+            from lego_rl.train.torch_backend import TorchBackend
+
+            backend = TorchBackend(Path(model_dir), settings)
+        if audit is not None:
+            from lego_rl.train.audit import AuditedBackend
+
+            self.backend = AuditedBackend(backend, Path(audit) / f"rank-{self.rank}.jsonl")
+        else:
+            self.backend = backend
         return self.backend.weight_version
 
     def weight_version(self) -> int:
@@ -305,8 +327,13 @@ def _wait_placed(pgs: Sequence[tuple[GroupPlan, PlacementGroup]], timeout: float
                                 "but are held by other work, or a node left; `ray status` shows what is used")
 
 
+def _served(engine_kw: dict[str, Any], audit: str | None, replica: int) -> dict[str, Any]:
+    return engine_kw if audit is None else {**engine_kw, "served_log": Path(audit) / f"engine-{replica}.jsonl"}
+
+
 @contextlib.asynccontextmanager
-async def ray_cluster(c: LegoConfig, model_dir: Path, *, settings: TorchTrainSettings) -> AsyncIterator[RayCluster]:
+async def ray_cluster(c: LegoConfig, model_dir: Path, *,
+                      settings: TorchTrainSettings | MegatronTrainSettings) -> AsyncIterator[RayCluster]:
     """Place and start the trainer ranks and the engine replicas; on exit stop them and release the groups.
 
     A placement the cluster cannot hold at all is refused before anything starts (a ``ConfigError`` naming the
@@ -350,16 +377,20 @@ async def ray_cluster(c: LegoConfig, model_dir: Path, *, settings: TorchTrainSet
         actors.extend(engines)
         gpu = cl.gpus_per_engine > 0
         dtype = c.model.dtype if c.model.dtype != "auto" else ("bfloat16" if gpu else "float32")
-        engine_kw = {"device": "cuda" if gpu else "cpu", "dtype": dtype, "max_batch": c.serving.max_batch_size,
-                     "max_model_len": c.model.max_context_tokens}
+        engine_kw: dict[str, Any] = {"device": "cuda" if gpu else "cpu", "dtype": dtype,
+                                     "max_batch": c.serving.max_batch_size, "max_model_len": c.model.max_context_tokens}
+        # train.audit: every rank and every replica writes its records into the run directory, which is on a
+        # filesystem all nodes share (see the module docstring).
+        audit = str(Path(c.paths.run_root or "runs/unnamed").resolve() / "audit") if c.train.audit else None
         try:
             master = await ranks[0].address.remote()
             # The engines load while the ranks rendezvous and load: both are slow, neither needs the other.
             urls: list[str]
             versions: list[int]
             urls, versions = await asyncio.gather(
-                asyncio.gather(*(e.start.remote(str(model_dir), engine_kw) for e in engines)),
-                asyncio.gather(*(r.setup.remote(master, str(model_dir), settings) for r in ranks)))
+                asyncio.gather(*(e.start.remote(str(model_dir), _served(engine_kw, audit, i))
+                                 for i, e in enumerate(engines))),
+                asyncio.gather(*(r.setup.remote(master, str(model_dir), settings, audit) for r in ranks)))
         except ray.exceptions.RayError as exc:
             raise _unwrap(exc, "starting the trainer ranks and engine replicas") from exc
         yield RayCluster(backend=RayTrainerBackend(ranks, versions[0]), engines=engines, urls=list(urls))

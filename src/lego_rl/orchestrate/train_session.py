@@ -307,10 +307,6 @@ class TrainSession:
             raise ConfigError(f"train.backend = {c.train.backend!r} has no trainer in this install (available: "
                               f"{have})", parameter="train.backend", value=c.train.backend)
         self.backend_factory = factories[c.train.backend]
-        if c.cluster.mode == "ray" and c.train.backend != "torch":
-            raise ConfigError(f"cluster.mode = \"ray\" places torch trainer ranks; train.backend = "
-                              f"{c.train.backend!r} runs under torchrun on its nodes instead", parameter="cluster.mode",
-                              value=c.cluster.mode)
         self.env: Environment | None = (
             load_environment(c.train.environment, c.train.environment_options) if c.train.environment else None)
         data = Path(c.rollout.prompt_data or "")
@@ -393,7 +389,9 @@ class TrainSession:
                     from lego_rl.orchestrate.cluster import ray_cluster
 
                     cluster = await stack.enter_async_context(
-                        ray_cluster(c, model_dir(c.model.checkpoint), settings=torch_settings(c)))
+                        ray_cluster(c, model_dir(c.model.checkpoint),
+                                    settings=megatron_settings(c) if c.train.backend == "megatron"
+                                    else torch_settings(c)))
                     c = cluster.serving_config(c)  # the replicas' URLs, reached like vLLM servers
                 if self.env is not None:
                     engines = await stack.enter_async_context(serving_engines(c))
