@@ -1,7 +1,7 @@
 """Runs ``ray start --block ...`` on one node for ``lego train`` and stops it when its stdin closes.
 
-Run as a script (``python ray_node_agent.py RAY_BINARY start --block ...``), over SSH on a training node or
-locally, by ``lego_rl.orchestrate.ray_nodes``. It imports nothing from lego_rl: only the interpreter and this
+Run as a script (``python ray_node_agent.py [--grace S] RAY_BINARY start --block ...``), over SSH on a training
+node or locally, by ``lego_rl.orchestrate.ray_nodes``. It imports nothing from lego_rl: only the interpreter and this
 file have to be at the same path on the node, which cluster mode asks for anyway.
 
 Why an agent and not plain ``ssh node ray start``: without a terminal, closing an SSH session sends the remote
@@ -77,6 +77,9 @@ def _alive(procs: dict[int, str]) -> dict[int, str]:
 
 
 def main(argv: list[str]) -> int:
+    grace = STOP_GRACE_S
+    if argv[:1] == ["--grace"]:  # tests: how a node whose Ray ignores SIGTERM is stopped, without the wait
+        grace, argv = float(argv[1]), argv[2:]
     if not argv or not Path(argv[0]).is_file():
         _say(f"missing {argv[0] if argv else 'RAY_BINARY'}")
         return 4
@@ -98,19 +101,21 @@ def main(argv: list[str]) -> int:
                 pass
         stop.set()
 
-    threading.Thread(target=relay, daemon=True).start()
+    relaying = threading.Thread(target=relay, daemon=True)
+    relaying.start()
     threading.Thread(target=watch_stdin, daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     while proc.poll() is None and not stop.wait(0.2):
         pass
     if not stop.is_set():
+        relaying.join(5)  # Ray's last lines say why it ended: before our own
         _say(f"exited {proc.returncode}")
         return 3
     tree = _tree(proc.pid)  # before the signal: once Ray's leader is gone its children are re-parented
     proc.terminate()
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(STOP_GRACE_S)
+        proc.wait(grace)
     deadline = time.monotonic() + (10.0 if proc.poll() is not None else 0.0)
     while _alive(tree) and time.monotonic() < deadline:  # the leader is gone; its agents stop on their own
         time.sleep(0.2)
