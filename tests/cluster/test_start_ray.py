@@ -8,7 +8,8 @@ veth pair's, so Ray listens on nothing else. What runs on the node: the Ray head
 lego's node agent, started over SSH), the trainer rank and the engine replica; here: the driver and a
 resourceless Ray node for it (a driver must run on a node of its cluster).
 
-Times here (2 shared cores): Ray's head over SSH ~10-20 s, the driver's node ~10 s, two toy steps ~30 s.
+Times here (2 shared cores): the run ~30 s (Ray's head over SSH, the driver's node, two toy steps), a failing
+start 4-11 s, a run stopped mid-way ~33 s.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -191,3 +193,33 @@ def test_a_worker_that_never_joins_stops_the_head_already_started(tmp_path: Path
     # The head had started (its session dir exists) and is gone again.
     assert [p for p in Path(ray_tmp, "ray").glob("session_2*") if p.is_dir()], sorted(Path(ray_tmp).iterdir())
     assert not _settle(node, ray_tmp)
+
+
+@pytest.mark.root
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("sig", [
+    # Ctrl-C ends in the same `finally` as a normal end (the first test): CI runs only the SIGKILL case.
+    pytest.param(signal.SIGINT, id="ctrl-c", marks=pytest.mark.slow),
+    pytest.param(signal.SIGKILL, id="kill-9"),
+])
+def test_a_run_stopped_or_killed_mid_run_leaves_nothing_running(tmp_path: Path, node: SshNode, ray_tmp: str,
+                                                               sig: signal.Signals) -> None:
+    """Ctrl-C: lego train stops the run and then Ray on the nodes. SIGKILL: lego train cannot stop anything, but
+    its end of each node agent's stdin closes with it, and the agents stop Ray (here and on the node)."""
+    work = _workdir(tmp_path / "run", node)
+    (work / "lego.toml").write_text((work / "lego.toml").read_text().replace("num_rollout = 2", "num_rollout = 50"))
+    proc = subprocess.Popen(["ip", "netns", "exec", node.client_ns, str(BIN / "lego"), "train", "-c", "lego.toml",
+                             "--json"], cwd=work, env=_env(ray_tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    events = work / "runs/toy/events.jsonl"
+    deadline = time.monotonic() + 300
+    while not (events.exists() and '"serving_ready"' in events.read_text()):  # Ray is up, the actors placed
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.5)
+    assert _left_running(node, ray_tmp), "no Ray process seen while the run is on: the check below proves nothing"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=240)
+    t0 = time.monotonic()
+    left = _settle(node, ray_tmp, seconds=60)
+    print(f"{sig.name}: lego train exited {proc.returncode}; Ray gone {time.monotonic() - t0:.1f} s later: {left}")
+    assert not left, err[-3000:]
