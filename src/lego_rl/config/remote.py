@@ -4,8 +4,10 @@ They test what must already exist before a launch: the health of every configure
 sandbox node of cluster.json (sunabako): reachable over SSH (OpenSSH with ``cluster.ssh_config``, the
 transport the sunabako SDK uses), its sunabako binary there and initialised, room for one more sandbox,
 the settings the provider needs, and the root filesystems of ``sandbox.images`` at the same paths, one
-finding per failure naming the node; and (``cluster.mode = "ray"`` with ``cluster.ray_address``) the Ray
-cluster's alive nodes against the placement groups ``lego train`` will ask for. Never the adapter: the job itself starts it, so before launch its
+finding per failure naming the node; (``cluster.mode = "ray"`` with ``cluster.ray_address``) the Ray
+cluster's alive nodes against the placement groups ``lego train`` will ask for; and (``cluster.start_ray`` with
+``cluster.train_head``) each training node ``lego train`` would start Ray on over SSH: it answers, with ``ray``
+at this machine's path. Never the adapter: the job itself starts it, so before launch its
 address answering would mean another job holds the port, not that this one is ready."""
 
 from __future__ import annotations

@@ -320,8 +320,8 @@ class ClusterConfig(Section):
     """Ray mode: custom resources every engine bundle also needs."""
     train_head: str | None = None
     """Ray mode: the first training node (TRAIN_HEAD), its address on the training network or an SSH client
-    config alias whose HostName is. With cluster.start_ray, `lego train` starts the Ray head there (over SSH
-    unless it is this machine) and stops it at the end; with start_ray = false it joins the Ray cluster there."""
+    config alias whose HostName is. With cluster.start_ray (and no cluster.ray_address), `lego train` starts the
+    Ray head there (over SSH unless it is this machine) and stops it at the end."""
     train_workers: list[str] = Field(default_factory=list)
     """Ray mode with cluster.start_ray and cluster.train_head: the other training nodes (TRAIN_WORKER), where
     `lego train` starts a Ray worker over SSH."""
@@ -336,8 +336,8 @@ class ClusterConfig(Section):
     start_ray: bool = True
     """Ray mode without cluster.ray_address: start Ray for the run and stop it at the end, on
     cluster.train_head and cluster.train_workers (over SSH) or, without a head, as a one-node head in the
-    `lego train` process (false = join the running cluster on cluster.train_head, or the one `ray start` made
-    on this node, or $RAY_ADDRESS)."""
+    `lego train` process (false = join the running cluster that `ray start` made on this node, or
+    $RAY_ADDRESS)."""
     ray_address: str | None = None
     """Ray mode: the address of the Ray cluster to join (`ray start --head` prints it, e.g. 10.0.0.1:6379)."""
 

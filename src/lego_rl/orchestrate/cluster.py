@@ -43,7 +43,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from lego_rl.config.placement import GroupPlan, key_for, placement_plan, shortfalls
-from lego_rl.config.remote import RAY_PORT, node_address, ray_head_unreachable
+from lego_rl.config.remote import ray_head_unreachable
 from lego_rl.config.schema import ClusterConfig, LegoConfig
 from lego_rl.errors import ConfigError, LegoError
 from lego_rl.orchestrate.loop import TrainingError
@@ -71,19 +71,16 @@ def connect(cl: ClusterConfig, started_at: str | None = None) -> bool:
     this process), so that the caller disconnects at the end.
 
     ``started_at``: the head address of the cluster ``ray_nodes.start_ray_nodes`` started on the training nodes.
-    Else ``cluster.ray_address`` set: join it. Unset: with ``cluster.train_head`` and ``start_ray = false``, join
-    the cluster running there (the reference example's ``SUNABAKO_START_RAY=0``); without a head,
-    ``cluster.start_ray`` starts a one-node head here (the trainer and the engines on this machine, placed like on
-    a cluster) and ``start_ray = false`` joins the cluster that ``ray start`` made on this node (or
-    ``$RAY_ADDRESS``). Worker output stays in Ray's logs: ``lego train``'s stdout is the JSON summary's.
+    Else ``cluster.ray_address`` set: join it. Unset: ``cluster.start_ray`` starts a one-node head here (the
+    trainer and the engines on this machine, placed like on a cluster); ``start_ray = false`` joins the cluster
+    that ``ray start`` made on this node (or ``$RAY_ADDRESS``). Worker output stays in Ray's logs: ``lego
+    train``'s stdout is the JSON summary's.
     """
     if ray.is_initialized():
         return False
     kw: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
     head = started_at or cl.ray_address
     key = "cluster.train_head" if started_at else "cluster.ray_address"
-    if not head and cl.train_head and not cl.start_ray:
-        head, key = f"{node_address(cl.train_head, cl, 'cluster.train_head')}:{RAY_PORT}", "cluster.train_head"
     if head:
         address = head
         dead = ray_head_unreachable(address, timeout=10.0)  # ray.init would retry a dead address for minutes
@@ -337,6 +334,9 @@ def _wait_placed(pgs: Sequence[tuple[GroupPlan, PlacementGroup]], timeout: float
 async def ray_cluster(c: LegoConfig, model_dir: Path, *, settings: TorchTrainSettings) -> AsyncIterator[RayCluster]:
     """Place and start the trainer ranks and the engine replicas; on exit stop them and release the groups.
 
+    With ``cluster.start_ray`` and ``cluster.train_head`` the Ray cluster itself is started first, on the training
+    nodes (``ray_nodes``), joined once every node is alive in it, and stopped last.
+
     A placement the cluster cannot hold at all is refused before anything starts (a ``ConfigError`` naming the
     missing resource, the same finding as ``lego validate --remote``).
     """
@@ -347,7 +347,7 @@ async def ray_cluster(c: LegoConfig, model_dir: Path, *, settings: TorchTrainSet
     actors: list[Any] = []
     engines: list[Any] = []
     try:
-        if cl.start_ray and cl.train_head:  # Ray on the training nodes, started over SSH (ray_nodes)
+        if cl.start_ray and cl.train_head and not cl.ray_address:  # Ray on the training nodes, over SSH
             nodes = await asyncio.to_thread(start_ray_nodes, cl)
         started = connect(cl, started_at=nodes.address if nodes is not None else None)
         if nodes is not None:

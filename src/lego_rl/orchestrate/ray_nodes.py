@@ -239,6 +239,9 @@ def _launch(node: RayNode, head_ip: str, cl: ClusterConfig) -> NodeProcess:
         env = [f"{k}={v}" for k, v in sorted(os.environ.items()) if _RAY_ENV.fullmatch(k) and k != "RAY_ADDRESS"]
         remote = shlex.join(["env", *env, *command] if env else command)
         argv = ssh_host_argv(node.host, cl.ssh_port, cl.ssh_config, remote, 10)
+        # The session lasts the whole run: keep-alives keep idle NAT/firewall state from dropping it, and make a
+        # dead link end this ssh (the agent there sees its stdin close and stops Ray) rather than hang.
+        argv[1:1] = ["-o", "ServerAliveInterval=30", "-o", "ServerAliveCountMax=4"]
     p = NodeProcess(node, argv, cl)
     p.start()
     return p
