@@ -14,6 +14,7 @@ start 4-11 s, a run stopped mid-way ~33 s.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -156,6 +157,31 @@ def test_lego_train_starts_ray_on_the_head_over_ssh_trains_and_stops_it(tmp_path
     assert node.address in gcs.read_text(errors="replace"), gcs.read_text(errors="replace")[-2000:]
     left = _settle(node, ray_tmp)
     print(f"lego train with Ray started over SSH: {took:.0f} s; left running afterwards: {left}")
+    assert not left
+
+
+@pytest.mark.root
+@pytest.mark.timeout(900)
+def test_the_reference_layout_head_here_and_a_worker_over_ssh(tmp_path: Path, node: SshNode, ray_tmp: str) -> None:
+    """The reference example's launch: `lego train` on TRAIN_HEAD (this side's address: Ray's head starts here,
+    without SSH), a worker on TRAIN_WORKER over SSH; one engine replica on each node (STRICT_SPREAD), so the
+    weights of every step travel to the other node through Ray's object store."""
+    here = str(ipaddress.ip_address(node.address) - 1)  # the client side of the veth /30
+    work = _workdir(tmp_path / "run", node, train_workers=[node.alias], engine_replicas=2,
+                    engine_placement="STRICT_SPREAD")
+    text = (work / "lego.toml").read_text().replace(f'train_head = "{node.alias}"', f'train_head = "{here}"')
+    (work / "lego.toml").write_text(text)
+    t0 = time.monotonic()
+    res = _lego_train(node, work, ray_tmp)
+    took = time.monotonic() - t0
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-4000:]
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "completed" and summary["steps_done"] == 2 and summary["weight_version"] == 2
+    events = (work / "runs/toy/events.jsonl").read_text()
+    [urls] = [json.loads(line)["serving"] for line in events.splitlines() if '"serving_ready"' in line]
+    assert sorted(u.split("//")[1].split(":")[0] for u in urls) == sorted([here, node.address]), urls
+    left = _settle(node, ray_tmp)
+    print(f"head here, worker over SSH, an engine on each: {took:.0f} s; left running afterwards: {left}")
     assert not left
 
 
