@@ -85,8 +85,10 @@ def connect(cl: ClusterConfig, started_at: str | None = None) -> bool:
         address = head
         dead = ray_head_unreachable(address, timeout=10.0)  # ray.init would retry a dead address for minutes
         if dead is not None:
-            raise ConfigError(f"cannot join the Ray cluster at {address!r}: {dead}; start it with `ray start "
-                              "--head` or fix the address", parameter=key, value=address)
+            fix = ("its head stopped answering; its `ray start` output is in Ray's logs on the node" if started_at
+                   else "start it with `ray start --head` or fix the address")
+            raise ConfigError(f"cannot join the Ray cluster at {address!r}: {dead}; {fix}", parameter=key,
+                              value=address)
     elif cl.start_ray:
         address, key = "local", "cluster.start_ray"
         kw["include_dashboard"] = False
