@@ -84,6 +84,9 @@ def test_off_policy_tokens_without_a_correction(base_toml: Path, overrides: list
         (["serving.reasoning_parser=\"deepseek_r1\""], "reasoning_parser"),
         (["serving.backend=\"vllm\""], "vllm_urls"),
         (["cluster.mode=\"ray\"", "serving.backend=\"vllm\"", "serving.urls=[\"http://h:1\"]"], "cluster_serving"),
+        (["cluster.mode=\"ray\"", "cluster.train_head=\"10.0.0.1\"", "cluster.ray_address=\"10.0.0.7:6379\""],
+         "cluster_ray_conflict"),
+        (["cluster.mode=\"ray\"", "cluster.train_workers=[\"10.0.0.2\"]"], "cluster_train_head"),
         (["sandbox.provider=\"sunabako\""], "sunabako_memory"),
         (["model.checkpoint=\"/nonexistent/ckpt\""], "checkpoint"),
         (["model.checkpoint=\"lego:huge\""], "checkpoint"),
@@ -261,3 +264,18 @@ def test_unmapped_images_without_images_json_are_an_error(workdir: Path) -> None
         row["metadata"]["image"] = image
         (workdir / "tasks.jsonl").write_text(json.dumps(row) + "\n")
         assert "images_unmapped" not in {f.code for f in check(resolve(path, environ={}))}, image
+
+
+def test_start_ray_on_a_head_and_an_address_to_join_is_a_conflict_naming_both(base_toml: Path) -> None:
+    r = resolve(base_toml, environ={}, overrides=[
+        "cluster.mode=\"ray\"", "cluster.train_head=\"10.0.0.1\"", "cluster.ray_address=\"10.0.0.7:6379\""])
+    [f] = [f for f in run_checks(r, harnesses=harness_inventory(r, environ={})) if f.code == "cluster_ray_conflict"]
+    assert f.message == ("cluster.start_ray = true with cluster.train_head = '10.0.0.1' starts a new Ray cluster "
+                         "there, but cluster.ray_address = '10.0.0.7:6379' names one to join")
+    assert f.keys == ("cluster.ray_address", "cluster.start_ray", "cluster.train_head")
+    # Either way out is clean: join the running cluster (start_ray = false), or start Ray without an address.
+    for fix in (["cluster.start_ray=false"], ["cluster.ray_address=\"\""]):
+        r = resolve(base_toml, environ={}, overrides=[
+            "cluster.mode=\"ray\"", "cluster.train_head=\"10.0.0.1\"", "cluster.train_workers=[\"10.0.0.2\"]",
+            "cluster.ray_address=\"10.0.0.7:6379\"", *fix])
+        assert not [f for f in run_checks(r, harnesses=harness_inventory(r, environ={})) if f.code.startswith("cluster_")], fix

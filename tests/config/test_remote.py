@@ -160,3 +160,35 @@ async def test_a_dead_ray_head_is_unreachable_at_once(base_toml: Path) -> None:
     # Without an address `lego train` starts its own one-node Ray: nothing to reach before launch.
     r = resolve(base_toml, environ={}, overrides=["cluster.mode=\"ray\""])
     assert await remote_findings(r, timeout=2.0) == []
+
+
+@pytest.mark.root
+async def test_remote_checks_the_training_nodes_cluster_start_ray_would_start_ray_on(
+    base_toml: Path, node: SshNode
+) -> None:
+    """cluster.start_ray with cluster.train_head: each training node answers over SSH and has `ray` at this
+    machine's path (the same venv path on every node), or one finding names it with the command to try."""
+    from lego_rl.config.remote import _ray_node_findings
+
+    config = node.ssh_config.read_text()
+    block = config[config.index(f"Host {node.alias}"):]
+    dead = "lego-dead-worker"  # no route to it from the node's client side: ssh fails at once
+    node.ssh_config.write_text(config + "\n" + block.replace(f"Host {node.alias}", f"Host {dead}")
+                               .replace(f"HostName {node.address}", "HostName 10.250.0.9"))
+    r = resolve(base_toml, environ={}, overrides=[
+        "cluster.mode=\"ray\"", f"cluster.train_head=\"{node.alias}\"", f"cluster.train_workers=[\"{dead}\"]",
+        f"cluster.ssh_config=\"{node.ssh_config}\""])
+    [f] = await remote_findings(r, timeout=5.0)
+    assert (f.code, f.keys) == ("unreachable", ("cluster.train_workers", "cluster.ssh_config")), f
+    assert f.message.startswith(f"training node {dead} (cluster.train_workers): cannot start Ray there over SSH: ")
+    assert "10.250.0.9" in f.message, f.message
+    assert f"try by hand: `ssh -F {node.ssh_config} -p 22 -o BatchMode=yes -o ConnectTimeout=10 {dead} true`" in f.fix
+    # The head answers; without Ray at the same path there it is named too.
+    [missing] = await _ray_node_findings("cluster.train_head", node.alias, r.config.cluster, "/opt/nowhere/ray", 5.0)
+    assert missing.code == "ray_missing" and "/opt/nowhere/ray" in missing.message, missing
+    assert missing.message.startswith(f"training node {node.alias} (cluster.train_head): ")
+    # Joining a running cluster (start_ray = false) starts nothing over SSH: nothing to check there.
+    r = resolve(base_toml, environ={}, overrides=[
+        "cluster.mode=\"ray\"", "cluster.start_ray=false", f"cluster.train_head=\"{dead}\"",
+        f"cluster.ssh_config=\"{node.ssh_config}\"", "cluster.ray_address=\"127.0.0.1:1\""])
+    assert [f.keys for f in await remote_findings(r, timeout=2.0)] == [("cluster.ray_address",)]

@@ -26,6 +26,7 @@ READ_THROUGH_CONFIG = {
     "rollout.label_key": "config.dataset_scan.row_keys() hands it to the rollout's row loader",
     "rollout.metadata_key": "config.dataset_scan.row_keys() hands it to the rollout's row loader",
     "agent.sandbox_image_metadata_key": "config.dataset_scan.row_keys() hands it to the rollout's row loader",
+    "cluster.train_workers": "config.remote.training_nodes() hands it to orchestrate.ray_nodes, which starts Ray there",
     **{f"cluster.{k}": "config.placement.placement_plan() hands it to orchestrate.cluster's placement groups"
        for k in ("trainer_nodes", "gpus_per_node", "engine_replicas", "cpus_per_actor", "trainer_placement",
                  "engine_placement", "trainer_resources", "engine_resources")},

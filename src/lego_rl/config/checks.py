@@ -109,6 +109,16 @@ def cluster_mode(r: ResolvedConfig) -> Iterator[Finding]:
                     f"but serving.backend = {c.serving.backend!r} names engines started elsewhere",
                     "set serving.backend = \"embedded\", or cluster.mode = \"local\" to train against the vLLM URLs",
                     "cluster.mode", "serving.backend")
+    cl = c.cluster
+    if cl.train_workers and not cl.train_head:
+        yield error("cluster_train_head", f"cluster.train_workers = {cl.train_workers} without cluster.train_head: "
+                    "the workers join the head's Ray cluster", "set cluster.train_head (TRAIN_HEAD) to the first "
+                    "training node", "cluster.train_head", "cluster.train_workers")
+    if cl.start_ray and cl.train_head and cl.ray_address:
+        yield error("cluster_ray_conflict", f"cluster.start_ray = true with cluster.train_head = {cl.train_head!r} "
+                    f"starts a new Ray cluster there, but cluster.ray_address = {cl.ray_address!r} names one to join",
+                    "unset cluster.ray_address to start Ray on the training nodes, or set cluster.start_ray = false "
+                    "to join the running cluster", "cluster.ray_address", "cluster.start_ray", "cluster.train_head")
 
 
 @check

@@ -4,18 +4,24 @@ They test what must already exist before a launch: the health of every configure
 sandbox node of cluster.json (sunabako): reachable over SSH (OpenSSH with ``cluster.ssh_config``, the
 transport the sunabako SDK uses), its sunabako binary there and initialised, room for one more sandbox,
 the settings the provider needs, and the root filesystems of ``sandbox.images`` at the same paths, one
-finding per failure naming the node; and (``cluster.mode = "ray"`` with ``cluster.ray_address``) the Ray
-cluster's alive nodes against the placement groups ``lego train`` will ask for. Never the adapter: the job itself starts it, so before launch its
+finding per failure naming the node; (``cluster.mode = "ray"`` with ``cluster.ray_address``) the Ray
+cluster's alive nodes against the placement groups ``lego train`` will ask for; and (``cluster.start_ray`` with
+``cluster.train_head``) each training node ``lego train`` would start Ray on over SSH: it answers, with ``ray``
+at this machine's path. Never the adapter: the job itself starts it, so before launch its
 address answering would mean another job holds the port, not that this one is ready."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import json
 import logging
 import math
 import shlex
 import socket
+import subprocess
+import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +31,8 @@ import aiohttp
 from lego_rl.config.findings import Finding, error
 from lego_rl.config.placement import key_for, placement_plan, shortfalls
 from lego_rl.config.resolve import ResolvedConfig
+from lego_rl.config.schema import ClusterConfig
+from lego_rl.errors import ConfigError
 
 
 async def _http_ok(url: str, timeout: float) -> str | None:
@@ -65,9 +73,14 @@ def ssh_argv(node: NodeTarget, ssh_config: str | None, command: str, timeout: fl
 
     Not fabric/paramiko: paramiko expands a config's ``ProxyCommand %p`` from the config file's port, not
     the node's, and accepts unknown host keys, so it can pass a node the rollouts then cannot reach."""
+    return ssh_host_argv(node.host, node.port, ssh_config, command, timeout)
+
+
+def ssh_host_argv(host: str, port: int, ssh_config: str | None, command: str, timeout: float) -> list[str]:
+    """OpenSSH running the shell ``command`` on ``host`` (non-interactive: no password prompt, no terminal)."""
     config = ["-F", ssh_config] if ssh_config else []
-    return ["ssh", *config, "-p", str(node.port), "-o", "BatchMode=yes", "-o",
-            f"ConnectTimeout={max(1, math.ceil(timeout))}", node.host, command]
+    return ["ssh", *config, "-p", str(port), "-o", "BatchMode=yes", "-o",
+            f"ConnectTimeout={max(1, math.ceil(timeout))}", host, command]
 
 
 async def _node_findings(node: NodeTarget, ssh_config: str | None, memory_mb: int, test_memory: bool,
@@ -171,6 +184,64 @@ def _image_roots(r: ResolvedConfig) -> list[str]:
         return []
 
 
+RAY_PORT = 6379
+"""The head's GCS port when ``lego train`` starts Ray on ``cluster.train_head`` (Ray's own default)."""
+
+
+def training_nodes(cl: ClusterConfig) -> list[tuple[str, str]]:
+    """``(key, host)`` of every node ``cluster.start_ray`` starts Ray on: the head first, then the workers."""
+    head = [("cluster.train_head", cl.train_head)] if cl.train_head else []
+    return head + [("cluster.train_workers", w) for w in cl.train_workers]
+
+
+def ssh_try_command(host: str, cl: ClusterConfig) -> str:
+    """The command an operator runs by hand to see why ``host`` cannot be reached (the options lego uses)."""
+    return shlex.join(ssh_host_argv(host, cl.ssh_port, cl.ssh_config, "true", 10))
+
+
+def node_address(host: str, cl: ClusterConfig, key: str) -> str:
+    """The IP address Ray uses for training node ``host`` (an IP, a DNS name, or an alias of the SSH client
+    config whose ``HostName`` is the node's address on the training network)."""
+    name = host
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    config = ["-F", cl.ssh_config] if cl.ssh_config else []
+    with contextlib.suppress(OSError, subprocess.SubprocessError):  # no ssh client: resolve the name as given
+        shown = subprocess.run(["ssh", *config, "-p", str(cl.ssh_port), "-G", host], capture_output=True,
+                               text=True, timeout=10)
+        for line in shown.stdout.splitlines() if shown.returncode == 0 else []:
+            if line.startswith("hostname "):
+                name = line.split(None, 1)[1].strip()
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    try:
+        return str(socket.getaddrinfo(name, RAY_PORT, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
+    except (OSError, IndexError) as exc:
+        raise ConfigError(f"{key} = {host!r}: cannot resolve {name!r} to an address: {exc}", parameter=key,
+                          value=host) from None
+
+
+def local_address_towards(ip: str) -> str | None:
+    """This machine's address on the route to ``ip`` (what Ray must advertise for this node), or None when
+    there is no route. No packet is sent: connecting a UDP socket only picks the route."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((ip, RAY_PORT))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
+
+
+def is_local_address(ip: str) -> bool:
+    """Whether ``ip`` is one of this machine's own addresses."""
+    return ipaddress.ip_address(ip).is_loopback or local_address_towards(ip) == ip
+
+
 def ray_head_unreachable(address: str, timeout: float) -> str | None:
     """None when something accepts TCP connections at the Ray head's ``host:port`` (6379 when no port is given),
     else why not. Checked first because ``ray.init`` retries a dead address for minutes before it gives up."""
@@ -217,6 +288,36 @@ def ray_findings(r: ResolvedConfig, nodes: list[dict[str, float]]) -> list[Findi
     return found
 
 
+async def _ray_node_findings(key: str, host: str, cl: ClusterConfig, ray_bin: str, timeout: float) -> list[Finding]:
+    """``lego train`` will start Ray on ``host`` over SSH: it answers, and has ``ray`` at this machine's path."""
+    try:
+        ip = node_address(host, cl, key)
+    except ConfigError as exc:
+        return [error("ray_node_address", str(exc), f"set {key} to the node's address on the training network", key)]
+    if is_local_address(ip):
+        return []  # started here, without SSH (Ray's own binary was checked by the Ray import already)
+    what = f"training node {host} ({key})"
+    proc = await asyncio.create_subprocess_exec(
+        *ssh_host_argv(host, cl.ssh_port, cl.ssh_config, shlex.join(["test", "-x", ray_bin]), timeout),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), max(timeout, 30.0))
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        err = f"no answer within {max(timeout, 30.0):g} s".encode()
+    if proc.returncode == 0:
+        return []
+    if proc.returncode == 1:  # test -x: the command ran, the file is not there
+        return [error("ray_missing", f"{what}: no executable {ray_bin} there (cluster.start_ray runs Ray from the "
+                      "same virtual environment path on every node)", "install the checkout and its virtual "
+                      "environment (with the cluster extra) at the same path on the node", key)]
+    reason = err.decode(errors="replace").strip()[-400:] or f"ssh exited {proc.returncode}"
+    return [error("unreachable", f"{what}: cannot start Ray there over SSH: {reason}",
+                  f"try by hand: `{ssh_try_command(host, cl)}`; check the address, sshd, the credentials "
+                  "(cluster.ssh_config, cluster.ssh_port) and firewalls", key, "cluster.ssh_config")]
+
+
 async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Finding]:
     c = r.config
     findings: list[Finding] = []
@@ -231,6 +332,11 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
     ray_job = None
     if c.cluster.mode == "ray" and c.cluster.ray_address:  # without an address lego train starts its own Ray
         ray_job = asyncio.to_thread(_ray_nodes, c.cluster.ray_address, timeout)
+    cl = c.cluster
+    ray_nodes = []
+    if cl.mode == "ray" and cl.start_ray and not cl.ray_address:
+        ray_bin = str(Path(sys.executable).with_name("ray"))
+        ray_nodes = [_ray_node_findings(key, host, cl, ray_bin, timeout) for key, host in training_nodes(cl)]
     results = await asyncio.gather(*(job for _, job in jobs))
     if ray_job is not None:
         nodes = await ray_job
@@ -244,6 +350,6 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
         if reason is not None:
             findings.append(error("unreachable", f"{what}: {reason}",
                                   "check the address, that the service is running, and firewalls", what))
-    for node_findings in await asyncio.gather(*node_jobs):
+    for node_findings in await asyncio.gather(*node_jobs, *ray_nodes):
         findings += node_findings
     return findings

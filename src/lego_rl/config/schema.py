@@ -323,19 +323,25 @@ class ClusterConfig(Section):
     engine_resources: dict[str, float] = Field(default_factory=dict)
     """Ray mode: custom resources every engine bundle also needs."""
     train_head: str | None = None
-    """Address of the first training node (TRAIN_HEAD)."""
+    """Ray mode: the first training node (TRAIN_HEAD), its address on the training network or an SSH client
+    config alias whose HostName is. With cluster.start_ray (and no cluster.ray_address), `lego train` starts the
+    Ray head there (over SSH unless it is this machine) and stops it at the end."""
     train_workers: list[str] = Field(default_factory=list)
-    """Addresses of the other training nodes (TRAIN_WORKER)."""
+    """Ray mode with cluster.start_ray and cluster.train_head: the other training nodes (TRAIN_WORKER), where
+    `lego train` starts a Ray worker over SSH."""
     ssh_port: int = Field(default=22, ge=1, le=65535)
-    """SSH port of cluster and sandbox nodes (a cluster.json node without `port` uses it)."""
+    """SSH port of the training nodes and the sandbox nodes (a cluster.json node without `port` uses it)."""
     ssh_config: str | None = None
-    """SSH client config file for the sandbox nodes of cluster.json (identity, pinned host keys, proxy),
-    used by the sunabako provider, `lego validate --remote` and `lego sandbox gc`; unset = the user's own."""
+    """SSH client config file for the training nodes and the sandbox nodes of cluster.json (identity, pinned
+    host keys, proxy), used to start Ray (cluster.start_ray), by the sunabako provider, `lego validate --remote`
+    and `lego sandbox gc`; unset = the user's own."""
     gloo_socket_ifname: str | None = None
     """Network interface for Gloo/NCCL bootstrap."""
     start_ray: bool = True
-    """Ray mode without cluster.ray_address: start a one-node Ray head in the `lego train` process (false =
-    join the running cluster that `ray start` made on this node, or $RAY_ADDRESS)."""
+    """Ray mode without cluster.ray_address: start Ray for the run and stop it at the end, on
+    cluster.train_head and cluster.train_workers (over SSH) or, without a head, as a one-node head in the
+    `lego train` process (false = join the running cluster that `ray start` made on this node, or
+    $RAY_ADDRESS)."""
     ray_address: str | None = None
     """Ray mode: the address of the Ray cluster to join (`ray start --head` prints it, e.g. 10.0.0.1:6379)."""
 

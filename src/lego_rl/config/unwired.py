@@ -9,7 +9,6 @@ no reader outside ``lego_rl.config``; an unlisted one must have one).
 
 from __future__ import annotations
 
-RAY = "cluster.start_ray starts Ray on the training nodes over SSH (today `ray start` is run on each node)"
 VLLM = "lego starts the vLLM servers itself (today they are started outside lego)"
 
 UNWIRED: dict[str, str] = {
@@ -21,7 +20,5 @@ UNWIRED: dict[str, str] = {
     "sandbox.rootfs": "the rollout passes a default root filesystem to bwrap (today an image without an "
                       "images.json entry is refused)",
     "grader.max_output_kb": "the grader cuts its saved output (today it keeps all of it)",
-    "cluster.train_head": RAY,
-    "cluster.train_workers": RAY,
 }
 """``section.key`` → what will read it (completes "it has no effect until ...")."""

@@ -48,6 +48,7 @@ from lego_rl.config.remote import ray_head_unreachable
 from lego_rl.config.schema import ClusterConfig, LegoConfig
 from lego_rl.errors import ConfigError, LegoError
 from lego_rl.orchestrate.loop import TrainingError
+from lego_rl.orchestrate.ray_nodes import RayNodes, start_ray_nodes
 from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, InFlight, SyncReport, WeightSource, WeightSync
 from lego_rl.train.backend import LossFn, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
@@ -59,29 +60,39 @@ if TYPE_CHECKING:
     from lego_rl.train.megatron_backend import MegatronTrainSettings
     from lego_rl.train.torch_backend import TorchTrainSettings
 
+JOIN_TIMEOUT_S = 60.0
+"""How long a node whose ``ray start`` finished may take to show as alive to the driver."""
+log = logging.getLogger(__name__)
+
 PLACEMENT_TIMEOUT_S = 600.0
 """How long the placement groups may wait for their resources (nodes joining, other jobs releasing them)."""
 
 Named = list[tuple[str, torch.Tensor]]
 
 
-def connect(cl: ClusterConfig) -> bool:
-    """Join (or start) the Ray cluster ``cluster.*`` names; True when this call started Ray in this process.
+def connect(cl: ClusterConfig, started_at: str | None = None) -> bool:
+    """Join (or start) the Ray cluster ``cluster.*`` names; True when this call connected (or started Ray in
+    this process), so that the caller disconnects at the end.
 
-    ``cluster.ray_address`` set: join it. Unset: ``cluster.start_ray`` starts a one-node head here (the trainer
-    and the engines on this machine, placed like on a cluster); ``start_ray = false`` joins the cluster that
-    ``ray start`` made on this node (or ``$RAY_ADDRESS``). Worker output stays in Ray's logs: ``lego train``'s
-    stdout is the JSON summary's.
+    ``started_at``: the head address of the cluster ``ray_nodes.start_ray_nodes`` started on the training nodes.
+    Else ``cluster.ray_address`` set: join it. Unset: ``cluster.start_ray`` starts a one-node head here (the
+    trainer and the engines on this machine, placed like on a cluster); ``start_ray = false`` joins the cluster
+    that ``ray start`` made on this node (or ``$RAY_ADDRESS``). Worker output stays in Ray's logs: ``lego
+    train``'s stdout is the JSON summary's.
     """
     if ray.is_initialized():
         return False
     kw: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
-    if cl.ray_address:
-        address, key = cl.ray_address, "cluster.ray_address"
+    head = started_at or cl.ray_address
+    key = "cluster.train_head" if started_at else "cluster.ray_address"
+    if head:
+        address = head
         dead = ray_head_unreachable(address, timeout=10.0)  # ray.init would retry a dead address for minutes
         if dead is not None:
-            raise ConfigError(f"cannot join the Ray cluster at {address!r}: {dead}; start it with `ray start "
-                              "--head` or fix the address", parameter=key, value=address)
+            fix = ("its head stopped answering; its `ray start` output is in Ray's logs on the node" if started_at
+                   else "start it with `ray start --head` or fix the address")
+            raise ConfigError(f"cannot join the Ray cluster at {address!r}: {dead}; {fix}", parameter=key,
+                              value=address)
     elif cl.start_ray:
         address, key = "local", "cluster.start_ray"
         kw["include_dashboard"] = False
@@ -90,9 +101,25 @@ def connect(cl: ClusterConfig) -> bool:
     try:
         ray.init(address=address, **kw)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"cannot join the Ray cluster at {address!r}: {exc}", parameter=key,
-                          value=cl.ray_address if key == "cluster.ray_address" else cl.start_ray) from None
+        value = {"cluster.ray_address": cl.ray_address, "cluster.train_head": cl.train_head}.get(key, cl.start_ray)
+        raise ConfigError(f"cannot join the Ray cluster at {address!r}: {exc}", parameter=key, value=value) from None
     return True
+
+
+def wait_joined(nodes: RayNodes, timeout: float = JOIN_TIMEOUT_S) -> None:
+    """Until every node ``lego train`` started is alive in the connected cluster; a timeout names the missing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes.check()
+        alive = {n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")}
+        missing = [what for ip, what in nodes.expected.items() if ip not in alive]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TrainingError(f"{', '.join(missing)}: not alive in the Ray cluster at {nodes.address} "
+                                f"{timeout:g} s after its `ray start` reported it started; `ray status --address "
+                                f"{nodes.address}` shows the nodes")
+        time.sleep(0.5)
 
 
 def alive_node_resources() -> list[dict[str, float]]:
@@ -336,15 +363,24 @@ async def ray_cluster(c: LegoConfig, model_dir: Path, *,
                       settings: TorchTrainSettings | MegatronTrainSettings) -> AsyncIterator[RayCluster]:
     """Place and start the trainer ranks and the engine replicas; on exit stop them and release the groups.
 
+    With ``cluster.start_ray`` and ``cluster.train_head`` the Ray cluster itself is started first, on the training
+    nodes (``ray_nodes``), joined once every node is alive in it, and stopped last.
+
     A placement the cluster cannot hold at all is refused before anything starts (a ``ConfigError`` naming the
     missing resource, the same finding as ``lego validate --remote``).
     """
     cl = c.cluster
-    started = connect(cl)
+    nodes: RayNodes | None = None
+    started = False
     groups: list[PlacementGroup] = []
     actors: list[Any] = []
     engines: list[Any] = []
     try:
+        if cl.start_ray and cl.train_head and not cl.ray_address:  # Ray on the training nodes, over SSH
+            nodes = await asyncio.to_thread(start_ray_nodes, cl)
+        started = connect(cl, started_at=nodes.address if nodes is not None else None)
+        if nodes is not None:
+            await asyncio.to_thread(wait_joined, nodes)
         plan = placement_plan(c)
         missing = shortfalls(plan, alive_node_resources())
         if missing:
@@ -406,3 +442,7 @@ async def ray_cluster(c: LegoConfig, model_dir: Path, *,
                 remove_placement_group(pg)
         if started:
             ray.shutdown()
+        if nodes is not None:  # after the driver left: nothing of this run is on the nodes any more
+            problems = await asyncio.to_thread(nodes.stop)
+            if problems:
+                log.warning("stopping Ray on the training nodes: %s", "; ".join(problems))
