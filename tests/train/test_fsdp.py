@@ -148,6 +148,7 @@ top_p = 1.0
 environment = "first_letter"
 num_rollout = 2
 micro_batch_tokens = 64
+audit = true
 
 [paths]
 run_root = "runs/dp"
@@ -157,7 +158,7 @@ run_root = "runs/dp"
 @pytest.mark.slow
 def test_lego_train_under_torchrun_trains_with_two_ranks(tmp_path: Path) -> None:
     """``torchrun --nproc-per-node 2 lego train``: rank 0 runs the loop and the engine, rank 1 follows its trainer
-    calls (gloo on CPU); both exit 0 and the run directory has its rows and a checkpoint."""
+    calls (gloo on CPU); both exit 0, the run directory has its rows and a checkpoint, and `lego audit` passes."""
     import json
     import os
     import subprocess
@@ -179,3 +180,9 @@ def test_lego_train_under_torchrun_trains_with_two_ranks(tmp_path: Path) -> None
     assert [r.step for r in rows] == [0, 1]
     assert any("loss" in r.values for r in rows), [r.values for r in rows]  # some step trained across ranks
     assert (tmp_path / "runs" / "dp" / "checkpoints" / "latest").read_text().strip() == "step-000001"
+    # The audit over both FSDP2 ranks: each recorded every optimizer step and changed its own shards (no DP size
+    # was set: torchrun's two processes are the ranks).
+    audit = subprocess.run([lego, "audit", "runs/dp", "--json"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
+    assert json.loads(audit.stdout)["ranks"] == 2

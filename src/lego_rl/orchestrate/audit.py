@@ -135,6 +135,9 @@ class _Run:
         self.config: dict[str, Any] = {
             sec: {k: (v.get("value") if isinstance(v, dict) and "value" in v else v) for k, v in keys.items()}
             for sec, keys in raw.items() if isinstance(keys, dict)}
+        self.sources: dict[str, str] = {
+            f"{sec}.{k}": str(v.get("source")) for sec, keys in raw.items() if isinstance(keys, dict)
+            for k, v in keys.items() if isinstance(v, dict) and "source" in v}
         events = read_events(root / "events.jsonl")
         self.group_of = {e.rollout_id: e.group_index for e in events if isinstance(e, RolloutStarted)}
         self.finished = {e.rollout_id: e for e in events if isinstance(e, RolloutFinished)}
@@ -163,7 +166,10 @@ def _version_after(run: _Run, policy: int) -> int:
 def _check_ranks(run: _Run) -> Check:
     train = run.config.get("train", {})
     expected = int(train.get("tensor_parallel") or 1) * int(train.get("pipeline_parallel") or 1)
-    dp = train.get("data_parallel")
+    # Only a DP size the operator set is a promise about the rank count (resolution derives one from cluster.*,
+    # which torchrun does not read).
+    explicit = run.sources.get("train.data_parallel", "default") not in ("default", "trainer GPUs / (TP × PP)")
+    dp = train.get("data_parallel") if explicit else None
     ranks = sorted(run.ranks)
     problems = []
     if ranks != list(range(len(ranks))):
