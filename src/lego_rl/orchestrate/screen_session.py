@@ -36,6 +36,7 @@ from lego_rl.runstore.events import ScreenFinished, ServingReady
 from lego_rl.runstore.layout import RunLayout
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.swe.seed import repo_archive
+from lego_rl.swe.task_sandbox import RunProviders
 from lego_rl.tasks.model import TaskRow
 from lego_rl.tasks.rows import check_ids_unique, finish_selection, load_tasks, parse_row
 from lego_rl.tasks.screen import Attempts, TaskScreen, missing_attempts, read_log, screen
@@ -201,9 +202,11 @@ class ScreenSession:
 
         stopped = True
         try:
-            async with serving_stack(c) as stack:
+            # One set of sandbox providers for the session, as in training: sandbox.warm_pool serves every attempt.
+            async with serving_stack(c) as stack, RunProviders() as providers:
                 run.events.emit(ServingReady(adapter=stack.adapter_url, serving=stack.serving_urls))
-                ctx = rollout_context(self.r, stack, run, dataset_dir=self.dataset_dir, images=self.images)
+                ctx = rollout_context(self.r, stack, run, dataset_dir=self.dataset_dir, images=self.images,
+                                      providers=providers)
                 results = await RolloutRunner(ctx, concurrency=concurrency).run(specs, count)
                 stopped = False
                 return results
