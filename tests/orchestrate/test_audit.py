@@ -175,3 +175,15 @@ def test_a_torn_audit_line_is_named(audited_run: Path, tmp_path: Path) -> None:
         f.write('{"request_id": "cut-he')
     with pytest.raises(Exception, match=r"engine-0.jsonl:\d+ is not JSON"):
         audit_run(run)
+
+
+def test_one_reply_served_under_old_weights_during_a_later_step_fails(audited_run: Path, tmp_path: Path) -> None:
+    """The window check covers every reply of a synchronous step, trained on or not: one reply of step 1 still
+    under version 0 (an engine replica the sync missed) is named."""
+    run = _copy(audited_run, tmp_path)
+    engine = run / "audit" / "engine-0.jsonl"
+    rows = _rows(engine)
+    rows[-1]["weight_versions"] = [{**span, "version": "0"} for span in rows[-1]["weight_versions"]]
+    _write(engine, rows)
+    detail = _failed(run)["engines_served_synced_weights"]
+    assert "step 1 started on version 1, but the engines served 1 of its replies under [0]" in detail, detail

@@ -17,8 +17,9 @@ Checks (each passes or fails with the first offending items named):
 * ``parameters_changed_iff_signal``: on every rank the parameters changed exactly when some advantage of the
   step was non-zero (and the ranks agree on that);
 * ``engines_served_synced_weights``: every trained token was sampled under a weight version the step could use
-  (from the version its rollout started on up to the step's own), and each step after a trained step was
-  served the new weights.
+  (from the version its rollout started on up to the step's own); in a synchronous run every reply served while
+  a step rolled out (by the replies' and the events' timestamps) carries the version that step started on, so
+  each step after a trained step was served the new weights, whether or not it trained itself.
 
 Figures: consistency per step, the step time split (rollout / train / sync) and model FLOP/s per trainer GPU
 (6 · parameters · packed sequence tokens / train-phase time / trainer ranks; parameters counted from the
@@ -243,12 +244,34 @@ def _check_tokens_and_versions(run: _Run) -> tuple[Check, Check, dict[int, list[
                 and run.config.get("rollout", {}).get("max_staleness", 1) == 0:
             versions_bad.append(f"step {nxt} was served versions {versions_by_step[nxt]} although step {prev} "
                                 f"had synced version {after} (synchronous run)")
+    # Synchronous runs: every reply the engines finished while step s rolled out (between its step_started and
+    # step_finished events) must carry the version step s started on. This covers the steps that did not train
+    # too: step 2 is served step 1's weights whether or not step 2 itself carries signal.
+    served_by_step: dict[int, dict[int, int]] = {}
+    if run.config.get("rollout", {}).get("max_staleness", 1) == 0:
+        for step in sorted(run.step_started):
+            start = run.step_started[step].ts
+            end = run.step_finished[step].ts if step in run.step_finished else float("inf")
+            want = run.step_started[step].weight_version
+            counts: dict[int, int] = defaultdict(int)
+            for rec in run.engine:
+                if "ts" in rec and start <= rec["ts"] <= end:
+                    for v in _token_versions(rec):
+                        counts[v] += 1
+            served_by_step[step] = dict(counts)
+            wrong = {v: n for v, n in counts.items() if v != want}
+            if wrong:
+                versions_bad.append(f"step {step} started on version {want}, but the engines served "
+                                    f"{sum(wrong.values())} of its replies under {sorted(wrong)}")
     tokens = Check(name="tokens_match_engine", passed=not missing and runs_matched > 0,
                    detail=_first(missing) if missing else
                    f"{runs_matched} runs, {tokens_matched} tokens equal to engine replies (ids and float32 logprobs)")
     versions = Check(name="engines_served_synced_weights", passed=not versions_bad and runs_matched > 0,
                      detail=_first(versions_bad) if versions_bad else
-                     "versions per trained step: " + ", ".join(f"step {s}: {v}" for s, v in versions_by_step.items()))
+                     "versions per trained step: " + ", ".join(f"step {s}: {v}" for s, v in versions_by_step.items())
+                     + ("; replies per step by version: " + ", ".join(
+                         f"step {s}: " + " ".join(f"v{v}×{n}" for v, n in sorted(c.items()))
+                         for s, c in served_by_step.items()) if served_by_step else ""))
     return tokens, versions, versions_by_step
 
 

@@ -8,7 +8,7 @@ unknown fields are accepted and logged, as vLLM does. Lego extension: ``return_s
 adds ``sampling_mask`` (nucleus ids) and ``sampling_mask_probs`` (their sampler probabilities).
 
 ``served_log``: every finished generation is appended as one JSON line (request id, prompt length, the sampled
-token ids, their logprobs and weight-version spans), the engine's own record for ``lego audit`` to hold the
+token ids, their logprobs and weight-version spans, the wall-clock time it finished), the engine's own record for ``lego audit`` to hold the
 trainer's tensors against.
 """
 
@@ -48,8 +48,8 @@ class ServedLog:
         self._file = self.path.open("a", encoding="utf-8")
 
     def append(self, out: EngineOutput) -> None:
-        row = {"request_id": out.request_id, "prompt_len": out.prompt_len, "token_ids": out.token_ids,
-               "logprobs": out.logprobs, "weight_versions": _spans(out.versions)}
+        row = {"ts": round(time.time(), 3), "request_id": out.request_id, "prompt_len": out.prompt_len,
+               "token_ids": out.token_ids, "logprobs": out.logprobs, "weight_versions": _spans(out.versions)}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
