@@ -100,6 +100,16 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
                           f"--nproc-per-node); make them equal or unset train.data_parallel",
                           parameter="train.data_parallel", value=dp)
     if world == 1:
+        t = c.train
+        processes = t.tensor_parallel * t.pipeline_parallel * (t.data_parallel or 1)
+        if t.backend == "megatron" and processes > 1:
+            # Refused here, before the run directory exists: the backend would only find out after it.
+            raise ConfigError(f"train.tensor_parallel × train.pipeline_parallel × train.data_parallel = "
+                              f"{t.tensor_parallel}×{t.pipeline_parallel}×{t.data_parallel or 1} = {processes} "
+                              "trainer processes, but 1 is running: `lego train` runs the Megatron backend in one "
+                              "process; drive MegatronBackend under torchrun for more (docs/cluster.md)",
+                              parameter="train.pipeline_parallel" if t.pipeline_parallel > 1
+                              else "train.tensor_parallel", value=processes)
         return 0
     if c.cluster.mode == "ray":
         raise ConfigError(f"cluster.mode = \"ray\" places its own trainer ranks (cluster.trainer_nodes × "
