@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -255,3 +256,56 @@ def test_two_pipeline_stages_equal_one_process(tiny_model: Path, vocab: int, tmp
     why = "written with pipeline parallel 2; this trainer runs 1 stages" if tp == 1 else "with tensor parallel 2"
     with pytest.raises(ConfigError, match=why):
         one.load_checkpoint(tmp_path / "ckpt")
+
+
+def untied_copy(tiny_model: Path, out: Path) -> Path:
+    """The tiny model with its own output layer (``tie_word_embeddings`` false, ``lm_head.weight`` a perturbed
+    copy of the embedding): on two stages the last one loads ``lm_head``, not the embedding."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_model, out)
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    w = load_file(str(out / "model.safetensors"))
+    noise = torch.randn(w["model.embed_tokens.weight"].shape, generator=torch.Generator().manual_seed(5))
+    w["lm_head.weight"] = w["model.embed_tokens.weight"] + 0.02 * noise  # [V, H]
+    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "pp", "flags"), [("moe", 2, "replay,kl"), ("dense", 4, "kl"), ("untied", 2, "")],
+                         ids=["moe-r3-kl-pp2", "kl-pp4", "untied-pp2"])
+def test_pipeline_variants_equal_one_process(tiny_model: Path, tmp_path: Path, model: str, pp: int,
+                                             flags: str) -> None:
+    """Qwen3-MoE with R3 replay (each stage replays its own layers' routes) and a reference model for the KL
+    term; four stages of one layer each (two middle stages, the tied embedding split over the first and the
+    last); an untied output layer on the last stage. Two steps each, against the same in one process."""
+    from megatron_pipeline_ranks import run_variant
+
+    path = {"moe": lambda: ensure_tiny_model(moe=True), "dense": lambda: tiny_model,
+            "untied": lambda: untied_copy(tiny_model, tmp_path / "untied")}[model]()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(pp), "--master-addr", "127.0.0.1",
+           "--master-port", str(port), str(HERE / "megatron_pipeline_ranks.py"), str(path), str(tmp_path), str(pp),
+           "1", flags]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    one = run_variant(path, flags={f for f in flags.split(",") if f})
+    assert all(torch.equal(a, b) for a, b in zip(got["old"], one["old"], strict=True))
+    for mine, theirs in zip(got["metrics"], one["metrics"], strict=True):
+        assert mine.keys() == theirs.keys()
+        for key in mine:
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
+    assert ("kl" in got["metrics"][1]) == ("kl" in flags)
+    assert got["weights"].keys() == one["weights"].keys()
+    for name, t in one["weights"].items():
+        assert float((got["weights"][name] - t).norm()) <= 1e-4 * float(t.norm()), name
+    assert max_diff(got["new"], one["new"]) < 1e-3
+    if model == "untied":
+        head, embed = got["weights"]["lm_head.weight"], got["weights"]["model.embed_tokens.weight"]
+        assert not torch.equal(head, embed)
