@@ -181,7 +181,8 @@ def mcore_split(name: str) -> Split:
 
 
 def mcore_names(shape: Qwen3Shape) -> list[str]:
-    """Every parameter of the Megatron model (pipeline size 1), in model order."""
+    """Every parameter of the whole Megatron model (global layer numbers), in model order; a pipeline stage
+    holds those ``pipeline_stage_of`` assigns to it."""
     names = ["embedding.word_embeddings.weight"]
     for i in range(shape.num_layers):
         p = f"decoder.layers.{i}."
