@@ -117,7 +117,7 @@ class MegatronTrainSettings(OptimizerSettings):
     pipeline_parallel: int = Field(default=1, ge=1)
     """PP size (train.pipeline_parallel): must divide the model's layers."""
     data_parallel: int | None = Field(default=None, ge=1)
-    """DP size (train.data_parallel); None = the trainer processes / TP."""
+    """DP size (train.data_parallel); None = the trainer processes / (TP × PP)."""
     device: str | None = None
     """``cuda`` (this rank's ``LOCAL_RANK`` device) or ``cpu``; None = CUDA if available."""
     bf16: bool = True
@@ -640,8 +640,10 @@ class MegatronBackend:
         """Parameters in the engine's layout: the HF model's own parameter names, as the torch backend exports
         them. For Qwen3-MoE under transformers >= 5 a layer's experts are two stacked parameters,
         ``mlp.experts.gate_up_proj`` ``[E, 2F, H]`` and ``mlp.experts.down_proj`` ``[E, H, F]`` (the
-        checkpoint's per-expert tensors are what ``save_checkpoint`` writes). A collective over TP ranks. With
-        TP 1 some are detached views: copy them before the next ``train_step`` if they must outlive it."""
+        checkpoint's per-expert tensors are what ``save_checkpoint`` writes). A collective over TP ranks (and the
+        pipeline: with PP > 1 rank 0 yields every tensor, another rank only its own stage's, and every rank must
+        iterate to the end). With TP 1 some are detached views: copy them before the next ``train_step`` if they
+        must outlive it."""
         if not (self.shape.num_experts and _fused_experts()):
             yield from self._checkpoint_tensors()
             return

@@ -13,6 +13,9 @@ vocab-parallel logprobs. Importing this module imports megatron-core (the ``mega
   all-reduces of ``[T]`` vectors (max, sum of exponentials) and one for the picked logit. Top-p/top-k
   truncation needs the sorted full distribution, so then the rows are all-gathered (differentiably) and go
   through ``serving.logprobs.sampler_logprobs``, the function the engine's convention is defined by.
+* **Pipeline stages.** ``build_gpt(pp=, pp_rank=)`` builds one stage (megatron-core's ``pre_process`` /
+  ``post_process``); ``stage_forward`` runs it on the previous stage's hidden states. The schedule that moves
+  them between stages is ``lego_rl.train.pipeline``'s.
 * **CPU.** megatron-core asks ``torch.cuda.current_device()`` where to put RoPE's frequency table and the
   buffers of its TP gathers, even for CPU tensors; ``cpu_device_shim`` answers ``"cpu"`` while a CPU model is
   built, run or trained (tests and CPU-only machines).
