@@ -263,7 +263,8 @@ class MegatronBackend:
 
     def _gather_full_shapes(self) -> dict[str, tuple[int, ...]]:
         """Full (TP-gathered) shape of every parameter of every stage: rank 0 receives other stages' tensors
-        into buffers of these shapes (a collective over the pipeline group, once)."""
+        into buffers of these shapes. A collective over the pipeline group, once, before any pipeline message:
+        with NCCL the group's first collective must involve all of its ranks (``pipeline.Stage.group``)."""
         mine = {n: full_shape(n, p.shape, self.layout.tp) for n, p in zip(self._names, self._params, strict=True)}
         if self.layout.pp == 1:
             return mine

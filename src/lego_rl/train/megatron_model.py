@@ -142,11 +142,13 @@ def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> Par
 
 def pipeline_stage(layout: ParallelLayout) -> Stage:
     """This rank's ``pipeline.Stage``: its neighbours are the ranks at the same TP and DP position one stage
-    before and after (megatron-core's pipeline group)."""
-    ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())  # global ranks, stage order
+    before and after (megatron-core's pipeline group, over which its messages travel; the backend's first
+    collective on that group involves every stage, as NCCL wants before batched send/receive)."""
+    group = ps.get_pipeline_model_parallel_group()
+    ranks = dist.get_process_group_ranks(group)  # global ranks, stage order
     s = layout.pp_rank
     return Stage(rank=s, size=layout.pp, prev=ranks[s - 1] if s > 0 else None,
-                 next=ranks[s + 1] if s + 1 < layout.pp else None)
+                 next=ranks[s + 1] if s + 1 < layout.pp else None, group=group)
 
 
 _KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

@@ -47,6 +47,10 @@ class Stage:
     """Global rank of the previous stage (None on the first)."""
     next: int | None
     """Global rank of the next stage (None on the last)."""
+    group: dist.ProcessGroup | None = None
+    """The pipeline's process group (None: the default group). With NCCL a group's first collective must
+    involve all its ranks, and a batched send/receive between two neighbours does not: the caller makes some
+    other collective on this group first."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -65,10 +69,11 @@ class Stage:
         return self.rank == self.size - 1
 
 
-def _exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
-    """Post every send and receive at once, then wait for all of them."""
-    ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
-    ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
+def _exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+              group: dist.ProcessGroup | None) -> None:
+    """Post every send and receive (peers by global rank) at once, then wait for all of them."""
+    ops = [dist.P2POp(dist.isend, t, peer, group) for t, peer in sends]
+    ops += [dist.P2POp(dist.irecv, t, peer, group) for t, peer in recvs]
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
@@ -111,7 +116,7 @@ class _Wire:
         if recv_grad is not None and st.next is not None:
             grad = self.buffer(recv_grad)
             recvs.append((grad, st.next))
-        _exchange(sends, recvs)
+        _exchange(sends, recvs, st.group)
         return act, grad
 
 
