@@ -17,7 +17,11 @@ Parts (``--parts``, comma-separated), each printing a table row and a JSON line:
   FIELD-NOTES was measured with.
 
 Single GPU: ``python3 benchmarks/megatron_backend_bench.py --parts parity,step,throughput``; tensor parallel:
-``torchrun --nproc-per-node 2 benchmarks/megatron_backend_bench.py --parts parity,throughput --tp 2``.
+``torchrun --nproc-per-node 2 benchmarks/megatron_backend_bench.py --parts parity,throughput --tp 2``; pipeline
+parallel: ``torchrun --nproc-per-node 2 ... --parts throughput --pp 2`` (TP × PP processes; the local-spec
+baseline has no pipeline and is skipped, so compare with a ``--tp 2`` run on the same GPUs; fp32 parity of
+PP is ``tests/train/test_megatron_backend.py``'s). CPU dry run of PP 2 (gloo, ``tiny-cpu``):
+``--parts throughput --pp 2 --sizes tiny-cpu --mb-tokens 512 --tokens 2048 --seg-tokens 256 --steps 1``.
 """
 
 from __future__ import annotations
@@ -151,10 +155,15 @@ def trained(lps: list[torch.Tensor], step: OptimizerStep) -> torch.Tensor:
     return torch.cat([lp[mb.loss_mask > 0] for lp, mb in zip(lps, step.micro_batches, strict=True)])
 
 
+PP = 1
+"""Pipeline stages of every backend this run builds (``--pp``)."""
+
+
 def megatron(model: Path, tp: int, **kw: Any) -> Any:
     from lego_rl.train.megatron_backend import MegatronBackend, MegatronTrainSettings
 
-    return MegatronBackend(model, MegatronTrainSettings(**{"lr": 1e-5, "tensor_parallel": tp, **kw}))
+    return MegatronBackend(model, MegatronTrainSettings(**{"lr": 1e-5, "tensor_parallel": tp,
+                                                           "pipeline_parallel": PP, **kw}))
 
 
 def part_parity(tmp: Path, tp: int, device: str) -> None:
@@ -330,7 +339,8 @@ def part_throughput(tmp: Path, tp: int, device: str, sizes: list[str], mb_tokens
             peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
             n = shape.num_params()
             flops = 6 * n * tokens / t_train / world
-            row = {"part": "throughput", "model": name, "params": n, "tp": tp, "gpus": world, "tokens": tokens,
+            row = {"part": "throughput", "model": name, "params": n, "tp": tp, "pp": PP, "gpus": world,
+                   "tokens": tokens,
                    "mb_tokens": mb_tokens,
                    "old_logprobs_s": t_old, "train_step_s": t_train, "tokens_per_s_per_gpu": tokens / t_train / world,
                    "tflops_per_gpu": flops / 1e12, "mfu": flops / BF16_PEAK, "peak_gib": peak,
@@ -338,7 +348,7 @@ def part_throughput(tmp: Path, tp: int, device: str, sizes: list[str], mb_tokens
             be = old = None
             if device == "cuda":
                 torch.cuda.empty_cache()
-            if baseline:
+            if baseline and PP == 1:  # the stock-spec baseline runs no pipeline
                 rows = max(1, mb_tokens // seg_tokens)
                 t_base = baseline_local_spec(shape, tp, device, rows, seg_tokens, steps)
                 row["baseline_tflops_per_gpu"] = 6 * n * rows * seg_tokens / t_base / world / 1e12
@@ -366,6 +376,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="parity,step,throughput")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (train.pipeline_parallel)")
     ap.add_argument("--sizes", default="qwen3-0.6b,qwen3-1.7b,qwen3-4b")
     ap.add_argument("--mb-tokens", type=int, default=0, help="tokens per micro-batch (0: MB_TOKENS per size)")
     ap.add_argument("--tokens", type=int, default=65536, help="tokens per optimizer step")
@@ -376,6 +387,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420.0, help="start no new size after this many seconds")
     ap.add_argument("--tmp", type=Path, default=None)
     args = ap.parse_args()
+    global PP
+    PP = args.pp
     device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.monotonic()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank must read the files rank 0 writes
@@ -392,7 +405,7 @@ def main() -> None:
             f"{torch.__version__}")
     if "parity" in parts:
         part_parity(tmp, args.tp, device)
-    if "step" in parts and args.tp == 1:
+    if "step" in parts and args.tp == 1 and args.pp == 1:
         part_step(tmp, device)
     if "throughput" in parts:
         sizes = args.sizes.split(",")

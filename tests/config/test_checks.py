@@ -62,8 +62,6 @@ def test_off_policy_tokens_without_a_correction(base_toml: Path, overrides: list
         (["train.backend=\"megatron\"", "train.tensor_parallel=2", "train.pipeline_parallel=8",
           "train.data_parallel=1", "cluster.gpus_per_node=8"], "parallelism"),
         (["train.tensor_parallel=2", "cluster.gpus_per_node=2"], "parallelism_backend"),
-        (["train.backend=\"megatron\"", "train.pipeline_parallel=2", "cluster.gpus_per_node=2"],
-         "parallelism_pipeline"),
         (["model.max_response_tokens=70000"], "response_len"),
         (["harness.claude_code.autocompact_pct=101"], "harness_options"),
         (["harness.claude_code.autocompact_pct=0"], "harness_options"),
@@ -143,6 +141,20 @@ def test_r3_on_moe_checkpoint_ok(base_toml: Path, workdir: Path) -> None:
     (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 128}))
     found = codes(base_toml, f"model.checkpoint=\"{ckpt}\"", "rollout.use_rollout_routing_replay=true")
     assert "r3_dense" not in found and "checkpoint" not in found
+
+
+def test_pipeline_stages_must_split_the_layers_evenly(base_toml: Path, workdir: Path) -> None:
+    ckpt = workdir / "six-layers"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 6}))
+    layout = [f"model.checkpoint=\"{ckpt}\"", "train.backend=\"megatron\"", "cluster.gpus_per_node=4"]
+    r = resolve(base_toml, environ={}, overrides=[*layout, "train.pipeline_parallel=4"])
+    (bad,) = [f for f in check(r) if f.code == "parallelism_pipeline"]
+    assert f"pipeline_parallel = 4 does not divide the model's 6 layers (num_hidden_layers in {ckpt}" in bad.message
+    assert bad.keys == ("train.pipeline_parallel",) and bad.severity == "error"
+    for ok in (["train.pipeline_parallel=2", "train.tensor_parallel=2"], ["train.pipeline_parallel=1"]):
+        found = codes(base_toml, *layout, *ok)
+        assert "parallelism_pipeline" not in found and "parallelism" not in found, (ok, found)
 
 
 def test_sunabako_memory_given_explicitly(base_toml: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import torch
+
 from lego_rl.train.batching import OptimizerStep, plan_steps
 from lego_rl.trajectory.sample import Sample
 
@@ -24,4 +26,21 @@ def fixed_step(vocab: int, *, seed: int = 0, rollouts: int = 4, segments: int = 
             ))
             advantages.append([1.0, -1.0, 0.5, -0.5][r % 4])
     (step,) = plan_steps(samples, advantages, max_tokens_per_micro_batch=budget)
+    return step
+
+
+def routed(step: OptimizerStep, seed: int) -> OptimizerStep:
+    """``step``'s micro-batches with random replay routes (the tiny MoE's experts and layers) on every position
+    but each segment's last."""
+    from lego_rl.serving.tiny_model import MOE_SHAPE
+
+    experts, k, layers = int(MOE_SHAPE["num_experts"]), int(MOE_SHAPE["num_experts_per_tok"]), 4
+    rng = random.Random(seed)
+    for mb in step.micro_batches:
+        t = mb.num_tokens
+        mb.routed_experts = torch.tensor(
+            [[rng.sample(range(experts), k) for _ in range(layers)] for _ in range(t)])  # [T, L, K]
+        valid = torch.ones(t, dtype=torch.bool)  # [T]
+        valid[mb.cu_seqlens[1:].long() - 1] = False  # a segment's last id was never forwarded
+        mb.routes_valid = valid
     return step

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -136,7 +138,10 @@ def test_checkpoint_resume_continues_bit_for_bit(tiny_model: Path, vocab: int, t
 
 
 def test_refusals_name_the_key(tiny_model: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="pipeline_parallel = 2") as exc:
+    with pytest.raises(ConfigError, match=r"pipeline_parallel = 3 does not divide the model's 4 layers") as exc:
+        megatron(tiny_model, pipeline_parallel=3)
+    assert exc.value.parameter == "train.pipeline_parallel"
+    with pytest.raises(ConfigError, match=r"1×2 needs a multiple of 2 trainer processes, but 1 is running") as exc:
         megatron(tiny_model, pipeline_parallel=2)
     assert exc.value.parameter == "train.pipeline_parallel"
     with pytest.raises(ConfigError, match=r"tensor_parallel = 2 needs a multiple of 2 trainer processes, but 1 is"):
@@ -162,20 +167,26 @@ def test_missing_megatron_core_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
         require_megatron()
 
 
-@pytest.mark.slow
-def test_tp2_dp2_over_four_ranks_equals_one_process(tiny_model: Path, vocab: int, tmp_path: Path) -> None:
-    """Four gloo ranks (TP 2 × DP 2): vocab-parallel logprobs, the nucleus gathered across TP, micro-batches
-    split over DP with summed gradients, GSPO's cross-micro-batch ratio, a checkpoint from sharded state."""
+def run_ranks(tiny_model: Path, out: Path, *, tp: int, dp: int, pp: int = 1) -> dict[str, Any]:
+    """``megatron_ranks.py`` on ``tp * dp * pp`` gloo ranks under torchrun; rank 0's results."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     with socket.socket() as sock:  # torchrun's --master-port 0 hangs the workers' rendezvous (torch 2.13)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-           "--master-port", str(port),
-           str(HERE / "megatron_ranks.py"), str(tiny_model), str(tmp_path), "2", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * dp * pp), "--master-addr",
+           "127.0.0.1", "--master-port", str(port),
+           str(HERE / "megatron_ranks.py"), str(tiny_model), str(out), str(tp), str(dp), str(pp)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    got = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    got: dict[str, Any] = torch.load(out / "rank0.pt", weights_only=True)
+    return got
+
+
+@pytest.mark.slow
+def test_tp2_dp2_over_four_ranks_equals_one_process(tiny_model: Path, vocab: int, tmp_path: Path) -> None:
+    """Four gloo ranks (TP 2 × DP 2): vocab-parallel logprobs, the nucleus gathered across TP, micro-batches
+    split over DP with summed gradients, GSPO's cross-micro-batch ratio, a checkpoint from sharded state."""
+    got = run_ranks(tiny_model, tmp_path, tp=2, dp=2)
     step = fixed_step(vocab)
     one = megatron(tiny_model)
     plain = one.compute_logprobs(step.micro_batches, temperature=0.7)
@@ -199,3 +210,102 @@ def test_tp2_dp2_over_four_ranks_equals_one_process(tiny_model: Path, vocab: int
     load_checkpoint_into(hf, tmp_path / "ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("trainer_state.tp*.pt")) == [
         "trainer_state.tp0.pt", "trainer_state.tp1.pt"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("tp", "dp"), [(1, 1), (2, 1), (1, 2)], ids=["pp2", "pp2-tp2", "pp2-dp2"])
+def test_two_pipeline_stages_equal_one_process(tiny_model: Path, vocab: int, tmp_path: Path, tp: int,
+                                               dp: int) -> None:
+    """The tiny model's 4 layers on 2 pipeline stages (× TP 2 or × DP 2): logprobs recomputed on the last stage
+    and shared, the 1F1B schedule's step (tied embedding split over the first and last stage), export and a
+    checkpoint gathered on rank 0, and a resume from the per-stage shards."""
+    got = run_ranks(tiny_model, tmp_path, tp=tp, dp=dp, pp=2)
+    step = fixed_step(vocab)
+    assert len(step.micro_batches) > 2  # more micro-batches than stages: the steady 1F1B state runs
+    one = megatron(tiny_model)
+    plain = one.compute_logprobs(step.micro_batches, temperature=0.7)
+    nucleus = one.compute_logprobs(step.micro_batches, temperature=0.7, top_p=0.9, top_k=50)
+    if tp == 1:  # a stage boundary is an fp32 message of the fp32 residual stream: nothing is rounded
+        assert all(torch.equal(a, b) for a, b in zip(got["plain"], plain, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(got["nucleus"], nucleus, strict=True))
+    assert max_diff(got["plain"], plain) < 1e-4 and max_diff(got["nucleus"], nucleus) < 1e-4
+    res = one.train_step(step, make_loss(LossConfig(algorithm="gspo")), old_logprobs=plain, temperature=0.7)
+    for key in ("loss", "grad_norm", "tokens", "entropy"):
+        assert got["metrics"][key] == pytest.approx(res.metrics[key], rel=1e-4, abs=1e-6), key
+    from safetensors.torch import load_file
+
+    init = load_file(str(tiny_model / "model.safetensors"))
+    # Before training, rank 0's export (both stages' layers, gathered) is the HF checkpoint bit for bit.
+    assert got["initial"].keys() == init.keys()
+    assert all(torch.equal(got["initial"][n], init[n]) for n in init)
+    mine = weights(one)
+    assert got["weights"].keys() == mine.keys()
+    for name, t in mine.items():
+        theirs, ours = got["weights"][name] - init[name], t - init[name]
+        assert float((theirs - ours).norm() / ours.norm()) < 1e-2, name
+    # The checkpoint holds what was exported after the step, one trainer-state shard per stage and TP rank.
+    saved = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    assert saved.keys() == got["weights"].keys()
+    assert all(torch.equal(saved[n], got["weights"][n]) for n in saved)
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("trainer_state.*.pt")) == [
+        f"trainer_state.pp{s}.tp{r}.pt" for s in range(2) for r in range(tp)]
+    resumed = got["resumed"]
+    assert resumed["extra"] == {"step": 1} and resumed["versions"] == (2, 2)
+    assert resumed["metrics"][0] == resumed["metrics"][1]  # the resumed backend steps exactly like the original
+    assert resumed["equal"] == resumed["names"] == sorted(init)
+    why = "written with pipeline parallel 2; this trainer runs 1 stages" if tp == 1 else "with tensor parallel 2"
+    with pytest.raises(ConfigError, match=why):
+        one.load_checkpoint(tmp_path / "ckpt")
+
+
+def untied_copy(tiny_model: Path, out: Path) -> Path:
+    """The tiny model with its own output layer (``tie_word_embeddings`` false, ``lm_head.weight`` a perturbed
+    copy of the embedding): on two stages the last one loads ``lm_head``, not the embedding."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_model, out)
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    w = load_file(str(out / "model.safetensors"))
+    noise = torch.randn(w["model.embed_tokens.weight"].shape, generator=torch.Generator().manual_seed(5))
+    w["lm_head.weight"] = w["model.embed_tokens.weight"] + 0.02 * noise  # [V, H]
+    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "pp", "flags"), [("moe", 2, "replay,kl"), ("dense", 4, "kl"), ("untied", 2, "")],
+                         ids=["moe-r3-kl-pp2", "kl-pp4", "untied-pp2"])
+def test_pipeline_variants_equal_one_process(tiny_model: Path, tmp_path: Path, model: str, pp: int,
+                                             flags: str) -> None:
+    """Qwen3-MoE with R3 replay (each stage replays its own layers' routes) and a reference model for the KL
+    term; four stages of one layer each (two middle stages, the tied embedding split over the first and the
+    last); an untied output layer on the last stage. Two steps each, against the same in one process."""
+    from megatron_pipeline_ranks import run_variant
+
+    path = {"moe": lambda: ensure_tiny_model(moe=True), "dense": lambda: tiny_model,
+            "untied": lambda: untied_copy(tiny_model, tmp_path / "untied")}[model]()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(pp), "--master-addr", "127.0.0.1",
+           "--master-port", str(port), str(HERE / "megatron_pipeline_ranks.py"), str(path), str(tmp_path), str(pp),
+           "1", flags]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    one = run_variant(path, flags={f for f in flags.split(",") if f})
+    assert all(torch.equal(a, b) for a, b in zip(got["old"], one["old"], strict=True))
+    for mine, theirs in zip(got["metrics"], one["metrics"], strict=True):
+        assert mine.keys() == theirs.keys()
+        for key in mine:
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
+    assert ("kl" in got["metrics"][1]) == ("kl" in flags)
+    assert got["weights"].keys() == one["weights"].keys()
+    for name, t in one["weights"].items():
+        assert float((got["weights"][name] - t).norm()) <= 1e-4 * float(t.norm()), name
+    assert max_diff(got["new"], one["new"]) < 1e-3
+    if model == "untied":
+        head, embed = got["weights"]["lm_head.weight"], got["weights"]["model.embed_tokens.weight"]
+        assert not torch.equal(head, embed)

@@ -12,11 +12,14 @@ from lego_rl.errors import ConfigError
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.train.megatron_convert import (
     Qwen3Shape,
+    check_pp,
     check_tp,
+    full_shape,
     hf_to_mcore,
     mcore_names,
     mcore_to_hf,
     padded_vocab,
+    pipeline_stage_of,
     shard,
     unshard,
 )
@@ -83,6 +86,47 @@ def test_untied_gqa_round_trip_through_four_tp_ranks() -> None:
     assert back.keys() == state.keys()
     assert all(torch.equal(back[n], t) for n, t in state.items())
     assert len(mcore_names(shape)) == 1 + 8 * 2 + 2  # embedding, 8 per layer, final norm, output layer
+
+
+def test_pipeline_stages_split_the_layers_and_each_converts_alone() -> None:
+    """Four layers on two stages: the embedding and layers 0-1 on the first, layers 2-3, the final norm and the
+    output layer on the second. Converting each stage's names alone gives the same tensors as the whole model,
+    and the second stage of a tied model takes its output layer from the embedding."""
+    shape = Qwen3Shape(num_layers=4, hidden=16, heads=4, kv_heads=2, head_dim=4, ffn=24, vocab=50, tied=False,
+                       rope_theta=1e4, norm_eps=1e-6, max_positions=64)
+    names = mcore_names(shape)
+    stages = [[n for n in names if pipeline_stage_of(n, shape.num_layers, 2) == s] for s in range(2)]
+    assert stages[0][0] == "embedding.word_embeddings.weight" and stages[1][-2:] == [
+        "decoder.final_layernorm.weight", "output_layer.weight"]
+    assert {n.split(".")[2] for n in stages[0][1:]} == {"0", "1"}
+    assert {n.split(".")[2] for n in stages[1][:-2]} == {"2", "3"}
+    assert [pipeline_stage_of(f"decoder.layers.{i}.mlp.linear_fc2.weight", 4, 4) for i in range(4)] == [0, 1, 2, 3]
+    state = untied_state(shape, seed=7)
+    rows = padded_vocab(shape.vocab, 1)
+    whole = dict(hf_to_mcore(state.__getitem__, shape, rows))
+    parts = [dict(hf_to_mcore(state.__getitem__, shape, rows, names=stage)) for stage in stages]
+    assert [list(p) for p in parts] == stages
+    assert all(torch.equal(p[n], whole[n]) for p in parts for n in p)
+    tied = Qwen3Shape(**{**shape.__dict__, "tied": True})
+    (copy,) = hf_to_mcore(state.__getitem__, tied, rows, names=["output_layer.weight"])
+    assert torch.equal(copy[1][: shape.vocab], state["model.embed_tokens.weight"])
+    with pytest.raises(KeyError, match="'lm_head.weight' is not a parameter of the Megatron Qwen3 model"):
+        pipeline_stage_of("lm_head.weight", 4, 2)
+    with pytest.raises(ConfigError, match=r"pipeline_parallel = 3 does not divide the model's 4 layers") as exc:
+        check_pp(shape, 3)
+    assert exc.value.parameter == "train.pipeline_parallel"
+    check_pp(shape, 4)
+
+
+def test_full_shapes_from_a_tp_shard() -> None:
+    """Rank 0 allocates other stages' tensors from these: the split dimension times TP, others as they are."""
+    for name, local, full in (("embedding.word_embeddings.weight", (64, 16), (128, 16)),
+                              ("decoder.layers.3.self_attention.linear_qkv.weight", (32, 16), (64, 16)),
+                              ("decoder.layers.3.self_attention.linear_proj.weight", (16, 8), (16, 16)),
+                              ("decoder.layers.3.mlp.linear_fc1.weight", (24, 16), (48, 16)),
+                              ("decoder.layers.3.input_layernorm.weight", (16,), (16,))):
+        assert full_shape(name, local, 2) == full, name
+        assert full_shape(name, local, 1) == local
 
 
 def test_qkv_groups_and_gated_fc1_shard_as_megatron_splits_them() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from lego_rl.errors import ConfigError
 from lego_rl.serving.engine import EmbeddedEngine
 from lego_rl.serving.tiny_model import MOE_SHAPE, ensure_tiny_model
 from lego_rl.train.backend import TrainerBackend
-from lego_rl.train.batching import OptimizerStep, plan_steps
 from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
 
@@ -30,7 +28,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (the
 from lego_rl.train.megatron_backend import MegatronBackend, MegatronTrainSettings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from megatron_steps import fixed_step  # noqa: E402
+from megatron_steps import fixed_step, routed  # noqa: E402
 
 E, K, LAYERS = int(MOE_SHAPE["num_experts"]), int(MOE_SHAPE["num_experts_per_tok"]), 4
 
@@ -43,19 +41,6 @@ def moe_model() -> Path:
 @pytest.fixture(scope="module")
 def vocab(moe_model: Path) -> int:
     return int(json.loads((moe_model / "config.json").read_text())["vocab_size"])
-
-
-def routed(step: OptimizerStep, seed: int) -> OptimizerStep:
-    """``step``'s micro-batches with random replay routes on every position but each segment's last."""
-    rng = random.Random(seed)
-    for mb in step.micro_batches:
-        t = mb.num_tokens
-        mb.routed_experts = torch.tensor(
-            [[rng.sample(range(E), K) for _ in range(LAYERS)] for _ in range(t)])  # [T, L, K]
-        valid = torch.ones(t, dtype=torch.bool)  # [T]
-        valid[mb.cu_seqlens[1:].long() - 1] = False  # a segment's last id was never forwarded
-        mb.routes_valid = valid
-    return step
 
 
 def megatron(model: Path, **kw: object) -> MegatronBackend:

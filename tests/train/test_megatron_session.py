@@ -42,11 +42,14 @@ def test_without_megatron_core_lego_train_names_the_extra(toy: Path, monkeypatch
     assert "megatron-core is not installed" in said(res) and "lego-rl[megatron]" in said(res)
 
 
-def test_pipeline_parallel_is_refused_before_anything_starts(toy: Path) -> None:
+def test_pipeline_stages_without_their_processes_are_refused_before_anything_starts(toy: Path) -> None:
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
+    # Two stages in a plain (one-process) `lego train`: the stages need torchrun's processes.
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--set", "train.pipeline_parallel=2",
                               "--set", "cluster.gpus_per_node=2"])
     assert res.exit_code == 2, res.output
-    assert "pipeline size 1 only" in said(res)
+    assert "= 2 trainer processes, but 1 is running" in said(res)
+    assert "torchrun --nproc-per-node 2 -m lego_rl train" in said(res)
     assert not (toy / "runs").exists()
 
 

@@ -141,11 +141,14 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
             f"the torch backend has no model parallelism (TP={tr.tensor_parallel}, PP={tr.pipeline_parallel})",
             "set train.backend = \"megatron\" or TP = PP = 1", "train.backend",
         )
-    if tr.backend == "megatron" and tr.pipeline_parallel > 1:
+    layers = (_checkpoint_config(r) or {}).get("num_hidden_layers")
+    if tr.backend == "megatron" and isinstance(layers, int) and layers % tr.pipeline_parallel:
         yield error(
             "parallelism_pipeline",
-            f"the Megatron backend runs pipeline size 1 only (train.pipeline_parallel = {tr.pipeline_parallel})",
-            "set train.pipeline_parallel = 1 and split the model with train.tensor_parallel", "train.pipeline_parallel",
+            f"train.pipeline_parallel = {tr.pipeline_parallel} does not divide the model's {layers} layers "
+            f"(num_hidden_layers in {r.config.model.checkpoint}/config.json): every pipeline stage holds the same "
+            "number of layers",
+            f"set train.pipeline_parallel to a divisor of {layers}", "train.pipeline_parallel",
         )
     if tr.backend == "megatron" and importlib.util.find_spec("megatron") is None:
         yield error(

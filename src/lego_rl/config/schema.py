@@ -214,7 +214,7 @@ class TrainConfig(Section):
     tensor_parallel: int = Field(default=1, ge=1)
     """Megatron tensor-parallel size (train.backend = "megatron"; must divide the model's KV heads and FFN)."""
     pipeline_parallel: int = Field(default=1, ge=1)
-    """Megatron pipeline-parallel size; the Megatron backend runs 1 only (validate refuses more)."""
+    """Megatron pipeline-parallel size: stages of num_hidden_layers / PP consecutive layers (must divide it)."""
     data_parallel: int | None = Field(default=None, ge=1)
     """Data-parallel size (default trainer GPUs / (TP × PP)); TP × PP × DP = trainer processes."""
     lr: float = Field(default=1e-6, gt=0)

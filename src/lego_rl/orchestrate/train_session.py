@@ -109,7 +109,7 @@ def _rank_zero(c: LegoConfig, backend: AuditableBackend, *, world: int) -> Train
 def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
     """Under ``torchrun`` (``WORLD_SIZE`` > 1): join the process group and return this process's rank; else 0.
 
-    Rank 0 goes on to run the whole session (its torch backend is wrapped in ``RankZeroBackend``); a caller on
+    Rank 0 goes on to run the whole session (its backend is wrapped in ``RankZeroBackend``); a caller on
     any other rank runs ``follow_rank_zero_session`` instead. ``train.data_parallel``, when set, must equal the
     number of ranks torchrun started (pass it only when the operator set it: resolution fills in a default).
     """
@@ -123,6 +123,18 @@ def start_ranks(c: LegoConfig, *, data_parallel: int | None = None) -> int:
                           f"--nproc-per-node); make them equal or unset train.data_parallel",
                           parameter="train.data_parallel", value=dp)
     if world == 1:
+        t = c.train
+        processes = t.tensor_parallel * t.pipeline_parallel * (t.data_parallel or 1)
+        if t.backend == "megatron" and processes > 1 and c.cluster.mode != "ray":
+            # Refused here, before the run directory exists: the backend would only find out after it. (Ray mode
+            # places its own ranks from this one process.)
+            raise ConfigError(f"train.tensor_parallel × train.pipeline_parallel × train.data_parallel = "
+                              f"{t.tensor_parallel}×{t.pipeline_parallel}×{t.data_parallel or 1} = {processes} "
+                              f"trainer processes, but 1 is running: launch them with `torchrun --nproc-per-node "
+                              f"{processes} -m lego_rl train ...`, or place them with cluster.mode = \"ray\" "
+                              "(docs/cluster.md)",
+                              parameter="train.pipeline_parallel" if t.pipeline_parallel > 1
+                              else "train.tensor_parallel", value=processes)
         return 0
     if c.cluster.mode == "ray":
         raise ConfigError(f"cluster.mode = \"ray\" places its own trainer ranks (cluster.trainer_nodes × "

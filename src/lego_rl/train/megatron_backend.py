@@ -16,7 +16,15 @@ numbers on the same weights (``tests/train/test_megatron_backend.py`` compares t
   once): the torch backend's optimizer, so one step moves the same weights the same way. Megatron's own
   optimizers need CUDA (its ``DistributedOptimizer`` accepts only ``torch.cuda`` parameters), and its distributed
   optimizer shards state over DP, which this backend does not yet (docs/cluster.md says what that needs).
-* **Pipeline parallelism** is refused with a precise error (``megatron_model.init_parallel``).
+* **Pipeline parallelism.** Stage ``s`` of ``pp`` holds ``num_layers / pp`` consecutive layers (megatron-core's
+  ``pre_process``/``post_process`` split); micro-batches run through ``pipeline``'s 1F1B schedule (ours:
+  megatron-core's schedules need CUDA, see that module). Logprobs are recomputed on the last stage and
+  broadcast to every stage, so results are on every rank (rank 0 included) as with TP/DP; losses and their
+  per-rollout denominators are unchanged, computed on the last stage; each stage steps its own parameters with
+  the gradient norm summed over stages. A tied embedding is two copies (first and last stage) loaded from one
+  HF tensor, whose gradients are summed. Export and checkpoints send every stage's tensors to rank 0.
+  Every micro-batch is one pipeline message per stage boundary, ``[T, 1, H]`` fp32 (the residual stream's
+  dtype even under bf16 autocast, so PP changes no number).
 * **Qwen3-MoE** runs with expert parallel size 1 (experts split by TP like the dense MLP, megatron-core's
   all-gather dispatcher, no auxiliary loss). With ``routing_replay`` (R3) each router is handed the rollout's
   experts through megatron-core's own ``RouterReplay`` (``train.routing_replay`` builds and checks them).
@@ -48,12 +56,15 @@ from lego_rl.train.checkpoint import EXTRA_STATE, publish_checkpoint, read_marke
 from lego_rl.train.megatron_convert import (
     Qwen3Shape,
     Split,
+    check_pp,
     check_tp,
+    full_shape,
     hf_to_mcore,
     mcore_names,
     mcore_split,
     mcore_to_hf,
     padded_vocab,
+    pipeline_stage_of,
     shard,
     unshard,
 )
@@ -104,9 +115,9 @@ class MegatronTrainSettings(OptimizerSettings):
     tensor_parallel: int = Field(default=1, ge=1)
     """TP size (train.tensor_parallel): must divide the model's KV heads, heads and FFN width."""
     pipeline_parallel: int = Field(default=1, ge=1)
-    """PP size (train.pipeline_parallel); only 1 is supported."""
+    """PP size (train.pipeline_parallel): must divide the model's layers."""
     data_parallel: int | None = Field(default=None, ge=1)
-    """DP size (train.data_parallel); None = the trainer processes / TP."""
+    """DP size (train.data_parallel); None = the trainer processes / (TP × PP)."""
     device: str | None = None
     """``cuda`` (this rank's ``LOCAL_RANK`` device) or ``cpu``; None = CUDA if available."""
     bf16: bool = True
@@ -176,10 +187,19 @@ class MegatronBackend:
             raise ConfigError(f"{cfg_path}: routing replay needs a mixture-of-experts model; this one is dense",
                               parameter="rollout.use_rollout_routing_replay", value=True)
         check_tp(self.shape, settings.tensor_parallel)
+        check_pp(self.shape, settings.pipeline_parallel)
         self.device = self._pick_device(settings.device)
         self.layout: ParallelLayout = mm.init_parallel(settings.tensor_parallel, settings.pipeline_parallel,
                                                        settings.data_parallel, self.device)
+        self.stage = mm.pipeline_stage(self.layout)
+        self._pp_ranks = self._pipeline_ranks()
         self.vocab_rows = padded_vocab(self.shape.vocab, settings.tensor_parallel)
+        self._tied_copy = self.shape.tied and self.layout.pp > 1 and self.stage.last
+        """This stage holds ``output_layer.weight`` as a copy of the first stage's tied embedding."""
+        self._names = [n for n in mcore_names(self.shape)
+                       if pipeline_stage_of(n, self.shape.num_layers, self.layout.pp) == self.layout.pp_rank]
+        if self._tied_copy:
+            self._names.append("output_layer.weight")
         self.model = self._build(recompute=settings.gradient_checkpointing)
         self._load_hf(self.model, self.model_dir)
         self.model.train()
@@ -188,8 +208,9 @@ class MegatronBackend:
             self.reference = self._build(recompute=False)
             self._load_hf(self.reference, self.model_dir)
             self.reference.requires_grad_(False)
-        named = dict(self.model.named_parameters())
-        self._params = [named[n] for n in self._names]  # model order, this rank's shards
+        named = self._global_params(self.model)
+        self._params = [named[n] for n in self._names]  # this stage's parameters, this rank's shards
+        self._full_shapes = self._gather_full_shapes()
         decay = [p for p in self._params if p.dim() >= 2]
         no_decay = [p for p in self._params if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -220,14 +241,47 @@ class MegatronBackend:
             torch.cuda.set_device(device)
         return device
 
-    @property
-    def _names(self) -> list[str]:
-        return mcore_names(self.shape)
+    def _pipeline_ranks(self) -> list[int]:
+        """Global ranks of this rank's pipeline group, by stage."""
+        if self.layout.pp == 1:
+            return [self.layout.rank]
+        from megatron.core import parallel_state as ps
+
+        return dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+
+    @staticmethod
+    def _global_params(model: Any) -> dict[str, Any]:
+        """``model``'s parameters by their global Megatron names: a stage numbers its layers from 0, and each
+        layer's ``layer_number`` (1-based) is its place in the whole model."""
+        out: dict[str, Any] = {}
+        for name, p in model.named_parameters():
+            parts = name.split(".", 3)
+            if parts[:2] == ["decoder", "layers"]:
+                name = f"decoder.layers.{model.decoder.layers[int(parts[2])].layer_number - 1}.{parts[3]}"
+            out[name] = p
+        return out
+
+    def _gather_full_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Full (TP-gathered) shape of every parameter of every stage: rank 0 receives other stages' tensors
+        into buffers of these shapes. A collective over the pipeline group, once, before any pipeline message:
+        with NCCL the group's first collective must involve all of its ranks (``pipeline.Stage.group``)."""
+        mine = {n: full_shape(n, p.shape, self.layout.tp) for n, p in zip(self._names, self._params, strict=True)}
+        if self.layout.pp == 1:
+            return mine
+        from megatron.core import parallel_state as ps
+
+        parts: list[Any] = [None] * self.layout.pp
+        dist.all_gather_object(parts, mine, group=ps.get_pipeline_model_parallel_group())
+        merged: dict[str, tuple[int, ...]] = {}
+        for part in parts:
+            merged.update(part)
+        return merged
 
     def _build(self, *, recompute: bool) -> Any:
         model = self._mm.build_gpt(self.shape, vocab_rows=self.vocab_rows, tp=self.layout.tp, device=self.device,
-                                   recompute=recompute, routing_replay=self.settings.routing_replay)
-        have = {n for n, _ in model.named_parameters()}
+                                   recompute=recompute, routing_replay=self.settings.routing_replay,
+                                   pp=self.layout.pp, pp_rank=self.layout.pp_rank)
+        have = set(self._global_params(model))
         want = set(self._names)
         if have != want:  # a megatron-core whose local spec names parameters differently than the mapping
             raise RuntimeError(f"megatron-core's GPTModel parameters do not match the Qwen3 mapping: only in the "
@@ -235,11 +289,11 @@ class MegatronBackend:
         return model
 
     def _load_hf(self, model: Any, path: Path) -> None:
-        """Fill ``model``'s shards from the HF safetensors in ``path``."""
-        params = dict(model.named_parameters())
+        """Fill ``model``'s shards (this pipeline stage's parameters) from the HF safetensors in ``path``."""
+        params = self._global_params(model)
         get = _hf_reader(path)
         with torch.no_grad():
-            for name, full in hf_to_mcore(get, self.shape, self.vocab_rows):
+            for name, full in hf_to_mcore(get, self.shape, self.vocab_rows, names=self._names):
                 local = shard(name, full, self.layout.tp_rank, self.layout.tp)
                 p = params[name]
                 if tuple(local.shape) != tuple(p.shape):
@@ -287,7 +341,8 @@ class MegatronBackend:
                                       num_experts=self.shape.num_experts)  # [T, L, K], [T]
         fallback = torch.arange(k).expand(experts.shape[0], k)  # [T, K]
         replays = [layer.mlp.router.router_replay for layer in model.decoder.layers]
-        for layer, replay in enumerate(replays):
+        numbers = [layer.layer_number - 1 for layer in model.decoder.layers]  # global: a stage's layers
+        for layer, replay in zip(numbers, replays, strict=True):
             chosen = torch.where(valid[:, None], experts[:, layer].long(), fallback)  # [T, K]
             replay.set_target_indices(chosen.to(self.device))
             replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
@@ -298,15 +353,13 @@ class MegatronBackend:
                 replay.clear_indices()
                 replay.clear_router_replay_action()
 
-    def _token_logprobs(self, model: Any, mb: MicroBatch, temperature: float, with_entropy: bool,
+    def _token_logprobs(self, logits: torch.Tensor, mb: MicroBatch, temperature: float, with_entropy: bool,
                         top_p: float = 1.0, top_k: int = -1) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([T] logprob of each token given its segment's prefix, 0 at segment starts; [T] entropy or
-        None)`` on the backend's device, identical on every TP rank. Carries the gradient under grad mode.
-        The caller wraps it in ``_replaying`` (for a training forward, through its backward too)."""
+        None)`` from the last stage's ``logits`` [T, V/tp], on the backend's device, identical on every TP
+        rank. Carries the gradient under grad mode."""
         greedy = temperature < GREEDY_EPS
         temp = 1.0 if greedy else temperature
-        logits = self._mm.packed_logits(model, mb.input_ids, mb.cu_seqlens, self.device,
-                                        bf16=self.settings.bf16)  # [T, V/tp]
         targets = mb.input_ids[1:].to(self.device)  # [T-1] position i predicts token i+1
         picked, ent = self._mm.vocab_parallel_logprobs(
             logits[:-1], targets, vocab=self.shape.vocab, temperature=temp, top_p=1.0 if greedy else top_p,
@@ -335,14 +388,68 @@ class MegatronBackend:
             merged.update(part)
         return [merged[i] for i in range(n)]
 
+    def _stage_forward(self, model: Any, mb: MicroBatch, hidden: torch.Tensor | None) -> torch.Tensor:
+        """This stage's forward of ``mb``: [T, V/tp] logits on the last stage, [T, 1, H] hidden states
+        elsewhere (the caller wraps it in ``_replaying``)."""
+        return self._mm.stage_forward(model, mb.input_ids, mb.cu_seqlens, self.device, bf16=self.settings.bf16,
+                                      hidden=hidden)
+
+    def _wire(self, mbs: Sequence[MicroBatch]) -> dict[str, Any]:
+        """The pipeline messages' shape per micro-batch, dtype and device (``pipeline``'s keywords). fp32: the
+        residual stream stays fp32 under bf16 autocast (fp32 parameters), so a stage boundary rounds nothing."""
+        return {"shape": lambda j: (mbs[j].num_tokens, 1, self.shape.hidden), "dtype": torch.float32,
+                "device": self.device}
+
+    def _pipeline_logprobs(self, model: Any, mbs: Sequence[MicroBatch], temperature: float, top_p: float,
+                           top_k: int) -> list[torch.Tensor]:
+        """[T] logprobs of each of ``mbs`` through every stage of ``model``, on the last stage (empty list
+        elsewhere). Call under ``no_grad`` and the CPU shim."""
+        from lego_rl.train import pipeline
+
+        def forward(j: int, hidden: torch.Tensor | None) -> torch.Tensor:
+            with self._replaying(model, mbs[j]):
+                out = self._stage_forward(model, mbs[j], hidden)  # [T, V/tp] or [T, 1, H]
+                if not self.stage.last:
+                    return out
+                lp, _ = self._token_logprobs(out, mbs[j], temperature, False, top_p, top_k)  # [T]
+                return lp
+
+        return pipeline.forward_only(self.stage, len(mbs), forward, **self._wire(mbs))
+
+    def _from_last_stage(self, mbs: Sequence[MicroBatch], values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per micro-batch [T] CPU tensors held by the last stage, on every stage (one broadcast over the
+        pipeline group: every stage knows the lengths)."""
+        if self.layout.pp == 1:
+            return [v.cpu() for v in values]
+        sizes = [mb.num_tokens for mb in mbs]
+        if not sizes:
+            return []
+        if self.stage.last:
+            flat = torch.cat(values).float().contiguous()  # [ΣT]
+        else:
+            flat = torch.empty(sum(sizes), device=self.device)  # [ΣT]
+        from megatron.core import parallel_state as ps
+
+        dist.broadcast(flat, src=self._pp_ranks[-1], group=ps.get_pipeline_model_parallel_group())
+        return [t.cpu() for t in flat.split(sizes)]
+
+    def _from_last_stage_object(self, value: Any) -> Any:
+        """A small Python value of the last stage's, on every stage of the pipeline."""
+        if self.layout.pp == 1:
+            return value
+        from megatron.core import parallel_state as ps
+
+        box = [value if self.stage.last else None]
+        dist.broadcast_object_list(box, src=self._pp_ranks[-1], group=ps.get_pipeline_model_parallel_group())
+        return box[0]
+
     def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float = 1.0,
                          top_k: int = -1) -> list[torch.Tensor]:
-        local: dict[int, torch.Tensor] = {}
+        mine = self._mine(len(micro_batches))
+        mbs = [micro_batches[i] for i in mine]
         with torch.no_grad(), self._mm.cpu_device_shim(self.device):
-            for i in self._mine(len(micro_batches)):
-                with self._replaying(self.model, micro_batches[i]):
-                    lp, _ = self._token_logprobs(self.model, micro_batches[i], temperature, False, top_p, top_k)
-                local[i] = lp.cpu()  # [T]
+            lps = self._pipeline_logprobs(self.model, mbs, temperature, top_p, top_k)  # [T] each, last stage
+            local = dict(zip(mine, self._from_last_stage(mbs, lps), strict=True))
         return self._share_over_dp(len(micro_batches), local)
 
     # ------------------------------------------------------------------------------------ training
@@ -378,12 +485,19 @@ class MegatronBackend:
         return [total - s for s in sums]  # [R] each
 
     def _reduce_grads(self) -> float:
-        """Sum gradients over DP ranks, then return the global gradient 2-norm over the TP shards."""
+        """Sum gradients over DP ranks (and a tied embedding's two pipeline copies), then return the global
+        gradient 2-norm over the TP shards and pipeline stages."""
         from megatron.core import parallel_state as ps
 
         for p in self._params:
             if p.grad is None:  # a DP rank without micro-batches still joins the all-reduce
                 p.grad = torch.zeros_like(p)
+        if self.shape.tied and self.layout.pp > 1 and (self.stage.first or self.stage.last):
+            # The embedding (first stage) and its copy as the output layer (last stage) are one HF tensor: both
+            # take the sum of the two gradients, so the two copies stay equal step after step.
+            tied = self._params[self._names.index(
+                "embedding.word_embeddings.weight" if self.stage.first else "output_layer.weight")]
+            dist.all_reduce(tied.grad, group=ps.get_embedding_group())
         if self.layout.dp > 1:
             dp_group = ps.get_data_parallel_group()
             for p in self._params:
@@ -398,6 +512,8 @@ class MegatronBackend:
         sharded = torch.zeros((), device=self.device)
         replicated = torch.zeros((), device=self.device)
         for name, p in zip(self._names, self._params, strict=True):
+            if self._tied_copy and name == "output_layer.weight":
+                continue  # the first stage's embedding counts this gradient
             sq = p.grad.detach().float().pow(2).sum()  # []
             if mcore_split(name) is Split.REPLICATED:
                 replicated += sq  # the same on every TP rank: counted once
@@ -405,7 +521,10 @@ class MegatronBackend:
                 sharded += sq
         if self.layout.tp > 1:
             dist.all_reduce(sharded, group=ps.get_tensor_model_parallel_group())
-        return float((sharded + replicated).sqrt())
+        total = sharded + replicated  # [] this stage's squared norm
+        if self.layout.pp > 1:
+            dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
+        return float(total.sqrt())
 
     def train_step(self, step: OptimizerStep, loss_fn: LossFn, *, old_logprobs: Sequence[torch.Tensor],
                    temperature: float, top_p: float = 1.0, top_k: int = -1) -> StepResult:
@@ -425,31 +544,45 @@ class MegatronBackend:
             elsewhere = self._log_ratio_elsewhere(step, old_logprobs, temperature, top_p, top_k)
         else:
             elsewhere = [torch.zeros(r) for _ in step.micro_batches]
+        from lego_rl.train import pipeline
+
         dev = self.device
+        mine = self._mine(len(step.micro_batches))
+        mbs = [step.micro_batches[i] for i in mine]
+        refs: list[torch.Tensor] = []
+        if self.reference is not None:
+            with torch.no_grad():
+                refs = self._pipeline_logprobs(self.reference, mbs, temperature, top_p, top_k)  # [T] each, last stage
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
         loss_sum = 0.0
-        for i in self._mine(len(step.micro_batches)):
-            mb = step.micro_batches[i]
-            ref = None
-            if self.reference is not None:
-                with torch.no_grad(), self._replaying(self.reference, mb):
-                    ref, _ = self._token_logprobs(self.reference, mb, temperature, False, top_p, top_k)  # [T]
-            # Routes stay set through backward: recomputed layers re-run their routers there.
+
+        def forward(j: int, hidden: torch.Tensor | None) -> torch.Tensor:
+            nonlocal loss_sum
+            i, mb = mine[j], mbs[j]
             with self._replaying(self.model, mb):
-                lp, entropy = self._token_logprobs(self.model, mb, temperature, True, top_p, top_k)  # [T], [T]
-                out = loss_fn(LossInputs(
+                out = self._stage_forward(self.model, mb, hidden)  # [T, V/tp] or [T, 1, H]
+                if not self.stage.last:
+                    return out
+                lp, entropy = self._token_logprobs(out, mb, temperature, True, top_p, top_k)  # [T], [T]
+                res = loss_fn(LossInputs(
                     logprobs=lp, old_logprobs=old_logprobs[i].to(dev), rollout_logprobs=mb.rollout_logprobs.to(dev),
                     advantages=mb.advantages.to(dev), loss_mask=mb.loss_mask.to(dev),
                     token_weights=mb.token_weights.to(dev), rollout_slots=mb.rollout_slots.to(dev),
                     rollout_token_counts=counts.to(dev), rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
-                    rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev), ref_logprobs=ref,
-                    entropy=entropy,
+                    rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev),
+                    ref_logprobs=refs[j] if refs else None, entropy=entropy,
                 ))
-                out.loss.backward()  # gradients add up over micro-batches: the token weights carry 1/(N_r R)
-            loss_sum += float(out.loss.detach())
-            for key, value in out.metrics.items():
+            loss_sum += float(res.loss.detach())
+            for key, value in res.metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
+            # Summed, not averaged, over micro-batches: the token weights carry 1/(N_r R).
+            return res.loss
+
+        # Routes are set again around each backward: recomputed layers re-run their routers there.
+        pipeline.one_forward_one_backward(self.stage, len(mbs), forward, **self._wire(mbs),
+                                          backward_context=lambda j: self._replaying(self.model, mbs[j]))
+        loss_sum, metrics = self._from_last_stage_object((loss_sum, metrics))
         grad_norm = self._reduce_grads()
         if self.layout.dp > 1:  # the loss's partial sums were taken over this rank's micro-batches only
             from megatron.core import parallel_state as ps
@@ -498,16 +631,36 @@ class MegatronBackend:
 
     def _checkpoint_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Parameters by their HF checkpoint names (one tensor per expert projection), full tensors on the
-        backend's device (a collective over TP ranks: every rank must iterate to the end)."""
-        for name, p in zip(self._names, self._params, strict=True):
-            yield from mcore_to_hf(name, self._full_mcore(name, p), self.shape)
+        backend's device. A collective over TP ranks and, with PP, point-to-point from each later stage to
+        rank 0: every rank must iterate to the end. Rank 0 gets every tensor of the model; another rank gets
+        those of its own stage."""
+        if self.layout.pp == 1:
+            for name, p in zip(self._names, self._params, strict=True):
+                yield from mcore_to_hf(name, self._full_mcore(name, p), self.shape)
+            return
+        mine = dict(zip(self._names, self._params, strict=True))
+        sender = self.layout.tp_rank == 0 and self.layout.dp_rank == 0  # in rank 0's pipeline group
+        for name in mcore_names(self.shape):  # one global order on every rank: sends and receives pair up
+            owner = pipeline_stage_of(name, self.shape.num_layers, self.layout.pp)
+            full: torch.Tensor | None = None
+            if owner == self.layout.pp_rank:
+                full = self._full_mcore(name, mine[name])
+                if owner > 0 and sender:
+                    dist.send(full.contiguous(), dst=0)
+            elif self.layout.rank == 0:
+                full = torch.empty(self._full_shapes[name], device=self.device)
+                dist.recv(full, src=self._pp_ranks[owner])
+            if full is not None:
+                yield from mcore_to_hf(name, full, self.shape)
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Parameters in the engine's layout: the HF model's own parameter names, as the torch backend exports
         them. For Qwen3-MoE under transformers >= 5 a layer's experts are two stacked parameters,
         ``mlp.experts.gate_up_proj`` ``[E, 2F, H]`` and ``mlp.experts.down_proj`` ``[E, H, F]`` (the
-        checkpoint's per-expert tensors are what ``save_checkpoint`` writes). A collective over TP ranks. With
-        TP 1 some are detached views: copy them before the next ``train_step`` if they must outlive it."""
+        checkpoint's per-expert tensors are what ``save_checkpoint`` writes). A collective over TP ranks (and the
+        pipeline: with PP > 1 rank 0 yields every tensor, another rank only its own stage's, and every rank must
+        iterate to the end). With TP 1 some are detached views: copy them before the next ``train_step`` if they
+        must outlive it."""
         if not (self.shape.num_experts and _fused_experts()):
             yield from self._checkpoint_tensors()
             return
@@ -530,11 +683,13 @@ class MegatronBackend:
             raise RuntimeError(f"experts left unexported: {sorted(pending)[:3]}")
 
     def _shard_file(self) -> str:
-        return f"trainer_state.tp{self.layout.tp_rank}.pt"
+        if self.layout.pp == 1:
+            return f"trainer_state.tp{self.layout.tp_rank}.pt"
+        return f"trainer_state.pp{self.layout.pp_rank}.tp{self.layout.tp_rank}.pt"
 
     def save_checkpoint(self, path: Path, *, extra_state: dict[str, Any]) -> None:
-        """HF weights (rank 0, gathered), one optimizer/RNG shard per TP rank (DP rank 0 of each), published
-        by rank 0 once every shard is on disk. Every rank must call it."""
+        """HF weights (rank 0, gathered from every TP rank and stage), one optimizer/RNG shard per TP rank and
+        stage (DP rank 0 of each), published by rank 0 once every shard is on disk. Every rank must call it."""
         try:
             extra_json = json.dumps(extra_state, indent=2, sort_keys=True) + "\n"
         except TypeError as exc:
@@ -569,7 +724,8 @@ class MegatronBackend:
 
         if self.layout.rank == 0:
             publish_checkpoint(path, fill, info={"weight_version": self._version, "backend": "megatron",
-                                                 "tensor_parallel": self.layout.tp})
+                                                 "tensor_parallel": self.layout.tp,
+                                                 "pipeline_parallel": self.layout.pp})
         else:
             write_shard(self._broadcast_path(None))
             self._barrier()
@@ -595,6 +751,11 @@ class MegatronBackend:
                               f"parallel {info.get('tensor_parallel')}; this trainer is 'megatron' with "
                               f"{self.layout.tp} (its optimizer shards would not fit)",
                               parameter="train.tensor_parallel", value=self.layout.tp)
+        written_pp = info.get("pipeline_parallel", 1)  # checkpoints from before pipeline parallelism: 1
+        if written_pp != self.layout.pp:
+            raise ConfigError(f"checkpoint {path} was written with pipeline parallel {written_pp}; this trainer "
+                              f"runs {self.layout.pp} stages (its optimizer shards hold other stages' layers)",
+                              parameter="train.pipeline_parallel", value=self.layout.pp)
         self._load_hf(self.model, path)
         state = torch.load(path / self._shard_file(), map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])

@@ -31,7 +31,7 @@ lines of reshapes we can test bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -152,6 +152,14 @@ def check_tp(shape: Qwen3Shape, tp: int) -> None:
                               "divisor of it", parameter="train.tensor_parallel", value=tp)
 
 
+def check_pp(shape: Qwen3Shape, pp: int) -> None:
+    """Pipeline stages hold equal runs of layers: ``pp`` must divide the layer count."""
+    if shape.num_layers % pp:
+        raise ConfigError(f"train.pipeline_parallel = {pp} does not divide the model's {shape.num_layers} layers "
+                          "(num_hidden_layers); every stage holds the same number of layers",
+                          parameter="train.pipeline_parallel", value=pp)
+
+
 _LAYER_NORMS = {
     "input_layernorm.weight": "input_layernorm.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
@@ -173,7 +181,8 @@ def mcore_split(name: str) -> Split:
 
 
 def mcore_names(shape: Qwen3Shape) -> list[str]:
-    """Every parameter of the Megatron model (pipeline size 1), in model order."""
+    """Every parameter of the whole Megatron model (global layer numbers), in model order; a pipeline stage
+    holds those ``pipeline_stage_of`` assigns to it."""
     names = ["embedding.word_embeddings.weight"]
     for i in range(shape.num_layers):
         p = f"decoder.layers.{i}."
@@ -193,6 +202,31 @@ def mcore_names(shape: Qwen3Shape) -> list[str]:
     return names
 
 
+def pipeline_stage_of(name: str, num_layers: int, pp: int) -> int:
+    """The pipeline stage (of ``pp``, each holding ``num_layers / pp`` consecutive layers) that holds the
+    Megatron parameter ``name`` (global layer numbering): the embedding is on the first, the final norm and
+    output layer on the last."""
+    if name.startswith("embedding."):
+        return 0
+    if name.startswith(("decoder.final_layernorm.", "output_layer.")):
+        return pp - 1
+    parts = name.split(".")
+    if parts[:2] != ["decoder", "layers"] or len(parts) < 3 or not parts[2].isdigit():
+        raise KeyError(f"{name!r} is not a parameter of the Megatron Qwen3 model")
+    return int(parts[2]) // (num_layers // pp)
+
+
+def full_shape(name: str, local: Sequence[int], tp: int) -> tuple[int, ...]:
+    """The shape of the full Megatron tensor ``name`` whose TP shard has shape ``local``."""
+    split = mcore_split(name)
+    out = list(local)
+    if split in (Split.ROWS, Split.GATED):
+        out[0] *= tp
+    elif split is Split.COLUMNS:
+        out[1] *= tp
+    return tuple(out)
+
+
 def _hf_mlp(suffix: str) -> str:
     """HF prefix (inside a layer) of the MLP a Megatron ``linear_fc1``/``linear_fc2`` suffix belongs to:
     ``mlp.`` for the dense MLP, ``mlp.experts.{e}.`` for routed expert ``e``."""
@@ -208,16 +242,19 @@ def _pad_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([w, w.new_zeros(rows - w.shape[0], w.shape[1])])  # [rows, H]
 
 
-def hf_to_mcore(get: Callable[[str], torch.Tensor], shape: Qwen3Shape, vocab_rows: int
-                ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Full (unsharded) Megatron tensors, in ``mcore_names`` order, from HF tensors fetched by name."""
+def hf_to_mcore(get: Callable[[str], torch.Tensor], shape: Qwen3Shape, vocab_rows: int,
+                names: Iterable[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full (unsharded) Megatron tensors, in ``mcore_names`` order (or that of ``names``: one pipeline stage's
+    parameters), from HF tensors fetched by name. ``output_layer.weight`` of a tied model (the last pipeline
+    stage's copy of the embedding) comes from ``model.embed_tokens.weight``."""
     g, d, h = shape.kv_heads, shape.head_dim, shape.hidden
     qpg = shape.heads // g
-    for name in mcore_names(shape):
+    for name in mcore_names(shape) if names is None else names:
         if name == "embedding.word_embeddings.weight":
             yield name, _pad_rows(get("model.embed_tokens.weight"), vocab_rows)  # [Vp, H]
         elif name == "output_layer.weight":
-            yield name, _pad_rows(get("lm_head.weight"), vocab_rows)  # [Vp, H]
+            src = "model.embed_tokens.weight" if shape.tied else "lm_head.weight"
+            yield name, _pad_rows(get(src), vocab_rows)  # [Vp, H]
         elif name == "decoder.final_layernorm.weight":
             yield name, get("model.norm.weight")  # [H]
         else:

@@ -13,6 +13,9 @@ vocab-parallel logprobs. Importing this module imports megatron-core (the ``mega
   all-reduces of ``[T]`` vectors (max, sum of exponentials) and one for the picked logit. Top-p/top-k
   truncation needs the sorted full distribution, so then the rows are all-gathered (differentiably) and go
   through ``serving.logprobs.sampler_logprobs``, the function the engine's convention is defined by.
+* **Pipeline stages.** ``build_gpt(pp=, pp_rank=)`` builds one stage (megatron-core's ``pre_process`` /
+  ``post_process``); ``stage_forward`` runs it on the previous stage's hidden states. The schedule that moves
+  them between stages is ``lego_rl.train.pipeline``'s.
 * **CPU.** megatron-core asks ``torch.cuda.current_device()`` where to put RoPE's frequency table and the
   buffers of its TP gathers, even for CPU tensors; ``cpu_device_shim`` answers ``"cpu"`` while a CPU model is
   built, run or trained (tests and CPU-only machines).
@@ -45,7 +48,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from lego_rl.errors import ConfigError
 from lego_rl.serving.logprobs import sampler_logprobs
 from lego_rl.train.distributed import check_rendezvous
-from lego_rl.train.megatron_convert import Qwen3Shape
+from lego_rl.train.megatron_convert import Qwen3Shape, check_pp
+from lego_rl.train.pipeline import Stage
 
 if not hasattr(_moe_utils, "te_general_gemm"):
     # megatron-core 0.16 tests ``te_general_gemm is not None`` in the MoE router's linear but binds the name only
@@ -66,17 +70,20 @@ def cpu_device_shim(device: torch.device) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """This process's place in the TP × DP grid (pipeline size 1)."""
+    """This process's place in the TP × PP × DP grid (megatron-core's rank order: TP fastest, then DP, then PP,
+    so global rank 0 is TP rank 0 of DP rank 0 on the first pipeline stage)."""
 
     tp: int
     dp: int
     tp_rank: int
     dp_rank: int
     rank: int
+    pp: int = 1
+    pp_rank: int = 0
 
     @property
     def world(self) -> int:
-        return self.tp * self.dp
+        return self.tp * self.pp * self.dp
 
 
 def _free_port() -> int:
@@ -91,11 +98,6 @@ def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> Par
     Under ``torchrun`` (or Ray) the launcher has set ``RANK``/``WORLD_SIZE``; a plain ``lego train`` is one
     process, so there ``tp * pp * dp`` must be 1.
     """
-    if pp != 1:
-        raise ConfigError(f"train.pipeline_parallel = {pp}: the Megatron backend runs pipeline size 1 only (its "
-                          "packed micro-batches vary in length, which Megatron's pipeline schedules do not take); "
-                          "use train.tensor_parallel to split a model that does not fit one GPU",
-                          parameter="train.pipeline_parallel", value=pp)
     if not dist.is_initialized():
         if int(os.environ.get("WORLD_SIZE", "1")) == 1:
             port = _free_port()
@@ -108,13 +110,15 @@ def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> Par
                                     timeout=datetime.timedelta(minutes=30))
     world = dist.get_world_size()
     if dp is None:
-        if world % tp:
+        if world % (tp * pp):
+            sizes = (f"train.tensor_parallel = {tp}" if pp == 1 else
+                     f"train.tensor_parallel × train.pipeline_parallel = {tp}×{pp}")
             raise ConfigError(
-                f"train.tensor_parallel = {tp} needs a multiple of {tp} trainer processes, but {world} "
+                f"{sizes} needs a multiple of {tp * pp} trainer processes, but {world} "
                 f"{'is' if world == 1 else 'are'} running; launch them with torchrun --nproc-per-node (one per GPU)",
-                parameter="train.tensor_parallel", value=tp)
-        dp = world // tp
-    if tp * dp != world:
+                parameter="train.tensor_parallel" if pp == 1 else "train.pipeline_parallel", value=tp * pp)
+        dp = world // (tp * pp)
+    if tp * pp * dp != world:
         raise ConfigError(
             f"train.tensor_parallel ({tp}) × train.pipeline_parallel ({pp}) × train.data_parallel ({dp}) = "
             f"{tp * pp * dp} trainer processes, but {world} {'is' if world == 1 else 'are'} running; launch "
@@ -125,10 +129,26 @@ def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> Par
             raise ConfigError(f"Megatron is already initialised with tensor parallel size "
                               f"{ps.get_tensor_model_parallel_world_size()} in this process, not {tp}",
                               parameter="train.tensor_parallel", value=tp)
+        if ps.get_pipeline_model_parallel_world_size() != pp:
+            raise ConfigError(f"Megatron is already initialised with pipeline parallel size "
+                              f"{ps.get_pipeline_model_parallel_world_size()} in this process, not {pp}",
+                              parameter="train.pipeline_parallel", value=pp)
     else:
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     return ParallelLayout(tp=tp, dp=dp, tp_rank=ps.get_tensor_model_parallel_rank(),
-                          dp_rank=ps.get_data_parallel_rank(), rank=dist.get_rank())
+                          dp_rank=ps.get_data_parallel_rank(), rank=dist.get_rank(), pp=pp,
+                          pp_rank=ps.get_pipeline_model_parallel_rank())
+
+
+def pipeline_stage(layout: ParallelLayout) -> Stage:
+    """This rank's ``pipeline.Stage``: its neighbours are the ranks at the same TP and DP position one stage
+    before and after (megatron-core's pipeline group, over which its messages travel; the backend's first
+    collective on that group involves every stage, as NCCL wants before batched send/receive)."""
+    group = ps.get_pipeline_model_parallel_group()
+    ranks = dist.get_process_group_ranks(group)  # global ranks, stage order
+    s = layout.pp_rank
+    return Stage(rank=s, size=layout.pp, prev=ranks[s - 1] if s > 0 else None,
+                 next=ranks[s + 1] if s + 1 < layout.pp else None, group=group)
 
 
 _KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -210,16 +230,24 @@ def _route_outside_autocast(model: GPTModel) -> None:
 
 
 def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.device,
-              recompute: bool, routing_replay: bool = False) -> GPTModel:
+              recompute: bool, routing_replay: bool = False, pp: int = 1, pp_rank: int = 0) -> GPTModel:
     """A Megatron GPT with Qwen3's architecture, dense or MoE (weights uninitialised: the caller loads them).
-    With ``routing_replay`` every MoE router gets megatron-core's ``RouterReplay`` (R3)."""
+    With ``routing_replay`` every MoE router gets megatron-core's ``RouterReplay`` (R3).
+
+    With ``pp`` > 1 it is stage ``pp_rank``'s part: ``num_layers / pp`` consecutive decoder layers, the
+    embedding on the first stage, the final norm and output layer on the last. Tied embeddings are then two
+    untied parameters, the embedding on the first stage and its copy as the output layer on the last: the
+    backend loads both from the one HF tensor and sums their gradients (megatron-core's own tying set-up moves
+    the copy with ``.cuda()``, which a CPU build cannot run)."""
+    check_pp(shape, pp)
     config = TransformerConfig(
         num_layers=shape.num_layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
         num_query_groups=shape.kv_heads, kv_channels=shape.head_dim, ffn_hidden_size=shape.ffn,
         normalization="RMSNorm", layernorm_epsilon=shape.norm_eps, gated_linear_unit=True,
         activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False, qk_layernorm=True,
         hidden_dropout=0.0, attention_dropout=0.0,  # old and new logprobs must be one deterministic function
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, sequence_parallel=False,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
+        pipeline_dtype=torch.float32,  # megatron-core insists when pp > 1; our schedule's wire is fp32 too
         params_dtype=torch.float32, use_cpu_initialization=device.type == "cpu", perform_initialization=False,
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
@@ -231,8 +259,9 @@ def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.devi
     spec.submodules.self_attention.submodules.core_attention = PackedCausalAttention
     with cpu_device_shim(device):
         model = GPTModel(config, spec, vocab_size=vocab_rows, max_sequence_length=shape.max_positions,
-                         pre_process=True, post_process=True, parallel_output=True,
-                         share_embeddings_and_output_weights=shape.tied, position_embedding_type="rope",
+                         pre_process=pp_rank == 0, post_process=pp_rank == pp - 1, parallel_output=True,
+                         share_embeddings_and_output_weights=shape.tied and pp == 1,
+                         position_embedding_type="rope",
                          rotary_percent=1.0, rotary_base=int(shape.rope_theta))
     _route_outside_autocast(model)
     return model.to(device)
@@ -242,6 +271,18 @@ def packed_logits(model: GPTModel, input_ids: torch.Tensor, cu_seqlens: torch.Te
                   device: torch.device, *, bf16: bool = True) -> torch.Tensor:
     """[T, V/tp] logits of one packed micro-batch (``input_ids`` [T], ``cu_seqlens`` [S+1]); the
     forward runs under bf16 autocast on CUDA unless ``bf16`` is False (fp32 parity checks)."""
+    return stage_forward(model, input_ids, cu_seqlens, device, bf16=bf16)
+
+
+def stage_forward(model: GPTModel, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, device: torch.device, *,
+                  bf16: bool = True, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """One pipeline stage's forward of a packed micro-batch: ``hidden`` [T, 1, H] is the previous stage's
+    output (None on the first stage, which embeds ``input_ids``); returns [T, V/tp] logits on the last stage,
+    the [T, 1, H] hidden states elsewhere. With one stage it is the whole model."""
+    if not model.pre_process:
+        if hidden is None:
+            raise ValueError("a pipeline stage after the first needs the previous stage's hidden states")
+        model.set_input_tensor(hidden)
     ids = input_ids.to(device).unsqueeze(0)  # [1, T]
     cu = cu_seqlens.to(device=device, dtype=torch.int32)  # [S+1]
     longest = int((cu[1:] - cu[:-1]).max())
@@ -253,6 +294,8 @@ def packed_logits(model: GPTModel, input_ids: torch.Tensor, cu_seqlens: torch.Te
                 else contextlib.nullcontext())
     with cpu_device_shim(device), autocast:
         out = model(input_ids=ids, position_ids=positions, attention_mask=None, packed_seq_params=params)
+    if not model.post_process:
+        return out  # [T, 1, H] hidden states for the next stage
     return out[0]  # [T, V/tp] bf16 under autocast: the logprob kernels upcast a chunk at a time
 
 
