@@ -79,10 +79,11 @@ def test_trains_the_toy_environment_with_megatron_and_resumes(toy: Path) -> None
 
 
 @pytest.mark.slow
-def test_lego_train_under_torchrun_trains_with_megatron_tensor_parallel(tmp_path: Path) -> None:
-    """``torchrun --nproc-per-node 2 lego train`` with ``train.backend = "megatron"`` and TP=2 (gloo on CPU): rank 0
+@pytest.mark.parametrize("layout", ["tensor_parallel", "pipeline_parallel"])
+def test_lego_train_under_torchrun_trains_with_megatron_model_parallel(tmp_path: Path, layout: str) -> None:
+    """``torchrun --nproc-per-node 2 lego train`` with ``train.backend = "megatron"`` and TP=2 or PP=2 (gloo on CPU): rank 0
     runs the loop, the engine and the run directory, rank 1 follows its trainer calls (``train.distributed``); both
-    exit 0, both steps trained, the checkpoint holds one optimizer shard per TP rank and the gathered HF weights,
+    exit 0, both steps trained, the checkpoint holds one optimizer shard per rank and the gathered HF weights,
     and `lego audit` passes over both ranks' records."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
     import os
@@ -90,7 +91,7 @@ def test_lego_train_under_torchrun_trains_with_megatron_tensor_parallel(tmp_path
     import subprocess
 
     write_toy_run(tmp_path, rollout={"batch_size": 4, "samples_per_prompt": 8, "max_staleness": 0},
-                  train={"backend": "megatron", "lr": 1e-3, "tensor_parallel": 2, "audit": True,
+                  train={"backend": "megatron", "lr": 1e-3, layout: 2, "audit": True,
                          "oversample_zero_variance": True},
                   cluster={"gpus_per_node": 2})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEGO_", "SWE_", "ADAPTER_"))
@@ -109,8 +110,10 @@ def test_lego_train_under_torchrun_trains_with_megatron_tensor_parallel(tmp_path
     assert any(r.values.get("trained") and r.values.get("grad_norm", 0) > 0 for r in rows), [r.values for r in rows]
     ckpt = root / "checkpoints" / "step-000001"
     marker = json.loads((ckpt / "lego_checkpoint.json").read_text())
-    assert marker["backend"] == "megatron" and marker["tensor_parallel"] == 2
-    assert (ckpt / "trainer_state.tp0.pt").is_file() and (ckpt / "trainer_state.tp1.pt").is_file()
+    assert marker["backend"] == "megatron" and marker[layout] == 2
+    shards = ["trainer_state.tp0.pt", "trainer_state.tp1.pt"] if layout == "tensor_parallel" else [
+        "trainer_state.pp0.tp0.pt", "trainer_state.pp1.tp0.pt"]
+    assert all((ckpt / name).is_file() for name in shards), sorted(p.name for p in ckpt.iterdir())
     assert (ckpt / "model.safetensors").is_file()
     # The audit: both TP ranks recorded both optimizer steps and changed their own shards; every trained token
     # is an engine reply; step 1 was served the weights step 0 trained.
@@ -122,3 +125,6 @@ def test_lego_train_under_torchrun_trains_with_megatron_tensor_parallel(tmp_path
         rows = [json.loads(line) for line in (root / "audit" / f"rank-{rank}.jsonl").read_text().splitlines()]
         assert [r["optimizer_steps_after"] for r in rows] == [1, 2]
         assert all(r["parameters_changed"] == r["parameters"] for r in rows), rows
+    if layout == "pipeline_parallel":  # each stage holds its own layers: the two ranks' parameter sets differ
+        assert {json.loads(line)["parameters"] for rank in (0, 1)
+                for line in (root / "audit" / f"rank-{rank}.jsonl").read_text().splitlines()} != {0}
