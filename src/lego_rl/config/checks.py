@@ -306,31 +306,6 @@ def routing_replay(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 @check
-def routing_replay_vllm(r: ResolvedConfig) -> Iterator[Finding]:
-    """R3 with vLLM: the vLLM lego launches (``serving.vllm_launch``: ``$LEGO_VLLM_PYTHON`` or .venv-vllm)
-    must know ``--enable-return-routed-experts``. Without that interpreter the servers are elsewhere; their
-    replies are checked one by one (a reply without routes is refused as ``UnsupportedExtra``)."""
-    from lego_rl.serving.vllm_launch import require_routed_experts, vllm_install, vllm_python
-
-    if not (r.config.rollout.use_rollout_routing_replay and r.config.serving.backend == "vllm"):
-        return
-    python = vllm_python()
-    if not python.exists():
-        return
-    try:
-        install = vllm_install(python)
-    except ConfigError as exc:
-        yield error("r3_vllm", str(exc), "fix the vLLM environment (scripts/setup_vllm.sh) or set LEGO_VLLM_PYTHON",
-                    "rollout.use_rollout_routing_replay")
-        return
-    try:
-        require_routed_experts(install)
-    except ConfigError as exc:
-        yield error("r3_vllm_flag", str(exc), "install a vLLM that has the flag in that environment, or turn R3 "
-                    "off (rollout.use_rollout_routing_replay = false)", "rollout.use_rollout_routing_replay")
-
-
-@check
 def parsers(r: ResolvedConfig) -> Iterator[Finding]:
     s = r.config.serving
     if s.tool_call_parser not in TOOL_CALL_PARSERS:
