@@ -79,6 +79,8 @@ SSH_TRANSPORT_ERRORS = re.compile(
 # The status reasons of a sandbox its supervisor killed because its own processes went over a limit set
 # at create ("sandbox closed the RPC (inspect status for OOM/timeout/exit)" is all the failing RPC says).
 LIMIT_REASONS = {"memory_limit_exceeded": "memory", "process_limit_exceeded": "process"}
+RPC_CLOSED = "sandbox closed the RPC"
+STATUS_SETTLE_S = 5.0  # the RPC closes ~50 ms before the supervisor records why (measured on a local node)
 BACKSTOP_S = 15  # runtime timeout beyond the in-sandbox one: only a command immune to SIGKILL reaches it
 TIMEOUT_EXITS = (124, 137)  # coreutils timeout: TERM worked / KILL was needed
 
@@ -224,9 +226,14 @@ class SunabakoSandbox(Sandbox):
         error = self._fail(what, exc)
         if isinstance(error, SandboxLost):
             return error
+        deadline = time.monotonic() + (STATUS_SETTLE_S if RPC_CLOSED in str(exc) else 0)
         try:
-            info = await self._inner.node.call_async("inspect", self.id, timeout=30)
-            status, spec = info["status"], info["spec"]
+            while True:
+                info = await self._inner.node.call_async("inspect", self.id, timeout=30)
+                status, spec = info["status"], info["spec"]
+                if status.get("state") != "running" or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.05)
             reason = status.get("reason")
         except (self._sdk.SandboxError, KeyError, TypeError, AttributeError, ValueError):
             return error  # no better answer than the RPC's own
