@@ -119,6 +119,19 @@ class SandboxLost(SandboxError):
         super().__init__(message)
 
 
+class SandboxLimitExceeded(SandboxError):
+    """The sandbox was killed by its supervisor because its own processes went over a limit it was created
+    with (``limit``: the runtime's reason, ``memory_limit_exceeded`` or ``process_limit_exceeded``).
+
+    Unlike ``SandboxLost`` this is no outage: what ran inside caused it, and a policy's tool call can (a
+    memory hog), so the rollout judges it like a death of the CLI, by when it happened.
+    """
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        self.limit = limit
+        super().__init__(message)
+
+
 class HarnessError(LegoError):
     """A coding CLI could not be installed or started."""
 

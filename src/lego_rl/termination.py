@@ -24,7 +24,9 @@ agent_error_exit        policy the CLI exited non-zero or died (any signal, any 
                                policy's tool calls run as the agent user and can kill the CLI
                                (``kill -9 $PPID``, ``kill -9 -1``), so every such death is the policy's.
                                Graded as usual. Also: the workspace it left defeats the patch capture while
-                               the sandbox answers (``git init`` of an empty repository in it): no change.
+                               the sandbox answers (``git init`` of an empty repository in it), or its
+                               processes ran the sandbox over its own memory/process limit and the
+                               runtime killed it (``SandboxLimitExceeded``): graded as no change.
 turn_limit              policy the CLI or the adapter's request cap stopped the turns
 context_limit           policy the conversation no longer fits the context window
 time_budget             policy the CLI was killed at its wall-clock budget (hanging tools are the policy's)

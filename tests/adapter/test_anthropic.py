@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -126,12 +127,13 @@ async def test_count_tokens_uses_our_tokenizer_and_records_nothing(make_harness)
     assert h.sessions.get("sess-a").records == [] and h.engine.calls == []
 
 
-async def test_context_limit_is_a_protocol_stop(make_harness) -> None:
+async def test_context_limit_is_prompt_too_long(make_harness) -> None:
     h = await make_harness(max_context_tokens=8)
     r = await h.client.post("/v1/messages", json=body([{"role": "user", "content": "a long enough question"}]),
                             headers=KEY)
-    msg = await r.json()
-    assert r.status == 200 and msg["stop_reason"] == "model_context_window_exceeded" and msg["content"] == []
+    err = await r.json()
+    assert r.status == 400 and err["error"]["type"] == "invalid_request_error", err
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > 8 maximum", err["error"]["message"]), err
     assert h.engine.calls == []
 
 

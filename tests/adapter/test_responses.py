@@ -131,15 +131,12 @@ async def test_reasoning_item_echoed_back_bridges_the_next_turn(make_harness) ->
     assert [x.render_mode for x in records] == ["full", "bridged"]
 
 
-async def test_truncated_output_is_incomplete_and_context_limit_completes(make_harness) -> None:
+async def test_truncated_output_is_incomplete(make_harness) -> None:
+    """(A prompt over the window is a context_length_exceeded error: test_context_overflow.py.)"""
     h = await make_harness(["word " * 50])
     r = await h.client.post("/v1/responses", json=body("go", max_output_tokens=4), headers=AUTH)
     resp = await r.json()
     assert resp["status"] == "incomplete" and resp["incomplete_details"] == {"reason": "max_output_tokens"}
-    h = await make_harness(max_context_tokens=4)
-    r = await h.client.post("/v1/responses", json=body("a question that does not fit", stream=True), headers=AUTH)
-    events = parse_sse(await r.text())
-    assert events[-1][0] == "response.completed" and h.engine.calls == []
 
 
 def test_client_tool_search_and_free_text_custom_tools_are_offered() -> None:

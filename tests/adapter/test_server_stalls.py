@@ -1,5 +1,6 @@
 """One huge request must not stall the adapter: other sessions and /health are answered meanwhile, and
-a request whose text alone exceeds the context window is answered with a context_limit stop before any rendering."""
+a request whose text alone exceeds the context window is answered as a full window is (a 400: Anthropic's
+"prompt is too long", OpenAI's context_length_exceeded) before any rendering."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ async def test_ten_mib_message_is_refused_before_rendering(make_harness, protoco
     t0 = time.perf_counter()
     r = await h.client.post(GOOD[protocol][0], json=data, headers={"Authorization": "Bearer sess-a"})
     elapsed = time.perf_counter() - t0
-    # Answered as a full window is (a context_limit stop, which every CLI ends on), without rendering it.
-    assert r.status == 200, await r.text()
+    # Answered as a full window is (a 400 in the protocol's shape), without rendering it.
+    assert r.status == 400, await r.text()
     await r.read()
     session = h.sessions.get("sess-a")
     assert session.records == [] and h.engine.calls == [] and session.termination == "context_limit"
@@ -67,7 +68,7 @@ async def test_other_sessions_are_served_while_a_huge_request_renders(make_harne
 async def test_a_large_body_is_not_queued_behind_other_sessions_renders(make_harness, tmp_path) -> None:
     """Renders run on the core's own threads: with every render thread busy (and more renders waiting,
     more than the loop's default pool has threads), a 1 MiB over-window request is still decoded on the
-    default pool, refused with a context_limit stop, and its session status fsynced."""
+    default pool, refused as context_length_exceeded, and its session status fsynced."""
     import threading
 
     sids = [f"s{i}" for i in range(8)]
@@ -87,8 +88,8 @@ async def test_a_large_body_is_not_queued_behind_other_sessions_renders(make_har
         big = one_message("chat", file_text(1024 * 1024, seed=5))
         r = await asyncio.wait_for(h.client.post("/v1/chat/completions", json=big,
                                                  headers={"Authorization": "Bearer big"}), 30)
-        assert r.status == 200, await r.text()
-        assert (await r.json())["choices"][0]["finish_reason"] == "length"
+        assert r.status == 400, await r.text()
+        assert (await r.json())["error"]["code"] == "context_length_exceeded"
         assert h.sessions.get("big").termination == "context_limit"
         assert (tmp_path / "big.session.json").exists()
         assert not any(t.done() for t in renders)  # they were still held while the big one was answered

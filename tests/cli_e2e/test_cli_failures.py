@@ -37,20 +37,39 @@ async def test_unknown_session_ends_each_cli_with_the_adapters_message(start_ada
     assert adapter.engine.calls == [] and adapter.sessions.get("sess-1").records == []
 
 
-async def test_full_context_window_ends_claude_code_and_codex(start_adapter, cli_path, tmp_path: Path) -> None:
-    """A first turn larger than the session's window: no engine call, a protocol stop, and the CLI ends."""
-    adapter = await start_adapter(["never used"], sessions=("sess-1",), max_context_tokens=64)
+async def test_full_context_window_ends_each_cli(start_adapter, cli_path, tmp_path: Path) -> None:
+    """A first turn larger than the session's window: no engine call, and each CLI ends, naming the window.
+    Claude Code gets Anthropic's 400 "prompt is too long" (one more request, its recovery attempt, then it
+    ends as ``prompt_too_long``; on the stop ``model_context_window_exceeded`` it sent before, it read a cut
+    output, ``max_output_tokens``, and sent three more requests). Codex gets OpenAI's
+    ``context_length_exceeded`` in ``response.failed`` and reports it as its own context-window error (any
+    other code there it retries); OpenCode gets it as a stream error and ends on it; OpenHands' litellm reads
+    the 400 as its ContextWindowExceededError."""
+    sessions = ("sess-1", "sess-codex", "sess-opencode", "sess-openhands")
+    adapter = await start_adapter(["never used"], sessions=sessions, max_context_tokens=64)
     claude = await run_claude(adapter, cli_path, tmp_path / "claude")
     assert not claude.timed_out, claude.stdout[-2000:]
     final = result_event(claude.stdout)
-    codex, _ = await run_codex(adapter, cli_path, tmp_path / "codex")
-    assert not codex.timed_out and codex.returncode == 0, (codex.stdout[-2000:], codex.stderr[-2000:])
-    assert any(e.get("type") == "turn.completed" for e in events(codex.stdout))
-    session = adapter.sessions.get("sess-1")
-    assert adapter.engine.calls == [] and session.termination == "context_limit"
-    # The text alone is over the window, so the adapter answered before rendering: no ids, nothing recorded.
-    assert session.records == []
-    print("claude:", claude.returncode, final.get("subtype"), final.get("terminal_reason"), final.get("api_error"))
+    assert final.get("terminal_reason") == "prompt_too_long", final
+    codex, _ = await run_codex(adapter, cli_path, tmp_path / "codex", session="sess-codex")
+    assert not codex.timed_out and codex.returncode == 1, (codex.stdout[-2000:], codex.stderr[-2000:])
+    [failed] = [e for e in events(codex.stdout) if e.get("type") == "turn.failed"]
+    assert "ran out of room in the model's context window" in failed["error"]["message"], failed
+    opencode, _ = await run_opencode(adapter, cli_path, tmp_path / "opencode", key="sess-opencode",
+                                     timeout=120)
+    said = opencode.stdout + opencode.stderr
+    assert not opencode.timed_out and "context" in said.lower(), said[-3000:]
+    openhands, _ = await run_openhands(adapter, cli_path, tmp_path / "openhands", key="sess-openhands",
+                                       timeout=120)
+    assert not openhands.timed_out and openhands.returncode != 0
+    assert "ContextWindowExceededError" in openhands.stdout + openhands.stderr, openhands.stderr[-2000:]
+    assert adapter.engine.calls == []
+    for sid in sessions:
+        session = adapter.sessions.get(sid)
+        # The text alone is over the window: answered before rendering, no ids, nothing recorded.
+        assert session.termination == "context_limit" and session.records == [], sid
+    # One request each (no retry of the refusal); Claude Code makes one recovery attempt.
+    assert [adapter.sessions.get(sid).requests for sid in sessions] == [2, 1, 1, 1]
 
 
 async def test_request_cap_stops_opencode_instead_of_looping(start_adapter, cli_path, tmp_path: Path) -> None:

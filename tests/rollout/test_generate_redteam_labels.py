@@ -115,3 +115,32 @@ async def test_a_tool_call_that_kills_the_cli_is_the_policys_outcome_on_sunabako
     assert_nothing_running(stack.sessions)
     left = sunabako_node.sandbox_ids() - before
     assert not left, f"sunabako sandboxes left on {sunabako_node.state_dir}: {sorted(left)}"
+
+
+async def test_a_tool_call_that_runs_the_sandbox_out_of_memory_is_the_policys_outcome_on_sunabako(
+    scripted_stack: Any, toolchain: Toolchain, sunabako_node: Any, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
+    """A memory hog: the node's supervisor kills the whole sandbox (its memory limit), so the next command
+    fails. That was sandbox_lost (excluded from training: the policy escaped its penalty); the node says why
+    (memory_limit_exceeded), and it is the policy's outcome, graded as a change of nothing."""
+
+    def policy(prompt: str, index: int) -> str:
+        return tool_call_text("Bash", {"command": "head -c 2500M /dev/zero | tail", "description": "hog"})
+
+    before = sunabako_node.sandbox_ids()
+    stack = await scripted_stack(policy, score=False)
+    ctx = make_context(
+        tmp_path / "run", stack.sessions, stack.url, toolchain, provider="sunabako", grader_provider="sunabako",
+        provider_options=sunabako_node.provider_options, sandbox_options={"network": "host", "memory_mb": 1024},
+    )  # fmt: skip
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], "claude_code"))
+    ctx.run.close()
+    assert len(stack.engine.calls) == 1, result.detail
+    assert result.termination is TerminationReason.AGENT_ERROR_EXIT, result.detail
+    assert "memory_limit_exceeded" in result.detail and not result.infrastructure_failure
+    assert result.reward == 0.0
+    names = {p.name for p in result.artifacts.iterdir()}
+    assert "grader.log" in names and "patch.diff" not in names, sorted(names)  # nothing left to capture
+    assert_nothing_running(stack.sessions)
+    left = sunabako_node.sandbox_ids() - before
+    assert not left, f"sunabako sandboxes left on {sunabako_node.state_dir}: {sorted(left)}"

@@ -16,6 +16,12 @@ Quirks of the real client this must accept (Claude Code, measured in FIELD-NOTES
 * A ``DeferredToolPlaceholder`` tool with ``defer_loading: true``: deferred tools are not loaded into
   the model's context, so they are not offered. Tools of unknown ``type`` (Anthropic's versioned
   server/client tools) are passed through to the model as plain function tools.
+
+A prompt with no room left in the context window is answered as Anthropic does: a 400
+``invalid_request_error`` "prompt is too long: N tokens > M maximum" (in the stream, an ``error`` event).
+Claude Code ends on it as ``prompt_too_long`` after one more request (its recovery attempt). The stop
+reason ``model_context_window_exceeded`` it was answered with before, Claude Code took for a cut output
+(``max_output_tokens``) and sent three more requests to recover.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ STOP_REASONS = {
     "tool_use": "tool_use",
     "max_tokens": "max_tokens",
     "stop_sequence": "stop_sequence",
-    # The Messages API's own stop for a full context window; clients end the turn on it.
+    # Only reached by a direct render: the server sends a context_limit answer as a 400 (answer_as_error).
     "context_limit": "model_context_window_exceeded",
 }
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -333,6 +339,14 @@ class AnthropicDialect(Dialect):
             "usage": {"output_tokens": resp.completion_tokens}}))
         events.append(SSEEvent("message_stop", {"type": "message_stop"}))
         return events
+
+    def answer_as_error(self, resp: CanonicalResponse, req: CanonicalRequest) -> WireError | None:
+        if resp.stop != "context_limit":
+            return None
+        # Anthropic's wording, which Claude Code matches (N is a lower bound when the text alone was over).
+        window = resp.context_window if resp.context_window is not None else "the adapter's"
+        return WireError(400, "invalid_request_error",
+                         f"prompt is too long: {resp.prompt_tokens} tokens > {window} maximum")
 
     def error_body(self, err: WireError) -> dict[str, Any]:
         kind = err.kind if err.kind != "invalid_request_error" else ERROR_TYPES.get(err.status, err.kind)

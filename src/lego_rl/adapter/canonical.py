@@ -60,3 +60,5 @@ class CanonicalResponse(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     parse_failures: int = 0
+    context_window: int | None = None
+    """The window (prompt plus output tokens) a ``context_limit`` stop ran into; None for other stops."""

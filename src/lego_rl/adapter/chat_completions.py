@@ -10,6 +10,10 @@ Quirks of the real clients (FIELD-NOTES):
   and, by default, no stream.
 
 Assistant reasoning is read from and written to ``reasoning_content``.
+
+A prompt with no room left in the context window is answered as OpenAI does: a 400 with
+``code: "context_length_exceeded"``, ``param: "messages"`` (in the stream for a streaming request), which
+OpenCode reads as a context overflow rather than an error to retry.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from lego_rl.adapter.dialect import (
     WireError,
     body_object,
     check_tool_results,
+    context_length_exceeded,
     expect,
     get_field,
     parse_arguments,
@@ -208,9 +213,13 @@ class ChatCompletionsDialect(Dialect):
         events.append(SSEEvent(None, "[DONE]"))
         return events
 
+    def answer_as_error(self, resp: CanonicalResponse, req: CanonicalRequest) -> WireError | None:
+        return context_length_exceeded(resp, "messages")
+
     def error_body(self, err: WireError) -> dict[str, Any]:
         kind = "server_error" if err.status >= 500 else err.kind
-        return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.status}}
+        code = err.code if err.code is not None else err.status
+        return {"error": {"message": err.message, "type": kind, "param": err.param, "code": code}}
 
     def stream_error_events(self, err: WireError, model: str) -> list[SSEEvent]:
         return [SSEEvent(None, self.error_body(err)), SSEEvent(None, "[DONE]")]

@@ -163,12 +163,17 @@ class AdapterCore:
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
 
+    def window(self, session: Session | None) -> int:
+        """Prompt plus output tokens one call of ``session`` may use: the core's window, or the session's
+        smaller one."""
+        limit = session.max_context_tokens if session is not None else None
+        return min(self.max_context_tokens, limit or self.max_context_tokens)
+
     def too_long(self, session: Session | None, messages: Sequence[Message], req: CanonicalRequest) -> int | None:
         """A lower bound on the prompt tokens of a request whose text alone cannot fit the context window
         (checked before any rendering, so a 10 MiB message costs no tokenisation and records no ids); None when
         it may fit."""
-        limit = session.max_context_tokens if session is not None else None
-        window = min(self.max_context_tokens, limit or self.max_context_tokens)
+        window = self.window(session)
         floor = self.renderer.min_prompt_tokens(messages, req.tools)
         return floor if floor >= window else None
 
@@ -232,7 +237,7 @@ class AdapterCore:
             log.warning("adapter: session %s: request text alone is at least %d tokens, over the context window; "
                         "answered with a context_limit stop before rendering", session.id, floor)
             return CanonicalResponse(id=_response_id(req), model=req.model or self.model_name, stop="context_limit",
-                                     prompt_tokens=floor)
+                                     prompt_tokens=floor, context_window=self.window(session))
         try:
             plan = await self.in_render_pool(self.bridge.plan, chain, messages, req.tools,
                                              self.template_kwargs(session, req))
@@ -247,7 +252,7 @@ class AdapterCore:
                 session.id, repeat_of, req.side_label or "main", repeat_of,
             )
 
-        window = min(self.max_context_tokens, session.max_context_tokens or self.max_context_tokens)
+        window = self.window(session)
         remaining = window - len(plan.prompt_ids)
         cap = min(self.max_response_tokens, session.max_response_tokens or self.max_response_tokens)
         if req.max_tokens is not None:
@@ -415,6 +420,7 @@ class AdapterCore:
             model=req.model or self.model_name,
             stop=stop,
             prompt_tokens=len(plan.prompt_ids),
+            context_window=self.window(session) if stop == "context_limit" else None,
         )
 
     def _record(

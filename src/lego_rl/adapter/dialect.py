@@ -58,6 +58,9 @@ class WireError:
     kind: str
     message: str
     param: str | None = None
+    code: str | None = None
+    """A machine-readable code clients act on, where the protocol has one (OpenAI's
+    ``context_length_exceeded``: Codex and OpenCode stop or compact on it instead of retrying)."""
 
 
 class Dialect(ABC):
@@ -88,9 +91,31 @@ class Dialect(ABC):
     def stream_error_events(self, err: WireError, model: str) -> list[SSEEvent]:
         """Events that end an already started stream with ``err``, terminator included."""
 
+    def answer_as_error(self, resp: CanonicalResponse, req: CanonicalRequest) -> WireError | None:
+        """An answer of the core that this protocol sends as an error rather than a reply (None: a reply).
+        The turn is over either way (recorded, the session's termination set)."""
+        return None
+
     def count_tokens_body(self, input_tokens: int) -> dict[str, Any]:
         """JSON reply of a ``count_tokens`` route (only dialects that declare one override this)."""
         raise NotImplementedError(f"{self.name} has no count_tokens route")
+
+
+def context_length_exceeded(resp: CanonicalResponse, param: str) -> WireError | None:
+    """OpenAI's answer to a prompt that leaves no room in the context window: a 400 with
+    ``code: "context_length_exceeded"`` (what the OpenAI APIs send, and what Codex and OpenCode recognise),
+    for the core's ``context_limit`` stop; None for any other answer."""
+    if resp.stop != "context_limit":
+        return None
+    # OpenAI's own wording, with both phrases the clients' overflow patterns look for (litellm: "This model's
+    # maximum context length is"; OpenCode: that with a number, or "exceeds the context window").
+    window = resp.context_window if resp.context_window is not None else "the adapter's window of"
+    return WireError(
+        400, "invalid_request_error",
+        f"This model's maximum context length is {window} tokens (prompt and output together). However, "
+        f"your input resulted in at least {resp.prompt_tokens} tokens: it exceeds the context window of this "
+        "model. Please reduce the length of the messages or compact the conversation.",
+        param=param, code="context_length_exceeded")
 
 
 # ---------------------------------------------------------------------------------------------------

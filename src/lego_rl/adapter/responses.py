@@ -15,6 +15,10 @@ hand the client text past the point it asked to stop at), and ``POST /v1/respons
 (server-side compaction).
 A ``tool_search`` tool with ``execution: "client"`` is offered to the model as a plain function tool.
 Requests of Codex sub-agents (``x-codex-turn-metadata``) are side requests on their own chains.
+
+A prompt with no room left in the context window is answered as OpenAI does: ``code:
+"context_length_exceeded"``, ``param: "input"``, as a 400 or, in a stream, a ``response.failed`` (Codex
+reads that code as its own context-window error and ends the turn; any other code there it retries).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from lego_rl.adapter.dialect import (
     WireError,
     body_object,
     check_tool_results,
+    context_length_exceeded,
     expect,
     get_field,
     new_id,
@@ -297,8 +302,10 @@ class ResponsesDialect(Dialect):
 
     @staticmethod
     def _status(resp: CanonicalResponse) -> str:
-        # A full context window ends the turn as completed, so the client stops instead of retrying.
         return "incomplete" if resp.stop == "max_tokens" else "completed"
+
+    def answer_as_error(self, resp: CanonicalResponse, req: CanonicalRequest) -> WireError | None:
+        return context_length_exceeded(resp, "input")
 
     def render_response(self, resp: CanonicalResponse, req: CanonicalRequest) -> dict[str, Any]:
         return self._response(resp, req, output_items(resp, req), self._status(resp))
@@ -319,12 +326,12 @@ class ResponsesDialect(Dialect):
 
     def error_body(self, err: WireError) -> dict[str, Any]:
         kind = "server_error" if err.status >= 500 else err.kind
-        return {"error": {"message": err.message, "type": kind, "param": err.param, "code": None}}
+        return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
 
     def stream_error_events(self, err: WireError, model: str) -> list[SSEEvent]:
         failed = {"id": new_id("resp_"), "object": "response", "created_at": int(time.time()), "model": model,
                   "status": "failed", "output": [],
-                  "error": {"code": "server_error" if err.status >= 500 else "invalid_request",
+                  "error": {"code": err.code or ("server_error" if err.status >= 500 else "invalid_request"),
                             "message": err.message}}
         return [SSEEvent("response.failed", {"type": "response.failed", "sequence_number": 0,
                                              "response": failed})]

@@ -165,6 +165,10 @@ class AdapterServer:
                 return await self.stream(request, dialect, session, req)
             resp = await self.core.run_turn(session, req)
             await self.after_turn(session)
+            refusal = dialect.answer_as_error(resp, req)
+            if refusal is not None:  # the turn is over and recorded: an answer in the error's shape
+                log_answer(refusal, session, request.path)
+                return web.json_response(dialect.error_body(refusal), status=refusal.status, headers=NO_RETRY)
             return web.json_response(dialect.render_response(resp, req))
         except Exception as exc:  # noqa: BLE001 - the edge maps every error once
             err = to_wire_error(exc)
@@ -250,7 +254,12 @@ class AdapterServer:
             raise
         await self.after_turn(session)
         try:
-            events = dialect.stream_events(turn.result(), req)
+            refusal = dialect.answer_as_error(turn.result(), req)
+            if refusal is not None:
+                log_answer(refusal, session, request.path, in_stream=True)
+                events = dialect.stream_error_events(refusal, req.model)
+            else:
+                events = dialect.stream_events(turn.result(), req)
         except Exception as exc:  # noqa: BLE001 - becomes the protocol's in-stream error
             err = to_wire_error(exc)
             log_answer(err, session, request.path, in_stream=True)

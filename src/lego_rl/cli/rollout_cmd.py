@@ -125,9 +125,11 @@ def rollout_check(
     typed = rollout_options(data, vllm_url, harness)
     try:
         r = load(config, overrides, typed)
+        from lego_rl.orchestrate.engine_checks import ENGINE_CHECKS
         from lego_rl.orchestrate.harnesses import harness_inventory
 
-        errors = [f for f in run_checks(r, harnesses=harness_inventory(r)) if f.severity == "error"]
+        findings = run_checks(r, harnesses=harness_inventory(r), extra=ENGINE_CHECKS)
+        errors = [f for f in findings if f.severity == "error"]
         if errors:
             for f in errors:
                 given = ", ".join(f"{key} from {r.source(key)}" for key in f.keys if r.is_explicit(key))

@@ -38,7 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lego_rl.errors import GraderError, LegoError, SandboxError, SandboxLost, TrajectoryError
+from lego_rl.errors import (
+    GraderError,
+    LegoError,
+    SandboxError,
+    SandboxLimitExceeded,
+    SandboxLost,
+    TrajectoryError,
+)
 from lego_rl.harness.models import HarnessOutcome, RunRequest
 from lego_rl.harness.plugins import HarnessHandle
 from lego_rl.harness.toolchain import Toolchain
@@ -173,6 +180,8 @@ class _Rollout:
         self.snapshot: Snapshot | None = None
         self._cli_files_taken = False
         self._patch_tried = False
+        self.over_limit: SandboxLimitExceeded | None = None
+        """The agent sandbox was killed for going over its own limits (memory, processes) during the run."""
         self.on_result: Callable[[RolloutResult], None] | None = None
 
     @property
@@ -304,7 +313,15 @@ class _Rollout:
                     max_context_tokens=s.max_context_tokens, max_response_tokens=s.max_response_tokens,
                     user=s.agent_user, artifacts_dir=self.folder,
                 )
-                self.outcome = await self.harness.run(sb, request)
+                started = time.monotonic()
+                try:
+                    self.outcome = await self.harness.run(sb, request)
+                except SandboxLimitExceeded as exc:
+                    # Its own processes ran the sandbox over a limit (a tool call can: a memory hog): a death
+                    # of the CLI like any other, judged by when it happened, not an outage.
+                    self.over_limit = exc
+                    self.outcome = HarnessOutcome(harness=self.harness_name, exit_code=None, crashed=True,
+                                                  duration_s=time.monotonic() - started, detail=str(exc))
                 # Facts only: the termination reason is decided once, in rollout_finished.
                 self.ctx.run.events.emit(AgentExited(
                     rollout_id=self.rid, cli_s=round(self.outcome.duration_s, 3), exit_code=self.outcome.exit_code,
@@ -312,22 +329,28 @@ class _Rollout:
                 ))
                 await self._save_cli_files(sb)
             reason, detail = self._policy_outcome()
-            if self.outcome is not None and self.outcome.crashed and not await _alive(sb):
+            died = self.outcome is not None and self.outcome.crashed and self.over_limit is None
+            if died and not await _alive(sb):
                 reason, detail = TerminationReason.SANDBOX_LOST, f"the agent sandbox died during the run: {detail}"
             if is_infrastructure_failure(reason):
                 return reason, detail  # the patch is still taken, by _salvage, while the sandbox answers
             async with self.stage("patch", TerminationReason.SANDBOX_LOST):
                 self._patch_tried = True
                 try:
+                    if self.over_limit is not None:
+                        raise self.over_limit  # that sandbox is gone: nothing left to capture
                     self.patch = await capture_patch(sb, snapshot)
                 except SandboxError as exc:
-                    if isinstance(exc, SandboxLost) or not await _alive(sb):
+                    if isinstance(exc, SandboxLost) or (not isinstance(exc, SandboxLimitExceeded)
+                                                        and not await _alive(sb)):
                         raise
                     # The sandbox answers, so the workspace itself defeats the capture (a FIFO git cannot
-                    # add, files too big to hash in time, deleted borrowed objects): the policy's doing,
-                    # graded as if it had changed nothing rather than excluded as an outage.
-                    reason, detail = (TerminationReason.AGENT_ERROR_EXIT,
-                                      f"the agent's workspace could not be captured as a patch: {exc}")
+                    # add, files too big to hash in time, deleted borrowed objects), or the agent's own
+                    # processes ran it over its limits: the policy's doing, graded as if it had changed
+                    # nothing rather than excluded as an outage.
+                    if exc is not self.over_limit:  # else the CLI's death already says why
+                        reason, detail = (TerminationReason.AGENT_ERROR_EXIT,
+                                          f"the agent's workspace could not be captured as a patch: {exc}")
                     self.patch = b""
                     self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name="patch.diff",
                                                               error=f"{type(exc).__name__}: {exc}"))

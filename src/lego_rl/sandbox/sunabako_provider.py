@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lego_rl.errors import SandboxError, SandboxLost, SandboxTimeout
+from lego_rl.errors import SandboxError, SandboxLimitExceeded, SandboxLost, SandboxTimeout
 from lego_rl.sandbox.base import ExecResult, ImageSpec, Sandbox, SandboxProvider, cut_message
 from lego_rl.sandbox.egress import EgressRelay, Endpoint, parse_allow, start_relay
 from lego_rl.sandbox.sunabako_stage import RootfsStage
@@ -76,6 +76,11 @@ SSH_TRANSPORT_ERRORS = re.compile(
     r"Could not resolve hostname|No route to host|Transport timed out|client_loop: send disconnect|"
     r"Network is unreachable|port \d+: Connection|Connection to \S+ closed by remote host"
 )
+# The status reasons of a sandbox its supervisor killed because its own processes went over a limit set
+# at create ("sandbox closed the RPC (inspect status for OOM/timeout/exit)" is all the failing RPC says).
+LIMIT_REASONS = {"memory_limit_exceeded": "memory", "process_limit_exceeded": "process"}
+RPC_CLOSED = "sandbox closed the RPC"
+STATUS_SETTLE_S = 5.0  # the RPC closes ~50 ms before the supervisor records why (measured on a local node)
 BACKSTOP_S = 15  # runtime timeout beyond the in-sandbox one: only a command immune to SIGKILL reaches it
 TIMEOUT_EXITS = (124, 137)  # coreutils timeout: TERM worked / KILL was needed
 
@@ -215,6 +220,32 @@ class SunabakoSandbox(Sandbox):
                                "collected by `lego sandbox gc --provider sunabako` once it is back")
         return SandboxError(f"sunabako {what} in {self.id} on node {self.node_name}{state}: {cut_message(str(exc))}")
 
+    async def _failure(self, what: str, exc: BaseException) -> SandboxError:
+        """``_fail``, except that a sandbox killed for going over its own limits is told apart (the node is
+        asked why): a policy can cause that (a memory hog), so it must not read as an outage."""
+        error = self._fail(what, exc)
+        if isinstance(error, SandboxLost):
+            return error
+        deadline = time.monotonic() + (STATUS_SETTLE_S if RPC_CLOSED in str(exc) else 0)
+        try:
+            while True:
+                info = await self._inner.node.call_async("inspect", self.id, timeout=30)
+                status, spec = info["status"], info["spec"]
+                if status.get("state") != "running" or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.05)
+            reason = status.get("reason")
+        except (self._sdk.SandboxError, KeyError, TypeError, AttributeError, ValueError):
+            return error  # no better answer than the RPC's own
+        if status.get("state") != "failed" or reason not in LIMIT_REASONS:
+            return error
+        peak, limit = status.get("memory_peak"), spec.get("memory_bytes")
+        seen = (f"; memory peak {peak >> 20} MiB of {limit >> 20} MiB"
+                if isinstance(peak, int) and isinstance(limit, int) else "")
+        return SandboxLimitExceeded(
+            f"sandbox {self.id} on node {self.node_name} was killed during {what}: its processes went over "
+            f"its {LIMIT_REASONS[reason]} limit ({reason}{seen})", limit=reason)
+
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else os.path.join(self.image.workdir or "/", path)
 
@@ -238,7 +269,7 @@ class SunabakoSandbox(Sandbox):
                 user=user or "root", check=False,
             )
         except (self._sdk.SandboxError, ValueError) as exc:
-            raise self._fail(f"exec of {cut_message(str(cmd), 200)}", exc) from exc
+            raise await self._failure(f"exec of {cut_message(str(cmd), 200)}", exc) from exc
         elapsed = time.monotonic() - start
         timed_out = raw.timed_out or (
             timeout is not None and self.has_timeout and raw.exit_code in TIMEOUT_EXITS and elapsed >= timeout
@@ -263,7 +294,7 @@ class SunabakoSandbox(Sandbox):
         try:
             await self._inner.files.write(target, content, user=user or "root")
         except (self._sdk.SandboxError, ValueError, OSError) as exc:
-            raise self._fail(f"write of {target} as {user or 'root'}", exc) from exc
+            raise await self._failure(f"write of {target} as {user or 'root'}", exc) from exc
 
     async def read_file(self, path: str, *, user: str | None = None) -> bytes:
         if self._closed:
@@ -272,7 +303,7 @@ class SunabakoSandbox(Sandbox):
         try:
             return bytes(await self._inner.files.read(target, format="bytes", user=user or "root"))
         except (self._sdk.SandboxError, ValueError) as exc:
-            raise self._fail(f"read of {target} as {user or 'root'}", exc) from exc
+            raise await self._failure(f"read of {target} as {user or 'root'}", exc) from exc
 
     async def close(self) -> None:
         if self._closed:
