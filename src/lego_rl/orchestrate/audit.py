@@ -252,16 +252,16 @@ def _check_tokens_and_versions(run: _Run) -> tuple[Check, Check, dict[int, list[
         for step in sorted(run.step_started):
             start = run.step_started[step].ts
             end = run.step_finished[step].ts if step in run.step_finished else float("inf")
-            want = run.step_started[step].weight_version
+            started_on = run.step_started[step].weight_version
             counts: dict[int, int] = defaultdict(int)
             for rec in run.engine:
                 if "ts" in rec and start <= rec["ts"] <= end:
                     for v in _token_versions(rec):
                         counts[v] += 1
             served_by_step[step] = dict(counts)
-            wrong = {v: n for v, n in counts.items() if v != want}
+            wrong = {v: n for v, n in counts.items() if v != started_on}
             if wrong:
-                versions_bad.append(f"step {step} started on version {want}, but the engines served "
+                versions_bad.append(f"step {step} started on version {started_on}, but the engines served "
                                     f"{sum(wrong.values())} of its replies under {sorted(wrong)}")
     tokens = Check(name="tokens_match_engine", passed=not missing and runs_matched > 0,
                    detail=_first(missing) if missing else
