@@ -202,6 +202,40 @@ def mcore_names(shape: Qwen3Shape) -> list[str]:
     return names
 
 
+def expert_of(name: str) -> int | None:
+    """The global expert id of a routed expert's Megatron parameter
+    (``decoder.layers.{i}.mlp.experts.local_experts.{e}.*``, global numbering), None for any other parameter."""
+    parts = name.split(".")
+    if parts[3:6] == ["mlp", "experts", "local_experts"] and len(parts) > 6 and parts[6].isdigit():
+        return int(parts[6])
+    return None
+
+
+def expert_rank_of(name: str, num_experts: int, ep: int) -> int | None:
+    """The expert-parallel rank (of ``ep``, each holding ``num_experts / ep`` consecutive experts, megatron-core's
+    split) that holds parameter ``name``; None for a parameter every expert-parallel rank holds."""
+    e = expert_of(name)
+    return None if e is None else e // (num_experts // ep)
+
+
+def check_ep(shape: Qwen3Shape, ep: int, *, tp: int = 1, pp: int = 1) -> None:
+    """Expert parallelism needs a MoE model whose experts split evenly, with TP = PP = 1 (what is built and
+    tested: experts of a TP > 1 model are split by TP, and the export's pipeline path gathers no experts)."""
+    if ep == 1:
+        return
+    if not shape.num_experts:
+        raise ConfigError(f"train.expert_parallel = {ep} needs a mixture-of-experts model; this one is dense",
+                          parameter="train.expert_parallel", value=ep)
+    if shape.num_experts % ep:
+        raise ConfigError(f"train.expert_parallel = {ep} does not divide the model's {shape.num_experts} experts "
+                          "(num_experts); every rank holds the same number of them", parameter="train.expert_parallel",
+                          value=ep)
+    if tp > 1 or pp > 1:
+        raise ConfigError(f"train.expert_parallel = {ep} runs with train.tensor_parallel = 1 and "
+                          f"train.pipeline_parallel = 1 only (got TP {tp}, PP {pp})", parameter="train.expert_parallel",
+                          value=ep)
+
+
 def pipeline_stage_of(name: str, num_layers: int, pp: int) -> int:
     """The pipeline stage (of ``pp``, each holding ``num_layers / pp`` consecutive layers) that holds the
     Megatron parameter ``name`` (global layer numbering): the embedding is on the first, the final norm and

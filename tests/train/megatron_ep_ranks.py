@@ -1,0 +1,67 @@
+"""One expert-parallel Megatron rank, run under ``torchrun`` by ``test_megatron_ep.py`` (CPU, gloo, the tiny
+Qwen3-MoE): ``python -m torch.distributed.run --nproc-per-node 2 megatron_ep_ranks.py MODEL_DIR OUT_DIR EP``.
+
+Every rank exports the weights before training, scores a step whose micro-batches split unevenly over the two
+DP ranks (counts and lengths), trains one GSPO step on it, saves a checkpoint, resumes a second backend from
+it and trains both one more step; a third backend replays random routes (R3). Rank 0 writes what the test
+compares with one process (EP 1) on the same weights; every rank writes the names of the parameters it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from megatron_steps import fixed_step, routed  # noqa: E402
+
+from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
+from lego_rl.train.megatron_backend import MegatronBackend, MegatronTrainSettings  # noqa: E402
+
+STEP = {"seed": 0, "rollouts": 6, "budget": 48}
+"""An odd number of micro-batches of different lengths (the test checks that it is)."""
+
+
+def main(model_dir: Path, out: Path, ep: int) -> None:
+    warnings.filterwarnings("ignore")
+    settings = MegatronTrainSettings(lr=1e-3, device="cpu", expert_parallel=ep)
+    backend = MegatronBackend(model_dir, settings)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    step = fixed_step(vocab, **STEP)  # type: ignore[arg-type]
+    initial = {n: t.clone() for n, t in backend.export_weights()}
+    plain = backend.compute_logprobs(step.micro_batches, temperature=0.7)
+    nucleus = backend.compute_logprobs(step.micro_batches, temperature=0.7, top_p=0.9, top_k=50)
+    result = backend.train_step(step, make_loss(LossConfig(algorithm="gspo")), old_logprobs=plain,
+                                temperature=0.7)
+    weights = {n: t.clone() for n, t in backend.export_weights()}
+    backend.save_checkpoint(out / "ckpt", extra_state={"step": 1})
+    again = MegatronBackend(model_dir, settings)
+    extra = again.load_checkpoint(out / "ckpt")
+    nxt = fixed_step(vocab, seed=3)
+    a = backend.train_step(nxt, make_loss(LossConfig()), old_logprobs=backend.compute_logprobs(
+        nxt.micro_batches, temperature=1.0), temperature=1.0)
+    b = again.train_step(nxt, make_loss(LossConfig()), old_logprobs=again.compute_logprobs(
+        nxt.micro_batches, temperature=1.0), temperature=1.0)
+    wa, wb = dict(backend.export_weights()), dict(again.export_weights())
+    replay = MegatronBackend(model_dir, MegatronTrainSettings(lr=1e-3, device="cpu", expert_parallel=ep,
+                                                             routing_replay=True))
+    replayed = replay.compute_logprobs(routed(fixed_step(vocab, **STEP), seed=0).micro_batches,  # type: ignore[arg-type]
+                                       temperature=1.0)
+    (out / f"names{dist.get_rank()}.json").write_text(json.dumps([n for n, _ in backend.local_parameters()]))
+    if dist.get_rank() == 0:
+        torch.save({"initial": initial, "plain": plain, "nucleus": nucleus, "metrics": result.metrics,
+                    "weights": weights, "extra": extra, "next": (a.metrics, b.metrics),
+                    "equal": sorted(n for n in wa if torch.equal(wa[n], wb[n])), "names": sorted(wa),
+                    "replayed": replayed}, out / "rank0.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
