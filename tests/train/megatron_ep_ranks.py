@@ -1,10 +1,11 @@
 """One expert-parallel Megatron rank, run under ``torchrun`` by ``test_megatron_ep.py`` (CPU, gloo, the tiny
-Qwen3-MoE): ``python -m torch.distributed.run --nproc-per-node 2 megatron_ep_ranks.py MODEL_DIR OUT_DIR EP``.
+Qwen3-MoE): ``python -m torch.distributed.run --nproc-per-node N megatron_ep_ranks.py MODEL_DIR OUT_DIR EP``.
 
 Every rank exports the weights before training, scores a step whose micro-batches split unevenly over the two
 DP ranks (counts and lengths), trains one GSPO step on it, saves a checkpoint, resumes a second backend from
 it and trains both one more step; a third backend replays random routes (R3). Rank 0 writes what the test
 compares with one process (EP 1) on the same weights; every rank writes the names of the parameters it holds.
+With more ranks than EP (DP > EP: experts also data-parallel) only the first step and the checkpoint run.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def main(model_dir: Path, out: Path, ep: int) -> None:
                                 temperature=0.7)
     weights = {n: t.clone() for n, t in backend.export_weights()}
     backend.save_checkpoint(out / "ckpt", extra_state={"step": 1})
+    if dist.get_world_size() > ep:
+        if dist.get_rank() == 0:
+            torch.save({"plain": plain, "metrics": result.metrics, "weights": weights}, out / "rank0.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     again = MegatronBackend(model_dir, settings)
     extra = again.load_checkpoint(out / "ckpt")
     nxt = fixed_step(vocab, seed=3)

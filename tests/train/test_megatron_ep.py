@@ -46,19 +46,26 @@ def vocab(moe_model: Path) -> int:
     return int(json.loads((moe_model / "config.json").read_text())["vocab_size"])
 
 
-@pytest.fixture(scope="module")
-def ranks(moe_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    """``megatron_ep_ranks.py`` on two gloo ranks with EP = 2: rank 0's results and the output directory."""
-    out = tmp_path_factory.mktemp("ep")
+def run_ranks(moe_model: Path, out: Path, *, world: int, ep: int) -> dict[str, Any]:
+    """``megatron_ep_ranks.py`` on ``world`` gloo ranks with expert parallel size ``ep``: rank 0's results."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     with socket.socket() as sock:  # torchrun's --master-port 0 hangs the workers' rendezvous (torch 2.13)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), str(HERE / "megatron_ep_ranks.py"), str(moe_model), str(out), "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-addr",
+           "127.0.0.1", "--master-port", str(port), str(HERE / "megatron_ep_ranks.py"), str(moe_model), str(out),
+           str(ep)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out / "rank0.pt", weights_only=True), out
+    got: dict[str, Any] = torch.load(out / "rank0.pt", weights_only=True)
+    return got
+
+
+@pytest.fixture(scope="module")
+def ranks(moe_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """Two ranks, EP = DP = 2: rank 0's results and the output directory."""
+    out = tmp_path_factory.mktemp("ep")
+    return run_ranks(moe_model, out, world=2, ep=2), out
 
 
 def one_process(model: Path, **kw: object) -> MegatronBackend:
@@ -126,6 +133,26 @@ def test_ep2_logprobs_and_step_equal_one_process(moe_model: Path, vocab: int,
         moved, moved_ep = t - before[name], got["weights"][name] - before[name]
         assert moved.norm() > 0, name  # every weight trains, every expert included
         assert float((moved_ep - moved).norm() / moved.norm()) < 1e-3, name
+
+
+def test_ep2_over_four_data_parallel_ranks(moe_model: Path, vocab: int, tmp_path: Path) -> None:
+    """DP = 4, EP = 2: each expert lives on two ranks (an expert-data-parallel pair whose gradients are summed),
+    the micro-batches split 2/1/1/1 over the ranks; the step equals one process's and only the first
+    expert-parallel group writes optimizer shards (the other holds copies of the same state)."""
+    got = run_ranks(moe_model, tmp_path, world=4, ep=2)
+    step = fixed_step(vocab, **STEP)  # type: ignore[arg-type]
+    one = one_process(moe_model)
+    plain = one.compute_logprobs(step.micro_batches, temperature=0.7)
+    assert max_diff(got["plain"], plain) < 1e-5
+    before = {n: t.clone() for n, t in one.export_weights()}
+    result = one.train_step(step, make_loss(LossConfig(algorithm="gspo")), old_logprobs=plain, temperature=0.7)
+    for key in ("loss", "grad_norm"):
+        assert got["metrics"][key] == pytest.approx(result.metrics[key], rel=1e-5, abs=1e-7), key
+    for name, t in one.export_weights():
+        moved = t - before[name]
+        assert float((got["weights"][name] - before[name] - moved).norm() / moved.norm()) < 1e-3, name
+    shards = sorted(p.name for p in (tmp_path / "ckpt").glob("trainer_state*"))
+    assert shards == ["trainer_state.ep0.tp0.pt", "trainer_state.ep1.tp0.pt"]
 
 
 def test_ep2_checkpoint_round_trip(ranks: tuple[dict[str, Any], Path], moe_model: Path) -> None:
