@@ -25,9 +25,13 @@ numbers on the same weights (``tests/train/test_megatron_backend.py`` compares t
   HF tensor, whose gradients are summed. Export and checkpoints send every stage's tensors to rank 0.
   Every micro-batch is one pipeline message per stage boundary, ``[T, 1, H]`` fp32 (the residual stream's
   dtype even under bf16 autocast, so PP changes no number).
-* **Qwen3-MoE** runs with expert parallel size 1 (experts split by TP like the dense MLP, megatron-core's
-  all-gather dispatcher, no auxiliary loss). With ``routing_replay`` (R3) each router is handed the rollout's
-  experts through megatron-core's own ``RouterReplay`` (``train.routing_replay`` builds and checks them).
+* **Qwen3-MoE** runs with megatron-core's all-gather dispatcher and no auxiliary loss; at expert parallel size 1
+  the experts are split by TP like the dense MLP. With ``expert_parallel`` = EP > 1 (TP = PP = 1) each of EP
+  data-parallel ranks holds ``E / EP`` experts: expert gradients are summed over the expert-data-parallel ranks
+  only, their share of the gradient norm over the EP group, export and checkpoints gather every expert, and
+  the ranks' micro-batches are padded into rounds of equal token counts (``_rounds``), which the dispatcher's
+  equal-size collectives need. With ``routing_replay`` (R3) each router is handed the rollout's experts
+  through megatron-core's own ``RouterReplay`` (``train.routing_replay`` builds and checks them).
 
 Precision, packing and the logprob convention are ``megatron_model``'s (fp32 params, bf16 autocast on CUDA;
 segments attend within themselves; the sampler's top-p/top-k convention).

@@ -19,8 +19,9 @@ Layout differences, and why they exist on the Megatron side:
   ``model.embed_tokens.weight``, as the torch backend's ``named_parameters`` does.
 * **Qwen3-MoE** (every layer routed, no shared expert): HF ``mlp.gate`` is Megatron's ``mlp.router``; expert
   ``e``'s gate/up/down are ``mlp.experts.local_experts.{e}.linear_fc1`` (fused, like the dense MLP) and
-  ``linear_fc2`` (the local spec's ``SequentialMLP``, expert parallel size 1; experts split by TP like the
-  dense MLP). Tested against megatron-core's own MoE ``GPTModel``.
+  ``linear_fc2`` (the local spec's ``SequentialMLP``; experts split by TP like the dense MLP). Names here use
+  global expert ids; with expert parallelism a rank holds ``expert_rank_of``'s share under local ids ``0..``,
+  which the backend maps. Tested against megatron-core's own MoE ``GPTModel``.
 
 Why not mbridge: it tracks Megatron-LM's main branch (its bridges import ``megatron.core`` modules and
 TransformerConfig fields of a matching version) and pulls in Transformer Engine specs; the versions usable
