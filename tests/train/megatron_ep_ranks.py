@@ -58,8 +58,8 @@ def main(model_dir: Path, out: Path, ep: int) -> None:
     wa, wb = dict(backend.export_weights()), dict(again.export_weights())
     replay = MegatronBackend(model_dir, MegatronTrainSettings(lr=1e-3, device="cpu", expert_parallel=ep,
                                                              routing_replay=True))
-    replayed = replay.compute_logprobs(routed(fixed_step(vocab, **STEP), seed=0).micro_batches,  # type: ignore[arg-type]
-                                       temperature=1.0)
+    routed_step = routed(fixed_step(vocab, **STEP), seed=0)  # type: ignore[arg-type]
+    replayed = replay.compute_logprobs(routed_step.micro_batches, temperature=1.0)
     (out / f"names{dist.get_rank()}.json").write_text(json.dumps([n for n, _ in backend.local_parameters()]))
     if dist.get_rank() == 0:
         torch.save({"initial": initial, "plain": plain, "nucleus": nucleus, "metrics": result.metrics,

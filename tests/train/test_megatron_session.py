@@ -81,8 +81,8 @@ def test_trains_the_toy_environment_with_megatron_and_resumes(toy: Path) -> None
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["tensor_parallel", "pipeline_parallel", "expert_parallel"])
 def test_lego_train_under_torchrun_trains_with_megatron_model_parallel(tmp_path: Path, layout: str) -> None:
-    """``torchrun --nproc-per-node 2 lego train`` with ``train.backend = "megatron"`` and TP=2, PP=2 or EP=2 (the tiny
-    MoE, DP=2; gloo on CPU): rank 0 runs the loop, the engine and the run directory, rank 1 follows its trainer
+    """``torchrun --nproc-per-node 2 lego train`` with ``train.backend = "megatron"`` and TP=2, PP=2 or EP=2 (the
+    tiny MoE, DP=2; gloo on CPU): rank 0 runs the loop, the engine and the run directory, rank 1 follows its trainer
     calls (``train.distributed``); both exit 0, both steps trained, the checkpoint holds one optimizer shard per
     rank and the gathered HF weights, and `lego audit` passes over both ranks' records."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
@@ -96,7 +96,8 @@ def test_lego_train_under_torchrun_trains_with_megatron_model_parallel(tmp_path:
                   train={"backend": "megatron", "lr": 1e-3, layout: 2, "audit": True,
                          "oversample_zero_variance": True},
                   cluster={"gpus_per_node": 2},
-                  **({"model": {"checkpoint": str(ensure_tiny_model(moe=True))}} if layout == "expert_parallel" else {}))
+                  **({"model": {"checkpoint": str(ensure_tiny_model(moe=True))}}
+                     if layout == "expert_parallel" else {}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEGO_", "SWE_", "ADAPTER_"))
            and k not in {"PROMPT_DATA", "RUN_ROOT", "RUN_LOG", "HF_CHECKPOINT", "DATA_ROOT"}}
     with socket.socket() as sock:  # a named free port: --master-port 0 would hang the rendezvous

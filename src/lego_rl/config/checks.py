@@ -172,7 +172,8 @@ def _expert_parallelism(r: ResolvedConfig, devices: int) -> Iterator[Finding]:
     if not is_moe(r):
         yield error("expert_parallel_dense", f"train.expert_parallel = {ep} but the model "
                     f"({r.config.model.checkpoint}) is not a mixture-of-experts model: there are no experts to split",
-                    "set train.expert_parallel = 1, or model.moe = true if detection is wrong", "train.expert_parallel")
+                    "set train.expert_parallel = 1, or model.moe = true if detection is wrong",
+                    "train.expert_parallel")
     experts = next((n for k in ("num_experts", "num_local_experts")
                     if isinstance(n := (_checkpoint_config(r) or {}).get(k), int) and n > 1), None)
     if experts is not None and experts % ep:
@@ -181,14 +182,16 @@ def _expert_parallelism(r: ResolvedConfig, devices: int) -> Iterator[Finding]:
                     f"set train.expert_parallel to a divisor of {experts}", "train.expert_parallel")
     if tr.tensor_parallel > 1 or tr.pipeline_parallel > 1:
         yield error("expert_parallel_model_parallel", f"train.expert_parallel = {ep} runs with TP = PP = 1 only "
-                    f"(train.tensor_parallel = {tr.tensor_parallel}, train.pipeline_parallel = {tr.pipeline_parallel})",
+                    f"(train.tensor_parallel = {tr.tensor_parallel}, "
+                    f"train.pipeline_parallel = {tr.pipeline_parallel})",
                     "set train.tensor_parallel = train.pipeline_parallel = 1, or train.expert_parallel = 1",
                     "train.expert_parallel", "train.tensor_parallel", "train.pipeline_parallel")
     dp = tr.data_parallel or max(1, devices // (tr.tensor_parallel * tr.pipeline_parallel))
     if dp % ep:
         yield error("expert_parallel_dp", f"train.expert_parallel = {ep} does not divide the data-parallel size "
-                    f"{dp}: the expert-parallel ranks are data-parallel ranks", "set train.expert_parallel to a divisor "
-                    f"of {dp}, or train.data_parallel / the trainer GPUs to a multiple of {ep}",
+                    f"{dp}: the expert-parallel ranks are data-parallel ranks",
+                    f"set train.expert_parallel to a divisor of {dp}, or train.data_parallel / the trainer GPUs to "
+                    f"a multiple of {ep}",
                     "train.expert_parallel", "train.data_parallel")
 
 

@@ -158,16 +158,21 @@ def _padded(mb: MicroBatch, length: int) -> MicroBatch:
     if extra <= 0:
         return mb
 
-    def grow(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else torch.cat([t, t.new_zeros((extra, *t.shape[1:]))])  # [length, ...]
+    def grow(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_zeros((extra, *t.shape[1:]))])  # [length, ...]
 
-    fields = {name: grow(getattr(mb, name)) for name in (
-        "input_ids", "loss_mask", "rollout_logprobs", "advantages", "token_weights", "rollout_slots",
-        "nucleus_ids", "nucleus_probs", "nucleus_valid", "routed_experts", "routes_valid")}
+    def maybe(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else grow(t)
+
     return MicroBatch(
+        input_ids=grow(mb.input_ids),  # [length]
         position_ids=torch.cat([mb.position_ids, torch.arange(extra, dtype=mb.position_ids.dtype)]),  # [length]
         cu_seqlens=torch.cat([mb.cu_seqlens, mb.cu_seqlens.new_tensor([length])]),  # [S+2]
-        sample_indices=list(mb.sample_indices), **fields)
+        loss_mask=grow(mb.loss_mask), rollout_logprobs=grow(mb.rollout_logprobs), advantages=grow(mb.advantages),
+        token_weights=grow(mb.token_weights), rollout_slots=grow(mb.rollout_slots),  # [length] each
+        sample_indices=list(mb.sample_indices), nucleus_ids=maybe(mb.nucleus_ids),
+        nucleus_probs=maybe(mb.nucleus_probs), nucleus_valid=maybe(mb.nucleus_valid),  # [length, K]
+        routed_experts=maybe(mb.routed_experts), routes_valid=maybe(mb.routes_valid))  # [length, L, K], [length]
 
 
 def _blank(like: MicroBatch, length: int) -> MicroBatch:
@@ -754,10 +759,9 @@ class MegatronBackend:
                 if self._expert(name) is not None and self.layout.ep > 1:
                     if name not in gathered:
                         gathered.update(self._gather_experts(name))
-                    full = gathered.pop(name)
+                    yield from mcore_to_hf(name, gathered.pop(name), self.shape)
                 else:
-                    full = self._full_mcore(name, mine[name])
-                yield from mcore_to_hf(name, full, self.shape)
+                    yield from mcore_to_hf(name, self._full_mcore(name, mine[name]), self.shape)
             return
         mine = dict(zip(self._names, self._params, strict=True))
         sender = self.layout.tp_rank == 0 and self.layout.dp_rank == 0  # in rank 0's pipeline group

@@ -229,12 +229,12 @@ def check_ep(shape: Qwen3Shape, ep: int, *, tp: int = 1, pp: int = 1) -> None:
                           parameter="train.expert_parallel", value=ep)
     if shape.num_experts % ep:
         raise ConfigError(f"train.expert_parallel = {ep} does not divide the model's {shape.num_experts} experts "
-                          "(num_experts); every rank holds the same number of them", parameter="train.expert_parallel",
-                          value=ep)
+                          "(num_experts); every rank holds the same number of them",
+                          parameter="train.expert_parallel", value=ep)
     if tp > 1 or pp > 1:
         raise ConfigError(f"train.expert_parallel = {ep} runs with train.tensor_parallel = 1 and "
-                          f"train.pipeline_parallel = 1 only (got TP {tp}, PP {pp})", parameter="train.expert_parallel",
-                          value=ep)
+                          f"train.pipeline_parallel = 1 only (got TP {tp}, PP {pp})",
+                          parameter="train.expert_parallel", value=ep)
 
 
 def pipeline_stage_of(name: str, num_layers: int, pp: int) -> int:
