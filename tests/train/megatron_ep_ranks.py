@@ -3,7 +3,7 @@ Qwen3-MoE): ``python -m torch.distributed.run --nproc-per-node N megatron_ep_ran
 
 Every rank exports the weights before training, scores a step whose micro-batches split unevenly over the two
 DP ranks (counts and lengths), trains one GSPO step on it, saves a checkpoint, resumes a second backend from
-it and trains both one more step; a third backend replays random routes (R3). Rank 0 writes what the test
+it and trains both one more step; a third backend replays random routes (R3) and trains a step under them. Rank 0 writes what the test
 compares with one process (EP 1) on the same weights; every rank writes the names of the parameters it holds.
 With more ranks than EP (DP > EP: experts also data-parallel) only the first step and the checkpoint run.
 """
@@ -60,12 +60,15 @@ def main(model_dir: Path, out: Path, ep: int) -> None:
                                                              routing_replay=True))
     routed_step = routed(fixed_step(vocab, **STEP), seed=0)  # type: ignore[arg-type]
     replayed = replay.compute_logprobs(routed_step.micro_batches, temperature=1.0)
+    replay_step = replay.train_step(routed_step, make_loss(LossConfig()), old_logprobs=replayed, temperature=1.0)
+    replay_weights = {n: t.clone() for n, t in replay.export_weights()}
     (out / f"names{dist.get_rank()}.json").write_text(json.dumps([n for n, _ in backend.local_parameters()]))
     if dist.get_rank() == 0:
         torch.save({"initial": initial, "plain": plain, "nucleus": nucleus, "metrics": result.metrics,
                     "weights": weights, "extra": extra, "next": (a.metrics, b.metrics),
                     "equal": sorted(n for n in wa if torch.equal(wa[n], wb[n])), "names": sorted(wa),
-                    "replayed": replayed}, out / "rank0.pt")
+                    "replayed": replayed, "replay_metrics": replay_step.metrics,
+                    "replay_weights": replay_weights}, out / "rank0.pt")
     dist.barrier()
     dist.destroy_process_group()
 

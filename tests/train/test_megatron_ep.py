@@ -178,10 +178,20 @@ def test_ep2_replays_routes_like_one_process(moe_model: Path, vocab: int,
                                              ranks: tuple[dict[str, Any], Path]) -> None:
     got, _ = ranks
     step = routed(fixed_step(vocab, **STEP), seed=0)  # type: ignore[arg-type]
-    replayed = one_process(moe_model, routing_replay=True).compute_logprobs(step.micro_batches, temperature=1.0)
+    one = one_process(moe_model, routing_replay=True)
+    replayed = one.compute_logprobs(step.micro_batches, temperature=1.0)
     assert max_diff(got["replayed"], replayed) < 1e-5
     free = one_process(moe_model).compute_logprobs(step.micro_batches, temperature=1.0)
     assert max_diff(got["replayed"], free) > 0.05  # random routes: replay shows in the numbers
+    # A step under replay (padding positions have no route: they take experts 0..k-1 and train nothing).
+    before = {n: t.clone() for n, t in one.export_weights()}
+    result = one.train_step(step, make_loss(LossConfig()), old_logprobs=replayed, temperature=1.0)
+    for key in ("loss", "grad_norm"):
+        assert got["replay_metrics"][key] == pytest.approx(result.metrics[key], rel=1e-5, abs=1e-7), key
+    for name, t in one.export_weights():
+        moved = t - before[name]
+        diff = float((got["replay_weights"][name] - before[name] - moved).norm())
+        assert diff <= 1e-3 * float(moved.norm()) + 1e-7, name  # an expert no replayed route names stays put
 
 
 def test_expert_parallel_refusals(moe_model: Path) -> None:
