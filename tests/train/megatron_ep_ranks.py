@@ -1,11 +1,11 @@
 """One expert-parallel Megatron rank, run under ``torchrun`` by ``test_megatron_ep.py`` (CPU, gloo, the tiny
-Qwen3-MoE): ``python -m torch.distributed.run --nproc-per-node N megatron_ep_ranks.py MODEL_DIR OUT_DIR EP``.
+Qwen3-MoE): ``python -m torch.distributed.run --nproc-per-node N megatron_ep_ranks.py MODEL_DIR OUT_DIR EP [PP]``.
 
 Every rank exports the weights before training, scores a step whose micro-batches split unevenly over the two
 DP ranks (counts and lengths), trains one GSPO step on it, saves a checkpoint, resumes a second backend from
 it and trains both one more step; a third backend replays random routes (R3) and trains a step under them. Rank 0 writes what the test
 compares with one process (EP 1) on the same weights; every rank writes the names of the parameters it holds.
-With more ranks than EP (DP > EP: experts also data-parallel) only the first step and the checkpoint run.
+With more ranks than EP (DP > EP, or PP > 1) only the first step, the checkpoint and a resume from it run.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ STEP = {"seed": 0, "rollouts": 6, "budget": 48}
 """An odd number of micro-batches of different lengths (the test checks that it is)."""
 
 
-def main(model_dir: Path, out: Path, ep: int) -> None:
+def main(model_dir: Path, out: Path, ep: int, pp: int) -> None:
     warnings.filterwarnings("ignore")
-    settings = MegatronTrainSettings(lr=1e-3, device="cpu", expert_parallel=ep)
+    settings = MegatronTrainSettings(lr=1e-3, device="cpu", expert_parallel=ep, pipeline_parallel=pp)
     backend = MegatronBackend(model_dir, settings)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     step = fixed_step(vocab, **STEP)  # type: ignore[arg-type]
@@ -43,8 +43,12 @@ def main(model_dir: Path, out: Path, ep: int) -> None:
     weights = {n: t.clone() for n, t in backend.export_weights()}
     backend.save_checkpoint(out / "ckpt", extra_state={"step": 1})
     if dist.get_world_size() > ep:
+        loaded = MegatronBackend(model_dir, settings)
+        loaded.load_checkpoint(out / "ckpt")
+        reloaded = {n: t.clone() for n, t in loaded.export_weights()}
         if dist.get_rank() == 0:
-            torch.save({"plain": plain, "metrics": result.metrics, "weights": weights}, out / "rank0.pt")
+            torch.save({"plain": plain, "metrics": result.metrics, "weights": weights, "initial": initial,
+                        "reloaded": reloaded}, out / "rank0.pt")
         dist.barrier()
         dist.destroy_process_group()
         return
@@ -74,4 +78,4 @@ def main(model_dir: Path, out: Path, ep: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 1)

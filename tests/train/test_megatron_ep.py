@@ -46,15 +46,16 @@ def vocab(moe_model: Path) -> int:
     return int(json.loads((moe_model / "config.json").read_text())["vocab_size"])
 
 
-def run_ranks(moe_model: Path, out: Path, *, world: int, ep: int) -> dict[str, Any]:
-    """``megatron_ep_ranks.py`` on ``world`` gloo ranks with expert parallel size ``ep``: rank 0's results."""
+def run_ranks(moe_model: Path, out: Path, *, world: int, ep: int, pp: int = 1) -> dict[str, Any]:
+    """``megatron_ep_ranks.py`` on ``world`` gloo ranks with expert parallel size ``ep`` and ``pp`` pipeline
+    stages: rank 0's results."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     with socket.socket() as sock:  # torchrun's --master-port 0 hangs the workers' rendezvous (torch 2.13)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-addr",
            "127.0.0.1", "--master-port", str(port), str(HERE / "megatron_ep_ranks.py"), str(moe_model), str(out),
-           str(ep)]
+           str(ep), str(pp)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got: dict[str, Any] = torch.load(out / "rank0.pt", weights_only=True)
@@ -135,11 +136,13 @@ def test_ep2_logprobs_and_step_equal_one_process(moe_model: Path, vocab: int,
         assert float((moved_ep - moved).norm() / moved.norm()) < 1e-3, name
 
 
-def test_ep2_over_four_data_parallel_ranks(moe_model: Path, vocab: int, tmp_path: Path) -> None:
-    """DP = 4, EP = 2: each expert lives on two ranks (an expert-data-parallel pair whose gradients are summed),
-    the micro-batches split 2/1/1/1 over the ranks; the step equals one process's and only the first
-    expert-parallel group writes optimizer shards (the other holds copies of the same state)."""
-    got = run_ranks(moe_model, tmp_path, world=4, ep=2)
+@pytest.mark.parametrize("pp", [1, 2])
+def test_ep2_over_four_ranks(moe_model: Path, vocab: int, tmp_path: Path, pp: int) -> None:
+    """Four ranks, EP = 2. With PP = 1 (DP = 4) each expert lives on two ranks (an expert-data-parallel pair whose
+    gradients are summed), the micro-batches split 2/1/1/1; with PP = 2 (DP = 2) each stage's experts are split
+    and its export and checkpoint gather them before sending to rank 0. The step equals one process's, a resume
+    from the checkpoint holds the same weights, and one optimizer shard is written per (PP, EP) rank."""
+    got = run_ranks(moe_model, tmp_path, world=4, ep=2, pp=pp)
     step = fixed_step(vocab, **STEP)  # type: ignore[arg-type]
     one = one_process(moe_model)
     plain = one.compute_logprobs(step.micro_batches, temperature=0.7)
@@ -151,8 +154,11 @@ def test_ep2_over_four_data_parallel_ranks(moe_model: Path, vocab: int, tmp_path
     for name, t in one.export_weights():
         moved = t - before[name]
         assert float((got["weights"][name] - before[name] - moved).norm() / moved.norm()) < 1e-3, name
+    assert all(torch.equal(got["reloaded"][n], t) for n, t in got["weights"].items())
+    assert all(torch.equal(got["initial"][n], t) for n, t in before.items())  # every expert, every stage
     shards = sorted(p.name for p in (tmp_path / "ckpt").glob("trainer_state*"))
-    assert shards == ["trainer_state.ep0.tp0.pt", "trainer_state.ep1.tp0.pt"]
+    stages = [""] if pp == 1 else ["pp0.", "pp1."]
+    assert shards == [f"trainer_state.{s}ep{e}.tp0.pt" for s in stages for e in (0, 1)]
 
 
 def test_ep2_checkpoint_round_trip(ranks: tuple[dict[str, Any], Path], moe_model: Path) -> None:
@@ -199,7 +205,7 @@ def test_expert_parallel_refusals(moe_model: Path) -> None:
         one_process(ensure_tiny_model(), expert_parallel=2)
     with pytest.raises(ConfigError, match=f"expert_parallel = 3 does not divide the model's {E} experts"):
         one_process(moe_model, expert_parallel=3)
-    with pytest.raises(ConfigError, match="tensor_parallel = 1 and train.pipeline_parallel = 1 only"):
+    with pytest.raises(ConfigError, match="runs with train.tensor_parallel = 1 only \\(got 2\\)"):
         one_process(moe_model, expert_parallel=2, tensor_parallel=2)
     with pytest.raises(ConfigError, match="expert_parallel = 2 does not divide the data-parallel size 1"):
         one_process(moe_model, expert_parallel=2)

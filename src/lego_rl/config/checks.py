@@ -160,8 +160,8 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 def _expert_parallelism(r: ResolvedConfig, devices: int) -> Iterator[Finding]:
-    """``train.expert_parallel`` > 1: the Megatron backend, a MoE model whose experts it divides, TP = PP = 1,
-    and a DP size it divides (the expert-parallel ranks are data-parallel ranks)."""
+    """``train.expert_parallel`` > 1: the Megatron backend, a MoE model whose experts it divides, TP = 1, and a
+    DP size it divides (the expert-parallel ranks are data-parallel ranks)."""
     tr = r.config.train
     ep = tr.expert_parallel
     if tr.backend != "megatron":
@@ -180,12 +180,11 @@ def _expert_parallelism(r: ResolvedConfig, devices: int) -> Iterator[Finding]:
         yield error("expert_parallel_experts", f"train.expert_parallel = {ep} does not divide the model's {experts} "
                     f"experts (num_experts in {r.config.model.checkpoint}/config.json): every rank holds as many",
                     f"set train.expert_parallel to a divisor of {experts}", "train.expert_parallel")
-    if tr.tensor_parallel > 1 or tr.pipeline_parallel > 1:
-        yield error("expert_parallel_model_parallel", f"train.expert_parallel = {ep} runs with TP = PP = 1 only "
-                    f"(train.tensor_parallel = {tr.tensor_parallel}, "
-                    f"train.pipeline_parallel = {tr.pipeline_parallel})",
-                    "set train.tensor_parallel = train.pipeline_parallel = 1, or train.expert_parallel = 1",
-                    "train.expert_parallel", "train.tensor_parallel", "train.pipeline_parallel")
+    if tr.tensor_parallel > 1:
+        yield error("expert_parallel_tensor_parallel", f"train.expert_parallel = {ep} runs with "
+                    f"train.tensor_parallel = 1 only (got {tr.tensor_parallel})",
+                    "set train.tensor_parallel = 1, or train.expert_parallel = 1", "train.expert_parallel",
+                    "train.tensor_parallel")
     dp = tr.data_parallel or max(1, devices // (tr.tensor_parallel * tr.pipeline_parallel))
     if dp % ep:
         yield error("expert_parallel_dp", f"train.expert_parallel = {ep} does not divide the data-parallel size "

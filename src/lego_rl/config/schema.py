@@ -220,7 +220,7 @@ class TrainConfig(Section):
     expert_parallel: int = Field(default=1, ge=1)
     """Megatron expert-parallel size for a mixture-of-experts model: each of EP data-parallel ranks holds
     num_experts / EP of every layer's experts (megatron-core's layout, carved out of DP: EP must divide DP and
-    the expert count; TP = PP = 1). Adds no processes."""
+    the expert count; TP = 1). Adds no processes."""
     lr: float = Field(default=1e-6, gt=0)
     """Learning rate."""
     warmup_steps: int = Field(default=0, ge=0)

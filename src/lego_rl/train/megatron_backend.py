@@ -26,7 +26,7 @@ numbers on the same weights (``tests/train/test_megatron_backend.py`` compares t
   Every micro-batch is one pipeline message per stage boundary, ``[T, 1, H]`` fp32 (the residual stream's
   dtype even under bf16 autocast, so PP changes no number).
 * **Qwen3-MoE** runs with megatron-core's all-gather dispatcher and no auxiliary loss; at expert parallel size 1
-  the experts are split by TP like the dense MLP. With ``expert_parallel`` = EP > 1 (TP = PP = 1) each of EP
+  the experts are split by TP like the dense MLP. With ``expert_parallel`` = EP > 1 (TP = 1) each of EP
   data-parallel ranks holds ``E / EP`` experts: expert gradients are summed over the expert-data-parallel ranks
   only, their share of the gradient norm over the EP group, export and checkpoints gather every expert, and
   the ranks' micro-batches are padded into rounds of equal token counts (``_rounds``), which the dispatcher's
@@ -125,7 +125,7 @@ class MegatronTrainSettings(OptimizerSettings):
     data_parallel: int | None = Field(default=None, ge=1)
     """DP size (train.data_parallel); None = the trainer processes / (TP × PP)."""
     expert_parallel: int = Field(default=1, ge=1)
-    """EP size (train.expert_parallel): MoE experts split over this many of the DP ranks; TP = PP = 1."""
+    """EP size (train.expert_parallel): MoE experts split over this many of the DP ranks; TP = 1."""
     device: str | None = None
     """``cuda`` (this rank's ``LOCAL_RANK`` device) or ``cpu``; None = CUDA if available."""
     bf16: bool = True
@@ -233,7 +233,7 @@ class MegatronBackend:
                               parameter="rollout.use_rollout_routing_replay", value=True)
         check_tp(self.shape, settings.tensor_parallel)
         check_pp(self.shape, settings.pipeline_parallel)
-        check_ep(self.shape, settings.expert_parallel, tp=settings.tensor_parallel, pp=settings.pipeline_parallel)
+        check_ep(self.shape, settings.expert_parallel, tp=settings.tensor_parallel)
         self.device = self._pick_device(settings.device)
         self.layout: ParallelLayout = mm.init_parallel(settings.tensor_parallel, settings.pipeline_parallel,
                                                        settings.data_parallel, self.device,
@@ -321,6 +321,9 @@ class MegatronBackend:
         into buffers of these shapes. A collective over the pipeline group, once, before any pipeline message:
         with NCCL the group's first collective must involve all of its ranks (``pipeline.Stage.group``)."""
         mine = {n: full_shape(n, p.shape, self.layout.tp) for n, p in zip(self._names, self._params, strict=True)}
+        for name in self._stage_names:  # other expert-parallel ranks' experts: shaped like this rank's
+            if name not in mine:
+                mine[name] = mine[self._local_twin(name)]
         if self.layout.pp == 1:
             return mine
         from megatron.core import parallel_state as ps
@@ -429,6 +432,14 @@ class MegatronBackend:
     def _expert(self, name: str) -> int | None:
         """The expert-parallel rank holding parameter ``name``; None for one every rank holds."""
         return expert_rank_of(name, self.shape.num_experts, self.layout.ep)
+
+    def _local_twin(self, name: str) -> str:
+        """The name of the expert parameter this rank holds at the same local place as global expert ``name``'s
+        on its own rank (same layer and projection, hence the same shape)."""
+        per_rank = self.shape.num_experts // self.layout.ep
+        head, tail = name.split(".mlp.experts.local_experts.")
+        index, rest = tail.split(".", 1)
+        return f"{head}.mlp.experts.local_experts.{self.layout.ep_rank * per_rank + int(index) % per_rank}.{rest}"
 
     def _mine(self, n: int) -> list[int]:
         """Indices of the micro-batches this data-parallel rank runs."""
@@ -752,24 +763,28 @@ class MegatronBackend:
         backend's device. A collective over TP ranks and, with PP, point-to-point from each later stage to
         rank 0: every rank must iterate to the end. Rank 0 gets every tensor of the model; another rank gets
         those of its own stage."""
-        if self.layout.pp == 1:
-            mine = dict(zip(self._names, self._params, strict=True))
-            gathered: dict[str, torch.Tensor] = {}
-            for name in self._stage_names:  # global order: every expert-parallel rank gathers the same layer
-                if self._expert(name) is not None and self.layout.ep > 1:
-                    if name not in gathered:
-                        gathered.update(self._gather_experts(name))
-                    yield from mcore_to_hf(name, gathered.pop(name), self.shape)
-                else:
-                    yield from mcore_to_hf(name, self._full_mcore(name, mine[name]), self.shape)
-            return
         mine = dict(zip(self._names, self._params, strict=True))
+        gathered: dict[str, torch.Tensor] = {}
+
+        def own_full(name: str) -> torch.Tensor:
+            """The full tensor of a parameter of this stage; an expert's gathered from its expert-parallel rank
+            (every rank of the stage reaches a layer's first expert at once: one global order)."""
+            if self._expert(name) is None or self.layout.ep == 1:
+                return self._full_mcore(name, mine[name])
+            if name not in gathered:
+                gathered.update(self._gather_experts(name))
+            return gathered.pop(name)
+
+        if self.layout.pp == 1:
+            for name in self._stage_names:
+                yield from mcore_to_hf(name, own_full(name), self.shape)
+            return
         sender = self.layout.tp_rank == 0 and self.layout.dp_rank == 0  # in rank 0's pipeline group
         for name in mcore_names(self.shape):  # one global order on every rank: sends and receives pair up
             owner = pipeline_stage_of(name, self.shape.num_layers, self.layout.pp)
             full: torch.Tensor | None = None
             if owner == self.layout.pp_rank:
-                full = self._full_mcore(name, mine[name])
+                full = own_full(name)
                 if owner > 0 and sender:
                     dist.send(full.contiguous(), dst=0)
             elif self.layout.rank == 0:

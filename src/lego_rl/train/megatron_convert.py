@@ -219,9 +219,9 @@ def expert_rank_of(name: str, num_experts: int, ep: int) -> int | None:
     return None if e is None else e // (num_experts // ep)
 
 
-def check_ep(shape: Qwen3Shape, ep: int, *, tp: int = 1, pp: int = 1) -> None:
-    """Expert parallelism needs a MoE model whose experts split evenly, with TP = PP = 1 (what is built and
-    tested: experts of a TP > 1 model are split by TP, and the export's pipeline path gathers no experts)."""
+def check_ep(shape: Qwen3Shape, ep: int, *, tp: int = 1) -> None:
+    """Expert parallelism needs a MoE model whose experts split evenly, with TP = 1 (what is built and tested:
+    experts of a TP > 1 model are split by TP, not by expert-tensor-parallel groups)."""
     if ep == 1:
         return
     if not shape.num_experts:
@@ -231,9 +231,8 @@ def check_ep(shape: Qwen3Shape, ep: int, *, tp: int = 1, pp: int = 1) -> None:
         raise ConfigError(f"train.expert_parallel = {ep} does not divide the model's {shape.num_experts} experts "
                           "(num_experts); every rank holds the same number of them",
                           parameter="train.expert_parallel", value=ep)
-    if tp > 1 or pp > 1:
-        raise ConfigError(f"train.expert_parallel = {ep} runs with train.tensor_parallel = 1 and "
-                          f"train.pipeline_parallel = 1 only (got TP {tp}, PP {pp})",
+    if tp > 1:
+        raise ConfigError(f"train.expert_parallel = {ep} runs with train.tensor_parallel = 1 only (got {tp})",
                           parameter="train.expert_parallel", value=ep)
 
 
