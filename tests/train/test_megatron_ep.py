@@ -83,6 +83,7 @@ def test_the_step_splits_unevenly_over_two_ranks(vocab: int) -> None:
     assert len(set(lengths)) == len(lengths), lengths  # every round pads one rank
 
 
+@pytest.mark.slow  # torchrun ranks, as the other multi-rank Megatron tests
 def test_ep2_holds_half_the_experts_per_rank(ranks: tuple[dict[str, Any], Path]) -> None:
     _, out = ranks
     for rank in (0, 1):
@@ -92,6 +93,7 @@ def test_ep2_holds_half_the_experts_per_rank(ranks: tuple[dict[str, Any], Path])
         assert "decoder.layers.0.mlp.router.weight" in names  # the router is dense: every rank has it
 
 
+@pytest.mark.slow  # torchrun ranks, as the other multi-rank Megatron tests
 def test_ep2_export_before_training_is_the_hf_file(moe_model: Path, ranks: tuple[dict[str, Any], Path]) -> None:
     from safetensors.torch import load_file
 
@@ -114,6 +116,7 @@ def test_ep2_export_before_training_is_the_hf_file(moe_model: Path, ranks: tuple
     assert stacked == 4 or not stacked  # transformers < 5 exports the per-expert names, compared one by one
 
 
+@pytest.mark.slow  # torchrun ranks, as the other multi-rank Megatron tests
 def test_ep2_logprobs_and_step_equal_one_process(moe_model: Path, vocab: int,
                                                  ranks: tuple[dict[str, Any], Path]) -> None:
     got, _ = ranks
@@ -136,6 +139,7 @@ def test_ep2_logprobs_and_step_equal_one_process(moe_model: Path, vocab: int,
         assert float((moved_ep - moved).norm() / moved.norm()) < 1e-3, name
 
 
+@pytest.mark.slow  # torchrun ranks, as the other multi-rank Megatron tests
 @pytest.mark.parametrize("pp", [1, 2])
 def test_ep2_over_four_ranks(moe_model: Path, vocab: int, tmp_path: Path, pp: int) -> None:
     """Four ranks, EP = 2. With PP = 1 (DP = 4) each expert lives on two ranks (an expert-data-parallel pair whose
@@ -161,6 +165,7 @@ def test_ep2_over_four_ranks(moe_model: Path, vocab: int, tmp_path: Path, pp: in
     assert shards == [f"trainer_state.{s}ep{e}.tp0.pt" for s in stages for e in (0, 1)]
 
 
+@pytest.mark.slow  # torchrun ranks, as the other multi-rank Megatron tests
 def test_ep2_checkpoint_round_trip(ranks: tuple[dict[str, Any], Path], moe_model: Path) -> None:
     got, out = ranks
     from safetensors.torch import load_file
@@ -180,6 +185,7 @@ def test_ep2_checkpoint_round_trip(ranks: tuple[dict[str, Any], Path], moe_model
         one_process(moe_model).load_checkpoint(out / "ckpt")
 
 
+@pytest.mark.slow  # torchrun ranks, as the other multi-rank Megatron tests
 def test_ep2_replays_routes_like_one_process(moe_model: Path, vocab: int,
                                              ranks: tuple[dict[str, Any], Path]) -> None:
     got, _ = ranks
