@@ -5,12 +5,14 @@ Every rank exports the weights before training, scores a step whose micro-batche
 DP ranks (counts and lengths), trains one GSPO step on it, saves a checkpoint, resumes a second backend from
 it and trains both one more step; a third backend replays random routes (R3) and trains a step under them. Rank 0 writes what the test
 compares with one process (EP 1) on the same weights; every rank writes the names of the parameters it holds.
-With more ranks than EP (DP > EP, or PP > 1) only the first step, the checkpoint and a resume from it run.
+With more ranks than EP (DP > EP, or PP > 1) only the first step (with a KL term to a frozen reference model),
+the checkpoint and a resume from it run.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -31,18 +33,20 @@ STEP = {"seed": 0, "rollouts": 6, "budget": 48}
 
 def main(model_dir: Path, out: Path, ep: int, pp: int) -> None:
     warnings.filterwarnings("ignore")
-    settings = MegatronTrainSettings(lr=1e-3, device="cpu", expert_parallel=ep, pipeline_parallel=pp)
+    light = int(os.environ["WORLD_SIZE"]) > ep  # before the backend joins the process group
+    settings = MegatronTrainSettings(lr=1e-3, device="cpu", expert_parallel=ep, pipeline_parallel=pp,
+                                     reference_model=light)
     backend = MegatronBackend(model_dir, settings)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     step = fixed_step(vocab, **STEP)  # type: ignore[arg-type]
     initial = {n: t.clone() for n, t in backend.export_weights()}
     plain = backend.compute_logprobs(step.micro_batches, temperature=0.7)
     nucleus = backend.compute_logprobs(step.micro_batches, temperature=0.7, top_p=0.9, top_k=50)
-    result = backend.train_step(step, make_loss(LossConfig(algorithm="gspo")), old_logprobs=plain,
-                                temperature=0.7)
+    result = backend.train_step(step, make_loss(LossConfig(algorithm="gspo", kl_coef=0.1 if light else 0.0)),
+                                old_logprobs=plain, temperature=0.7)
     weights = {n: t.clone() for n, t in backend.export_weights()}
     backend.save_checkpoint(out / "ckpt", extra_state={"step": 1})
-    if dist.get_world_size() > ep:
+    if light:
         loaded = MegatronBackend(model_dir, settings)
         loaded.load_checkpoint(out / "ckpt")
         reloaded = {n: t.clone() for n, t in loaded.export_weights()}

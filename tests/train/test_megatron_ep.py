@@ -144,15 +144,17 @@ def test_ep2_logprobs_and_step_equal_one_process(moe_model: Path, vocab: int,
 def test_ep2_over_four_ranks(moe_model: Path, vocab: int, tmp_path: Path, pp: int) -> None:
     """Four ranks, EP = 2. With PP = 1 (DP = 4) each expert lives on two ranks (an expert-data-parallel pair whose
     gradients are summed), the micro-batches split 2/1/1/1; with PP = 2 (DP = 2) each stage's experts are split
-    and its export and checkpoint gather them before sending to rank 0. The step equals one process's, a resume
-    from the checkpoint holds the same weights, and one optimizer shard is written per (PP, EP) rank."""
+    and its export and checkpoint gather them before sending to rank 0. The step (GSPO with a KL term to a frozen
+    reference, itself expert-parallel) equals one process's, a resume from the checkpoint holds the same weights,
+    and one optimizer shard is written per (PP, EP) rank."""
     got = run_ranks(moe_model, tmp_path, world=4, ep=2, pp=pp)
     step = fixed_step(vocab, **STEP)  # type: ignore[arg-type]
-    one = one_process(moe_model)
+    one = one_process(moe_model, reference_model=True)
     plain = one.compute_logprobs(step.micro_batches, temperature=0.7)
     assert max_diff(got["plain"], plain) < 1e-5
     before = {n: t.clone() for n, t in one.export_weights()}
-    result = one.train_step(step, make_loss(LossConfig(algorithm="gspo")), old_logprobs=plain, temperature=0.7)
+    result = one.train_step(step, make_loss(LossConfig(algorithm="gspo", kl_coef=0.1)), old_logprobs=plain,
+                            temperature=0.7)
     for key in ("loss", "grad_norm"):
         assert got["metrics"][key] == pytest.approx(result.metrics[key], rel=1e-5, abs=1e-7), key
     for name, t in one.export_weights():
