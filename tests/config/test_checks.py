@@ -294,7 +294,8 @@ def test_start_ray_on_a_head_and_an_address_to_join_is_a_conflict_naming_both(ba
 
 
 def test_expert_parallel_checks(base_toml: Path) -> None:
-    """train.expert_parallel: the Megatron backend, a MoE model whose experts and DP size it divides, TP = 1;
+    """train.expert_parallel: the Megatron backend, a MoE model whose experts and DP size it divides; TP = 1 for any
+    Megatron MoE run;
     each finding names the values (the tiny MoE's config.json: 8 experts)."""
     from lego_rl.serving.tiny_model import ensure_tiny_model
 
@@ -308,7 +309,9 @@ def test_expert_parallel_checks(base_toml: Path) -> None:
     assert "3 does not divide the data-parallel size 4" in by_code["expert_parallel_dp"].message
     assert codes(base_toml, *good, "train.backend=\"torch\"").get("expert_parallel_backend") == "error"
     assert codes(base_toml, *good, "model.checkpoint=\"lego:tiny\"").get("expert_parallel_dense") == "error"
-    assert codes(base_toml, *good, "train.tensor_parallel=2").get("expert_parallel_tensor_parallel") == "error"
+    assert codes(base_toml, *good, "train.tensor_parallel=2").get("parallelism_moe_tp") == "error"
+    assert codes(base_toml, *good, "train.tensor_parallel=2", "train.expert_parallel=1").get(
+        "parallelism_moe_tp") == "error"
     assert not {c for c in codes(base_toml, *good, "train.pipeline_parallel=2") if c.startswith("expert_parallel")}
     assert codes(base_toml, *good, "train.data_parallel=1", "cluster.gpus_per_node=1").get(
         "expert_parallel_dp") == "error"

@@ -150,6 +150,15 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
             "number of layers",
             f"set train.pipeline_parallel to a divisor of {layers}", "train.pipeline_parallel",
         )
+    if tr.backend == "megatron" and tr.tensor_parallel > 1 and is_moe(r):
+        yield error(
+            "parallelism_moe_tp",
+            f"train.tensor_parallel = {tr.tensor_parallel} with a mixture-of-experts model "
+            f"({r.config.model.checkpoint}): megatron-core trains MoE layers under tensor parallelism only with "
+            "sequence parallelism, which the Megatron backend does not build",
+            "set train.tensor_parallel = 1 and split the experts with train.expert_parallel",
+            "train.tensor_parallel", "train.expert_parallel",
+        )
     if tr.expert_parallel > 1:
         yield from _expert_parallelism(r, devices)
     if tr.backend == "megatron" and importlib.util.find_spec("megatron") is None:
@@ -160,8 +169,8 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 def _expert_parallelism(r: ResolvedConfig, devices: int) -> Iterator[Finding]:
-    """``train.expert_parallel`` > 1: the Megatron backend, a MoE model whose experts it divides, TP = 1, and a
-    DP size it divides (the expert-parallel ranks are data-parallel ranks)."""
+    """``train.expert_parallel`` > 1: the Megatron backend, a MoE model whose experts it divides, and a DP size it
+    divides (the expert-parallel ranks are data-parallel ranks)."""
     tr = r.config.train
     ep = tr.expert_parallel
     if tr.backend != "megatron":
@@ -180,11 +189,6 @@ def _expert_parallelism(r: ResolvedConfig, devices: int) -> Iterator[Finding]:
         yield error("expert_parallel_experts", f"train.expert_parallel = {ep} does not divide the model's {experts} "
                     f"experts (num_experts in {r.config.model.checkpoint}/config.json): every rank holds as many",
                     f"set train.expert_parallel to a divisor of {experts}", "train.expert_parallel")
-    if tr.tensor_parallel > 1:
-        yield error("expert_parallel_tensor_parallel", f"train.expert_parallel = {ep} runs with "
-                    f"train.tensor_parallel = 1 only (got {tr.tensor_parallel})",
-                    "set train.tensor_parallel = 1, or train.expert_parallel = 1", "train.expert_parallel",
-                    "train.tensor_parallel")
     dp = tr.data_parallel or max(1, devices // (tr.tensor_parallel * tr.pipeline_parallel))
     if dp % ep:
         yield error("expert_parallel_dp", f"train.expert_parallel = {ep} does not divide the data-parallel size "

@@ -25,8 +25,8 @@ numbers on the same weights (``tests/train/test_megatron_backend.py`` compares t
   HF tensor, whose gradients are summed. Export and checkpoints send every stage's tensors to rank 0.
   Every micro-batch is one pipeline message per stage boundary, ``[T, 1, H]`` fp32 (the residual stream's
   dtype even under bf16 autocast, so PP changes no number).
-* **Qwen3-MoE** runs with megatron-core's all-gather dispatcher and no auxiliary loss; at expert parallel size 1
-  the experts are split by TP like the dense MLP. With ``expert_parallel`` = EP > 1 (TP = 1) each of EP
+* **Qwen3-MoE** runs with megatron-core's all-gather dispatcher and no auxiliary loss, with TP = 1 (megatron-core
+  refuses to train MoE layers under TP without sequence parallelism). With ``expert_parallel`` = EP > 1 each of EP
   data-parallel ranks holds ``E / EP`` experts: expert gradients are summed over the expert-data-parallel ranks
   only, their share of the gradient norm over the EP group, export and checkpoints gather every expert, and
   the ranks' micro-batches are padded into rounds of equal token counts (``_rounds``), which the dispatcher's
@@ -233,7 +233,7 @@ class MegatronBackend:
                               parameter="rollout.use_rollout_routing_replay", value=True)
         check_tp(self.shape, settings.tensor_parallel)
         check_pp(self.shape, settings.pipeline_parallel)
-        check_ep(self.shape, settings.expert_parallel, tp=settings.tensor_parallel)
+        check_ep(self.shape, settings.expert_parallel)
         self.device = self._pick_device(settings.device)
         self.layout: ParallelLayout = mm.init_parallel(settings.tensor_parallel, settings.pipeline_parallel,
                                                        settings.data_parallel, self.device,
