@@ -140,7 +140,7 @@ def test_ep2_logprobs_and_step_equal_one_process(moe_model: Path, vocab: int,
 
 
 @pytest.mark.slow  # torchrun ranks, as the other multi-rank Megatron tests
-@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("pp", [1, 2], ids=["dp4", "pp2"])
 def test_ep2_over_four_ranks(moe_model: Path, vocab: int, tmp_path: Path, pp: int) -> None:
     """Four ranks, EP = 2. With PP = 1 (DP = 4) each expert lives on two ranks (an expert-data-parallel pair whose
     gradients are summed), the micro-batches split 2/1/1/1; with PP = 2 (DP = 2) each stage's experts are split
