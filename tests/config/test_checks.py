@@ -291,3 +291,27 @@ def test_start_ray_on_a_head_and_an_address_to_join_is_a_conflict_naming_both(ba
             "cluster.mode=\"ray\"", "cluster.train_head=\"10.0.0.1\"", "cluster.train_workers=[\"10.0.0.2\"]",
             "cluster.ray_address=\"10.0.0.7:6379\"", *fix])
         assert not [f for f in run_checks(r, harnesses=harness_inventory(r, environ={})) if f.code.startswith("cluster_")], fix
+
+
+def test_expert_parallel_checks(base_toml: Path) -> None:
+    """train.expert_parallel: the Megatron backend, a MoE model whose experts and DP size it divides; TP = 1 for any
+    Megatron MoE run;
+    each finding names the values (the tiny MoE's config.json: 8 experts)."""
+    from lego_rl.serving.tiny_model import ensure_tiny_model
+
+    moe = f"model.checkpoint=\"{ensure_tiny_model(moe=True)}\""
+    good = ["train.backend=\"megatron\"", moe, "train.expert_parallel=2", "cluster.gpus_per_node=4"]
+    found = codes(base_toml, *good)
+    assert not {c for c in found if c.startswith("expert_parallel")}, found
+    r = resolve(base_toml, environ={}, overrides=[*good, "train.expert_parallel=3"])
+    by_code = {f.code: f for f in check(r)}
+    assert "3 does not divide the model's 8 experts" in by_code["expert_parallel_experts"].message
+    assert "3 does not divide the data-parallel size 4" in by_code["expert_parallel_dp"].message
+    assert codes(base_toml, *good, "train.backend=\"torch\"").get("expert_parallel_backend") == "error"
+    assert codes(base_toml, *good, "model.checkpoint=\"lego:tiny\"").get("expert_parallel_dense") == "error"
+    assert codes(base_toml, *good, "train.tensor_parallel=2").get("parallelism_moe_tp") == "error"
+    assert codes(base_toml, *good, "train.tensor_parallel=2", "train.expert_parallel=1").get(
+        "parallelism_moe_tp") == "error"
+    assert not {c for c in codes(base_toml, *good, "train.pipeline_parallel=2") if c.startswith("expert_parallel")}
+    assert codes(base_toml, *good, "train.data_parallel=1", "cluster.gpus_per_node=1").get(
+        "expert_parallel_dp") == "error"

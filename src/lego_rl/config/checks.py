@@ -150,11 +150,52 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
             "number of layers",
             f"set train.pipeline_parallel to a divisor of {layers}", "train.pipeline_parallel",
         )
+    if tr.backend == "megatron" and tr.tensor_parallel > 1 and is_moe(r):
+        yield error(
+            "parallelism_moe_tp",
+            f"train.tensor_parallel = {tr.tensor_parallel} with a mixture-of-experts model "
+            f"({r.config.model.checkpoint}): megatron-core trains MoE layers under tensor parallelism only with "
+            "sequence parallelism, which the Megatron backend does not build",
+            "set train.tensor_parallel = 1 and split the experts with train.expert_parallel",
+            "train.tensor_parallel", "train.expert_parallel",
+        )
+    if tr.expert_parallel > 1:
+        yield from _expert_parallelism(r, devices)
     if tr.backend == "megatron" and importlib.util.find_spec("megatron") is None:
         yield error(
             "backend_missing", "train.backend = \"megatron\" but megatron-core is not installed here",
             "pip install 'lego-rl[megatron]' (the megatron extra)", "train.backend",
         )
+
+
+def _expert_parallelism(r: ResolvedConfig, devices: int) -> Iterator[Finding]:
+    """``train.expert_parallel`` > 1: the Megatron backend, a MoE model whose experts it divides, and a DP size it
+    divides (the expert-parallel ranks are data-parallel ranks)."""
+    tr = r.config.train
+    ep = tr.expert_parallel
+    if tr.backend != "megatron":
+        yield error("expert_parallel_backend", f"train.expert_parallel = {ep} needs the Megatron backend; "
+                    f"train.backend = {tr.backend!r} holds every expert on every rank",
+                    "set train.backend = \"megatron\" or train.expert_parallel = 1", "train.expert_parallel",
+                    "train.backend")
+    if not is_moe(r):
+        yield error("expert_parallel_dense", f"train.expert_parallel = {ep} but the model "
+                    f"({r.config.model.checkpoint}) is not a mixture-of-experts model: there are no experts to split",
+                    "set train.expert_parallel = 1, or model.moe = true if detection is wrong",
+                    "train.expert_parallel")
+    experts = next((n for k in ("num_experts", "num_local_experts")
+                    if isinstance(n := (_checkpoint_config(r) or {}).get(k), int) and n > 1), None)
+    if experts is not None and experts % ep:
+        yield error("expert_parallel_experts", f"train.expert_parallel = {ep} does not divide the model's {experts} "
+                    f"experts (num_experts in {r.config.model.checkpoint}/config.json): every rank holds as many",
+                    f"set train.expert_parallel to a divisor of {experts}", "train.expert_parallel")
+    dp = tr.data_parallel or max(1, devices // (tr.tensor_parallel * tr.pipeline_parallel))
+    if dp % ep:
+        yield error("expert_parallel_dp", f"train.expert_parallel = {ep} does not divide the data-parallel size "
+                    f"{dp}: the expert-parallel ranks are data-parallel ranks",
+                    f"set train.expert_parallel to a divisor of {dp}, or train.data_parallel / the trainer GPUs to "
+                    f"a multiple of {ep}",
+                    "train.expert_parallel", "train.data_parallel")
 
 
 @check

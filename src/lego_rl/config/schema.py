@@ -217,6 +217,10 @@ class TrainConfig(Section):
     """Megatron pipeline-parallel size: stages of num_hidden_layers / PP consecutive layers (must divide it)."""
     data_parallel: int | None = Field(default=None, ge=1)
     """Data-parallel size (default trainer GPUs / (TP × PP)); TP × PP × DP = trainer processes."""
+    expert_parallel: int = Field(default=1, ge=1)
+    """Megatron expert-parallel size for a mixture-of-experts model: each of EP data-parallel ranks holds
+    num_experts / EP of every layer's experts (megatron-core's layout, carved out of DP: EP must divide DP and
+    the expert count; TP = 1). Adds no processes."""
     lr: float = Field(default=1e-6, gt=0)
     """Learning rate."""
     warmup_steps: int = Field(default=0, ge=0)

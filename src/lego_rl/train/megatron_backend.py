@@ -25,9 +25,13 @@ numbers on the same weights (``tests/train/test_megatron_backend.py`` compares t
   HF tensor, whose gradients are summed. Export and checkpoints send every stage's tensors to rank 0.
   Every micro-batch is one pipeline message per stage boundary, ``[T, 1, H]`` fp32 (the residual stream's
   dtype even under bf16 autocast, so PP changes no number).
-* **Qwen3-MoE** runs with expert parallel size 1 (experts split by TP like the dense MLP, megatron-core's
-  all-gather dispatcher, no auxiliary loss). With ``routing_replay`` (R3) each router is handed the rollout's
-  experts through megatron-core's own ``RouterReplay`` (``train.routing_replay`` builds and checks them).
+* **Qwen3-MoE** runs with megatron-core's all-gather dispatcher and no auxiliary loss, with TP = 1 (megatron-core
+  refuses to train MoE layers under TP without sequence parallelism). With ``expert_parallel`` = EP > 1 each of EP
+  data-parallel ranks holds ``E / EP`` experts: expert gradients are summed over the expert-data-parallel ranks
+  only, their share of the gradient norm over the EP group, export and checkpoints gather every expert, and
+  the ranks' micro-batches are padded into rounds of equal token counts (``_rounds``), which the dispatcher's
+  equal-size collectives need. With ``routing_replay`` (R3) each router is handed the rollout's experts
+  through megatron-core's own ``RouterReplay`` (``train.routing_replay`` builds and checks them).
 
 Precision, packing and the logprob convention are ``megatron_model``'s (fp32 params, bf16 autocast on CUDA;
 segments attend within themselves; the sampler's top-p/top-k convention).
@@ -56,8 +60,10 @@ from lego_rl.train.checkpoint import EXTRA_STATE, publish_checkpoint, read_marke
 from lego_rl.train.megatron_convert import (
     Qwen3Shape,
     Split,
+    check_ep,
     check_pp,
     check_tp,
+    expert_rank_of,
     full_shape,
     hf_to_mcore,
     mcore_names,
@@ -118,6 +124,8 @@ class MegatronTrainSettings(OptimizerSettings):
     """PP size (train.pipeline_parallel): must divide the model's layers."""
     data_parallel: int | None = Field(default=None, ge=1)
     """DP size (train.data_parallel); None = the trainer processes / (TP × PP)."""
+    expert_parallel: int = Field(default=1, ge=1)
+    """EP size (train.expert_parallel): MoE experts split over this many of the DP ranks; TP = 1."""
     device: str | None = None
     """``cuda`` (this rank's ``LOCAL_RANK`` device) or ``cpu``; None = CUDA if available."""
     bf16: bool = True
@@ -139,6 +147,43 @@ def _rollout_sums(values: torch.Tensor, mb: MicroBatch, n_rollouts: int) -> torc
     """[R] detached sum over each rollout's trained tokens in ``mb`` of ``values`` [T]."""
     v = values.detach().float().cpu() * mb.loss_mask  # [T]
     return torch.zeros(n_rollouts).index_add(0, mb.rollout_slots, v)  # [R]
+
+
+def _padded(mb: MicroBatch, length: int) -> MicroBatch:
+    """``mb`` with one padding segment appended up to ``length`` tokens: token id 0, loss mask, token weight,
+    advantage and logprobs 0, no route (R3 replays experts 0..k-1 there), its own ``cu_seqlens`` entry so it
+    attends only to itself. Nothing of ``mb`` changes: its positions attend to what they did, and the padding's
+    terms in every loss are weighted 0. ``mb`` cut to 0 tokens becomes a micro-batch of padding only."""
+    extra = length - mb.num_tokens
+    if extra <= 0:
+        return mb
+
+    def grow(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_zeros((extra, *t.shape[1:]))])  # [length, ...]
+
+    def maybe(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else grow(t)
+
+    return MicroBatch(
+        input_ids=grow(mb.input_ids),  # [length]
+        position_ids=torch.cat([mb.position_ids, torch.arange(extra, dtype=mb.position_ids.dtype)]),  # [length]
+        cu_seqlens=torch.cat([mb.cu_seqlens, mb.cu_seqlens.new_tensor([length])]),  # [S+2]
+        loss_mask=grow(mb.loss_mask), rollout_logprobs=grow(mb.rollout_logprobs), advantages=grow(mb.advantages),
+        token_weights=grow(mb.token_weights), rollout_slots=grow(mb.rollout_slots),  # [length] each
+        sample_indices=list(mb.sample_indices), nucleus_ids=maybe(mb.nucleus_ids),
+        nucleus_probs=maybe(mb.nucleus_probs), nucleus_valid=maybe(mb.nucleus_valid),  # [length, K]
+        routed_experts=maybe(mb.routed_experts), routes_valid=maybe(mb.routes_valid))  # [length, L, K], [length]
+
+
+def _blank(like: MicroBatch, length: int) -> MicroBatch:
+    """A micro-batch of ``length`` padding tokens (one segment), with ``like``'s optional fields."""
+    cut = MicroBatch(
+        input_ids=like.input_ids[:0], position_ids=like.position_ids[:0], cu_seqlens=like.cu_seqlens[:1],
+        loss_mask=like.loss_mask[:0], rollout_logprobs=like.rollout_logprobs[:0], advantages=like.advantages[:0],
+        token_weights=like.token_weights[:0], rollout_slots=like.rollout_slots[:0], sample_indices=[],
+        **{name: None if getattr(like, name) is None else getattr(like, name)[:0] for name in (
+            "nucleus_ids", "nucleus_probs", "nucleus_valid", "routed_experts", "routes_valid")})
+    return _padded(cut, length)
 
 
 def _hf_reader(path: Path) -> Any:
@@ -188,16 +233,21 @@ class MegatronBackend:
                               parameter="rollout.use_rollout_routing_replay", value=True)
         check_tp(self.shape, settings.tensor_parallel)
         check_pp(self.shape, settings.pipeline_parallel)
+        check_ep(self.shape, settings.expert_parallel)
         self.device = self._pick_device(settings.device)
         self.layout: ParallelLayout = mm.init_parallel(settings.tensor_parallel, settings.pipeline_parallel,
-                                                       settings.data_parallel, self.device)
+                                                       settings.data_parallel, self.device,
+                                                       ep=settings.expert_parallel)
         self.stage = mm.pipeline_stage(self.layout)
         self._pp_ranks = self._pipeline_ranks()
         self.vocab_rows = padded_vocab(self.shape.vocab, settings.tensor_parallel)
         self._tied_copy = self.shape.tied and self.layout.pp > 1 and self.stage.last
         """This stage holds ``output_layer.weight`` as a copy of the first stage's tied embedding."""
-        self._names = [n for n in mcore_names(self.shape)
-                       if pipeline_stage_of(n, self.shape.num_layers, self.layout.pp) == self.layout.pp_rank]
+        self._stage_names = [n for n in mcore_names(self.shape)
+                             if pipeline_stage_of(n, self.shape.num_layers, self.layout.pp) == self.layout.pp_rank]
+        """Every parameter of this stage by global name, other expert-parallel ranks' experts included."""
+        self._names = [n for n in self._stage_names
+                       if expert_rank_of(n, self.shape.num_experts, self.layout.ep) in (None, self.layout.ep_rank)]
         if self._tied_copy:
             self._names.append("output_layer.weight")
         self.model = self._build(recompute=settings.gradient_checkpointing)
@@ -249,15 +299,20 @@ class MegatronBackend:
 
         return dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
 
-    @staticmethod
-    def _global_params(model: Any) -> dict[str, Any]:
+    def _global_params(self, model: Any) -> dict[str, Any]:
         """``model``'s parameters by their global Megatron names: a stage numbers its layers from 0, and each
-        layer's ``layer_number`` (1-based) is its place in the whole model."""
+        layer's ``layer_number`` (1-based) is its place in the whole model; an expert-parallel rank numbers its
+        experts from 0, and local expert ``l`` is global expert ``ep_rank·E/EP + l``."""
         out: dict[str, Any] = {}
+        per_rank = self.shape.num_experts // self.layout.ep
         for name, p in model.named_parameters():
             parts = name.split(".", 3)
             if parts[:2] == ["decoder", "layers"]:
-                name = f"decoder.layers.{model.decoder.layers[int(parts[2])].layer_number - 1}.{parts[3]}"
+                rest = parts[3]
+                if self.layout.ep > 1 and rest.startswith("mlp.experts.local_experts."):
+                    _, _, _, local, tail = rest.split(".", 4)
+                    rest = f"mlp.experts.local_experts.{self.layout.ep_rank * per_rank + int(local)}.{tail}"
+                name = f"decoder.layers.{model.decoder.layers[int(parts[2])].layer_number - 1}.{rest}"
             out[name] = p
         return out
 
@@ -266,6 +321,9 @@ class MegatronBackend:
         into buffers of these shapes. A collective over the pipeline group, once, before any pipeline message:
         with NCCL the group's first collective must involve all of its ranks (``pipeline.Stage.group``)."""
         mine = {n: full_shape(n, p.shape, self.layout.tp) for n, p in zip(self._names, self._params, strict=True)}
+        for name in self._stage_names:  # other expert-parallel ranks' experts: shaped like this rank's
+            if name not in mine:
+                mine[name] = mine[self._local_twin(name)]
         if self.layout.pp == 1:
             return mine
         from megatron.core import parallel_state as ps
@@ -280,7 +338,7 @@ class MegatronBackend:
     def _build(self, *, recompute: bool) -> Any:
         model = self._mm.build_gpt(self.shape, vocab_rows=self.vocab_rows, tp=self.layout.tp, device=self.device,
                                    recompute=recompute, routing_replay=self.settings.routing_replay,
-                                   pp=self.layout.pp, pp_rank=self.layout.pp_rank)
+                                   pp=self.layout.pp, pp_rank=self.layout.pp_rank, ep=self.layout.ep)
         have = set(self._global_params(model))
         want = set(self._names)
         if have != want:  # a megatron-core whose local spec names parameters differently than the mapping
@@ -371,9 +429,41 @@ class MegatronBackend:
             entropy = torch.where(starts, 0.0, torch.cat([ent.new_zeros(1), ent]))  # [T]
         return lp, entropy
 
+    def _expert(self, name: str) -> int | None:
+        """The expert-parallel rank holding parameter ``name``; None for one every rank holds."""
+        return expert_rank_of(name, self.shape.num_experts, self.layout.ep)
+
+    def _local_twin(self, name: str) -> str:
+        """The name of the expert parameter this rank holds at the same local place as global expert ``name``'s
+        on its own rank (same layer and projection, hence the same shape)."""
+        per_rank = self.shape.num_experts // self.layout.ep
+        head, tail = name.split(".mlp.experts.local_experts.")
+        index, rest = tail.split(".", 1)
+        return f"{head}.mlp.experts.local_experts.{self.layout.ep_rank * per_rank + int(index) % per_rank}.{rest}"
+
     def _mine(self, n: int) -> list[int]:
         """Indices of the micro-batches this data-parallel rank runs."""
         return list(range(self.layout.dp_rank, n, self.layout.dp))
+
+    def _rounds(self, micro_batches: Sequence[MicroBatch]) -> list[tuple[int | None, MicroBatch]]:
+        """This rank's micro-batches as ``(index in micro_batches, what runs)``, one per forward.
+
+        Without expert parallelism that is ``_mine``'s, unchanged. With it, megatron-core's all-gather
+        dispatcher gathers the tokens of every rank of an expert-parallel group with equal-size collectives, in
+        forward and backward: every DP rank must run the same number of forwards, round ``j`` with the same token
+        count. Round ``j`` is micro-batches ``j·dp .. j·dp + dp - 1`` (one per DP rank); each is padded to the
+        longest of them (``_padded``), and a rank with none that round runs padding only (index None). Every
+        rank knows every micro-batch (SPMD), so this needs no communication."""
+        mine = self._mine(len(micro_batches))
+        if self.layout.ep == 1:
+            return [(i, micro_batches[i]) for i in mine]
+        dp, n = self.layout.dp, len(micro_batches)
+        out: list[tuple[int | None, MicroBatch]] = []
+        for j in range(-(-n // dp)):
+            length = max(mb.num_tokens for mb in micro_batches[j * dp:(j + 1) * dp])
+            i = j * dp + self.layout.dp_rank
+            out.append((i, _padded(micro_batches[i], length)) if i < n else (None, _blank(micro_batches[0], length)))
+        return out
 
     def _share_over_dp(self, n: int, local: dict[int, torch.Tensor]) -> list[torch.Tensor]:
         """Every micro-batch's CPU tensor on every rank, from each DP rank's share."""
@@ -445,11 +535,13 @@ class MegatronBackend:
 
     def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float = 1.0,
                          top_k: int = -1) -> list[torch.Tensor]:
-        mine = self._mine(len(micro_batches))
-        mbs = [micro_batches[i] for i in mine]
+        rounds = self._rounds(micro_batches)
+        mbs = [mb for _, mb in rounds]
         with torch.no_grad(), self._mm.cpu_device_shim(self.device):
             lps = self._pipeline_logprobs(self.model, mbs, temperature, top_p, top_k)  # [T] each, last stage
-            local = dict(zip(mine, self._from_last_stage(mbs, lps), strict=True))
+            # Padding is appended after a micro-batch's own tokens: its first num_tokens logprobs are its own.
+            local = {i: lp[:micro_batches[i].num_tokens]
+                     for (i, _), lp in zip(rounds, self._from_last_stage(mbs, lps), strict=True) if i is not None}
         return self._share_over_dp(len(micro_batches), local)
 
     # ------------------------------------------------------------------------------------ training
@@ -499,9 +591,15 @@ class MegatronBackend:
                 "embedding.word_embeddings.weight" if self.stage.first else "output_layer.weight")]
             dist.all_reduce(tied.grad, group=ps.get_embedding_group())
         if self.layout.dp > 1:
+            # An expert's gradient already holds every token of its expert-parallel group (the dispatcher
+            # gathered them): it is summed over the expert-data-parallel ranks only (DP / EP of them), which
+            # hold the same experts; everything else over all DP ranks.
             dp_group = ps.get_data_parallel_group()
-            for p in self._params:
-                dist.all_reduce(p.grad, group=dp_group)
+            for name, p in zip(self._names, self._params, strict=True):
+                if self.layout.ep == 1 or self._expert(name) is None:
+                    dist.all_reduce(p.grad, group=dp_group)
+                elif self.layout.dp > self.layout.ep:
+                    dist.all_reduce(p.grad, group=ps.get_expert_data_parallel_group())
         if self.layout.tp > 1:
             # qk-norm weights are replicated but each TP rank applies them to its own heads only: a rank's
             # gradient is its heads' share, and the true gradient is the sum over ranks.
@@ -511,17 +609,22 @@ class MegatronBackend:
                     dist.all_reduce(p.grad, group=tp_group)
         sharded = torch.zeros((), device=self.device)
         replicated = torch.zeros((), device=self.device)
+        experts = torch.zeros((), device=self.device)
         for name, p in zip(self._names, self._params, strict=True):
             if self._tied_copy and name == "output_layer.weight":
                 continue  # the first stage's embedding counts this gradient
             sq = p.grad.detach().float().pow(2).sum()  # []
-            if mcore_split(name) is Split.REPLICATED:
+            if self.layout.ep > 1 and self._expert(name) is not None:
+                experts += sq  # this rank's experts only (TP = 1 under EP)
+            elif mcore_split(name) is Split.REPLICATED:
                 replicated += sq  # the same on every TP rank: counted once
             else:
                 sharded += sq
         if self.layout.tp > 1:
             dist.all_reduce(sharded, group=ps.get_tensor_model_parallel_group())
-        total = sharded + replicated  # [] this stage's squared norm
+        if self.layout.ep > 1:  # each expert-parallel rank holds other experts
+            dist.all_reduce(experts, group=ps.get_expert_model_parallel_group())
+        total = sharded + replicated + experts  # [] this stage's squared norm
         if self.layout.pp > 1:
             dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
         return float(total.sqrt())
@@ -547,8 +650,8 @@ class MegatronBackend:
         from lego_rl.train import pipeline
 
         dev = self.device
-        mine = self._mine(len(step.micro_batches))
-        mbs = [step.micro_batches[i] for i in mine]
+        rounds = self._rounds(step.micro_batches)
+        mbs = [mb for _, mb in rounds]
         refs: list[torch.Tensor] = []
         if self.reference is not None:
             with torch.no_grad():
@@ -559,14 +662,18 @@ class MegatronBackend:
 
         def forward(j: int, hidden: torch.Tensor | None) -> torch.Tensor:
             nonlocal loss_sum
-            i, mb = mine[j], mbs[j]
+            i, mb = rounds[j]
             with self._replaying(self.model, mb):
                 out = self._stage_forward(self.model, mb, hidden)  # [T, V/tp] or [T, 1, H]
                 if not self.stage.last:
                     return out
                 lp, entropy = self._token_logprobs(out, mb, temperature, True, top_p, top_k)  # [T], [T]
+                if i is None:  # padding only (expert parallelism): its backward runs the dispatcher's collectives
+                    return lp.sum() * 0.0
+                old = old_logprobs[i].to(dev)  # [T_i]
+                old = torch.cat([old, old.new_zeros(mb.num_tokens - old.numel())])  # [T] padded like mb
                 res = loss_fn(LossInputs(
-                    logprobs=lp, old_logprobs=old_logprobs[i].to(dev), rollout_logprobs=mb.rollout_logprobs.to(dev),
+                    logprobs=lp, old_logprobs=old, rollout_logprobs=mb.rollout_logprobs.to(dev),
                     advantages=mb.advantages.to(dev), loss_mask=mb.loss_mask.to(dev),
                     token_weights=mb.token_weights.to(dev), rollout_slots=mb.rollout_slots.to(dev),
                     rollout_token_counts=counts.to(dev), rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
@@ -629,22 +736,55 @@ class MegatronBackend:
         dist.all_gather(parts, local.contiguous(), group=ps.get_tensor_model_parallel_group())
         return unshard(name, parts)
 
+    def _gather_experts(self, name: str) -> dict[str, torch.Tensor]:
+        """Every expert parameter of ``name``'s layer, from every expert-parallel rank, by global name (an
+        all-gather per local expert parameter over the expert-parallel group: every rank holds the same count
+        and shapes)."""
+        from megatron.core import parallel_state as ps
+
+        layer = name.split(".mlp.experts.local_experts.")[0]
+        per_rank = self.shape.num_experts // self.layout.ep
+        out: dict[str, torch.Tensor] = {}
+        for own, p in zip(self._names, self._params, strict=True):
+            if not own.startswith(layer + ".mlp.experts.local_experts."):
+                continue
+            local = p.detach().contiguous()
+            parts = [torch.empty_like(local) for _ in range(self.layout.ep)]
+            dist.all_gather(parts, local, group=ps.get_expert_model_parallel_group())
+            head, tail = own.split(".mlp.experts.local_experts.")
+            index, rest = tail.split(".", 1)
+            offset = int(index) - self.layout.ep_rank * per_rank  # this expert's local index
+            for rank, t in enumerate(parts):
+                out[f"{head}.mlp.experts.local_experts.{rank * per_rank + offset}.{rest}"] = t
+        return out
+
     def _checkpoint_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Parameters by their HF checkpoint names (one tensor per expert projection), full tensors on the
         backend's device. A collective over TP ranks and, with PP, point-to-point from each later stage to
         rank 0: every rank must iterate to the end. Rank 0 gets every tensor of the model; another rank gets
         those of its own stage."""
-        if self.layout.pp == 1:
-            for name, p in zip(self._names, self._params, strict=True):
-                yield from mcore_to_hf(name, self._full_mcore(name, p), self.shape)
-            return
         mine = dict(zip(self._names, self._params, strict=True))
+        gathered: dict[str, torch.Tensor] = {}
+
+        def own_full(name: str) -> torch.Tensor:
+            """The full tensor of a parameter of this stage; an expert's gathered from its expert-parallel rank
+            (every rank of the stage reaches a layer's first expert at once: one global order)."""
+            if self._expert(name) is None or self.layout.ep == 1:
+                return self._full_mcore(name, mine[name])
+            if name not in gathered:
+                gathered.update(self._gather_experts(name))
+            return gathered.pop(name)
+
+        if self.layout.pp == 1:
+            for name in self._stage_names:
+                yield from mcore_to_hf(name, own_full(name), self.shape)
+            return
         sender = self.layout.tp_rank == 0 and self.layout.dp_rank == 0  # in rank 0's pipeline group
         for name in mcore_names(self.shape):  # one global order on every rank: sends and receives pair up
             owner = pipeline_stage_of(name, self.shape.num_layers, self.layout.pp)
             full: torch.Tensor | None = None
             if owner == self.layout.pp_rank:
-                full = self._full_mcore(name, mine[name])
+                full = own_full(name)
                 if owner > 0 and sender:
                     dist.send(full.contiguous(), dst=0)
             elif self.layout.rank == 0:
@@ -683,9 +823,10 @@ class MegatronBackend:
             raise RuntimeError(f"experts left unexported: {sorted(pending)[:3]}")
 
     def _shard_file(self) -> str:
+        ep = f"ep{self.layout.ep_rank}." if self.layout.ep > 1 else ""  # experts' optimizer state differs
         if self.layout.pp == 1:
-            return f"trainer_state.tp{self.layout.tp_rank}.pt"
-        return f"trainer_state.pp{self.layout.pp_rank}.tp{self.layout.tp_rank}.pt"
+            return f"trainer_state.{ep}tp{self.layout.tp_rank}.pt"
+        return f"trainer_state.pp{self.layout.pp_rank}.{ep}tp{self.layout.tp_rank}.pt"
 
     def save_checkpoint(self, path: Path, *, extra_state: dict[str, Any]) -> None:
         """HF weights (rank 0, gathered from every TP rank and stage), one optimizer/RNG shard per TP rank and
@@ -704,7 +845,9 @@ class MegatronBackend:
                 hf[name] = t.detach().to("cpu", copy=True).contiguous()
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "weight_version": self._version, "rng": rng_state()}
-        writes_shard = self.layout.dp_rank == 0
+        # One shard per (EP, TP, PP) rank: DP ranks below EP are the expert-parallel ranks 0..EP-1 (their
+        # expert-data-parallel rank is 0); the dense part of their state is the same on every DP rank.
+        writes_shard = self.layout.dp_rank < self.layout.ep
 
         def write_shard(tmp: Path) -> None:
             if writes_shard:
@@ -725,7 +868,8 @@ class MegatronBackend:
         if self.layout.rank == 0:
             publish_checkpoint(path, fill, info={"weight_version": self._version, "backend": "megatron",
                                                  "tensor_parallel": self.layout.tp,
-                                                 "pipeline_parallel": self.layout.pp})
+                                                 "pipeline_parallel": self.layout.pp,
+                                                 "expert_parallel": self.layout.ep})
         else:
             write_shard(self._broadcast_path(None))
             self._barrier()
@@ -756,6 +900,11 @@ class MegatronBackend:
             raise ConfigError(f"checkpoint {path} was written with pipeline parallel {written_pp}; this trainer "
                               f"runs {self.layout.pp} stages (its optimizer shards hold other stages' layers)",
                               parameter="train.pipeline_parallel", value=self.layout.pp)
+        written_ep = info.get("expert_parallel", 1)  # checkpoints from before expert parallelism: 1
+        if written_ep != self.layout.ep:
+            raise ConfigError(f"checkpoint {path} was written with expert parallel {written_ep}; this trainer "
+                              f"runs {self.layout.ep} (its optimizer shards hold other ranks' experts)",
+                              parameter="train.expert_parallel", value=self.layout.ep)
         self._load_hf(self.model, path)
         state = torch.load(path / self._shard_file(), map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])

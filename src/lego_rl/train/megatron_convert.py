@@ -19,8 +19,10 @@ Layout differences, and why they exist on the Megatron side:
   ``model.embed_tokens.weight``, as the torch backend's ``named_parameters`` does.
 * **Qwen3-MoE** (every layer routed, no shared expert): HF ``mlp.gate`` is Megatron's ``mlp.router``; expert
   ``e``'s gate/up/down are ``mlp.experts.local_experts.{e}.linear_fc1`` (fused, like the dense MLP) and
-  ``linear_fc2`` (the local spec's ``SequentialMLP``, expert parallel size 1; experts split by TP like the
-  dense MLP). Tested against megatron-core's own MoE ``GPTModel``.
+  ``linear_fc2`` (the local spec's ``SequentialMLP``; ``shard`` would split experts by TP like the dense MLP,
+  but MoE models train with TP = 1: ``check_tp``). Names here use
+  global expert ids; with expert parallelism a rank holds ``expert_rank_of``'s share under local ids ``0..``,
+  which the backend maps. Tested against megatron-core's own MoE ``GPTModel``.
 
 Why not mbridge: it tracks Megatron-LM's main branch (its bridges import ``megatron.core`` modules and
 TransformerConfig fields of a matching version) and pulls in Transformer Engine specs; the versions usable
@@ -144,7 +146,14 @@ def padded_vocab(vocab: int, tp: int) -> int:
 
 
 def check_tp(shape: Qwen3Shape, tp: int) -> None:
-    """Tensor parallelism splits query groups and the FFN width evenly; say which does not divide."""
+    """Tensor parallelism splits query groups and the FFN width evenly; say which does not divide. A MoE model
+    trains with TP = 1 only: megatron-core's MoE layer (0.16.1) raises in training mode when TP > 1 without
+    sequence parallelism, which this backend does not build (expert parallelism splits MoE models instead)."""
+    if shape.num_experts and tp > 1:
+        raise ConfigError(f"train.tensor_parallel = {tp} with a mixture-of-experts model: megatron-core trains MoE "
+                          "layers under tensor parallelism only with sequence parallelism, which the Megatron "
+                          "backend does not build; set train.tensor_parallel = 1 and split the experts with "
+                          "train.expert_parallel", parameter="train.tensor_parallel", value=tp)
     for what, n in (("num_key_value_heads", shape.kv_heads), ("num_attention_heads", shape.heads),
                     ("intermediate_size", shape.ffn), ("moe_intermediate_size", shape.moe_ffn)):
         if n % tp:
@@ -200,6 +209,36 @@ def mcore_names(shape: Qwen3Shape) -> list[str]:
     if not shape.tied:
         names.append("output_layer.weight")
     return names
+
+
+def expert_of(name: str) -> int | None:
+    """The global expert id of a routed expert's Megatron parameter
+    (``decoder.layers.{i}.mlp.experts.local_experts.{e}.*``, global numbering), None for any other parameter."""
+    parts = name.split(".")
+    if parts[3:6] == ["mlp", "experts", "local_experts"] and len(parts) > 6 and parts[6].isdigit():
+        return int(parts[6])
+    return None
+
+
+def expert_rank_of(name: str, num_experts: int, ep: int) -> int | None:
+    """The expert-parallel rank (of ``ep``, each holding ``num_experts / ep`` consecutive experts, megatron-core's
+    split) that holds parameter ``name``; None for a parameter every expert-parallel rank holds."""
+    e = expert_of(name)
+    return None if e is None else e // (num_experts // ep)
+
+
+def check_ep(shape: Qwen3Shape, ep: int) -> None:
+    """Expert parallelism needs a MoE model whose experts split evenly over the ``ep`` ranks (TP = 1 for MoE
+    models: ``check_tp``)."""
+    if ep == 1:
+        return
+    if not shape.num_experts:
+        raise ConfigError(f"train.expert_parallel = {ep} needs a mixture-of-experts model; this one is dense",
+                          parameter="train.expert_parallel", value=ep)
+    if shape.num_experts % ep:
+        raise ConfigError(f"train.expert_parallel = {ep} does not divide the model's {shape.num_experts} experts "
+                          "(num_experts); every rank holds the same number of them",
+                          parameter="train.expert_parallel", value=ep)
 
 
 def pipeline_stage_of(name: str, num_layers: int, pp: int) -> int:

@@ -71,7 +71,8 @@ def cpu_device_shim(device: torch.device) -> Iterator[None]:
 @dataclass(frozen=True)
 class ParallelLayout:
     """This process's place in the TP × PP × DP grid (megatron-core's rank order: TP fastest, then DP, then PP,
-    so global rank 0 is TP rank 0 of DP rank 0 on the first pipeline stage)."""
+    so global rank 0 is TP rank 0 of DP rank 0 on the first pipeline stage). Expert parallelism is carved out
+    of DP: the ``ep`` consecutive DP ranks of an expert-parallel group hold different experts (``ep_rank``)."""
 
     tp: int
     dp: int
@@ -80,6 +81,8 @@ class ParallelLayout:
     rank: int
     pp: int = 1
     pp_rank: int = 0
+    ep: int = 1
+    ep_rank: int = 0
 
     @property
     def world(self) -> int:
@@ -92,8 +95,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> ParallelLayout:
-    """Join (or, alone, create) the process group and Megatron's TP/DP groups; check the sizes multiply up.
+def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device, ep: int = 1) -> ParallelLayout:
+    """Join (or, alone, create) the process group and Megatron's TP/DP/EP groups; check the sizes multiply up
+    and that ``ep`` divides DP (megatron-core takes the expert-parallel ranks from the data-parallel ones).
 
     Under ``torchrun`` (or Ray) the launcher has set ``RANK``/``WORLD_SIZE``; a plain ``lego train`` is one
     process, so there ``tp * pp * dp`` must be 1.
@@ -124,6 +128,10 @@ def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> Par
             f"{tp * pp * dp} trainer processes, but {world} {'is' if world == 1 else 'are'} running; launch "
             f"that many (torchrun --nproc-per-node) or set the sizes to multiply to {world}",
             parameter="train.data_parallel", value=dp)
+    if dp % ep:
+        raise ConfigError(f"train.expert_parallel = {ep} does not divide the data-parallel size {dp}: the "
+                          "expert-parallel ranks are carved out of the data-parallel ones; choose a divisor of it",
+                          parameter="train.expert_parallel", value=ep)
     if ps.model_parallel_is_initialized():
         if ps.get_tensor_model_parallel_world_size() != tp:
             raise ConfigError(f"Megatron is already initialised with tensor parallel size "
@@ -133,11 +141,17 @@ def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device) -> Par
             raise ConfigError(f"Megatron is already initialised with pipeline parallel size "
                               f"{ps.get_pipeline_model_parallel_world_size()} in this process, not {pp}",
                               parameter="train.pipeline_parallel", value=pp)
+        if ps.get_expert_model_parallel_world_size() != ep:
+            raise ConfigError(f"Megatron is already initialised with expert parallel size "
+                              f"{ps.get_expert_model_parallel_world_size()} in this process, not {ep}",
+                              parameter="train.expert_parallel", value=ep)
     else:
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     expert_model_parallel_size=ep)
     return ParallelLayout(tp=tp, dp=dp, tp_rank=ps.get_tensor_model_parallel_rank(),
                           dp_rank=ps.get_data_parallel_rank(), rank=dist.get_rank(), pp=pp,
-                          pp_rank=ps.get_pipeline_model_parallel_rank())
+                          pp_rank=ps.get_pipeline_model_parallel_rank(), ep=ep,
+                          ep_rank=ps.get_expert_model_parallel_rank())
 
 
 def pipeline_stage(layout: ParallelLayout) -> Stage:
@@ -192,9 +206,11 @@ class PackedCausalAttention(MegatronModule):
         return out.reshape(out.shape[0], -1)  # [T, Hq*D]
 
 
-def _moe_config(shape: Qwen3Shape, routing_replay: bool) -> dict[str, Any]:
+def _moe_config(shape: Qwen3Shape, routing_replay: bool, ep: int = 1) -> dict[str, Any]:
     """TransformerConfig fields of a Qwen3-MoE layer: every layer routed, top-k over a softmax, no shared
-    expert, no auxiliary loss (RL fine-tuning does not rebalance experts), expert parallel size 1."""
+    expert, no auxiliary loss (RL fine-tuning does not rebalance experts), ``ep`` expert-parallel ranks (each
+    holds ``num_experts / ep`` of them; the all-gather dispatcher gathers every rank's tokens, so the ranks of
+    an expert-parallel group must run their forwards in step with equal token counts)."""
     if not shape.num_experts:
         return {}
     return dict(
@@ -205,7 +221,7 @@ def _moe_config(shape: Qwen3Shape, routing_replay: bool) -> dict[str, Any]:
         # Qwen3-MoE's router: softmax over all experts, then top-k; renormalised or not per norm_topk_prob.
         # Megatron's top-k-then-softmax is exactly the renormalised form; pre-softmax is the plain one.
         moe_router_pre_softmax=not shape.norm_topk_prob, moe_router_score_function="softmax",
-        moe_enable_routing_replay=routing_replay, moe_router_dtype="fp32",
+        moe_enable_routing_replay=routing_replay, moe_router_dtype="fp32", expert_model_parallel_size=ep,
     )
 
 
@@ -230,9 +246,11 @@ def _route_outside_autocast(model: GPTModel) -> None:
 
 
 def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.device,
-              recompute: bool, routing_replay: bool = False, pp: int = 1, pp_rank: int = 0) -> GPTModel:
+              recompute: bool, routing_replay: bool = False, pp: int = 1, pp_rank: int = 0,
+              ep: int = 1) -> GPTModel:
     """A Megatron GPT with Qwen3's architecture, dense or MoE (weights uninitialised: the caller loads them).
-    With ``routing_replay`` every MoE router gets megatron-core's ``RouterReplay`` (R3).
+    With ``routing_replay`` every MoE router gets megatron-core's ``RouterReplay`` (R3). With ``ep`` > 1 this
+    rank's MoE layers hold experts ``[ep_rank·E/ep, (ep_rank+1)·E/ep)`` as ``local_experts.0..``.
 
     With ``pp`` > 1 it is stage ``pp_rank``'s part: ``num_layers / pp`` consecutive decoder layers, the
     embedding on the first stage, the final norm and output layer on the last. Tied embeddings are then two
@@ -252,7 +270,7 @@ def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.devi
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         recompute_granularity="full" if recompute else None, recompute_method="uniform" if recompute else None,
-        recompute_num_layers=1 if recompute else None, **_moe_config(shape, routing_replay),
+        recompute_num_layers=1 if recompute else None, **_moe_config(shape, routing_replay, ep),
     )
     spec = get_gpt_layer_local_spec(num_experts=shape.num_experts or None, qk_layernorm=True,
                                     normalization="RMSNorm")
