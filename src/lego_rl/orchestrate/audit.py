@@ -42,6 +42,7 @@ from pydantic import BaseModel, Field
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.events import BatchTaken, RolloutFinished, RolloutStarted, StepFinished, StepStarted
 from lego_rl.runstore.files import write_next_free
+from lego_rl.runstore.layout import RunLayout
 from lego_rl.runstore.log import follow_metrics, read_events
 
 ADV_EPS = 1e-6
@@ -119,7 +120,7 @@ class _Run:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        audit = root / "audit"
+        audit = RunLayout(root).audit
         rank_files = sorted(audit.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
         if not rank_files:
             raise ConfigError(f"{audit} has no rank-*.jsonl: the run was not trained with train.audit = true (or "
@@ -376,4 +377,4 @@ def audit_run(root: Path) -> AuditReport:
 
 def write_report(report: AuditReport) -> Path:
     """``audit/report.json`` of the run (``report.1.json`` ... when one exists: reports are never replaced)."""
-    return write_next_free(Path(report.run_root) / "audit", "report.json", report.model_dump_json(indent=2) + "\n")
+    return write_next_free(RunLayout(Path(report.run_root)).audit, "report.json", report.model_dump_json(indent=2) + "\n")

@@ -50,6 +50,7 @@ from lego_rl.errors import ConfigError, LegoError
 from lego_rl.orchestrate.loop import TrainingError
 from lego_rl.orchestrate.ray_nodes import RayNodes, start_ray_nodes
 from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, InFlight, SyncReport, WeightSource, WeightSync
+from lego_rl.runstore.layout import RunLayout
 from lego_rl.train.backend import LossFn, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 
@@ -417,7 +418,7 @@ async def ray_cluster(c: LegoConfig, model_dir: Path, *,
                                      "max_batch": c.serving.max_batch_size, "max_model_len": c.model.max_context_tokens}
         # train.audit: every rank and every replica writes its records into the run directory, which is on a
         # filesystem all nodes share (see the module docstring).
-        audit = str(Path(c.paths.run_root or "runs/unnamed").resolve() / "audit") if c.train.audit else None
+        audit = str(RunLayout(Path(c.paths.run_root or "runs/unnamed").resolve()).audit) if c.train.audit else None
         try:
             master = await ranks[0].address.remote()
             # The engines load while the ranks rendezvous and load: both are slow, neither needs the other.

@@ -23,6 +23,7 @@ from lego_rl.adapter.standalone import LISTEN_BACKLOG
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError
+from lego_rl.runstore.layout import RunLayout
 from lego_rl.serving.client import ServingClient
 
 if TYPE_CHECKING:
@@ -96,8 +97,8 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
                                     max_model_len=cfg.model.max_context_tokens,
                                     # R3: the embedded engine returns routes only when started to record them.
                                     return_routed_experts=cfg.rollout.use_rollout_routing_replay,
-                                    served_log=(Path(cfg.paths.run_root or "runs/unnamed") / "audit" / "engine-0.jsonl"
-                                                if cfg.train.audit else None))
+                                    served_log=(RunLayout(Path(cfg.paths.run_root or "runs/unnamed")).audit
+                                                / "engine-0.jsonl" if cfg.train.audit else None))
             await stack.enter_async_context(engine)
             urls = [engine.url]
             embedded = engine.engine

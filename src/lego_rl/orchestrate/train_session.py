@@ -84,7 +84,7 @@ def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossF
 
 def audit_path(c: LegoConfig, rank: int) -> Path:
     """Where trainer rank ``rank`` writes its audit records (``train.audit``; ``orchestrate.audit`` reads them)."""
-    return Path(c.paths.run_root or "runs/unnamed") / "audit" / f"rank-{rank}.jsonl"
+    return RunLayout(Path(c.paths.run_root or "runs/unnamed")).audit / f"rank-{rank}.jsonl"
 
 
 def _audited(c: LegoConfig, backend: AuditableBackend) -> RankedBackend:

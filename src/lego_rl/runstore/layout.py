@@ -5,6 +5,7 @@ Layout under ``RUN_ROOT``::
     config.json              resolved configuration with each value's source (config.resume-N.json on resume)
     events.jsonl             append-only event log, one typed event per line (``RUN_LOG``; runstore.events)
     metrics.jsonl            one row per optimizer step (runstore.metrics; written by the trainer)
+    audit/                   train.audit's per-rank and per-engine records, `lego audit`'s reports
     checkpoints/step-<N>/    trainer checkpoints (the backend's format) after step N; ``checkpoints/latest``
                              names the newest complete one (written only after the backend returned)
     sandboxes/<rollout_id>/  per-rollout artifacts, saved *before* sandbox cleanup (``SUNABAKO_ARTIFACTS``):
@@ -91,6 +92,12 @@ class RunLayout:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def audit(self) -> Path:
+        """``train.audit``'s records: ``rank-<r>.jsonl`` per trainer rank, ``engine-<n>.jsonl`` per engine, and
+        ``lego audit``'s reports."""
+        return self.root / "audit"
 
     def config(self, resume: int = 0) -> Path:
         """``config.json``, or the config of the ``resume``-th resume."""

@@ -28,16 +28,11 @@ import torch
 
 from lego_rl.train.backend import LossFn, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
+from lego_rl.train.distributed import RankedBackend
 
 
-class AuditableBackend(Protocol):
-    """What the recorder needs of a backend beyond the contract: its rank, its parameter shards, its optimizer."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def weight_version(self) -> int: ...
+class AuditableBackend(RankedBackend, Protocol):
+    """What the recorder needs of a backend beyond the contract and its rank: its parameter shards, its optimizer."""
 
     @property
     def optimizer_steps(self) -> int:
@@ -47,18 +42,6 @@ class AuditableBackend(Protocol):
     def local_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This rank's shard of every trained parameter, by name."""
         ...
-
-    def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float, top_p: float = 1.0,
-                         top_k: int = -1) -> list[torch.Tensor]: ...
-
-    def train_step(self, step: OptimizerStep, loss_fn: LossFn, *, old_logprobs: Sequence[torch.Tensor],
-                   temperature: float, top_p: float = 1.0, top_k: int = -1) -> StepResult: ...
-
-    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
-
-    def save_checkpoint(self, path: Path, *, extra_state: dict[str, Any]) -> None: ...
-
-    def load_checkpoint(self, path: Path) -> dict[str, Any]: ...
 
 
 def adam_steps(optimizer: torch.optim.Optimizer) -> int:
