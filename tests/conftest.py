@@ -6,11 +6,40 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 _SHARED_DIRS = {"/tmp": 0o1777, "/var/tmp": 0o1777}
+
+LOW_DISK_BYTES = 2 << 30
+"""Below this much free space where tests write, say so in the progress output. The suite's sandboxes, rootfs
+clones and toolchain unpack need a few GB; on a full disk every later test errs in tmp_path's setup, which
+reads like a broken product unless the log says why."""
+
+
+def _free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"free disk: {_free_bytes(tempfile.gettempdir()) / 2**30:.1f} GiB under {tempfile.gettempdir()}"
+
+
+_low_disk_reported = False
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    global _low_disk_reported
+    free = _free_bytes(tempfile.gettempdir())
+    if free < LOW_DISK_BYTES and not _low_disk_reported:
+        _low_disk_reported = True
+        # The progress line of -q hides warnings until the end (which a CI timeout never reaches): print now.
+        print(f"\nLOW DISK after {nodeid}: {free / 2**20:.0f} MiB free under {tempfile.gettempdir()}",
+              file=sys.stderr, flush=True)
 
 
 @pytest.fixture(autouse=True)

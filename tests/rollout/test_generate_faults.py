@@ -71,7 +71,9 @@ async def test_missing_or_corrupt_harness_binary_is_harness_install(
 ) -> None:
     """A toolchain whose Codex archive is garbage (hash mismatch) or gone: install fails, cleanly."""
     broken = tmp_path / "toolchain"
-    shutil.copytree(toolchain.folder, broken, ignore=shutil.ignore_patterns("*.tgz", "*.whl", "*.tar.gz"))
+    # Not the archives, nor their unpacked .tar-cache (1.1 GB a copy): both cases must fail before either is read.
+    skipped = shutil.ignore_patterns("*.tgz", "*.whl", "*.tar.gz", ".tar-cache")
+    shutil.copytree(toolchain.folder, broken, ignore=skipped)
     lock = json.loads((broken / "toolchain.lock.json").read_text())
     for entry in lock["entries"].values():
         if fault == "corrupt":
