@@ -29,8 +29,11 @@ def opencode_setup(work: Path, url: str, key: str) -> None:
 
 
 def opencode_env(home: Path) -> dict[str, str]:
-    return {"PATH": os.environ["PATH"], "HOME": str(home), "OPENCODE_DISABLE_MODELS_FETCH": "1",
-            "OPENCODE_DISABLE_AUTOUPDATE": "1"}
+    # TMPDIR: the OpenCode binary (Bun) unpacks a 5.5 MB native library into the temporary directory on every
+    # start and never removes it; run on the host, as here, that was the machine's /tmp (135 files in a day).
+    (home / "tmp").mkdir(parents=True, exist_ok=True)
+    return {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home / "tmp"),
+            "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1"}
 
 
 def opencode_cmd(binary: Path, prompt: str = PROMPT, title: str | None = "lego-test") -> list[str]:

@@ -1,7 +1,7 @@
 """Run inside a fresh loopback-only network + PID namespace (``unshare -rnpf --mount-proc``, see
 test_two_nodes.py): start a real two-node Ray cluster, check it with ``lego validate --remote``, train with it.
 
-Usage: ``python two_nodes.py WORKDIR RAY_TMP``. WORKDIR holds ``lego.toml`` and ``toy.jsonl``; the outcome of each
+Usage: ``python two_nodes.py WORKDIR RAY_TMP MOE_MODEL`` (MOE_MODEL: the tiny Qwen3-MoE's directory). WORKDIR holds ``lego.toml`` and ``toy.jsonl``; the outcome of each
 command goes to ``WORKDIR/outcome.json``. The PID namespace is what cleans up: when this script (its PID 1)
 exits, the kernel ends every Ray process it started, and nothing outside the namespace is touched.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 PORT = 6390
 
 
-def main(work: Path, ray_tmp: str) -> None:
+def main(work: Path, ray_tmp: str, moe_model: str) -> None:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     bindir = Path(sys.executable).parent
     # RAY_TMPDIR: the drivers' session files too go under the test's directory, not the machine's /tmp/ray.
@@ -56,8 +56,18 @@ def main(work: Path, ray_tmp: str) -> None:
     res = subprocess.run([lego, "audit", "runs/megatron", "--json"], env=env, cwd=work, capture_output=True,
                          text=True, timeout=120)
     outcome["audit_megatron"] = {"rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr[-4000:]}
+    # Expert parallelism under Ray: the tiny Qwen3-MoE with its experts split over the two nodes' ranks (EP = 2
+    # carved out of DP = 2), audited like the TP run. The random MoE rarely earns a reward: larger groups, and
+    # zero-variance groups resampled, so that a step trains.
+    lego_json("train_ep", "train", "-c", "lego.toml", "--set", "train.backend=\"megatron\"", "--set",
+              "train.expert_parallel=2", "--set", f"model.checkpoint=\"{moe_model}\"", "--set", "train.audit=true",
+              "--set", "rollout.batch_size=4", "--set", "rollout.samples_per_prompt=8", "--set",
+              "train.oversample_zero_variance=true", "--set", "train.lr=1e-3", "--run-root", "runs/ep")
+    res = subprocess.run([lego, "audit", "runs/ep", "--json"], env=env, cwd=work, capture_output=True, text=True,
+                         timeout=120)
+    outcome["audit_ep"] = {"rc": res.returncode, "stdout": res.stdout, "stderr": res.stderr[-4000:]}
     (work / "outcome.json").write_text(json.dumps(outcome))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])

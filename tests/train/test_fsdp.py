@@ -70,6 +70,11 @@ def _rank(rank: int, port: int, tmp: str) -> None:
         if rank != 0:
             follow_rank_zero(inner)  # the first session: step, checkpoint, step
             follow_rank_zero(TorchBackend(tiny, settings()))  # the second: resume from the checkpoint, step
+            # Both ranks past their last collective before either tears gloo down: under load, rank 1 tearing
+            # down while rank 0 was still in the stop broadcast once aborted it ("terminate called without an
+            # active exception", SIGABRT) after every check had run. Only on success: after a failure the
+            # other rank may never reach it.
+            dist.barrier()
             return
         vocab = int(inner.config.vocab_size)
         step = the_step(vocab)
@@ -86,6 +91,7 @@ def _rank(rank: int, port: int, tmp: str) -> None:
         out["params2_resumed"] = full_params(resumed)
         resumed.stop()
         torch.save(out, Path(tmp) / "rank0.pt")
+        dist.barrier()  # see rank 1's
     finally:
         dist.destroy_process_group()
 
