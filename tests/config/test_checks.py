@@ -315,3 +315,27 @@ def test_expert_parallel_checks(base_toml: Path) -> None:
     assert not {c for c in codes(base_toml, *good, "train.pipeline_parallel=2") if c.startswith("expert_parallel")}
     assert codes(base_toml, *good, "train.data_parallel=1", "cluster.gpus_per_node=1").get(
         "expert_parallel_dp") == "error"
+
+
+def test_sequence_parallel_checks(base_toml: Path) -> None:
+    """train.sequence_parallel: what lets a MoE model train under TP (parallelism_moe_tp goes away); it needs
+    the Megatron backend, does nothing at TP = 1 (a warning), and is refused with pipeline stages or with expert
+    parallelism (neither combination is built)."""
+    from lego_rl.serving.tiny_model import ensure_tiny_model
+
+    moe = f"model.checkpoint=\"{ensure_tiny_model(moe=True)}\""
+    tp2 = ["train.backend=\"megatron\"", moe, "train.tensor_parallel=2", "cluster.gpus_per_node=2"]
+    assert codes(base_toml, *tp2).get("parallelism_moe_tp") == "error"
+    found = codes(base_toml, *tp2, "train.sequence_parallel=true")
+    assert not {c for c in found if c.startswith(("parallelism", "sequence_parallel"))}, found
+    r = resolve(base_toml, environ={}, overrides=[*tp2, "train.sequence_parallel=false"])
+    moe_tp = {f.code: f for f in check(r)}["parallelism_moe_tp"]
+    assert "train.sequence_parallel = true" in moe_tp.fix, moe_tp
+    assert codes(base_toml, *tp2, "train.sequence_parallel=true", "train.backend=\"torch\"").get(
+        "sequence_parallel_backend") == "error"
+    assert codes(base_toml, "train.backend=\"megatron\"", "train.sequence_parallel=true").get(
+        "sequence_parallel_tp1") == "warning"
+    assert codes(base_toml, *tp2, "train.sequence_parallel=true", "train.pipeline_parallel=2",
+                 "cluster.gpus_per_node=4").get("sequence_parallel_pp") == "error"
+    assert codes(base_toml, *tp2, "train.sequence_parallel=true", "train.expert_parallel=2",
+                 "cluster.gpus_per_node=4").get("sequence_parallel_ep") == "error"

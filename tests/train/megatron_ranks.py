@@ -2,7 +2,7 @@
 
 Every rank scores the same optimizer step, trains on it once and saves a checkpoint; rank 0 writes what the
 test compares with a one-process backend: ``python -m torch.distributed.run --nproc-per-node N
-megatron_ranks.py MODEL_DIR OUT_DIR TP DP [PP]``. With PP > 1 the ranks also export before training, and
+megatron_ranks.py MODEL_DIR OUT_DIR TP DP [PP [sp]]`` (``sp``: sequence parallelism). With PP > 1 the ranks also export before training, and
 resume a second backend from the checkpoint and train both one more step (the round trip through the
 per-stage shards).
 """
@@ -25,10 +25,10 @@ from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
 from lego_rl.train.megatron_backend import MegatronBackend, MegatronTrainSettings  # noqa: E402
 
 
-def main(model_dir: Path, out: Path, tp: int, dp: int, pp: int) -> None:
+def main(model_dir: Path, out: Path, tp: int, dp: int, pp: int, sp: bool = False) -> None:
     warnings.filterwarnings("ignore")
     settings = MegatronTrainSettings(lr=1e-3, device="cpu", tensor_parallel=tp, data_parallel=dp,
-                                     pipeline_parallel=pp)
+                                     pipeline_parallel=pp, sequence_parallel=sp)
     backend = MegatronBackend(model_dir, settings)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     step = fixed_step(vocab)
@@ -62,4 +62,4 @@ def main(model_dir: Path, out: Path, tp: int, dp: int, pp: int) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
-         int(sys.argv[5]) if len(sys.argv) > 5 else 1)
+         int(sys.argv[5]) if len(sys.argv) > 5 else 1, sys.argv[6:7] == ["sp"])

@@ -150,6 +150,9 @@ def test_refusals_name_the_key(tiny_model: Path, tmp_path: Path) -> None:
         megatron(tiny_model, data_parallel=2)
     with pytest.raises(ConfigError, match=r"tensor_parallel = 3 does not divide"):
         megatron(tiny_model, tensor_parallel=3)
+    with pytest.raises(ConfigError, match=r"sequence_parallel with train.pipeline_parallel = 2 is not built") as exc:
+        megatron(tiny_model, tensor_parallel=2, pipeline_parallel=2, sequence_parallel=True)
+    assert exc.value.parameter == "train.sequence_parallel"
     with pytest.raises(ConfigError, match=r"routing replay needs a mixture-of-experts model; this one is dense"):
         megatron(tiny_model, routing_replay=True)
     # A torch-backend checkpoint has no optimizer shards for this trainer.
@@ -167,7 +170,7 @@ def test_missing_megatron_core_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
         require_megatron()
 
 
-def run_ranks(tiny_model: Path, out: Path, *, tp: int, dp: int, pp: int = 1) -> dict[str, Any]:
+def run_ranks(tiny_model: Path, out: Path, *, tp: int, dp: int, pp: int = 1, sp: bool = False) -> dict[str, Any]:
     """``megatron_ranks.py`` on ``tp * dp * pp`` gloo ranks under torchrun; rank 0's results."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     with socket.socket() as sock:  # torchrun's --master-port 0 hangs the workers' rendezvous (torch 2.13)
@@ -175,7 +178,8 @@ def run_ranks(tiny_model: Path, out: Path, *, tp: int, dp: int, pp: int = 1) -> 
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * dp * pp), "--master-addr",
            "127.0.0.1", "--master-port", str(port),
-           str(HERE / "megatron_ranks.py"), str(tiny_model), str(out), str(tp), str(dp), str(pp)]
+           str(HERE / "megatron_ranks.py"), str(tiny_model), str(out), str(tp), str(dp), str(pp),
+           *(["sp"] if sp else [])]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got: dict[str, Any] = torch.load(out / "rank0.pt", weights_only=True)
@@ -183,10 +187,21 @@ def run_ranks(tiny_model: Path, out: Path, *, tp: int, dp: int, pp: int = 1) -> 
 
 
 @pytest.mark.slow
-def test_tp2_dp2_over_four_ranks_equals_one_process(tiny_model: Path, vocab: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("tp", "dp", "sp", "moe"), [(2, 2, False, False), (2, 1, True, False), (2, 1, True, True)],
+                         ids=["tp2-dp2", "tp2-sequence-parallel", "moe-tp2-sequence-parallel"])
+def test_tp2_dp2_over_four_ranks_equals_one_process(tiny_model: Path, vocab: int, tmp_path: Path, tp: int, dp: int,
+                                                    sp: bool, moe: bool) -> None:
     """Four gloo ranks (TP 2 × DP 2): vocab-parallel logprobs, the nucleus gathered across TP, micro-batches
-    split over DP with summed gradients, GSPO's cross-micro-batch ratio, a checkpoint from sharded state."""
-    got = run_ranks(tiny_model, tmp_path, tp=2, dp=2)
+    split over DP with summed gradients, GSPO's cross-micro-batch ratio, a checkpoint from sharded state. And
+    TP 2 with sequence parallelism: micro-batches of odd length (padded to a multiple of 2), norms on half the
+    sequence each with their gradients summed over TP; each weight's update must match, norms included. And the
+    tiny Qwen3-MoE the same way: megatron-core trains a MoE layer under TP only with sequence parallelism (its
+    experts split by TP, its router on half the sequence per rank)."""
+    if moe:
+        from lego_rl.serving.tiny_model import ensure_tiny_model
+
+        tiny_model = ensure_tiny_model(moe=True)
+    got = run_ranks(tiny_model, tmp_path, tp=tp, dp=dp, sp=sp)
     step = fixed_step(vocab)
     one = megatron(tiny_model)
     plain = one.compute_logprobs(step.micro_batches, temperature=0.7)
@@ -196,9 +211,7 @@ def test_tp2_dp2_over_four_ranks_equals_one_process(tiny_model: Path, vocab: int
     res = one.train_step(step, make_loss(LossConfig(algorithm="gspo")), old_logprobs=plain, temperature=0.7)
     for key in ("loss", "grad_norm", "tokens", "entropy"):
         assert got["metrics"][key] == pytest.approx(res.metrics[key], rel=1e-4, abs=1e-6), key
-    from safetensors.torch import load_file
-
-    init = load_file(str(tiny_model / "model.safetensors"))
+    init = weights(megatron(tiny_model))  # the engine's layout, as exported (the MoE's HF file stacks experts)
     mine = weights(one)
     assert got["weights"].keys() == mine.keys()
     for name, t in mine.items():
@@ -206,8 +219,14 @@ def test_tp2_dp2_over_four_ranks_equals_one_process(tiny_model: Path, vocab: int
         # update is compared as a whole (seen: ≤ 1.2e-3 relative).
         theirs, ours = got["weights"][name] - init[name], t - init[name]
         assert float((theirs - ours).norm() / ours.norm()) < 1e-2, name
-    hf, _, _ = load_model(tiny_model, torch.device("cpu"), "float32")
-    load_checkpoint_into(hf, tmp_path / "ckpt")
+    if moe:  # the checkpoint keeps the HF file's per-expert tensors (transformers 5 stacks them on load)
+        from safetensors.torch import load_file
+
+        assert sorted(load_file(str(tmp_path / "ckpt" / "model.safetensors"))) == sorted(
+            load_file(str(tiny_model / "model.safetensors")))
+    else:
+        hf, _, _ = load_model(tiny_model, torch.device("cpu"), "float32")
+        load_checkpoint_into(hf, tmp_path / "ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("trainer_state.tp*.pt")) == [
         "trainer_state.tp0.pt", "trainer_state.tp1.pt"]
 

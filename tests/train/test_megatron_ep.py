@@ -215,7 +215,9 @@ def test_expert_parallel_refusals(moe_model: Path) -> None:
         one_process(moe_model, expert_parallel=3)
     with pytest.raises(ConfigError, match="tensor_parallel = 2 with a mixture-of-experts model"):
         one_process(moe_model, expert_parallel=2, tensor_parallel=2)
-    with pytest.raises(ConfigError, match="tensor_parallel = 2 with a mixture-of-experts model"):
+    with pytest.raises(ConfigError, match="tensor_parallel = 2 with a mixture-of-experts model.*sequence_parallel"):
         one_process(moe_model, tensor_parallel=2)  # megatron-core would raise in the first training forward
+    with pytest.raises(ConfigError, match="expert_parallel = 2 with train.tensor_parallel = 2 is not built"):
+        one_process(moe_model, expert_parallel=2, tensor_parallel=2, sequence_parallel=True)
     with pytest.raises(ConfigError, match="expert_parallel = 2 does not divide the data-parallel size 1"):
         one_process(moe_model, expert_parallel=2)

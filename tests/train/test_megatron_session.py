@@ -79,12 +79,13 @@ def test_trains_the_toy_environment_with_megatron_and_resumes(toy: Path) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["tensor_parallel", "pipeline_parallel", "expert_parallel"])
+@pytest.mark.parametrize("layout", ["tensor_parallel", "pipeline_parallel", "expert_parallel", "sequence_parallel"])
 def test_lego_train_under_torchrun_trains_with_megatron_model_parallel(tmp_path: Path, layout: str) -> None:
-    """``torchrun --nproc-per-node 2 lego train`` with ``train.backend = "megatron"`` and TP=2, PP=2 or EP=2 (the
-    tiny MoE, DP=2; gloo on CPU): rank 0 runs the loop, the engine and the run directory, rank 1 follows its trainer
-    calls (``train.distributed``); both exit 0, both steps trained, the checkpoint holds one optimizer shard per
-    rank and the gathered HF weights, and `lego audit` passes over both ranks' records."""
+    """``torchrun --nproc-per-node 2 lego train`` with ``train.backend = "megatron"`` and TP=2, PP=2, EP=2 (the
+    tiny MoE, DP=2) or TP=2 with sequence parallelism (the tiny MoE: its experts split by TP; gloo on CPU): rank 0
+    runs the loop, the engine and the run directory, rank 1 follows its trainer calls (``train.distributed``);
+    both exit 0, both steps trained, the checkpoint holds one optimizer shard per rank and the gathered HF
+    weights, and `lego audit` passes over both ranks' records."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
     import os
     import socket
@@ -92,12 +93,14 @@ def test_lego_train_under_torchrun_trains_with_megatron_model_parallel(tmp_path:
 
     from lego_rl.serving.tiny_model import ensure_tiny_model
 
+    sizes: dict[str, object] = ({"tensor_parallel": 2, "sequence_parallel": True} if layout == "sequence_parallel"
+                                else {layout: 2})
+    moe = layout in ("expert_parallel", "sequence_parallel")
     write_toy_run(tmp_path, rollout={"batch_size": 4, "samples_per_prompt": 8, "max_staleness": 0},
-                  train={"backend": "megatron", "lr": 1e-3, layout: 2, "audit": True,
+                  train={"backend": "megatron", "lr": 1e-3, **sizes, "audit": True,
                          "oversample_zero_variance": True},
                   cluster={"gpus_per_node": 2},
-                  **({"model": {"checkpoint": str(ensure_tiny_model(moe=True))}}
-                     if layout == "expert_parallel" else {}))
+                  **({"model": {"checkpoint": str(ensure_tiny_model(moe=True))}} if moe else {}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEGO_", "SWE_", "ADAPTER_"))
            and k not in {"PROMPT_DATA", "RUN_ROOT", "RUN_LOG", "HF_CHECKPOINT", "DATA_ROOT"}}
     with socket.socket() as sock:  # a named free port: --master-port 0 would hang the rendezvous
@@ -114,8 +117,9 @@ def test_lego_train_under_torchrun_trains_with_megatron_model_parallel(tmp_path:
     assert any(r.values.get("trained") and r.values.get("grad_norm", 0) > 0 for r in rows), [r.values for r in rows]
     ckpt = root / "checkpoints" / "step-000001"
     marker = json.loads((ckpt / "lego_checkpoint.json").read_text())
-    assert marker["backend"] == "megatron" and marker[layout] == 2
+    assert marker["backend"] == "megatron" and marker["tensor_parallel" if layout == "sequence_parallel" else layout] == 2
     shards = {"tensor_parallel": ["trainer_state.tp0.pt", "trainer_state.tp1.pt"],
+              "sequence_parallel": ["trainer_state.tp0.pt", "trainer_state.tp1.pt"],
               "pipeline_parallel": ["trainer_state.pp0.tp0.pt", "trainer_state.pp1.tp0.pt"],
               "expert_parallel": ["trainer_state.ep0.tp0.pt", "trainer_state.ep1.tp0.pt"]}[layout]
     assert all((ckpt / name).is_file() for name in shards), sorted(p.name for p in ckpt.iterdir())
@@ -129,11 +133,11 @@ def test_lego_train_under_torchrun_trains_with_megatron_model_parallel(tmp_path:
     for rank in (0, 1):
         rows = [json.loads(line) for line in (root / "audit" / f"rank-{rank}.jsonl").read_text().splitlines()]
         assert [r["optimizer_steps_after"] for r in rows] == [1, 2]
-        if layout != "expert_parallel":
+        if not moe:
             assert all(r["parameters_changed"] == r["parameters"] for r in rows), rows
         else:  # an expert no token of the toy's short prompts was routed to keeps its weights (checked below)
             assert all(0 < r["parameters_changed"] <= r["parameters"] for r in rows), rows
-    if layout == "expert_parallel":
+    if moe:
         from safetensors.torch import load_file
         from torch import equal
 
@@ -143,7 +147,10 @@ def test_lego_train_under_torchrun_trains_with_megatron_model_parallel(tmp_path:
         unchanged = [n for n in before if equal(before[n], after[n])]
         assert all(".mlp.experts." in n for n in unchanged), unchanged  # every dense weight trained
         moved = {int(n.split(".")[5]) for n in before if ".mlp.experts." in n and n not in unchanged}
-        assert moved & {0, 1, 2, 3} and moved & {4, 5, 6, 7}, moved  # both ranks' experts trained
+        if layout == "expert_parallel":
+            assert moved & {0, 1, 2, 3} and moved & {4, 5, 6, 7}, moved  # both ranks' experts trained
+        else:  # TP splits every expert in two: trained ones moved (both halves gathered into the HF file)
+            assert moved, moved
     if layout == "pipeline_parallel":  # each stage holds its own layers: the two ranks' parameter sets differ
         assert {json.loads(line)["parameters"] for rank in (0, 1)
                 for line in (root / "audit" / f"rank-{rank}.jsonl").read_text().splitlines()} != {0}

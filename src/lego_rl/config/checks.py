@@ -150,15 +150,18 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
             "number of layers",
             f"set train.pipeline_parallel to a divisor of {layers}", "train.pipeline_parallel",
         )
-    if tr.backend == "megatron" and tr.tensor_parallel > 1 and is_moe(r):
+    if tr.backend == "megatron" and tr.tensor_parallel > 1 and not tr.sequence_parallel and is_moe(r):
         yield error(
             "parallelism_moe_tp",
             f"train.tensor_parallel = {tr.tensor_parallel} with a mixture-of-experts model "
             f"({r.config.model.checkpoint}): megatron-core trains MoE layers under tensor parallelism only with "
-            "sequence parallelism, which the Megatron backend does not build",
-            "set train.tensor_parallel = 1 and split the experts with train.expert_parallel",
-            "train.tensor_parallel", "train.expert_parallel",
+            "sequence parallelism",
+            "set train.sequence_parallel = true, or train.tensor_parallel = 1 and split the experts with "
+            "train.expert_parallel",
+            "train.tensor_parallel", "train.sequence_parallel",
         )
+    if tr.sequence_parallel:
+        yield from _sequence_parallelism(r)
     if tr.expert_parallel > 1:
         yield from _expert_parallelism(r, devices)
     if tr.backend == "megatron" and importlib.util.find_spec("megatron") is None:
@@ -166,6 +169,31 @@ def parallelism(r: ResolvedConfig) -> Iterator[Finding]:
             "backend_missing", "train.backend = \"megatron\" but megatron-core is not installed here",
             "pip install 'lego-rl[megatron]' (the megatron extra)", "train.backend",
         )
+
+
+def _sequence_parallelism(r: ResolvedConfig) -> Iterator[Finding]:
+    """``train.sequence_parallel``: the Megatron backend, TP > 1 (else it does nothing), one pipeline stage."""
+    tr = r.config.train
+    if tr.backend != "megatron":
+        yield error("sequence_parallel_backend", f"train.sequence_parallel needs the Megatron backend; "
+                    f"train.backend = {tr.backend!r} has no tensor parallelism to split the sequence over",
+                    "set train.backend = \"megatron\" or train.sequence_parallel = false", "train.sequence_parallel",
+                    "train.backend")
+    elif tr.tensor_parallel == 1:
+        yield warning("sequence_parallel_tp1", "train.sequence_parallel with train.tensor_parallel = 1 does "
+                      "nothing: the sequence is split over the tensor-parallel ranks",
+                      "set train.tensor_parallel > 1, or leave train.sequence_parallel = false",
+                      "train.sequence_parallel", "train.tensor_parallel")
+    if tr.pipeline_parallel > 1:
+        yield error("sequence_parallel_pp", f"train.sequence_parallel with train.pipeline_parallel = "
+                    f"{tr.pipeline_parallel} is not built (the pipeline schedule sends whole-sequence activations)",
+                    "use one of the two: train.sequence_parallel = false or train.pipeline_parallel = 1",
+                    "train.sequence_parallel", "train.pipeline_parallel")
+    if tr.expert_parallel > 1 and tr.tensor_parallel > 1:
+        yield error("sequence_parallel_ep", f"expert parallelism (train.expert_parallel = {tr.expert_parallel}) "
+                    f"with tensor parallelism (train.tensor_parallel = {tr.tensor_parallel}) is not built",
+                    "split a MoE model either by experts (train.expert_parallel, TP = 1) or by TP with "
+                    "train.sequence_parallel, not both", "train.expert_parallel", "train.tensor_parallel")
 
 
 def _expert_parallelism(r: ResolvedConfig, devices: int) -> Iterator[Finding]:

@@ -221,6 +221,10 @@ class TrainConfig(Section):
     """Megatron expert-parallel size for a mixture-of-experts model: each of EP data-parallel ranks holds
     num_experts / EP of every layer's experts (megatron-core's layout, carved out of DP: EP must divide DP and
     the expert count; TP = 1). Adds no processes."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (TP > 1, one pipeline stage): activations outside the tensor-parallel
+    regions are split along the sequence over the TP ranks (less activation memory per GPU); a
+    mixture-of-experts model needs it to train under TP."""
     lr: float = Field(default=1e-6, gt=0)
     """Learning rate."""
     warmup_steps: int = Field(default=0, ge=0)

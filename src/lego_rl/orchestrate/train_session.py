@@ -182,7 +182,7 @@ def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
                                  weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
                                  reference_model=t.kl_coef > 0, tensor_parallel=t.tensor_parallel,
                                  pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel,
-                                 expert_parallel=t.expert_parallel,
+                                 expert_parallel=t.expert_parallel, sequence_parallel=t.sequence_parallel,
                                  routing_replay=c.rollout.use_rollout_routing_replay)
 
 

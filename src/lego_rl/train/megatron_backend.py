@@ -62,6 +62,7 @@ from lego_rl.train.megatron_convert import (
     Split,
     check_ep,
     check_pp,
+    check_sp,
     check_tp,
     expert_rank_of,
     full_shape,
@@ -126,6 +127,9 @@ class MegatronTrainSettings(OptimizerSettings):
     """DP size (train.data_parallel); None = the trainer processes / (TP × PP)."""
     expert_parallel: int = Field(default=1, ge=1)
     """EP size (train.expert_parallel): MoE experts split over this many of the DP ranks; TP = 1."""
+    sequence_parallel: bool = False
+    """Split activations outside the TP regions along the sequence (train.sequence_parallel; TP > 1, one
+    pipeline stage): less activation memory, and what lets a MoE model train under TP."""
     device: str | None = None
     """``cuda`` (this rank's ``LOCAL_RANK`` device) or ``cpu``; None = CUDA if available."""
     bf16: bool = True
@@ -231,9 +235,10 @@ class MegatronBackend:
         if settings.routing_replay and not self.shape.num_experts:
             raise ConfigError(f"{cfg_path}: routing replay needs a mixture-of-experts model; this one is dense",
                               parameter="rollout.use_rollout_routing_replay", value=True)
-        check_tp(self.shape, settings.tensor_parallel)
+        check_tp(self.shape, settings.tensor_parallel, sequence_parallel=settings.sequence_parallel)
         check_pp(self.shape, settings.pipeline_parallel)
-        check_ep(self.shape, settings.expert_parallel)
+        check_ep(self.shape, settings.expert_parallel, settings.tensor_parallel)
+        check_sp(settings.sequence_parallel, settings.pipeline_parallel)
         self.device = self._pick_device(settings.device)
         self.layout: ParallelLayout = mm.init_parallel(settings.tensor_parallel, settings.pipeline_parallel,
                                                        settings.data_parallel, self.device,
@@ -338,7 +343,8 @@ class MegatronBackend:
     def _build(self, *, recompute: bool) -> Any:
         model = self._mm.build_gpt(self.shape, vocab_rows=self.vocab_rows, tp=self.layout.tp, device=self.device,
                                    recompute=recompute, routing_replay=self.settings.routing_replay,
-                                   pp=self.layout.pp, pp_rank=self.layout.pp_rank, ep=self.layout.ep)
+                                   pp=self.layout.pp, pp_rank=self.layout.pp_rank, ep=self.layout.ep,
+                                   sequence_parallel=self.settings.sequence_parallel)
         have = set(self._global_params(model))
         want = set(self._names)
         if have != want:  # a megatron-core whose local spec names parameters differently than the mapping
@@ -604,8 +610,9 @@ class MegatronBackend:
             # qk-norm weights are replicated but each TP rank applies them to its own heads only: a rank's
             # gradient is its heads' share, and the true gradient is the sum over ranks.
             tp_group = ps.get_tensor_model_parallel_group()
+            summed = _PER_HEAD_NORMS + (self._mm.SEQUENCE_PARALLEL_GRADS if self.settings.sequence_parallel else ())
             for name, p in zip(self._names, self._params, strict=True):
-                if name.endswith(_PER_HEAD_NORMS):
+                if name.endswith(summed):
                     dist.all_reduce(p.grad, group=tp_group)
         sharded = torch.zeros((), device=self.device)
         replicated = torch.zeros((), device=self.device)

@@ -145,15 +145,15 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return -(-vocab // step) * step
 
 
-def check_tp(shape: Qwen3Shape, tp: int) -> None:
+def check_tp(shape: Qwen3Shape, tp: int, *, sequence_parallel: bool = False) -> None:
     """Tensor parallelism splits query groups and the FFN width evenly; say which does not divide. A MoE model
-    trains with TP = 1 only: megatron-core's MoE layer (0.16.1) raises in training mode when TP > 1 without
-    sequence parallelism, which this backend does not build (expert parallelism splits MoE models instead)."""
-    if shape.num_experts and tp > 1:
+    trains under TP > 1 only with sequence parallelism: megatron-core's MoE layer raises in training mode
+    otherwise."""
+    if shape.num_experts and tp > 1 and not sequence_parallel:
         raise ConfigError(f"train.tensor_parallel = {tp} with a mixture-of-experts model: megatron-core trains MoE "
-                          "layers under tensor parallelism only with sequence parallelism, which the Megatron "
-                          "backend does not build; set train.tensor_parallel = 1 and split the experts with "
-                          "train.expert_parallel", parameter="train.tensor_parallel", value=tp)
+                          "layers under tensor parallelism only with sequence parallelism; set "
+                          "train.sequence_parallel = true (or train.tensor_parallel = 1 and split the experts with "
+                          "train.expert_parallel)", parameter="train.tensor_parallel", value=tp)
     for what, n in (("num_key_value_heads", shape.kv_heads), ("num_attention_heads", shape.heads),
                     ("intermediate_size", shape.ffn), ("moe_intermediate_size", shape.moe_ffn)):
         if n % tp:
@@ -227,11 +227,24 @@ def expert_rank_of(name: str, num_experts: int, ep: int) -> int | None:
     return None if e is None else e // (num_experts // ep)
 
 
-def check_ep(shape: Qwen3Shape, ep: int) -> None:
-    """Expert parallelism needs a MoE model whose experts split evenly over the ``ep`` ranks (TP = 1 for MoE
-    models: ``check_tp``)."""
+def check_sp(sequence_parallel: bool, pp: int) -> None:
+    """Sequence parallelism runs with one pipeline stage: the pipeline schedule sends whole-sequence
+    activations between stages."""
+    if sequence_parallel and pp > 1:
+        raise ConfigError(f"train.sequence_parallel with train.pipeline_parallel = {pp} is not built (the pipeline "
+                          "schedule sends whole-sequence activations); use one or the other",
+                          parameter="train.sequence_parallel", value=True)
+
+
+def check_ep(shape: Qwen3Shape, ep: int, tp: int = 1) -> None:
+    """Expert parallelism needs a MoE model whose experts split evenly over the ``ep`` ranks, and TP = 1 (EP
+    combined with TP is not built)."""
     if ep == 1:
         return
+    if tp > 1:
+        raise ConfigError(f"train.expert_parallel = {ep} with train.tensor_parallel = {tp} is not built: split a "
+                          "mixture-of-experts model by experts (TP = 1) or by TP with train.sequence_parallel",
+                          parameter="train.expert_parallel", value=ep)
     if not shape.num_experts:
         raise ConfigError(f"train.expert_parallel = {ep} needs a mixture-of-experts model; this one is dense",
                           parameter="train.expert_parallel", value=ep)

@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -48,7 +49,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from lego_rl.errors import ConfigError
 from lego_rl.serving.logprobs import sampler_logprobs
 from lego_rl.train.distributed import check_rendezvous
-from lego_rl.train.megatron_convert import Qwen3Shape, check_pp
+from lego_rl.train.megatron_convert import Qwen3Shape, check_pp, check_sp
 from lego_rl.train.pipeline import Stage
 
 if not hasattr(_moe_utils, "te_general_gemm"):
@@ -64,8 +65,23 @@ def cpu_device_shim(device: torch.device) -> Iterator[None]:
     if device.type != "cpu":
         yield
         return
-    with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
+    with (mock.patch.object(torch.cuda, "current_device", lambda: "cpu"),
+          mock.patch.object(tensor_parallel, "get_cuda_rng_tracker", lambda: _NO_RNG_FORK)):
         yield
+
+
+_MODEL_PARALLEL_RNG = "model-parallel-rng"
+
+
+class _NoRngFork:
+    """Megatron-core's CUDA RNG tracker on CPU: sequence-parallel regions fork its stream around dropout, which
+    is 0 in this model, so there is no stream to switch to (and no CUDA generator to read)."""
+
+    def fork(self, name: str = _MODEL_PARALLEL_RNG) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+_NO_RNG_FORK = _NoRngFork()
 
 
 @dataclass(frozen=True)
@@ -148,6 +164,12 @@ def init_parallel(tp: int, pp: int, dp: int | None, device: torch.device, ep: in
     else:
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                      expert_model_parallel_size=ep)
+    if device.type == "cuda":
+        # Sequence-parallel regions fork megatron-core's model-parallel RNG stream around their dropout (which is
+        # 0 here): the stream must exist. ``add`` restores the CUDA generator, so sampling elsewhere is unmoved.
+        tracker = tensor_parallel.get_cuda_rng_tracker()
+        if _MODEL_PARALLEL_RNG not in tracker.get_states():
+            tracker.add(_MODEL_PARALLEL_RNG, 2718 + ps.get_tensor_model_parallel_rank())
     return ParallelLayout(tp=tp, dp=dp, tp_rank=ps.get_tensor_model_parallel_rank(),
                           dp_rank=ps.get_data_parallel_rank(), rank=dist.get_rank(), pp=pp,
                           pp_rank=ps.get_pipeline_model_parallel_rank(), ep=ep,
@@ -245,9 +267,40 @@ def _route_outside_autocast(model: GPTModel) -> None:
         router.gating = fp32_gating
 
 
+class SequenceParallelRMSNorm:
+    """The norm of a sequence-parallel model: ``torch.nn.RMSNorm``, as megatron-core's ``WrappedTorchNorm`` builds
+    it, without that class's refusal of sequence parallelism (it only asserts; the arithmetic is per position).
+    Under sequence parallelism a norm outside the TP regions sees only this rank's ``T / tp`` positions, so its
+    weight's gradient is a partial sum: the backend sums it over the TP group (``SEQUENCE_PARALLEL_GRADS``)."""
+
+    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5,  # type: ignore[misc]
+                **_: Any) -> torch.nn.RMSNorm:
+        return torch.nn.RMSNorm(normalized_shape=hidden_size, eps=eps)
+
+
+SEQUENCE_PARALLEL_GRADS = ("input_layernorm.weight", "pre_mlp_layernorm.weight", "final_layernorm.weight",
+                           "mlp.router.weight")
+"""Name suffixes of the parameters replicated over TP that see only this rank's share of the sequence under
+sequence parallelism (the norms before attention and MLP, the final norm, a MoE router): their gradients are
+summed over the TP group. The q/k norms run inside attention, on the whole sequence and this rank's heads."""
+
+
+def _sequence_parallel_block(spec: Any, layers: int) -> Any:
+    """The decoder block spec of a sequence-parallel model: ``spec``'s layers with ``SequenceParallelRMSNorm``
+    for every norm (megatron-core's torch norm refuses sequence parallelism, and without Transformer Engine or
+    Apex it is the only one), ``layers`` of them."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    sub = spec.submodules
+    sub.input_layernorm = sub.pre_mlp_layernorm = SequenceParallelRMSNorm
+    attention = sub.self_attention.submodules
+    attention.q_layernorm = attention.k_layernorm = SequenceParallelRMSNorm
+    return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=SequenceParallelRMSNorm)
+
+
 def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.device,
               recompute: bool, routing_replay: bool = False, pp: int = 1, pp_rank: int = 0,
-              ep: int = 1) -> GPTModel:
+              ep: int = 1, sequence_parallel: bool = False) -> GPTModel:
     """A Megatron GPT with Qwen3's architecture, dense or MoE (weights uninitialised: the caller loads them).
     With ``routing_replay`` every MoE router gets megatron-core's ``RouterReplay`` (R3). With ``ep`` > 1 this
     rank's MoE layers hold experts ``[ep_rank·E/ep, (ep_rank+1)·E/ep)`` as ``local_experts.0..``.
@@ -256,15 +309,22 @@ def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.devi
     embedding on the first stage, the final norm and output layer on the last. Tied embeddings are then two
     untied parameters, the embedding on the first stage and its copy as the output layer on the last: the
     backend loads both from the one HF tensor and sums their gradients (megatron-core's own tying set-up moves
-    the copy with ``.cuda()``, which a CPU build cannot run)."""
+    the copy with ``.cuda()``, which a CPU build cannot run).
+
+    With ``sequence_parallel`` (TP > 1, one stage) the activations between the TP regions are split along the
+    sequence: the embedding reduce-scatters, each norm and residual runs on ``T / tp`` positions, the linear
+    layers all-gather and reduce-scatter instead of all-reducing; ``stage_forward`` pads ``T`` to a multiple of
+    ``tp``. MoE layers need it to train under TP."""
     check_pp(shape, pp)
+    check_sp(sequence_parallel, pp)
+    sequence_parallel = sequence_parallel and tp > 1
     config = TransformerConfig(
         num_layers=shape.num_layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
         num_query_groups=shape.kv_heads, kv_channels=shape.head_dim, ffn_hidden_size=shape.ffn,
         normalization="RMSNorm", layernorm_epsilon=shape.norm_eps, gated_linear_unit=True,
         activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False, qk_layernorm=True,
         hidden_dropout=0.0, attention_dropout=0.0,  # old and new logprobs must be one deterministic function
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sequence_parallel,
         pipeline_dtype=torch.float32,  # megatron-core insists when pp > 1; our schedule's wire is fp32 too
         params_dtype=torch.float32, use_cpu_initialization=device.type == "cpu", perform_initialization=False,
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
@@ -275,8 +335,9 @@ def build_gpt(shape: Qwen3Shape, *, vocab_rows: int, tp: int, device: torch.devi
     spec = get_gpt_layer_local_spec(num_experts=shape.num_experts or None, qk_layernorm=True,
                                     normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = PackedCausalAttention
+    block = _sequence_parallel_block(spec, shape.num_layers) if sequence_parallel else spec
     with cpu_device_shim(device):
-        model = GPTModel(config, spec, vocab_size=vocab_rows, max_sequence_length=shape.max_positions,
+        model = GPTModel(config, block, vocab_size=vocab_rows, max_sequence_length=shape.max_positions,
                          pre_process=pp_rank == 0, post_process=pp_rank == pp - 1, parallel_output=True,
                          share_embeddings_and_output_weights=shape.tied and pp == 1,
                          position_embedding_type="rope",
@@ -301,8 +362,16 @@ def stage_forward(model: GPTModel, input_ids: torch.Tensor, cu_seqlens: torch.Te
         if hidden is None:
             raise ValueError("a pipeline stage after the first needs the previous stage's hidden states")
         model.set_input_tensor(hidden)
-    ids = input_ids.to(device).unsqueeze(0)  # [1, T]
-    cu = cu_seqlens.to(device=device, dtype=torch.int32)  # [S+1]
+    length = int(input_ids.shape[0])
+    tp = model.config.tensor_model_parallel_size
+    if model.config.sequence_parallel and length % tp:
+        # The embedding scatters the sequence over the TP ranks in equal parts: pad with one segment of its own
+        # (it attends only to itself), whose logits are cut off below.
+        extra = tp - length % tp
+        input_ids = torch.cat([input_ids, input_ids.new_zeros(extra)])  # [T'] T' = T rounded up to tp
+        cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([length + extra])])  # [S+2]
+    ids = input_ids.to(device).unsqueeze(0)  # [1, T']
+    cu = cu_seqlens.to(device=device, dtype=torch.int32)  # [S'+1]
     longest = int((cu[1:] - cu[:-1]).max())
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                              max_seqlen_kv=longest)
@@ -314,7 +383,7 @@ def stage_forward(model: GPTModel, input_ids: torch.Tensor, cu_seqlens: torch.Te
         out = model(input_ids=ids, position_ids=positions, attention_mask=None, packed_seq_params=params)
     if not model.post_process:
         return out  # [T, 1, H] hidden states for the next stage
-    return out[0]  # [T, V/tp] bf16 under autocast: the logprob kernels upcast a chunk at a time
+    return out[0][:length]  # [T, V/tp] bf16 under autocast: the logprob kernels upcast a chunk at a time
 
 
 LOGIT_ROWS = 2048
