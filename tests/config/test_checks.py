@@ -339,3 +339,16 @@ def test_sequence_parallel_checks(base_toml: Path) -> None:
                  "cluster.gpus_per_node=4").get("sequence_parallel_pp") == "error"
     assert codes(base_toml, *tp2, "train.sequence_parallel=true", "train.expert_parallel=2",
                  "cluster.gpus_per_node=4").get("sequence_parallel_ep") == "error"
+
+
+def test_disk_cap_is_a_bwrap_option(base_toml: Path) -> None:
+    """sandbox.disk_mb is enforced by bwrap's loop-mounted layer; asked of sunabako (agent or grader) it is
+    refused by name rather than silently not enforced."""
+    assert not {c for c in codes(base_toml, "sandbox.provider=\"bwrap\"", "sandbox.disk_mb=4096")
+                if c.startswith("sandbox_disk")}
+    r = resolve(base_toml, environ={}, overrides=["sandbox.provider=\"bwrap\"", "sandbox.disk_mb=4096",
+                                                  "grader.provider=\"sunabako\"", "sandbox.allow_test_memory=true"])
+    found = {f.code: f for f in check(r)}["sandbox_disk_provider"]
+    assert found.severity == "error" and "sunabako has no per-sandbox disk cap" in found.message, found
+    with pytest.raises(Exception, match="disk_mb"):
+        resolve(base_toml, environ={}, overrides=["sandbox.disk_mb=10"])  # below the 64 MiB floor

@@ -85,6 +85,34 @@ async def test_a_workspace_that_defeats_the_patch_capture_is_the_policys_outcome
     assert_nothing_running(stack.sessions)
 
 
+async def test_a_tool_call_that_fills_the_disk_fills_only_its_own_sandbox(
+    scripted_stack: Any, toolchain: Toolchain, example_rows: dict[str, Any], tmp_path: Path
+) -> None:
+    """A disk filler under ``disk_mb`` (bwrap's loop-mounted layer): the write fails inside the sandbox with
+    ENOSPC (the tool result says so), the host's disk is not touched beyond the cap, and whatever the full disk
+    then breaks (the patch capture needs to write) is the policy's outcome, graded, never an infrastructure
+    label. The filler stays in place to the end on purpose."""
+    prompts: list[str] = []
+
+    def policy(prompt: str, index: int) -> str:
+        prompts.append(prompt)
+        if "<tool_response>" in prompt:
+            return "Done."
+        return tool_call_text("Bash", {"command": "head -c 3000M /dev/zero > /tmp/fill; echo exit=$?",
+                                       "description": "fill"})
+
+    stack = await scripted_stack(policy, score=False)
+    ctx = make_context(tmp_path / "run", stack.sessions, stack.url, toolchain,
+                       sandbox_options={"network": "host", "disk_mb": 1024})
+    result = await generate(ctx, spec_for(example_rows["lego-example-median"], "claude_code"))
+    ctx.run.close()
+    assert len(prompts) >= 2 and "No space left on device" in prompts[1], prompts[-1][-2000:]
+    assert result.termination in (TerminationReason.COMPLETED, TerminationReason.AGENT_ERROR_EXIT), result.detail
+    assert not result.infrastructure_failure and result.reward == 0.0, result.detail
+    assert "grader.log" in {p.name for p in result.artifacts.iterdir()}
+    assert_nothing_running(stack.sessions)
+
+
 @pytest.mark.parametrize("kill", ["everything", "parent"])
 async def test_a_tool_call_that_kills_the_cli_is_the_policys_outcome_on_sunabako(
     kill: str,

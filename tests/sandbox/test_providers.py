@@ -126,6 +126,42 @@ async def test_bwrap_unknown_user_and_reuse_of_id(bwrap_state: Path) -> None:
     assert list_state(bwrap_state) == []
 
 
+def _mounts_under(root: Path) -> list[str]:
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+            if line.split()[1].startswith(str(root))]
+
+
+async def test_bwrap_disk_cap_fills_the_sandbox_not_the_host(bwrap_state: Path) -> None:
+    """disk_mb: the writable layer is a loop-mounted ext4 of that size. A write past it fails inside the sandbox
+    (ENOSPC, for root too: no reserved blocks), the host holds at most disk_mb of it, the sandbox stays usable
+    once the file is gone, and close (or gc) leaves no mount and no state behind."""
+    provider = get_provider("bwrap", state_dir=bwrap_state)
+    for bad in (10, True, "64"):
+        with pytest.raises(SandboxError, match="disk_mb must be an integer >= 64"):
+            await provider.create(IMAGE, disk_mb=bad)
+    sb = await provider.create(IMAGE, disk_mb=64)
+    try:
+        layer = bwrap_state / sb.id / "layer.img"
+        for user in ("agent", "root"):
+            res = await sb.exec("head -c 100M /dev/zero > /tmp/big; echo rc=$?; rm -f /tmp/big", user=user,
+                                timeout=60)
+            assert "No space left on device" in res.stderr and "rc=1" in res.stdout, (user, res)
+        assert layer.stat().st_blocks * 512 <= 64 << 20  # what the host holds of it, at most the cap
+        # Writes before and after the full disk persist as always.
+        await sb.exec("echo kept > /tmp/small", user="agent", check=True)
+        assert (await sb.exec("cat /tmp/small", user="agent", check=True)).stdout == "kept\n"
+        assert len(_mounts_under(bwrap_state / sb.id)) == 2  # the layer and the overlay on it
+    finally:
+        await sb.close()
+    assert list_state(bwrap_state) == [] and _mounts_under(bwrap_state) == []
+    # A sandbox whose owner is gone: gc unmounts both and removes its state.
+    left = await provider.create(IMAGE, disk_mb=64)
+    from lego_rl.sandbox.bwrap_state import gc_state
+
+    assert gc_state(bwrap_state, include_alive=True) == [left.id]
+    assert list_state(bwrap_state) == [] and _mounts_under(bwrap_state) == []
+
+
 async def test_bwrap_host_rootfs(bwrap_state: Path) -> None:
     provider = get_provider("bwrap", state_dir=bwrap_state)
     sb = await provider.create(ImageSpec(name="host", rootfs=None, workdir="/srv/lego-test-workdir"))

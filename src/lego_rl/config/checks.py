@@ -418,6 +418,19 @@ def sunabako_memory(r: ResolvedConfig) -> Iterator[Finding]:
                       "aggregate memory limit", "use 0 with delegated cgroups in production", "sandbox.allow_test_memory")
 
 
+@check
+def sandbox_disk(r: ResolvedConfig) -> Iterator[Finding]:
+    """``sandbox.disk_mb`` is a bwrap option (a loop-mounted layer); the other providers have none."""
+    c = r.config
+    uses = sorted({c.sandbox.provider, c.grader.provider or c.sandbox.provider})
+    other = [p for p in uses if p != "bwrap"]
+    if c.sandbox.disk_mb is not None and other:
+        yield error("sandbox_disk_provider", f"sandbox.disk_mb = {c.sandbox.disk_mb} is enforced by the bwrap "
+                    f"provider only; {', '.join(other)} has no per-sandbox disk cap option",
+                    "unset sandbox.disk_mb, or use sandbox.provider = \"bwrap\" (and grader.provider)",
+                    "sandbox.disk_mb", "sandbox.provider")
+
+
 def _read_json(path: Path, key: str) -> tuple[object | None, Finding | None]:
     try:
         return json.loads(path.read_text()), None

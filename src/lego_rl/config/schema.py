@@ -116,6 +116,10 @@ class SandboxConfig(Section):
     """images.json mapping task images to imported root filesystems (default $DATA_ROOT/images.json)."""
     memory_mb: int = Field(default=2048, gt=0)
     """Memory per sandbox in MB."""
+    disk_mb: int | None = Field(default=None, ge=64)
+    """bwrap: cap on what one sandbox may write, in MiB (its writable layer becomes a loop-mounted ext4 of this
+    size: a policy that fills its disk gets ENOSPC in its own sandbox instead of filling the host's). Count the
+    harness install (Claude Code, Codex ~200 MB; OpenHands ~600 MB) and the task's build output. None = no cap."""
     allow_test_memory: bool | None = None
     """sunabako only, must be set explicitly: false = cgroup enforcement (production); true = RSS
     supervision for functional tests on machines without delegated cgroups."""

@@ -40,7 +40,7 @@ def settings_from_config(r: ResolvedConfig, adapter_url: str | None = None) -> R
                                     agent_sandbox_options(r, adapter_url)),
         # The grader never needs a network: the tests run offline, and a patch must not fetch anything.
         grader_sandbox=SandboxTarget(grader_provider, provider_options(r, grader_provider),
-                                     {"memory_mb": c.sandbox.memory_mb, "network": "none"}),
+                                     {"memory_mb": c.sandbox.memory_mb, "network": "none", **disk_cap(r)}),
         default_harness=c.agent.default_harness, agent_time_budget_s=c.agent.time_budget_s,
         grader_timeout_s=c.grader.timeout_s, guard_s=c.rollout.guard_s or 0.0, max_turns=c.agent.max_turns,
         max_context_tokens=c.model.max_context_tokens, max_response_tokens=c.model.max_response_tokens,
@@ -65,11 +65,18 @@ def agent_sandbox_options(r: ResolvedConfig, adapter_url: str | None) -> dict[st
         local = c.sandbox.provider == "bwrap" or (c.sandbox.provider == "sunabako" and not c.sandbox.cluster)
         mode = "adapter" if local else "host"
     if mode != "adapter":
-        return {"memory_mb": c.sandbox.memory_mb, "network": mode}
+        return {"memory_mb": c.sandbox.memory_mb, "network": mode, **disk_cap(r)}
     allow = [url_endpoint(adapter_url)] if adapter_url else []
     for entry in c.sandbox.network_allow:
         allow.append(parse_endpoint(entry, what="sandbox.network_allow entry"))
-    return {"memory_mb": c.sandbox.memory_mb, "network": "allowlist", "allow": parse_allow(allow)}
+    return {"memory_mb": c.sandbox.memory_mb, "network": "allowlist", "allow": parse_allow(allow), **disk_cap(r)}
+
+
+def disk_cap(r: ResolvedConfig) -> dict[str, object]:
+    """``disk_mb`` for every sandbox when ``sandbox.disk_mb`` is set (bwrap only: `lego validate` refuses it for
+    the other providers, which have no such option)."""
+    disk = r.config.sandbox.disk_mb
+    return {} if disk is None else {"disk_mb": disk}
 
 
 def provider_options(r: ResolvedConfig, provider: str) -> dict[str, object]:

@@ -18,6 +18,10 @@ Python process: if it dies, its sandboxes' processes die too and ``lego sandbox 
 Memory: ``memory_mb`` becomes an RLIMIT_DATA (``prlimit``) on every process, which counts heap and
 anonymous mmaps but not the large PROT_NONE reservations of V8/Bun, so Node CLIs still start.
 It is a per-process limit, not an aggregate one.
+
+Disk: ``disk_mb`` puts the writable layer on a loop-mounted ext4 filesystem of that size
+(``bwrap_state.mount_capped_layer``): a policy that fills its disk fills its own filesystem, not the host's.
+Without it every write lands on the state dir's disk, uncapped.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from lego_rl.sandbox.bwrap_state import (
     SandboxMeta,
     _inside,
     destroy_state,
+    mount_capped_layer,
     mount_overlay,
     prepare_upper,
     write_meta,
@@ -257,10 +262,12 @@ class BwrapProvider(SandboxProvider):
 
     async def create(self, image: ImageSpec, *, network: str = "none", memory_mb: int | None = None,
                      sandbox_id: str | None = None, allow: Sequence[str | Endpoint] = (),
-                     **unknown: Any) -> BwrapSandbox:
+                     disk_mb: int | None = None, **unknown: Any) -> BwrapSandbox:
         if unknown:
             raise SandboxError(f"bwrap provider: unknown option(s) {sorted(unknown)}; "
-                               "known: network, allow, memory_mb, sandbox_id")
+                               "known: network, allow, memory_mb, disk_mb, sandbox_id")
+        if disk_mb is not None and (not isinstance(disk_mb, int) or isinstance(disk_mb, bool) or disk_mb < 64):
+            raise SandboxError(f"bwrap provider: disk_mb must be an integer >= 64, got {disk_mb!r}")
         if network not in NETWORKS:
             raise SandboxError(f"bwrap provider: network must be one of {NETWORKS}, got {network!r}")
         endpoints = parse_allow(allow)
@@ -285,13 +292,16 @@ class BwrapProvider(SandboxProvider):
             raise SandboxError(f"sandbox id {sid!r} is already in use under {self.state_root}") from None
         try:
             os.chmod(directory, 0o755)
-            for name, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755)):
-                (directory / name).mkdir()
-                os.chmod(directory / name, mode)
-            agent = prepare_upper(lower, directory / "upper", image.workdir)
+            layer = await mount_capped_layer(directory, disk_mb) if disk_mb is not None else directory
+            for name, mode in (("upper", 0o755), ("work", 0o700)):
+                (layer / name).mkdir()
+                os.chmod(layer / name, mode)
+            (directory / "root").mkdir()
+            os.chmod(directory / "root", 0o755)
+            agent = prepare_upper(lower, layer / "upper", image.workdir)
             meta = SandboxMeta(sid, image.name, lower, image.workdir, os.getpid(), time.time(), agent)
             write_meta(directory, meta)
-            mount_overlay(lower, directory / "upper", directory / "work", directory / "root")
+            mount_overlay(lower, layer / "upper", layer / "work", directory / "root")
         except BaseException:
             destroy_state(directory)
             raise
