@@ -36,6 +36,21 @@ def test_first_letter_is_installed_through_its_entry_point() -> None:
     assert isinstance(env, FirstLetterEnv) and env.max_tokens == 2
 
 
+def test_built_in_environments_load_without_package_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source tree on PYTHONPATH has no entry points (no dist-info): the built-in environment still loads,
+    and an installed entry point of the same name would win over it."""
+    import lego_rl.orchestrate.environments as envs
+
+    monkeypatch.setattr(envs, "entry_points", lambda group: [])
+    assert available_environments() == {"first_letter": "lego_rl.orchestrate.toy_env:FirstLetterEnv"}
+    assert isinstance(load_environment("first_letter"), FirstLetterEnv)
+    from importlib.metadata import EntryPoint
+
+    other = EntryPoint(name="first_letter", value="lego_rl.orchestrate.toy_env:make_rows", group=envs.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(envs, "entry_points", lambda group: [other])
+    assert available_environments()["first_letter"] == "lego_rl.orchestrate.toy_env:make_rows"
+
+
 def test_bad_options_and_unknown_names_are_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"refused its options \{'max_tokens': 0\}.*at least 1"):
         load_environment("first_letter", {"max_tokens": 0})

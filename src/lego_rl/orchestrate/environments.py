@@ -29,7 +29,7 @@ import copy
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from lego_rl.chat.messages import Message
@@ -188,14 +188,27 @@ def completion_sample(c: Completion, *, rollout_id: str, group_index: int, index
     )
 
 
+BUILT_IN_ENVIRONMENTS = {"first_letter": "lego_rl.orchestrate.toy_env:FirstLetterEnv"}
+"""lego-rl's own environments, also registered as entry points in pyproject.toml. Known here too because a
+source tree on PYTHONPATH (a GPU node that mounts the checkout, a container without ``pip install``) has no
+package metadata, hence no entry points; an installed package's entry point of the same name wins."""
+
+
+def _entry_points() -> list[EntryPoint]:
+    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    for name, value in BUILT_IN_ENVIRONMENTS.items():
+        found.setdefault(name, EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP))
+    return list(found.values())
+
+
 def available_environments() -> dict[str, str]:
-    """Installed environments: entry-point name → ``module:attr``."""
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Installed environments (and the built-in ones): entry-point name → ``module:attr``."""
+    return {ep.name: ep.value for ep in _entry_points()}
 
 
 def load_environment(name: str, options: dict[str, Any] | None = None) -> Environment:
     """Instantiate the environment registered under ``name`` with ``options`` as keyword arguments."""
-    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    found = [ep for ep in _entry_points() if ep.name == name]
     if not found:
         known = ", ".join(sorted(available_environments())) or "none installed"
         raise ConfigError(
