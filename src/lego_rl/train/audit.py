@@ -50,15 +50,25 @@ def adam_steps(optimizer: torch.optim.Optimizer) -> int:
     return int(max(steps)) if steps else 0
 
 
+FINGERPRINT_CHUNK = 1 << 22
+"""Elements converted to float64 at a time (32 MB). Converting a whole tensor, then squaring it, held two float64
+copies of the largest one (an embedding: 4× its fp32 size, 2.4 GB for a 151,936 × 1,024 table) on a device
+that training has already filled."""
+
+
 def fingerprint(params: Iterator[tuple[str, torch.Tensor]]) -> dict[str, list[float]]:
-    """Per parameter ``[sum, sum of squares]`` in float64 (see the module docstring)."""
+    """Per parameter ``[sum, sum of squares]`` in float64 (see the module docstring), a chunk at a time."""
     names: list[str] = []
     sums: list[torch.Tensor] = []
     with torch.no_grad():
         for name, p in params:
-            x = p.detach().double()  # [...] this rank's shard
+            flat = p.detach().reshape(-1)  # [N] this rank's shard
+            acc = torch.zeros(2, dtype=torch.float64, device=flat.device)  # [2]
+            for a in range(0, flat.numel(), FINGERPRINT_CHUNK):
+                x = flat[a:a + FINGERPRINT_CHUNK].double()  # [n]
+                acc += torch.stack([x.sum(), torch.dot(x, x)])  # [2]
             names.append(name)
-            sums.append(torch.stack([x.sum(), (x * x).sum()]))  # [2]
+            sums.append(acc)  # [2]
     if not sums:
         return {}
     table = torch.stack(sums).cpu().tolist()  # [P, 2]; one device sync for all of them
