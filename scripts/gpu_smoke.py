@@ -106,7 +106,7 @@ def build_model(out: Path, shape: str, *, device: str) -> Path:
 
 
 def write_config(work: Path, model: Path, *, tp: int, trainer_gpus: int, engine_urls: list[str], cpu: bool,
-                 steps: int, samples: int) -> Path:
+                 steps: int, samples: int, sequence_parallel: bool = False) -> Path:
     from lego_rl.orchestrate.toy_env import make_rows
 
     (work / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(16, letters="ab")))
@@ -138,6 +138,7 @@ environment_options = {{ max_tokens = 8 }}
 num_rollout = {steps}
 backend = "megatron"
 tensor_parallel = {tp}
+sequence_parallel = {"true" if sequence_parallel else "false"}
 lr = 1e-4
 max_grad_norm = 1.0
 audit = true
@@ -192,6 +193,7 @@ def main() -> int:
     ap.add_argument("--trainer-gpus", type=int, default=4)
     ap.add_argument("--engine-gpus", type=int, default=4, help="0: the embedded engine on trainer rank 0's GPU.")
     ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--sequence-parallel", action="store_true", help="train.sequence_parallel (needs --tp > 1).")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.4b")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--samples", type=int, default=4, help="Samples per prompt (2 prompts per step).")
@@ -229,12 +231,14 @@ def main() -> int:
         for url, proc in zip(urls, engines, strict=True):
             wait_healthy(url, proc, timeout=600)
         walls["engines up"] = time.monotonic() - t0
-        layout = (f"{args.trainer_gpus} trainer rank(s) (Megatron TP={args.tp} × DP={args.trainer_gpus // args.tp})"
+        sp = ", sequence parallel" if args.sequence_parallel else ""
+        layout = (f"{args.trainer_gpus} trainer rank(s) (Megatron TP={args.tp} × DP={args.trainer_gpus // args.tp}{sp})"
                   + (f", {len(urls)} `lego serve` engine(s)" if urls else ", the embedded engine on rank 0's device")
                   + (" on CPU (gloo)" if args.cpu else " on GPUs") + f", model {args.shape}")
         log(layout)
         config = write_config(work, model, tp=args.tp, trainer_gpus=args.trainer_gpus, engine_urls=urls,
-                              cpu=args.cpu, steps=args.steps, samples=args.samples)
+                              cpu=args.cpu, steps=args.steps, samples=args.samples,
+                              sequence_parallel=args.sequence_parallel)
         tr_env = env if args.cpu else {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(args.trainer_gpus)))}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={args.trainer_gpus}",
                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "lego_rl", "train", "-c", str(config),

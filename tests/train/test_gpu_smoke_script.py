@@ -20,7 +20,7 @@ def test_the_smoke_script_trains_on_two_ranks_with_a_separate_engine_and_the_aud
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
     out = tmp_path / "smoke"
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_smoke.py"), "--out", str(out), "--cpu",
-                           "--trainer-gpus", "2", "--engine-gpus", "1", "--tp", "2"],
+                           "--trainer-gpus", "2", "--engine-gpus", "1", "--tp", "2", "--sequence-parallel"],
                           capture_output=True, text=True, timeout=900)
     train_log = (out / "train.log").read_text(errors="replace")[-3000:] if (out / "train.log").exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + train_log
@@ -31,7 +31,7 @@ def test_the_smoke_script_trains_on_two_ranks_with_a_separate_engine_and_the_aud
     report = json.loads((run / "audit" / "report.json").read_text())
     assert report["passed"] and report["ranks"] == 2, report
     summary = (out / "summary.md").read_text()
-    assert "Megatron TP=2 × DP=1" in summary and "1 `lego serve` engine(s)" in summary
+    assert "Megatron TP=2 × DP=1, sequence parallel" in summary and "1 `lego serve` engine(s)" in summary
     assert "| engines_served_synced_weights | pass |" in summary
     # The engine was a separate process: the run's config points the trainer at it, not at an embedded engine.
     config = json.loads((run / "config.json").read_text())
