@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lego_rl.errors import SandboxError
+from lego_rl.sandbox.process import ProcessGroup
 
 DEFAULT_STATE_ROOT = "/var/lib/lego-rl/bwrap"
 MNT_DETACH = 2
@@ -79,12 +80,14 @@ def mount_overlay(lower: str, upper: Path, work: Path, target: Path) -> None:
         )
 
 
+_LAYER_TOOL_S = 60.0
+"""mkfs.ext4 and mount take ~10 ms each; a minute means a stuck loop device, not a slow one."""
+
+
 async def mount_capped_layer(directory: Path, disk_mb: int) -> Path:
     """Create ``directory/layer.img`` (sparse, ``disk_mb`` MiB), make it ext4 and mount it on
     ``directory/layer``; returns the mount point. No reserved blocks (the agent is not root), one inode per 8 KiB
     (CLI installs are many small files), no journal (a throw-away layer needs no crash recovery)."""
-    import asyncio
-
     image, mountpoint = directory / "layer.img", directory / "layer"
     with open(image, "wb") as fh:
         fh.truncate(disk_mb << 20)
@@ -93,16 +96,16 @@ async def mount_capped_layer(directory: Path, disk_mb: int) -> Path:
                   "-E", "lazy_itable_init=1,root_owner=0:0", str(image)],
                  ["mount", "-o", "loop,nodev,nosuid", str(image), str(mountpoint)]):
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
-                                                        stderr=asyncio.subprocess.PIPE)
+            # ProcessGroup: a rollout cancelled mid-create must not hang on, or leave behind, the spawn.
+            res = await ProcessGroup().run(argv, timeout=_LAYER_TOOL_S, max_output=1 << 16)
         except FileNotFoundError:
             raise SandboxError(f"sandbox.disk_mb needs {argv[0]} (e2fsprogs / util-linux), which is not installed; "
                                "install it or unset sandbox.disk_mb") from None
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            raise SandboxError(f"sandbox disk cap ({disk_mb} MiB): {' '.join(argv[:1])} failed "
-                               f"(exit {proc.returncode}): {err.decode(errors='replace').strip()[-500:]}; the bwrap "
-                               "provider needs root and loop devices for sandbox.disk_mb")
+        if res.returncode != 0:
+            why = "timed out" if res.timed_out else f"exit {res.returncode}"
+            raise SandboxError(f"sandbox disk cap ({disk_mb} MiB): {argv[0]} failed ({why}): "
+                               f"{res.stderr.decode(errors='replace').strip()[-500:]}; the bwrap provider needs root "
+                               "and loop devices for sandbox.disk_mb")
     os.chmod(mountpoint, 0o755)
     shutil.rmtree(mountpoint / "lost+found", ignore_errors=True)
     return mountpoint
