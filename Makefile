@@ -27,12 +27,13 @@ setup: system-deps $(STAMP)
 # it in a real terminal), chromium-headless-shell (the `lego report` test screenshots the HTML), xfsprogs (mkfs.xfs: the sunabako
 # reflink-staging test builds a real XFS filesystem on a loop device), jq (the skills' command blocks read --json
 # output with it, and their tests run every block), openssh-server (sshd: the sandbox-node tests run a second host,
-# an sshd in its own network namespace; the client, ssh, comes with it).
+# an sshd in its own network namespace; the client, ssh, comes with it), e2fsprogs (mkfs.ext4: bwrap's
+# sandbox.disk_mb layer; Debian usually has it, slim images may not).
 system-deps:
-	@missing=""; for bin in bwrap debootstrap skopeo umoci ip setfacl tmux chromium-headless-shell mkfs.xfs jq sshd ssh; do command -v $$bin >/dev/null || missing="$$missing $$bin"; done; \
+	@missing=""; for bin in bwrap debootstrap skopeo umoci ip setfacl tmux chromium-headless-shell mkfs.xfs mkfs.ext4 jq sshd ssh; do command -v $$bin >/dev/null || missing="$$missing $$bin"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages for:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap debootstrap skopeo umoci iproute2 acl tmux chromium-headless-shell xfsprogs jq openssh-server >/dev/null; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap debootstrap skopeo umoci iproute2 acl tmux chromium-headless-shell xfsprogs e2fsprogs jq openssh-server >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
