@@ -8,9 +8,13 @@ tokens/s over every packed token (old-logprob pass + forward/backward + AdamW), 
 the H200's 790 TFLOP/s bf16 ceiling (6 · params · tokens / train time: attention and the old-logprob pass are left
 out, so it is a lower bound), peak GPU memory, and the loop's engine-vs-trainer consistency figures.
 
+The engine runs the trainer's precision recipe (``--engine-precision trainer``: fp32 weights, bf16 matmuls and
+attention, fp32 residual stream — ``serving.precision = "trainer"``, the CUDA default) on its fast decode path
+(``--max-model-len`` keeps the per-row KV slots small enough for it); the baseline in the same run is the same
+loop with ``--baseline-precision`` (default ``bf16``: a pure-bf16 engine, bf16 residual stream).
+
 Attention kernels are chosen, not left to SDPA's heuristics: ``--sdpa`` names the one backend both sides may use
-(SDPA picks cuDNN for bf16 otherwise, whose decode graphs are rebuilt every step: FIELD-NOTES.md). The baseline in
-the same run is the same loop with ``--baseline-sdpa`` (default: SDPA's own choice, cuDNN included).
+(SDPA picks cuDNN for bf16 otherwise, whose decode graphs are rebuilt every step: FIELD-NOTES.md).
 
     python3 benchmarks/gpu_toy_env_bench.py --model qwen3-0.6b --steps 3          # on the GPU machine
     python benchmarks/gpu_toy_env_bench.py --model tiny --steps 1 --max-tokens 8  # CPU smoke run
@@ -127,17 +131,24 @@ def prepare(name: str, tmp: Path) -> Path:
     return out
 
 
-async def run(model: Path, tmp: Path, label: str, sdpa: str, a: argparse.Namespace) -> None:
+ENGINE_PRECISION = {  # --engine-precision on CUDA → (weights dtype, compute dtype)
+    "trainer": ("float32", "bfloat16"),
+    "bf16": ("bfloat16", None),
+    "fp32": ("float32", None),
+}
+
+
+async def run(model: Path, tmp: Path, label: str, sdpa: str, precision: str, a: argparse.Namespace) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = "bfloat16" if device == "cuda" else "float32"
+    dtype, compute = ENGINE_PRECISION[precision] if device == "cuda" else ("float32", None)
     # Built directly, not through its entry point: the GPU machine runs from a source tree without dist-info.
     env = FirstLetterEnv(max_tokens=a.max_tokens)
     settings = LoopSettings(num_rollout=a.steps, batch_size=a.prompts, samples_per_prompt=a.samples,
                             micro_batch_tokens=a.micro_batch_tokens, concurrency=a.prompts * a.samples,
                             seed=0, top_p=1.0)
     with only_sdpa(sdpa):
-        async with EmbeddedServer(model, port=0, device=device, dtype=dtype,
-                                  max_batch=a.prompts * a.samples) as srv:
+        async with EmbeddedServer(model, port=0, device=device, dtype=dtype, compute_dtype=compute,
+                                  max_model_len=a.max_model_len, max_batch=a.prompts * a.samples) as srv:
             renderer = ChatRenderer.from_pretrained(model)
             async with ServingClient([srv.url]) as client:
                 sampler = Sampler(client, renderer, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=a.max_tokens)
@@ -150,7 +161,9 @@ async def run(model: Path, tmp: Path, label: str, sdpa: str, a: argparse.Namespa
                 loop = TrainLoop(settings, backend=backend, loss_fn=make_loss(LossConfig()),  # type: ignore[arg-type]
                                  rollout_fn=env_rollout_fn(env, sampler, rundir), prompts=rows, run=rundir,
                                  sync=EmbeddedWeightSync(srv.engine))
-                print(f"[{label}] SDPA={sdpa} device={device} engine dtype={dtype} trainer fp32+autocast "
+                path = "fast" if srv.engine._static is not None else "generic"
+                print(f"[{label}] SDPA={sdpa} device={device} engine weights={dtype} compute={compute or dtype} "
+                      f"({path} decode path) trainer fp32+autocast "
                       f"params={n_params / 1e6:.1f}M chunk={a.chunk} chunked={inner._chunked}", flush=True)
                 for step in range(a.steps):
                     backend.seconds = {"old_logprobs": 0.0, "train_step": 0.0}
@@ -187,14 +200,18 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--sdpa", choices=["flash", "efficient", "math", "cudnn", "no-cudnn", "auto"], default="no-cudnn")
-    ap.add_argument("--baseline-sdpa", choices=["flash", "efficient", "math", "cudnn", "auto", "none"], default="auto")
+    ap.add_argument("--engine-precision", choices=sorted(ENGINE_PRECISION), default="trainer")
+    ap.add_argument("--baseline-precision", choices=[*sorted(ENGINE_PRECISION), "none"], default="bf16",
+                    help="the same run's baseline: the loop again with the engine at this precision")
+    ap.add_argument("--max-model-len", type=int, default=2048,
+                    help="the engine's context per row (the fast path preallocates a KV slot this long per row)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         model = prepare(a.model, tmp)
-        asyncio.run(run(model, tmp, "chosen", a.sdpa, a))
-        if a.baseline_sdpa != "none":
-            asyncio.run(run(model, tmp, "baseline", a.baseline_sdpa, a))
+        asyncio.run(run(model, tmp, "chosen", a.sdpa, a.engine_precision, a))
+        if a.baseline_precision != "none":
+            asyncio.run(run(model, tmp, "baseline", a.sdpa, a.baseline_precision, a))
 
 
 if __name__ == "__main__":
