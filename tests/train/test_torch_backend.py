@@ -389,3 +389,11 @@ def test_an_empty_step_is_refused(tiny_model):
         backend.train_step(
             OptimizerStep(["r0"], [1]), make_loss(LossConfig()), old_logprobs=[], temperature=1.0
         )
+
+
+def test_varlen_attention_is_refused_off_cuda_and_auto_keeps_sdpa(tiny_model):
+    with pytest.raises(ConfigError, match="packed_attention 'varlen' cannot run here: device cpu is not CUDA"):
+        TorchBackend(tiny_model, settings(packed_attention="varlen"))
+    backend = TorchBackend(tiny_model, settings(packed_attention="auto"))
+    assert backend._varlen is False
+    assert backend.model.config._attn_implementation != "lego_varlen"

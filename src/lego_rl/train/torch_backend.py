@@ -5,9 +5,10 @@
 * **Packed micro-batches, one forward each.** A micro-batch is one row of ``T`` tokens whose
   ``position_ids`` restart at 0 per segment and no ``attention_mask`` is passed: transformers then derives
   the segments from the position restarts (``masking_utils.find_packed_sequence_indices``) and builds a
-  block-diagonal causal mask for SDPA/eager (flash-attention kernels take the same input as varlen
-  ``cu_seqlens``). One forward per micro-batch instead of one per segment keeps CPU and GPU busy with
-  large matmuls; ``tests/train/test_torch_backend.py`` checks every segment's logprobs against a forward
+  block-diagonal causal mask for SDPA/eager. On CUDA the model attends through varlen flash attention
+  instead (``packed_attention``, ``train.varlen_attention``): the segments' ``cu_seqlens`` go to every
+  layer and no ``[T, T]`` mask or score matrix exists. One forward per micro-batch instead of one per
+  segment keeps CPU and GPU busy with large matmuls; ``tests/train/test_torch_backend.py`` checks every segment's logprobs against a forward
   of that segment alone, which fails if attention ever crossed a segment boundary.
 * **Precision.** fp32 master weights and optimizer state everywhere; the forward runs under bf16 autocast
   on CUDA and in fp32 on CPU (where the resume test is bit-for-bit). Logits are cast to fp32 before
@@ -44,7 +45,7 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,7 @@ from lego_rl.train.backend import LossFn, LossInputs, OptimizerSettings, StepRes
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 from lego_rl.train.head_logprobs import DEFAULT_CHUNK, HeadOutputs, head_logprobs
 from lego_rl.train.routing_replay import RouteReplay
+from lego_rl.train import varlen_attention
 from lego_rl.train.checkpoint import (
     EXTRA_STATE,
     TRAINER_STATE,
@@ -88,6 +90,11 @@ class TorchTrainSettings(OptimizerSettings):
     logprob_chunk_tokens: int = Field(default=DEFAULT_CHUNK, ge=0)
     """Positions whose ``[chunk, V]`` logits exist at once when scoring (``train.head_logprobs``); 0 = the
     model's full ``[T, V]`` logits in one piece (the unchunked baseline)."""
+    packed_attention: Literal["auto", "varlen", "sdpa"] = "auto"
+    """How attention keeps a packed micro-batch's segments apart. ``varlen``: torch's variable-length flash
+    attention over the segments' ``cu_seqlens`` (CUDA only; cost ``Σ len²``); ``sdpa``: the model's own
+    attention with the block-diagonal mask transformers builds from the position restarts (cost ``T²``);
+    ``auto``: varlen wherever it can run (``train.varlen_attention.unsupported_reason``), else sdpa."""
     routing_replay: bool = False
     """R3: force the rollout's routed experts in every forward (``rollout.use_rollout_routing_replay``); MoE
     models only, and every micro-batch must carry the routes of its trained tokens' prefixes."""
@@ -154,6 +161,7 @@ class TorchBackend:
                 value=settings.device,
             )
         self.model, self.config, _ = load_model(self.model_dir, self.device, "float32")
+        self._varlen = self._choose_attention(self.model)
         self.model.train()  # gradient checkpointing only acts in train mode
         if self.world > 1:
             self._shard()
@@ -170,6 +178,8 @@ class TorchBackend:
         if settings.reference_model:
             self.reference, _, _ = load_model(self.model_dir, self.device, "float32")
             self.reference.requires_grad_(False)
+            if self._varlen:
+                varlen_attention.install(self.reference)
         # One replayer per model that scores micro-batches (the reference routes like the policy did).
         self._replays: dict[int, RouteReplay] = {}
         if settings.routing_replay:
@@ -198,6 +208,32 @@ class TorchBackend:
         )
         self._version = 0
         self._chunked = settings.logprob_chunk_tokens > 0 and self._probe_chunking()
+
+    def _choose_attention(self, model: Any) -> bool:
+        """Switch ``model`` to varlen attention when ``packed_attention`` asks for it and it can run; whether it
+        did. ``varlen`` where it cannot run is a ConfigError naming the reason."""
+        mode = self.settings.packed_attention
+        if mode == "sdpa":
+            return False
+        reason = varlen_attention.unsupported_reason(model, self.device)
+        if reason is not None:
+            if mode == "varlen":
+                raise ConfigError(f"packed_attention 'varlen' cannot run here: {reason} (use 'auto' or 'sdpa')",
+                                  parameter="packed_attention", value=mode)
+            return False
+        varlen_attention.install(model)
+        _log.info("torch backend: packed micro-batches attend through varlen flash attention")
+        return True
+
+    def _segments(self, mb: MicroBatch) -> dict[str, Any]:
+        """The forward's keyword arguments that carry ``mb``'s segment boundaries to varlen attention ({} on
+        the SDPA path, which reads them from the position restarts)."""
+        if not self._varlen:
+            return {}
+        if int(mb.cu_seqlens[-1]) != mb.num_tokens:
+            raise ValueError(f"micro-batch segments end at {int(mb.cu_seqlens[-1])}, not at its {mb.num_tokens} "
+                             "tokens: varlen attention would leave the rest uncomputed")
+        return varlen_attention.packed_kwargs(mb.cu_seqlens, self.device)
 
     def _shard(self) -> None:
         """FSDP2 over this host's ranks: each decoder layer is one unit (all-gathered for its forward and
@@ -265,7 +301,8 @@ class TorchBackend:
             return False
         return True
 
-    def _hidden_states(self, model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _hidden_states(self, model: Any, ids: torch.Tensor, positions: torch.Tensor,
+                       segments: dict[str, Any] | None = None) -> torch.Tensor:
         """[T, H] the decoder's last hidden state (what ``lm_head`` consumes), from the whole model's forward
         with ``logits_to_keep`` empty: no ``[T, V]`` logits are built, and wrappers that hook the top-level
         module (FSDP) see an ordinary forward."""
@@ -273,7 +310,7 @@ class TorchBackend:
         handle = model.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
         try:
             model(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False,
-                  logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device))
+                  logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device), **(segments or {}))
         finally:
             handle.remove()
         if len(captured) != 1:
@@ -295,13 +332,13 @@ class TorchBackend:
         nuc_valid = None if mb.nucleus_valid is None else mb.nucleus_valid[1:].to(self.device)  # [T-1, K]
         with self._autocast():
             if self._chunked:
-                hidden = self._hidden_states(model, ids, pos)[:-1]  # [T-1, H] position i predicts token i+1
+                hidden = self._hidden_states(model, ids, pos, self._segments(mb))[:-1]  # [T-1, H] i predicts i+1
                 head = model.get_output_embeddings()
                 chunk = self.settings.logprob_chunk_tokens
             else:
                 # The unchunked path: the model's own full logits [T-1, V], scored in one piece.
-                hidden = model(input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0),
-                               use_cache=False).logits[0, :-1]  # [T-1, V]
+                hidden = model(input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0), use_cache=False,
+                               **self._segments(mb)).logits[0, :-1]  # [T-1, V]
                 head = torch.nn.Identity()
                 chunk = max(1, hidden.shape[0])
             out = head_logprobs(head, hidden, ids[1:], temperature=temperature, top_p=top_p, top_k=top_k,
