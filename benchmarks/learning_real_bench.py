@@ -227,7 +227,10 @@ def orchestrate(args: argparse.Namespace) -> int:
             save()
             if rate >= args.band_low:
                 break
-        if not rounds:  # --sft-rounds 0: GRPO straight from --start-checkpoint, its rate taken as 0
+        if not rounds and args.start_rate is not None:  # measured in an earlier run of this script
+            rate = args.start_rate
+            print(f"no SFT round: {checkpoint}'s solve rate given as {rate:.0%} (--start-rate)", flush=True)
+        elif not rounds:  # --sft-rounds 0: GRPO straight from --start-checkpoint, its rate taken as 0
             print(f"no SFT round: the solve rate of {checkpoint} is not measured here; gains are against 0",
                   flush=True)
         landed = "inside" if args.band_low <= rate <= args.band_high else "outside"
@@ -302,6 +305,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8, help="rollouts per solve-rate measurement after each SFT round")
     ap.add_argument("--band-low", type=float, default=0.10)
     ap.add_argument("--band-high", type=float, default=0.50)
+    ap.add_argument("--start-rate", type=float, default=None,
+                    help="with --sft-rounds 0: --start-checkpoint's solve rate measured earlier (gains are against it)")
     ap.add_argument("--grpo-anyway", action="store_true", help="run the GRPO arms even outside the band")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20, help="GRPO steps per arm")

@@ -432,3 +432,37 @@ def test_inconsistent_configs_are_refused():
         LossConfig(dual_clip_c=0.5)
     with pytest.raises(ValidationError, match="clip_low"):
         LossConfig(clip_low=1.0)
+
+
+def test_token_aggregation_cancels_what_a_group_shares_and_rollout_aggregation_does_not() -> None:
+    # A group of two rollouts with advantages +1 and -1 whose first 3 trained tokens are the same tokens in the
+    # same context (same logprobs): under loss_agg="token" their gradients cancel exactly; under "rollout" the
+    # shorter rollout (the failure, 4 tokens vs 10) weighs 2.5x per token and pushes the shared tokens down.
+    shared = torch.tensor([-0.5, -0.2, -0.1])  # [3]
+    lp_a = torch.cat([shared, torch.full((7,), -0.3)])  # [10] success
+    lp_b = torch.cat([shared, torch.tensor([-2.0])])  # [4] failure
+    base = torch.cat([lp_a, lp_b])  # [14]
+    slots = torch.tensor([0] * 10 + [1] * 4)  # [14]
+    counts = torch.tensor([10.0, 4.0])  # [2]
+    adv = torch.tensor([1.0] * 10 + [-1.0] * 4)  # [14]
+    mask = torch.ones(14)  # [14]
+    grads = {}
+    for agg in ("rollout", "token"):
+        lp = base.clone().requires_grad_(True)  # [14]
+        inp = LossInputs(logprobs=lp, old_logprobs=base.clone(), rollout_logprobs=base.clone(), advantages=adv,
+                         loss_mask=mask, token_weights=mask / (counts[slots] * 2), rollout_slots=slots,
+                         rollout_token_counts=counts, rollout_log_ratio_elsewhere=torch.zeros(2))
+        out = make_loss(LossConfig(loss_agg=agg))(inp)
+        out.loss.backward()
+        grads[agg] = lp.grad
+        assert out.metrics["token_weight"] == pytest.approx(1.0)
+    shared_net = {agg: (g[:3] + g[10:13]).tolist() for agg, g in grads.items()}  # [3] the shared tokens' net push
+    assert shared_net["token"] == pytest.approx([0.0, 0.0, 0.0], abs=1e-7)
+    # d loss / d lp > 0 means the update lowers lp: the failure's weight wins under "rollout".
+    assert all(x > 0.05 for x in shared_net["rollout"]), shared_net
+    assert grads["token"][0].item() == pytest.approx(-1 / 14)  # every token weighs 1 / sum(N_r)
+
+
+def test_token_aggregation_is_refused_with_gspo() -> None:
+    with pytest.raises(ValueError, match="per-sequence objective"):
+        LossConfig(algorithm="gspo", loss_agg="token")

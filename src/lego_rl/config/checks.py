@@ -277,6 +277,20 @@ def sampling(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 @check
+def objective(r: ResolvedConfig) -> Iterator[Finding]:
+    """Combinations the policy loss refuses (train.losses.LossConfig), caught before anything starts."""
+    t = r.config.train
+    if t.algorithm == "gspo" and t.loss_agg == "token":
+        yield error("loss_agg_gspo", "train.loss_agg = \"token\" weighs tokens, but train.algorithm = \"gspo\" has one "
+                    "ratio per sequence", "set train.loss_agg = \"rollout\" (or train.algorithm = \"grpo\")",
+                    "train.loss_agg", "train.algorithm")
+    if t.algorithm == "gspo" and t.use_score_centering:
+        yield error("score_centering_gspo", "train.use_score_centering is a token-level objective, but "
+                    "train.algorithm = \"gspo\" is per sequence", "set train.algorithm = \"grpo\"",
+                    "train.use_score_centering", "train.algorithm")
+
+
+@check
 def score_centering(r: ResolvedConfig) -> Iterator[Finding]:
     if r.config.train.use_score_centering and not r.config.rollout.capture_nucleus:
         yield error(

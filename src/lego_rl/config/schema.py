@@ -261,6 +261,10 @@ class TrainConfig(Section):
     """Upper ratio clip ε."""
     use_score_centering: bool = False
     """Score-centering REINFORCE objective; needs rollout.capture_nucleus."""
+    loss_agg: Literal["rollout", "token"] = "rollout"
+    """How token losses add up: rollout = the mean over rollouts of each rollout's token mean; token = every
+    trained token of the step weighs the same (DAPO's token mean), so tokens a group's rollouts share cancel
+    exactly instead of a short failure's prefix outweighing a long success's. grpo only."""
     infra_failure_policy: InfraFailurePolicy = "exclude"
     """What infrastructure-failed rollouts do: excluded from statistics and loss, or kept with reward 0."""
     resume: bool = False

@@ -61,7 +61,8 @@ def loss_config(c: LegoConfig) -> LossConfig:
     t = c.train
     return LossConfig(algorithm=t.algorithm, clip_low=t.clip_low, clip_high=t.clip_high, dual_clip_c=t.dual_clip_c,
                       is_correction=t.is_correction, is_level=t.is_level, is_low=t.is_low, is_high=t.is_high,
-                      kl_coef=t.kl_coef, use_score_centering=t.use_score_centering)
+                      kl_coef=t.kl_coef, use_score_centering=t.use_score_centering,
+                      loss_agg=t.loss_agg)
 
 
 def torch_settings(c: LegoConfig) -> TorchTrainSettings:

@@ -25,7 +25,8 @@ micro-batch, so a backend that sums the micro-batches' gradients gets one denomi
   added per token, not IS-weighted.
 
 Metrics are token-weighted partial sums (``sum(token_weights * x)``): summed over a step's micro-batches
-they are means over rollouts of per-rollout token means, because the token weights of a step sum to 1.
+they are means over rollouts of per-rollout token means, because the token weights of a step sum to 1
+(with ``loss_agg="token"``: token means over the step, the weights being ``loss_mask / sum_r N_r``).
 """
 
 from __future__ import annotations
@@ -63,11 +64,20 @@ class LossConfig(BaseModel):
     """Coefficient of the k3 KL to the frozen reference (0 = no reference model needed)."""
     use_score_centering: bool = False
     """SC REINFORCE with the captured nucleus (needs the nucleus inputs); token level, GRPO only."""
+    loss_agg: Literal["rollout", "token"] = "rollout"
+    """How token losses add up to the step's loss. ``rollout``: the mean over rollouts of each rollout's token
+    mean (the packing's ``token_weights``, ``1 / (N_r * R)``). ``token``: every trained token of the step weighs
+    ``1 / sum(N_r)`` (DAPO's token mean): tokens that several rollouts of a group share in the same context
+    then cancel exactly, because a group's advantages sum to zero; under ``rollout`` a short failure's shared
+    prefix weighs more than a long success's and is pushed down. GRPO only (GSPO's ratio is per sequence)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> LossConfig:
         if self.is_low >= self.is_high:
             raise ValueError(f"is_low ({self.is_low}) must be below is_high ({self.is_high})")
+        if self.loss_agg == "token" and self.algorithm != "grpo":
+            raise ValueError(f"loss_agg='token' weighs tokens, but {self.algorithm!r} is a per-sequence objective: "
+                             "use loss_agg='rollout' with gspo")
         if self.use_score_centering and self.algorithm != "grpo":
             raise ValueError(
                 "use_score_centering is a token-level objective: it needs algorithm='grpo', "
@@ -215,7 +225,10 @@ class PolicyLoss:
         _, r = _check_shapes(inp, cfg)
         lp = inp.logprobs  # [T] carries the gradient
         adv = inp.advantages  # [T]
-        w_tok = inp.token_weights  # [T] loss_mask / (N_r * R)
+        if cfg.loss_agg == "token":
+            w_tok = inp.loss_mask / inp.rollout_token_counts.sum().clamp(min=1)  # [T] 1 / sum_r N_r
+        else:
+            w_tok = inp.token_weights  # [T] loss_mask / (N_r * R)
         is_weight, is_flag = _is_weights(inp, cfg, r)  # [T], [T]
         metrics: dict[str, float] = {}
         zero = torch.zeros_like(lp)  # [T]
