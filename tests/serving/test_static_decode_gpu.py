@@ -30,22 +30,11 @@ from lego_rl.train.batching import plan_steps  # noqa: E402
 from lego_rl.train.consistency import consistency_report  # noqa: E402
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
 from lego_rl.trajectory.sample import Sample  # noqa: E402
-
-VOCAB = 151936
-
+from support.gpu_qwen3 import VOCAB, save_random_qwen3  # noqa: E402
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out = tmp_path_factory.mktemp("qwen3-gpu")
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096,
-                      tie_word_embeddings=True)
-    Qwen3ForCausalLM(cfg).save_pretrained(str(out), safe_serialization=True)
-    return out
-
+    return save_random_qwen3(tmp_path_factory.mktemp("qwen3-gpu"), max_position_embeddings=4096)
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["captured", "compiled-then-captured"])
 def test_graph_decode_equals_the_hf_forward_fp32(model_dir: Path, compiled: bool) -> None:
@@ -64,7 +53,6 @@ def test_graph_decode_equals_the_hf_forward_fp32(model_dir: Path, compiled: bool
             want = model(input_ids=torch.tensor([seq], device="cuda")).logits[0, -1].float()  # [V]
         assert (got[i] - want).abs().max().item() < 1e-3
 
-
 async def sample(model_dir: Path, n: int, new: int, **kw: object) -> tuple[list[list[int]], list[object]]:
     engine = EmbeddedEngine(model_dir, device="cuda", max_batch=n, max_model_len=1024, **kw)  # type: ignore[arg-type]
     await engine.start()
@@ -78,7 +66,6 @@ async def sample(model_dir: Path, n: int, new: int, **kw: object) -> tuple[list[
         await engine.stop()
     return prompts, list(outs)
 
-
 def test_graphs_with_rows_leaving_sample_what_the_generic_path_samples(model_dir: Path) -> None:
     # Plain asyncio.run: the lent machine has no pytest-asyncio.
     _, fast = asyncio.run(sample(model_dir, 6, 40, dtype="float32", fast=True))
@@ -86,7 +73,6 @@ def test_graphs_with_rows_leaving_sample_what_the_generic_path_samples(model_dir
     for f, s in zip(fast, slow, strict=True):
         assert f.token_ids == s.token_ids  # type: ignore[attr-defined]
         assert max(abs(a - b) for a, b in zip(f.logprobs, s.logprobs, strict=True)) < 1e-3  # type: ignore[attr-defined]
-
 
 def test_trainer_recipe_meets_the_consistency_targets(model_dir: Path) -> None:
     torch.backends.cuda.enable_cudnn_sdp(False)  # the trainer has no switch of its own (RESULTS.md)

@@ -27,22 +27,11 @@ from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
 from lego_rl.train.megatron_backend import MegatronBackend, MegatronTrainSettings  # noqa: E402
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
 from lego_rl.trajectory.sample import Sample  # noqa: E402
-
-VOCAB = 151936
-
+from support.gpu_qwen3 import VOCAB, save_random_qwen3  # noqa: E402
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out = tmp_path_factory.mktemp("qwen3-gpu")
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=128, tie_word_embeddings=True,
-                      initializer_range=0.05)
-    Qwen3ForCausalLM(cfg).float().save_pretrained(str(out), safe_serialization=True)
-    return out
-
+    return save_random_qwen3(tmp_path_factory.mktemp("qwen3-gpu"), initializer_range=0.05)
 
 def step_of(seed: int) -> OptimizerStep:
     rng = random.Random(seed)
@@ -56,14 +45,11 @@ def step_of(seed: int) -> OptimizerStep:
     (step,) = plan_steps(samples, adv, max_tokens_per_micro_batch=2048)
     return step
 
-
 def trained(lps: list[torch.Tensor], step: OptimizerStep) -> torch.Tensor:
     return torch.cat([lp[mb.loss_mask > 0] for lp, mb in zip(lps, step.micro_batches, strict=True)])
 
-
 def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.corrcoef(torch.stack([a.double(), b.double()]))[0, 1])
-
 
 def test_bf16_logprobs_match_the_torch_backend(model_dir: Path) -> None:
     """Both backends run bf16 autocast; each differs from the fp32 truth by bf16 rounding through the layers.
@@ -90,7 +76,6 @@ def test_bf16_logprobs_match_the_torch_backend(model_dir: Path) -> None:
     assert float((a - t).abs().mean()) <= 1.1 * float((b - t).abs().mean())
     assert pearson(a, t) >= pearson(b, t) - 2e-5
 
-
 def test_fp32_logprobs_match_the_hf_model(model_dir: Path) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     step = step_of(1)
@@ -102,7 +87,6 @@ def test_fp32_logprobs_match_the_hf_model(model_dir: Path) -> None:
         for s, e in zip(bounds[:-1], bounds[1:], strict=True):
             want = teacher_forced_logprobs(hf, mb.input_ids[s:e], 1, 0.8, top_p=0.9).cpu()
             assert float((lp[s + 1:e] - want).abs().max()) < 1e-4
-
 
 def test_one_step_moves_weights_like_the_torch_backend(model_dir: Path) -> None:
     step = step_of(2)

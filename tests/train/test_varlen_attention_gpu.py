@@ -24,22 +24,11 @@ from lego_rl.train.batching import plan_steps  # noqa: E402
 from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
 from lego_rl.trajectory.sample import Sample  # noqa: E402
-
-VOCAB = 151936
-
+from support.gpu_qwen3 import VOCAB, save_random_qwen3  # noqa: E402
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    out = tmp_path_factory.mktemp("qwen3-varlen")
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096,
-                      tie_word_embeddings=True)
-    Qwen3ForCausalLM(cfg).save_pretrained(str(out), safe_serialization=True)
-    return out
-
+    return save_random_qwen3(tmp_path_factory.mktemp("qwen3-varlen"), max_position_embeddings=4096)
 
 def samples(seed: int, n: int = 12) -> tuple[list[Sample], list[float]]:
     """``n`` one-segment rollouts of 40–600 tokens (prompt then trained answer), advantages of both signs."""
@@ -53,12 +42,10 @@ def samples(seed: int, n: int = 12) -> tuple[list[Sample], list[float]]:
         adv.append([1.0, -1.0, 0.5, -0.5][r % 4])
     return out, adv
 
-
 def backend(model_dir: Path, mode: str) -> TorchBackend:
     b = TorchBackend(model_dir, TorchTrainSettings(lr=1e-4, device="cuda", packed_attention=mode))  # type: ignore[arg-type]
     assert b._varlen is (mode == "varlen")
     return b
-
 
 def test_segments_do_not_see_each_other(model_dir: Path) -> None:
     b = backend(model_dir, "varlen")
@@ -74,7 +61,6 @@ def test_segments_do_not_see_each_other(model_dir: Path) -> None:
     first = int(mb.cu_seqlens[1])
     assert torch.equal(lp[:first], lp2[:first])
     assert not torch.equal(lp[first:], lp2[first:])  # the check can fail: the rest did change
-
 
 def test_varlen_equals_the_masked_sdpa_path(model_dir: Path) -> None:
     s, adv = samples(2)
@@ -103,7 +89,6 @@ def test_varlen_equals_the_masked_sdpa_path(model_dir: Path) -> None:
         assert (w_v[k] - w_s[k]).abs().max().item() < 5e-4, k
     # After the step: kernel noise plus two slightly different updates; within issue 11's engine-vs-trainer target.
     assert (after_v - after_s).abs().mean().item() < 4e-3
-
 
 def test_gradient_checkpointing_passes_the_segments_through(model_dir: Path) -> None:
     # Recomputed layers must see the same cu_seqlens, or the recomputed activations would differ from the forward's.

@@ -8,8 +8,9 @@
   block-diagonal causal mask for SDPA/eager. On CUDA the model attends through varlen flash attention
   instead (``packed_attention``, ``train.varlen_attention``): the segments' ``cu_seqlens`` go to every
   layer and no ``[T, T]`` mask or score matrix exists. One forward per micro-batch instead of one per
-  segment keeps CPU and GPU busy with large matmuls; ``tests/train/test_torch_backend.py`` checks every segment's logprobs against a forward
-  of that segment alone, which fails if attention ever crossed a segment boundary.
+  segment keeps CPU and GPU busy with large matmuls; ``tests/train/test_torch_backend.py`` checks every
+  segment's logprobs against a forward of that segment alone, which fails if attention ever crossed a
+  segment boundary.
 * **Precision.** fp32 master weights and optimizer state everywhere; the forward runs under bf16 autocast
   on CUDA and in fp32 on CPU (where the resume test is bit-for-bit). Logits are cast to fp32 before
   ``log_softmax``.

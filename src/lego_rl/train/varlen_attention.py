@@ -17,6 +17,7 @@ attend fully (a sliding-window layer is refused by :func:`unsupported_reason`; t
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -26,12 +27,21 @@ NAME = "lego_varlen"
 """The attention implementation's name in transformers' registry."""
 
 
+@functools.cache
 def _kernel() -> Any | None:
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # torch < 2.10
         return None
     return varlen_attn
+
+
+@functools.cache
+def _kernel_params() -> frozenset[str]:
+    """The keyword arguments this torch's ``varlen_attn`` takes (they changed between 2.10 and 2.13); looked up
+    once, not in every layer's forward."""
+    kernel = _kernel()
+    return frozenset(inspect.signature(kernel).parameters) if kernel is not None else frozenset()
 
 
 def unsupported_reason(model: Any, device: torch.device) -> str | None:
@@ -41,7 +51,7 @@ def unsupported_reason(model: Any, device: torch.device) -> str | None:
     kernel = _kernel()
     if kernel is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen"
-    params = inspect.signature(kernel).parameters
+    params = _kernel_params()
     if "window_size" not in params and "is_causal" not in params:
         return f"torch {torch.__version__}'s varlen_attn takes neither window_size nor is_causal"
     config = model.config
@@ -94,7 +104,7 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     v = value.transpose(1, 2).reshape(b * t, hkv, d)  # [B*T, Hkv, D]
     kernel = _kernel()
     assert kernel is not None  # unsupported_reason was checked before the model was switched
-    params = inspect.signature(kernel).parameters
+    params = _kernel_params()
     extra: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     if hq != hkv:
         if "enable_gqa" in params:
