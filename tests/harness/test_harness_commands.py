@@ -209,10 +209,27 @@ def test_openhands_runner_gets_its_settings_from_a_file() -> None:
     assert spec.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
 
 
-def test_session_id_is_made_path_safe() -> None:
-    spec = harness("claude_code").command(request(session_id="../../etc x"))
-    assert spec.env["HOME"] == "/tmp/lego-claude-______etc_x"
-    assert spec.env["ANTHROPIC_API_KEY"] == "../../etc x"
+KEY_CARRIERS = {"ANTHROPIC_API_KEY", "LEGO_SESSION_KEY"}
+"""Where a CLI takes its API key: the session id travels there (a request header), never into a path."""
+
+
+@pytest.mark.parametrize("name", ["claude_code", "codex", "opencode", "openhands"])
+def test_the_session_id_reaches_the_cli_only_as_its_api_key(name: str) -> None:
+    """Red team: a rollout's id (it carries the task's instance id) must not reach anything the CLI can show
+    the model. Claude Code renders its HOME into the system prompt; a per-session HOME made every rollout's
+    prompt unique. Two sessions get the same command apart from the key."""
+    a = harness(name).command(request(session_id="django__django-11099-s3"))
+    b = harness(name).command(request(session_id="g00007-other-task-5"))
+    assert a.argv == b.argv and a.cwd == b.cwd and a.prelude == b.prelude
+    assert list(a.files) == list(b.files)  # the paths of its config files
+    assert {k: v for k, v in a.env.items() if k not in KEY_CARRIERS} == {
+        k: v for k, v in b.env.items() if k not in KEY_CARRIERS
+    }
+    for text in [*a.argv, *a.files, *(v for k, v in a.env.items() if k not in KEY_CARRIERS)]:
+        assert "11099" not in text, text
+    keys = {k for k, v in a.env.items() if v == "django__django-11099-s3"}
+    files = [k for k, v in a.files.items() if "django__django-11099-s3" in v]
+    assert keys <= KEY_CARRIERS and (keys or files), "the CLI must still get the session id as its key"
 
 
 def test_merge_flag_args() -> None:

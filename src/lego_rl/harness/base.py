@@ -49,11 +49,6 @@ def agent_env(environ: Mapping[str, str], suffix: str) -> tuple[str, str] | None
     return None
 
 
-def safe_id(session_id: str) -> str:
-    """A session id made safe for a path component (per-session HOME / config folders)."""
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in session_id)[:80] or "session"
-
-
 def parse_extra_args(var: str, value: str) -> list[str]:
     try:
         return shlex.split(value)

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from lego_rl.harness import CommandSpec, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
-from lego_rl.harness.base import ArchiveOrNpmConfig, merge_flag_args, safe_id
+from lego_rl.harness.base import ArchiveOrNpmConfig, merge_flag_args
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
 from lego_rl.harness.models import ToolchainPin
 from lego_rl.harness.node import (
@@ -50,6 +50,12 @@ KNOWN = {
     ): "sha512-f4JWhzwYutJIHScC7/dYOPX6s28tt7ZADhsOi8zwOHq5fFPEuUeChh2NMfinSg0GrUckYxaeebC4h0DqiKzLcw==",
 }
 CODE_TOOLS = ["Bash", "Read", "Edit", "Write", "Glob", "Grep"]
+HOME = "/tmp/lego-claude"
+"""The CLI's HOME in the sandbox: the same path in every rollout. The CLI renders paths under it into
+the prompt (Claude Code's memory folder); a per-session path made every rollout's observation unique
+(a GRPO group no longer shared one prompt, the engine's prefix cache lost the system prompt after its
+first ~1.3k tokens, and the rollout id, which carries the task's instance id, reached the policy).
+Each rollout has a fresh sandbox, so one fixed path cannot collide."""
 
 
 class ClaudeCodeConfig(ArchiveOrNpmConfig):
@@ -144,7 +150,7 @@ class ClaudeCodeHarness(HarnessPlugin[ClaudeCodeConfig]):
             "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(request.max_context_tokens),
             "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": str(o.autocompact_pct),
             "CLAUDE_CODE_MAX_RETRIES": str(o.max_retries),
-            "HOME": f"/tmp/lego-claude-{safe_id(request.session_id)}",
+            "HOME": HOME,
         }
         env.update(o.extra_envs)
         return CommandSpec(
@@ -172,9 +178,8 @@ class ClaudeCodeHarness(HarnessPlugin[ClaudeCodeConfig]):
 
     async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
         # The CLI's own transcript: ~/.claude/projects/<cwd-slug>/<session>.jsonl (bounded to 20 MB).
-        home = f"/tmp/lego-claude-{safe_id(request.session_id)}"
         res = await sandbox.exec(
-            ["sh", "-c", f"find {home}/.claude/projects -name '*.jsonl' -size -20M 2>/dev/null | head -20"],
+            ["sh", "-c", f"find {HOME}/.claude/projects -name '*.jsonl' -size -20M 2>/dev/null | head -20"],
             user=request.user, timeout=30,
         )  # fmt: skip
         found: dict[str, bytes] = {}

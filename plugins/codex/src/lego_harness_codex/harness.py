@@ -32,7 +32,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from lego_rl.harness import CommandSpec, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
-from lego_rl.harness.base import ArchiveOrNpmConfig, safe_id
+from lego_rl.harness.base import ArchiveOrNpmConfig
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
 from lego_rl.harness.models import ToolchainPin
 from lego_rl.harness.node import (
@@ -64,6 +64,9 @@ KNOWN = {
 DISABLED_FEATURES = ["plugins", "apps", "multi_agent", "goals", "unbounded_connection_retries"]
 PROVIDER = "lego"
 KEY_VAR = "LEGO_SESSION_KEY"
+HOME = "/var/tmp/lego-codex"
+"""CODEX_HOME and HOME; not under /tmp: the CLI refuses to create its helper links there. One fixed path in
+every (fresh) sandbox: see the Claude Code plugin's HOME for why nothing per-session goes into it."""
 
 
 class CodexConfig(ArchiveOrNpmConfig):
@@ -174,9 +177,7 @@ class CodexHarness(HarnessPlugin[CodexConfig]):
         for key, value in settings.items():
             args += ["-c", f"{key}={json.dumps(value)}"]  # JSON scalars are valid TOML values
         args += ["-m", request.model, "-C", request.workdir]
-        # CODEX_HOME must not sit under /tmp: the CLI refuses to create its helper links there.
-        home = f"/var/tmp/lego-codex-{safe_id(request.session_id)}"
-        env = {KEY_VAR: request.session_id, "HOME": home, "CODEX_HOME": home, "NO_COLOR": "1"}
+        env = {KEY_VAR: request.session_id, "HOME": HOME, "CODEX_HOME": HOME, "NO_COLOR": "1"}
         env.update(o.extra_envs)
         path = [] if o.install_from == "npm" else [f"{self._vendor(o)}/codex-path"]
         return CommandSpec(
@@ -211,7 +212,7 @@ class CodexHarness(HarnessPlugin[CodexConfig]):
 
     async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
         # The CLI's own session transcript: $CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl (bounded).
-        home = f"/var/tmp/lego-codex-{safe_id(request.session_id)}/sessions"
+        home = f"{HOME}/sessions"
         res = await sandbox.exec(
             ["sh", "-c", f"find {home} -name '*.jsonl' -size -20M 2>/dev/null | head -20"],
             user=request.user, timeout=30,

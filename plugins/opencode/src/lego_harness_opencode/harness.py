@@ -20,7 +20,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
-from lego_rl.harness.base import safe_id
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, version_of
 from lego_rl.harness.models import ToolchainPin
 from lego_rl.harness.node import npm_pin
@@ -46,6 +45,9 @@ KNOWN = {
     ): "sha512-fmhqCBJvNt+Vfbx6ckKP19S3xwMBhUXLCBQaK92R4wnv3wsWTZYkJQwYf2egiWfJNOl47jhs3vP7uQkl0mvHQw==",
 }
 PROVIDER = "lego"
+HOME = "/tmp/lego-opencode"
+"""One fixed path in every (fresh) sandbox: nothing per-session in what the CLI may show the model (see the
+Claude Code plugin's HOME)."""
 
 
 class OpenCodeConfig(HarnessConfig):
@@ -136,7 +138,7 @@ class OpenCodeHarness(HarnessPlugin[OpenCodeConfig]):
         }
 
     def command(self, request: RunRequest, o: OpenCodeConfig) -> CommandSpec:
-        home = f"/tmp/lego-opencode-{safe_id(request.session_id)}"
+        home = HOME
         cfg = f"{home}/.config/opencode"
         env = {
             "HOME": home,
@@ -182,7 +184,7 @@ class OpenCodeHarness(HarnessPlugin[OpenCodeConfig]):
 
     async def artifacts(self, sandbox: Sandbox, request: RunRequest) -> dict[str, bytes]:
         # Its own log says what happened when stdout is silent (it retries a dead adapter without output).
-        logs = f"/tmp/lego-opencode-{safe_id(request.session_id)}/.local/share/opencode/log"
+        logs = f"{HOME}/.local/share/opencode/log"
         res = await sandbox.exec(["sh", "-c", f"find {logs} -name '*.log' -size -20M 2>/dev/null | head -5"],
                                  user=request.user, timeout=30)  # fmt: skip
         return {

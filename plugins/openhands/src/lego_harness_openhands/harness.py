@@ -27,7 +27,6 @@ from pydantic import Field, model_validator
 
 from lego_rl.errors import HarnessError
 from lego_rl.harness import CommandSpec, HarnessConfig, HarnessOutcome, HarnessPlugin, RunRequest, Toolchain
-from lego_rl.harness.base import safe_id
 from lego_rl.harness.install import INSTALL_ROOT, install_archive, python_version, sh, version_of
 from lego_rl.harness.models import ToolchainPin
 from lego_rl.harness.toolchain import cached_integrity
@@ -37,6 +36,9 @@ SDK = "openhands-sdk"
 TOOLS = "openhands-tools"
 DEFAULT_VERSION = "1.58.2"
 RUNNER = "lego_openhands_runner.py"
+HOME = "/tmp/lego-openhands"
+"""One fixed path in every (fresh) sandbox: nothing per-session in what the agent may show the model (see
+the Claude Code plugin's HOME)."""
 ADAPTER_ERRORS = {
     "LLMServiceUnavailableError", "LLMAuthenticationError", "LLMTimeoutError", "LLMRateLimitError",
     "LLMBadRequestError", "APIConnectionError",
@@ -150,7 +152,7 @@ class OpenHandsHarness(HarnessPlugin[OpenHandsConfig]):
                                 env=self._env(o, "/tmp/lego-openhands-verify"))  # fmt: skip
 
     def command(self, request: RunRequest, o: OpenHandsConfig) -> CommandSpec:
-        home = f"/tmp/lego-openhands-{safe_id(request.session_id)}"
+        home = HOME
         run = {
             "model": request.model, "base_url": request.base_url.rstrip("/") + "/v1", "api_key": request.session_id,
             "prompt": request.prompt, "workdir": request.workdir, "max_turns": request.max_turns,
