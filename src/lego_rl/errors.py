@@ -148,6 +148,11 @@ class GraderError(LegoError):
         super().__init__(message)
 
 
+class TrainerOutOfMemory(LegoError):
+    """The trainer ran out of accelerator memory on one micro-batch; the step was not applied. The message
+    names the micro-batch's size, its longest segment and the settings that make it fit."""
+
+
 class TrajectoryError(LegoError):
     """Turn records cannot be turned into training samples; names the session, turn and field."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lego_rl.errors import ConfigError
+from lego_rl.errors import ConfigError, TrainerOutOfMemory
 from lego_rl.serving.logprobs import teacher_forced_logprobs
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.serving.weights import load_model
@@ -397,3 +397,52 @@ def test_varlen_attention_is_refused_off_cuda_and_auto_keeps_sdpa(tiny_model):
     backend = TorchBackend(tiny_model, settings(packed_attention="auto"))
     assert backend._varlen is False
     assert backend.model.config._attn_implementation != "lego_varlen"
+
+
+def allocator_failure() -> torch.OutOfMemoryError:
+    """TEST DOUBLE for the CUDA caching allocator's failure (a real one needs a GPU: the GPU test in
+    test_varlen_attention_gpu.py runs one); the text is the allocator's own first line."""
+    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139 GiB")
+
+
+def test_out_of_memory_in_a_step_names_the_micro_batch_and_applies_nothing(tiny_model, vocab):
+    backend = TorchBackend(tiny_model, settings())
+    before = params(backend)
+    step = one_step(0, vocab)
+    assert len(step.micro_batches) >= 2
+    old = backend.compute_logprobs(step.micro_batches, temperature=1.0)
+    loss, calls = make_loss(LossConfig()), []
+
+    def fails_on_the_second(inp: LossInputs) -> LossOutput:
+        calls.append(1)
+        if len(calls) == 2:  # the first micro-batch's gradient is already accumulated
+            raise allocator_failure()
+        return loss(inp)
+
+    mb = step.micro_batches[1]
+    lengths = (mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).tolist()
+    with pytest.raises(TrainerOutOfMemory) as caught:
+        backend.train_step(step, fails_on_the_second, old_logprobs=old, temperature=1.0)
+    message = str(caught.value)
+    assert message.startswith(f"training ran out of memory on cpu with a micro-batch of {mb.num_tokens} tokens in "
+                              f"{len(lengths)} segment(s), the longest {max(lengths)} (CUDA out of memory. Tried")
+    assert "the step was not applied" in message and "train.gradient_checkpointing = true" in message
+    assert f"its longest, {max(lengths)}, is the floor" in message
+    assert backend.weight_version == 0 and not backend.optimizer.state
+    assert all(p.grad is None for p in backend.model.parameters())  # the half-step's gradients are dropped
+    assert all(torch.equal(before[k], v) for k, v in params(backend).items())
+    assert train(backend, step).weight_version == 1  # the backend is usable afterwards
+
+
+def test_out_of_memory_while_scoring_does_not_suggest_what_is_already_on(tiny_model, vocab, monkeypatch):
+    backend = TorchBackend(tiny_model, settings(gradient_checkpointing=True))
+    step = one_step(1, vocab)
+
+    def no_memory(*args, **kwargs):
+        raise allocator_failure()
+
+    monkeypatch.setattr(backend, "_token_logprobs", no_memory)
+    with pytest.raises(TrainerOutOfMemory, match=r"^scoring ran out of memory on cpu with a micro-batch of") as caught:
+        backend.compute_logprobs(step.micro_batches, temperature=1.0)
+    assert "gradient_checkpointing" not in str(caught.value)
+    assert "train.micro_batch_tokens" in str(caught.value)

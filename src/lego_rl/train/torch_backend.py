@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 
-from lego_rl.errors import ConfigError
+from lego_rl.errors import ConfigError, TrainerOutOfMemory
 from lego_rl.runstore.files import write_new
 from lego_rl.serving.weights import load_checkpoint_into, load_model
 from lego_rl.train.backend import LossFn, LossInputs, OptimizerSettings, StepResult
@@ -116,6 +116,20 @@ def _read_checkpoint(path: Path, model: Any) -> dict[str, torch.Tensor]:
     if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
         state["lm_head.weight"] = state[emb_name]
     return state
+
+
+def out_of_memory_message(
+    mb: MicroBatch, what: str, device: torch.device, checkpointing: bool, exc: BaseException
+) -> str:
+    """What ran out, on what, and the settings that make the micro-batch fit, most effective first."""
+    lengths = (mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).tolist()
+    longest = max(lengths) if lengths else mb.num_tokens
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    hints = [] if checkpointing else ["train.gradient_checkpointing = true (keeps one layer's activations, not all)"]
+    hints.append(f"a lower train.micro_batch_tokens (a segment is never split: its longest, {longest}, is the floor)")
+    hints.append("a lower model.max_context_tokens, or the trainer sharded over more GPUs (torchrun: FSDP2)")
+    return (f"{what} ran out of memory on {device} with a micro-batch of {mb.num_tokens} tokens in {len(lengths)} "
+            f"segment(s), the longest {longest} ({first}); the step was not applied. To fit it: " + "; ".join(hints))
 
 
 def _segment_starts(mb: MicroBatch) -> torch.Tensor:
@@ -393,8 +407,9 @@ class TorchBackend:
         out = []
         with torch.no_grad():
             for mb in micro_batches:
-                lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False, top_p=top_p,
-                                             top_k=top_k)
+                with self._memory_guard(mb, "scoring"):
+                    lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False, top_p=top_p,
+                                                 top_k=top_k)
                 out.append(lp.cpu())  # [T]
         return out
 
@@ -407,14 +422,27 @@ class TorchBackend:
         with torch.no_grad():
             for i in self._my_share(len(micro_batches)):
                 mb = micro_batches[0 if i is None else i]
-                lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False, top_p=top_p,
-                                             top_k=top_k)
+                with self._memory_guard(mb, "scoring"):
+                    lp, _ = self._token_logprobs(self.model, mb, temperature, with_entropy=False, top_p=top_p,
+                                                 top_k=top_k)
                 if i is not None:
                     mine[i] = lp.cpu()  # [T]
         gathered: list[dict[int, torch.Tensor]] = [{} for _ in range(self.world)]
         dist.all_gather_object(gathered, mine)
         merged = {i: lp for part in gathered for i, lp in part.items()}
         return [merged[i] for i in range(len(micro_batches))]
+
+    @contextlib.contextmanager
+    def _memory_guard(self, mb: MicroBatch, what: str) -> Iterator[None]:
+        """An allocator failure on ``mb`` becomes TrainerOutOfMemory naming the micro-batch and what shrinks it;
+        the partial gradients are dropped so the caller's memory comes back and no half step is applied."""
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainerOutOfMemory(
+                out_of_memory_message(mb, what, self.device, self.settings.gradient_checkpointing, exc)
+            ) from exc
 
     # ------------------------------------------------------------------------------------ training
 
@@ -484,7 +512,7 @@ class TorchBackend:
             i = 0 if slot is None else slot  # a padding slot reruns micro-batch 0 with its loss zeroed
             mb = step.micro_batches[i]
             # Routes stay set through backward: checkpointed layers re-run their routers there.
-            with self._replaying(mb, self.model):
+            with self._memory_guard(mb, "training"), self._replaying(mb, self.model):
                 scored = self._score(self.model, mb, temperature, with_entropy=True, top_p=top_p, top_k=top_k)
                 ref = None
                 if self.reference is not None:
