@@ -355,3 +355,35 @@ def test_disk_cap_is_a_bwrap_option(base_toml: Path) -> None:
     assert found.severity == "error" and "sunabako has no per-sandbox disk cap" in found.message, found
     with pytest.raises(Exception, match="disk_mb"):
         resolve(base_toml, environ={}, overrides=["sandbox.disk_mb=10"])  # below the 64 MiB floor
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        ([], False),  # checkpointing is on by default
+        (["train.gradient_checkpointing=false"], True),  # with lego.toml's / the default 65,536-token context
+        (["train.gradient_checkpointing=false", "model.max_context_tokens=32768"], True),
+        (["train.gradient_checkpointing=false", "model.max_context_tokens=32767"], False),
+        (["train.gradient_checkpointing=false", "model.max_context_tokens=8192", "model.max_response_tokens=1024"],
+         False),
+    ],
+)
+def test_long_segments_without_checkpointing_are_a_warning(base_toml: Path, overrides: list[str], warned: bool) -> None:
+    r = resolve(base_toml, environ={}, overrides=overrides)
+    found = [f for f in check(r) if f.code == "activations_long_segment"]
+    assert [f.severity for f in found] == (["warning"] if warned else []), found
+    for f in found:
+        assert f"model.max_context_tokens = {r.config.model.max_context_tokens}" in f.message
+        assert "train.gradient_checkpointing = true" in f.fix
+        assert set(f.keys) == {"train.gradient_checkpointing", "model.max_context_tokens"}
+
+
+def test_gradient_checkpointing_is_on_unless_turned_off(base_toml: Path) -> None:
+    from lego_rl.orchestrate.train_session import megatron_settings, torch_settings
+
+    unset = resolve(base_toml, environ={}).config
+    assert unset.train.gradient_checkpointing is None
+    assert torch_settings(unset).gradient_checkpointing is True
+    assert megatron_settings(unset).gradient_checkpointing is None  # the backend decides by its device
+    off = resolve(base_toml, environ={}, overrides=["train.gradient_checkpointing=false"]).config
+    assert torch_settings(off).gradient_checkpointing is False and megatron_settings(off).gradient_checkpointing is False

@@ -155,6 +155,11 @@ def test_refusals_name_the_key(tiny_model: Path, tmp_path: Path) -> None:
     assert exc.value.parameter == "train.sequence_parallel"
     with pytest.raises(ConfigError, match=r"routing replay needs a mixture-of-experts model; this one is dense"):
         megatron(tiny_model, routing_replay=True)
+    # megatron-core recomputes under its CUDA RNG tracker: unset means off here, asking for it is refused.
+    assert megatron(tiny_model).recompute is False
+    with pytest.raises(ConfigError, match=r"gradient_checkpointing = true with the Megatron backend needs CUDA") as exc:
+        megatron(tiny_model, gradient_checkpointing=True)
+    assert exc.value.parameter == "train.gradient_checkpointing"
     # A torch-backend checkpoint has no optimizer shards for this trainer.
     t = torch_backend(tiny_model)
     t.save_checkpoint(tmp_path / "torch-ckpt", extra_state={})

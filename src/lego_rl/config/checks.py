@@ -290,6 +290,26 @@ def objective(r: ResolvedConfig) -> Iterator[Finding]:
                     "train.use_score_centering", "train.algorithm")
 
 
+LONG_SEGMENT_TOKENS = 32768
+"""From this segment length on, holding every layer's activations is a memory problem even for small models: a
+0.6B Qwen3 needs more than an H200's 140 GiB at 64k tokens without checkpointing (benchmarks/RESULTS.md)."""
+
+
+@check
+def activation_memory(r: ResolvedConfig) -> Iterator[Finding]:
+    """A long rollout is one micro-batch whatever train.micro_batch_tokens says: it must fit with all its activations."""
+    longest = r.config.model.max_context_tokens
+    if r.config.train.gradient_checkpointing is False and longest >= LONG_SEGMENT_TOKENS:
+        yield warning(
+            "activations_long_segment",
+            f"train.gradient_checkpointing is off while model.max_context_tokens = {longest}: a segment is never "
+            f"split, so one rollout of up to {longest} tokens is one micro-batch with every layer's activations "
+            "held at once (a 0.6B Qwen3 at 64k tokens needs more than an H200's 140 GiB; 20 GiB with checkpointing)",
+            "set train.gradient_checkpointing = true (or leave it unset: on by default), or a lower model.max_context_tokens",
+            "train.gradient_checkpointing", "model.max_context_tokens",
+        )
+
+
 @check
 def score_centering(r: ResolvedConfig) -> Iterator[Finding]:
     if r.config.train.use_score_centering and not r.config.rollout.capture_nucleus:

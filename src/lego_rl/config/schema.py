@@ -239,8 +239,12 @@ class TrainConfig(Section):
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW decoupled weight decay, on weight matrices only (not norms or biases). Non-zero decay changes
     the parameters even on a step whose advantages are all zero."""
-    gradient_checkpointing: bool = False
-    """Recompute activations during the backward pass: less memory for long rollouts, ~30 % more compute."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations during the backward pass: one layer's activations held instead of all of them.
+    Unset (the default) = on, except the Megatron backend off CUDA (megatron-core recomputes only there). A
+    segment is never split, so one rollout of model.max_context_tokens is one micro-batch, and without it a
+    64k-token segment of a 0.6B Qwen3 does not fit an H200's 140 GiB (20 GiB with it; ~1.2× step time on
+    shorter batches: benchmarks/RESULTS.md)."""
     dual_clip_c: float | None = Field(default=None, gt=1)
     """Dual clip: a negative-advantage token's loss is at most ``c·|A|`` (e.g. 3); null disables it."""
     is_correction: Literal["none", "tis", "mis"] = "tis"

@@ -71,7 +71,8 @@ def torch_settings(c: LegoConfig) -> TorchTrainSettings:
 
     t = c.train
     return TorchTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
-                              weight_decay=t.weight_decay, gradient_checkpointing=t.gradient_checkpointing,
+                              weight_decay=t.weight_decay,
+                              gradient_checkpointing=t.gradient_checkpointing is not False,  # unset: on
                               reference_model=t.kl_coef > 0, routing_replay=c.rollout.use_rollout_routing_replay)
 
 

@@ -119,6 +119,9 @@ class MegatronTrainSettings(OptimizerSettings):
     """What the Megatron backend needs; ``orchestrate`` projects ``train.*`` onto it once (gradient
     checkpointing: Megatron full recomputation, one layer per unit)."""
 
+    gradient_checkpointing: bool | None = None  # type: ignore[assignment]
+    """Full recomputation; None (train.gradient_checkpointing's default) = on wherever megatron-core can
+    recompute: on CUDA (its recompute forks the CUDA RNG tracker), not on the CPU the tests run on."""
     tensor_parallel: int = Field(default=1, ge=1)
     """TP size (train.tensor_parallel): must divide the model's KV heads, heads and FFN width."""
     pipeline_parallel: int = Field(default=1, ge=1)
@@ -255,7 +258,15 @@ class MegatronBackend:
                        if expert_rank_of(n, self.shape.num_experts, self.layout.ep) in (None, self.layout.ep_rank)]
         if self._tied_copy:
             self._names.append("output_layer.weight")
-        self.model = self._build(recompute=settings.gradient_checkpointing)
+        recompute = settings.gradient_checkpointing
+        if recompute is None:
+            recompute = self.device.type == "cuda"
+        elif recompute and self.device.type != "cuda":
+            raise ConfigError(f"train.gradient_checkpointing = true with the Megatron backend needs CUDA (megatron-core "
+                              f"recomputes under its CUDA RNG tracker); this trainer runs on {self.device}: leave the "
+                              "key unset", parameter="train.gradient_checkpointing", value=True)
+        self.recompute = recompute
+        self.model = self._build(recompute=recompute)
         self._load_hf(self.model, self.model_dir)
         self.model.train()
         self.reference: Any = None
