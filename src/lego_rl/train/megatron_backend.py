@@ -119,9 +119,9 @@ class MegatronTrainSettings(OptimizerSettings):
     """What the Megatron backend needs; ``orchestrate`` projects ``train.*`` onto it once (gradient
     checkpointing: Megatron full recomputation, one layer per unit)."""
 
-    gradient_checkpointing: bool | None = None  # type: ignore[assignment]
-    """Full recomputation; None (train.gradient_checkpointing's default) = on wherever megatron-core can
-    recompute: on CUDA (its recompute forks the CUDA RNG tracker), not on the CPU the tests run on."""
+    gradient_checkpointing: bool | None = False  # type: ignore[assignment]
+    """Full recomputation; None (what train.gradient_checkpointing's unset default maps to) = on wherever
+    megatron-core can recompute: on CUDA (its recompute forks the CUDA RNG tracker), not on CPU."""
     tensor_parallel: int = Field(default=1, ge=1)
     """TP size (train.tensor_parallel): must divide the model's KV heads, heads and FFN width."""
     pipeline_parallel: int = Field(default=1, ge=1)
