@@ -20,7 +20,9 @@ checkpointing not counted). An out-of-memory case is printed as such, not hidden
 from __future__ import annotations
 
 import argparse
+import gc
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,17 +30,15 @@ from typing import Any
 
 import torch
 
+from lego_rl.errors import TrainerOutOfMemory
 from lego_rl.train.batching import OptimizerStep, plan_steps
 from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
 from lego_rl.trajectory.sample import Sample
 
-H200_BF16_FLOPS = 790e12
-QWEN3_06B: dict[str, Any] = {
-    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 131072,
-    "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-}  # fmt: skip
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_backend_bench import H200_BF16_FLOPS, QWEN3_06B  # noqa: E402
+
 BASE_SEGMENT = 4096
 TRAINED_SHARE = 1 / 16
 """The last sixteenth of every segment is trained (the policy's answer), the rest is context: an agent's turn."""
@@ -101,7 +101,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
-        Qwen3ForCausalLM(Qwen3Config(**QWEN3_06B)).save_pretrained(f"{tmp}/model", safe_serialization=True)
+        shape = {**QWEN3_06B, "max_position_embeddings": 131072}  # room for the 128k-token segment
+        Qwen3ForCausalLM(Qwen3Config(**shape)).save_pretrained(f"{tmp}/model", safe_serialization=True)
         settings = TorchTrainSettings(lr=1e-6, device="cuda", gradient_checkpointing=not args.no_checkpointing)
         backend = TorchBackend(Path(f"{tmp}/model"), settings)
         cfg = backend.config
@@ -109,25 +110,32 @@ def main() -> None:
         print(f"Qwen3-0.6B shape ({n_params / 1e6:.0f}M params), {torch.cuda.get_device_name()}, attention "
               f"{'varlen' if backend._varlen else 'sdpa'}, gradient checkpointing {settings.gradient_checkpointing}, "
               f"torch {torch.__version__}")  # fmt: skip
-        print(f"| case | tokens | s/step | tokens/s | vs packed {BASE_SEGMENT} | peak GiB | MFU dense | MFU +attention |")
+        print(f"| case | tokens | s/step | tokens/s | vs packed {BASE_SEGMENT} | peak GiB | MFU dense | "
+              "MFU +attention |")
         print("|---|---|---|---|---|---|---|---|")
         for n in (int(x) for x in args.lengths.split(",")):
-            cases = [(f"{n // BASE_SEGMENT} x {BASE_SEGMENT}", [BASE_SEGMENT] * (n // BASE_SEGMENT)), (f"1 x {n}", [n])]
+            packed = [BASE_SEGMENT] * (n // BASE_SEGMENT)
+            cases = [(f"{len(packed)} x {BASE_SEGMENT}", packed), (f"1 x {n}", [n])]
             base_tps = None
             for name, lengths in cases:
                 step = one_step(lengths, int(cfg.vocab_size), micro_batch_tokens=n)
                 try:
                     s, mem = timed(backend, step, args.repeats)
-                except torch.cuda.OutOfMemoryError as exc:
-                    print(f"| {name} | {sum(lengths)} | out of memory: {str(exc).splitlines()[0][:120]} |")
-                    torch.cuda.empty_cache()
+                except TrainerOutOfMemory as exc:  # a finding of the benchmark, not its failure
+                    print(f"| {name} | {sum(lengths)} | out of memory: {str(exc)[:160]} |")
+                    s = 0.0
+                # Outside the except block: while it runs, the exception (and the failed step's frames and
+                # activations, in traceback cycles) is still alive.
+                gc.collect()
+                torch.cuda.empty_cache()
+                if not s:
                     continue
                 tps = sum(lengths) / s
                 base_tps = base_tps or tps
                 dense, attn = flops(n_params, lengths, cfg)
+                mfu, mfu_attn = dense / s / H200_BF16_FLOPS, (dense + attn) / s / H200_BF16_FLOPS
                 print(f"| {name} | {sum(lengths)} | {s:.2f} | {tps:,.0f} | {tps / base_tps:.2f}x | {mem:.1f} | "
-                      f"{dense / s / H200_BF16_FLOPS:.1%} | {(dense + attn) / s / H200_BF16_FLOPS:.1%} |", flush=True)  # fmt: skip
-                torch.cuda.empty_cache()
+                      f"{mfu:.1%} | {mfu_attn:.1%} |", flush=True)
 
 
 if __name__ == "__main__":

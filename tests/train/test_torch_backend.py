@@ -402,7 +402,8 @@ def test_varlen_attention_is_refused_off_cuda_and_auto_keeps_sdpa(tiny_model):
 def allocator_failure() -> torch.OutOfMemoryError:
     """TEST DOUBLE for the CUDA caching allocator's failure (a real one needs a GPU: the GPU test in
     test_varlen_attention_gpu.py runs one); the text is the allocator's own first line."""
-    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139 GiB")
+    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                                  "139 GiB")
 
 
 def test_out_of_memory_in_a_step_names_the_micro_batch_and_applies_nothing(tiny_model, vocab):

@@ -297,7 +297,7 @@ LONG_SEGMENT_TOKENS = 32768
 
 @check
 def activation_memory(r: ResolvedConfig) -> Iterator[Finding]:
-    """A long rollout is one micro-batch whatever train.micro_batch_tokens says: it must fit with all its activations."""
+    """A long rollout is one micro-batch whatever train.micro_batch_tokens says: all its activations must fit."""
     longest = r.config.model.max_context_tokens
     if r.config.train.gradient_checkpointing is False and longest >= LONG_SEGMENT_TOKENS:
         yield warning(
@@ -305,7 +305,8 @@ def activation_memory(r: ResolvedConfig) -> Iterator[Finding]:
             f"train.gradient_checkpointing is off while model.max_context_tokens = {longest}: a segment is never "
             f"split, so one rollout of up to {longest} tokens is one micro-batch with every layer's activations "
             "held at once (a 0.6B Qwen3 at 64k tokens needs more than an H200's 140 GiB; 20 GiB with checkpointing)",
-            "set train.gradient_checkpointing = true (or leave it unset: on by default), or a lower model.max_context_tokens",
+            "set train.gradient_checkpointing = true (or leave it unset: on by default), or a lower "
+            "model.max_context_tokens",
             "train.gradient_checkpointing", "model.max_context_tokens",
         )
 

@@ -262,9 +262,10 @@ class MegatronBackend:
         if recompute is None:
             recompute = self.device.type == "cuda"
         elif recompute and self.device.type != "cuda":
-            raise ConfigError(f"train.gradient_checkpointing = true with the Megatron backend needs CUDA (megatron-core "
-                              f"recomputes under its CUDA RNG tracker); this trainer runs on {self.device}: leave the "
-                              "key unset", parameter="train.gradient_checkpointing", value=True)
+            raise ConfigError(f"train.gradient_checkpointing = true with the Megatron backend needs CUDA "
+                              f"(megatron-core recomputes under its CUDA RNG tracker); this trainer runs on "
+                              f"{self.device}: leave the key unset", parameter="train.gradient_checkpointing",
+                              value=True)
         self.recompute = recompute
         self.model = self._build(recompute=recompute)
         self._load_hf(self.model, self.model_dir)

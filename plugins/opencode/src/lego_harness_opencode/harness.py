@@ -138,10 +138,9 @@ class OpenCodeHarness(HarnessPlugin[OpenCodeConfig]):
         }
 
     def command(self, request: RunRequest, o: OpenCodeConfig) -> CommandSpec:
-        home = HOME
-        cfg = f"{home}/.config/opencode"
+        cfg = f"{HOME}/.config/opencode"
         env = {
-            "HOME": home,
+            "HOME": HOME,
             "OPENCODE_DISABLE_MODELS_FETCH": "1",
             "OPENCODE_DISABLE_AUTOUPDATE": "1",
             "OPENCODE_DISABLE_SHARE": "1",

@@ -152,19 +152,18 @@ class OpenHandsHarness(HarnessPlugin[OpenHandsConfig]):
                                 env=self._env(o, "/tmp/lego-openhands-verify"))  # fmt: skip
 
     def command(self, request: RunRequest, o: OpenHandsConfig) -> CommandSpec:
-        home = HOME
         run = {
             "model": request.model, "base_url": request.base_url.rstrip("/") + "/v1", "api_key": request.session_id,
             "prompt": request.prompt, "workdir": request.workdir, "max_turns": request.max_turns,
             "max_context_tokens": request.max_context_tokens, "max_response_tokens": request.max_response_tokens,
             "num_retries": o.num_retries,
         }  # fmt: skip
-        env = self._env(o, home)
+        env = self._env(o, HOME)
         env.update(o.extra_envs)
         return CommandSpec(
-            argv=[o.interpreter(), self._runner(o), f"{home}/run.json", *o.extra_args],
+            argv=[o.interpreter(), self._runner(o), f"{HOME}/run.json", *o.extra_args],
             env=env, cwd=request.workdir, user=request.user,
-            files={f"{home}/run.json": json.dumps(run, indent=2) + "\n"},
+            files={f"{HOME}/run.json": json.dumps(run, indent=2) + "\n"},
         )  # fmt: skip
 
     def classify(self, outcome: HarnessOutcome, request: RunRequest) -> HarnessOutcome:
