@@ -19,9 +19,9 @@ vocab 151,936), built offline. Every figure below comes from one process, so rat
    torch trainer backend recomputes them packed (``compute_logprobs``, the same convention) and
    ``consistency_report`` compares. bf16: the trainer as it trains on CUDA (fp32 weights, bf16 autocast)
    against the engine in pure bf16 (``dtype=bfloat16``, the baseline) and in the trainer's recipe
-   (``dtype=float32, compute_dtype=bfloat16``). fp32: the trainer's forward with autocast switched off against
-   the engine in fp32. cuDNN attention is disabled process-wide for the parity phase (the trainer has no switch
-   of its own; the engine's fast path never uses it).
+   (``dtype=float32, compute_dtype=bfloat16``). fp32: the trainer with ``train.precision = "fp32"`` against
+   the engine in fp32 (the trainer attends through SDPA there). cuDNN attention is disabled process-wide for
+   the parity phase (the trainer has no switch of its own; the engine's fast path never uses it).
 
     python benchmarks/gpu_engine_bench.py --out results.json
     python benchmarks/gpu_engine_bench.py --skip baseline,batched --single-new 256 --batch-new 128 --new 128
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import random
@@ -283,8 +282,12 @@ def main() -> None:
                            **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, top_p, **kw)), top_p)}
                     print(json.dumps(row), flush=True)
                     parity.append(row)
-            # fp32 on both sides: the trainer's forward with its CUDA autocast switched off (benchmark only).
-            backend._autocast = contextlib.nullcontext  # type: ignore[method-assign]
+            # fp32 on both sides: the trainer with train.precision = "fp32" (autocast off; attention through SDPA,
+            # which packed_attention "auto" picks for fp32: varlen's flash kernel takes no fp32).
+            del backend
+            gc.collect()
+            torch.cuda.empty_cache()
+            backend = TorchBackend(model_dir, TorchTrainSettings(lr=1e-6, device=a.device, precision="fp32"))
             for label, compiled in (("fast fp32", False), ("fast fp32, compiled blocks", True)):
                 row = {"top_p": 1.0, "engine": label, "trainer": "fp32, no autocast",
                        **compare(backend, asyncio.run(rollouts(model_dir, vocab, a, 1.0, dtype="float32", fast=True,

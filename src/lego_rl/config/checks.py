@@ -312,6 +312,21 @@ def activation_memory(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 @check
+def attention_precision(r: ResolvedConfig) -> Iterator[Finding]:
+    """varlen attention is flash attention: it has no fp32 kernel, so an fp32 trainer cannot take it."""
+    t = r.config.train
+    if t.packed_attention == "varlen" and t.precision == "fp32":
+        yield error(
+            "varlen_fp32",
+            "train.packed_attention = \"varlen\" with train.precision = \"fp32\": varlen attention is flash "
+            "attention, which computes in bf16 or fp16 only",
+            "set train.packed_attention = \"auto\" (fp32 then attends through SDPA) or \"sdpa\", or "
+            "train.precision = \"bf16\"",
+            "train.packed_attention", "train.precision",
+        )
+
+
+@check
 def score_centering(r: ResolvedConfig) -> Iterator[Finding]:
     if r.config.train.use_score_centering and not r.config.rollout.capture_nucleus:
         yield error(

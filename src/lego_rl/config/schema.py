@@ -215,6 +215,12 @@ class TrainConfig(Section):
     """Samples per optimizer step (default rollout batch × samples per prompt)."""
     micro_batch_tokens: int = Field(default=16384, ge=1)
     """Token budget of one micro-batch."""
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """The trainer forward's compute on CUDA: bf16 autocast over fp32 master weights, or fp32 throughout (parity
+    checks; several times slower). Both backends; CPU always computes in fp32."""
+    packed_attention: Literal["auto", "varlen", "sdpa"] = "auto"
+    """Torch backend: how a packed micro-batch's segments are kept apart. varlen = flash attention over each
+    segment (CUDA and bf16 only), sdpa = a block-diagonal mask (cost T²), auto = varlen where it runs, else sdpa."""
     tensor_parallel: int = Field(default=1, ge=1)
     """Megatron tensor-parallel size (train.backend = "megatron"; must divide the model's KV heads and FFN)."""
     pipeline_parallel: int = Field(default=1, ge=1)

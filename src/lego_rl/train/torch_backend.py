@@ -12,8 +12,8 @@
   segment's logprobs against a forward of that segment alone, which fails if attention ever crossed a
   segment boundary.
 * **Precision.** fp32 master weights and optimizer state everywhere; the forward runs under bf16 autocast
-  on CUDA and in fp32 on CPU (where the resume test is bit-for-bit). Logits are cast to fp32 before
-  ``log_softmax``.
+  on CUDA and in fp32 on CPU (where the resume test is bit-for-bit); ``precision = "fp32"`` turns autocast
+  off on CUDA too (attention then takes the SDPA path). Logits are cast to fp32 before ``log_softmax``.
 * **Logprob convention.** The token's log-probability under the distribution the sampler drew it from:
   ``softmax(logits / T)`` after top-k then top-p, renormalised (``serving.logprobs.sampler_logprobs``; plain
   ``log_softmax(logits / T)`` when nothing is truncated), temperature below ``GREEDY_EPS`` taken as 1 — the
@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from lego_rl.errors import ConfigError, TrainerOutOfMemory
 from lego_rl.runstore.files import write_new
@@ -95,7 +95,20 @@ class TorchTrainSettings(OptimizerSettings):
     """How attention keeps a packed micro-batch's segments apart. ``varlen``: torch's variable-length flash
     attention over the segments' ``cu_seqlens`` (CUDA only; cost ``Σ len²``); ``sdpa``: the model's own
     attention with the block-diagonal mask transformers builds from the position restarts (cost ``T²``);
-    ``auto``: varlen wherever it can run (``train.varlen_attention.unsupported_reason``), else sdpa."""
+    ``auto``: varlen wherever it can run (``train.varlen_attention.unsupported_reason``: CUDA, bf16 compute),
+    else sdpa."""
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """The forward's compute on CUDA (``train.precision``): ``bf16`` = bf16 autocast over the fp32 master weights;
+    ``fp32`` = autocast off, fp32 throughout (parity checks; attention then goes through SDPA, as varlen's flash
+    kernel takes no fp32). CPU always computes in fp32."""
+
+    @model_validator(mode="after")
+    def _varlen_needs_half(self) -> TorchTrainSettings:
+        if self.packed_attention == "varlen" and self.precision == "fp32":
+            raise ConfigError("packed_attention 'varlen' cannot run with precision 'fp32': "
+                              f"{varlen_attention.dtype_reason(torch.float32)} (use 'auto' or 'sdpa')",
+                              parameter="packed_attention", value=self.packed_attention)
+        return self
     routing_replay: bool = False
     """R3: force the rollout's routed experts in every forward (``rollout.use_rollout_routing_replay``); MoE
     models only, and every micro-batch must carry the routes of its trained tokens' prefixes."""
@@ -230,7 +243,7 @@ class TorchBackend:
         mode = self.settings.packed_attention
         if mode == "sdpa":
             return False
-        reason = varlen_attention.unsupported_reason(model, self.device)
+        reason = varlen_attention.unsupported_reason(model, self.device, self.compute_dtype)
         if reason is not None:
             if mode == "varlen":
                 raise ConfigError(f"packed_attention 'varlen' cannot run here: {reason} (use 'auto' or 'sdpa')",
@@ -275,6 +288,11 @@ class TorchBackend:
     @property
     def weight_version(self) -> int:
         return self._version
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the forward's matmuls and attention: bf16 under CUDA autocast, else fp32."""
+        return torch.bfloat16 if self.device.type == "cuda" and self.settings.precision == "bf16" else torch.float32
+
 
     @property
     def optimizer_steps(self) -> int:
@@ -290,7 +308,7 @@ class TorchBackend:
                 yield name, p.to_local() if hasattr(p, "to_local") else p
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.device.type == "cuda":
+        if self.compute_dtype == torch.bfloat16:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -11,8 +11,10 @@ How it plugs in: the function below is registered with transformers' attention i
 the micro-batch's boundaries as the flash keyword arguments transformers forwards to each attention layer
 (:func:`packed_kwargs`). A forward without them (one unpacked sequence) is one segment.
 
-Only where the kernel exists: CUDA, bf16/fp16 inputs (the trainer's autocast), and a model whose layers all
-attend fully (a sliding-window layer is refused by :func:`unsupported_reason`; the SDPA path serves it).
+Only where the kernel exists: CUDA, bf16/fp16 compute (the trainer's autocast), and a model whose layers all
+attend fully. :func:`unsupported_reason` says why not otherwise, so that ``packed_attention = "auto"`` takes the
+SDPA path there: an fp32 trainer (``precision = "fp32"``: autocast off) attends through SDPA's block-diagonal
+mask, whose kernels take fp32; an explicit ``"varlen"`` is refused (``KERNEL_DTYPES``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import torch
 
 NAME = "lego_varlen"
 """The attention implementation's name in transformers' registry."""
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+"""The compute dtypes torch's varlen kernel (flash attention) takes: there is no fp32 flash attention."""
 
 
 @functools.cache
@@ -44,10 +49,23 @@ def _kernel_params() -> frozenset[str]:
     return frozenset(inspect.signature(kernel).parameters) if kernel is not None else frozenset()
 
 
-def unsupported_reason(model: Any, device: torch.device) -> str | None:
-    """Why ``model`` on ``device`` cannot use varlen attention, or None when it can."""
+def dtype_reason(compute_dtype: torch.dtype) -> str | None:
+    """Why attention computed in ``compute_dtype`` cannot use the varlen kernel, or None when it can (no torch
+    or device needed: ``lego validate`` asks it too)."""
+    if compute_dtype in KERNEL_DTYPES:
+        return None
+    return (f"the forward computes in {str(compute_dtype).removeprefix('torch.')} and the varlen kernel is flash "
+            "attention, which takes bf16 or fp16 only")
+
+
+def unsupported_reason(model: Any, device: torch.device, compute_dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why ``model`` on ``device``, attending in ``compute_dtype`` (the autocast dtype, or the weights' dtype
+    when autocast is off), cannot use varlen attention, or None when it can."""
     if device.type != "cuda":
         return f"device {device} is not CUDA (the kernel is flash attention)"
+    reason = dtype_reason(compute_dtype)
+    if reason is not None:
+        return reason
     kernel = _kernel()
     if kernel is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen"
@@ -97,8 +115,11 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         # Not an autocast op: cast as autocast casts SDPA's inputs (the q/k norms hand back fp32 under autocast).
         dt = torch.get_autocast_dtype(query.device.type)
         query, key, value = query.to(dt), key.to(dt), value.to(dt)
-    if query.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"{NAME} needs bf16 or fp16 inputs (flash attention), got {query.dtype}")
+    if query.dtype not in KERNEL_DTYPES:
+        # The backend picks SDPA for an fp32 forward (unsupported_reason); only a model switched here and then
+        # run without autocast gets this far.
+        raise ValueError(f"{NAME} needs bf16 or fp16 inputs (flash attention), got {query.dtype}: an fp32 "
+                         "forward attends through SDPA (packed_attention 'auto' or 'sdpa')")
     q = query.transpose(1, 2).reshape(b * t, hq, d)  # [B*T, Hq, D]
     k = key.transpose(1, 2).reshape(b * t, hkv, d)  # [B*T, Hkv, D]
     v = value.transpose(1, 2).reshape(b * t, hkv, d)  # [B*T, Hkv, D]
