@@ -17,6 +17,7 @@ import random
 from pathlib import Path
 
 from lego_rl.runstore import RunDir, StepMetrics
+from lego_rl.runstore import metric_catalog as mc
 from lego_rl.runstore.events import (
     AgentExited,
     CheckpointSaved,
@@ -245,10 +246,13 @@ def write_synthetic_run(
             "consistency/full/k3_kl": drift * 0.5,
             "consistency/bridged/pearson": 0.998 - drift,
             "consistency/full/pearson": 0.9995 - drift,
+            "policy_lag_mean": 1.0 if step else 0.0,
+            "policy_lag_max": 1.0 if step else 0.0,
         }
         ts += t_train + t_sync
         run.metrics.append(
-            StepMetrics(step=step, started_at=started, finished_at=ts, values=values, terminations=counts)
+            StepMetrics(step=step, started_at=started, finished_at=ts, values=mc.declared_values(mc.TRAIN, values),
+                        terminations=counts)
         )  # type: ignore[arg-type]
         emit(
             StepFinished(

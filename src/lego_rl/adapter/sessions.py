@@ -29,7 +29,7 @@ from typing import Any, Literal
 from lego_rl.chat.prefix import ChainState
 from lego_rl.errors import ProtocolError
 from lego_rl.runstore.files import replace_file, write_new
-from lego_rl.runstore.layout import is_safe_name
+from lego_rl.runstore.layout import RolloutFiles, is_safe_name
 from lego_rl.trajectory.export import load_turn_records  # noqa: F401  (re-exported: the saved-records reader)
 from lego_rl.trajectory.records import TurnRecord
 
@@ -203,7 +203,7 @@ class SessionRegistry:
 
 def turn_records_path(out_dir: Path, session_id: str) -> Path:
     """Where ``save_turn_records`` writes a session's records."""
-    return Path(out_dir) / f"{session_id}.turns.jsonl"
+    return Path(out_dir) / RolloutFiles.turns(session_id)
 
 
 def save_turn_records(session: Session, out_dir: Path) -> Path:
@@ -233,7 +233,7 @@ def append_records(session: Session, folder: Path, *, create: bool = False) -> l
 
 
 def session_status_path(folder: Path, session_id: str) -> Path:
-    return Path(folder) / f"{session_id}.session.json"
+    return Path(folder) / RolloutFiles.session_state(session_id)
 
 
 def write_session_status(session: Session, folder: Path) -> None:

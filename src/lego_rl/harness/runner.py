@@ -19,6 +19,7 @@ from lego_rl.errors import HarnessError, SandboxLost
 from lego_rl.harness.hookspecs import hookimpl
 from lego_rl.harness.models import CommandSpec, HarnessOutcome, RunRequest
 from lego_rl.runstore.files import write_next_free
+from lego_rl.runstore.layout import RolloutFiles
 from lego_rl.sandbox.base import Sandbox
 
 # Exit statuses meaning the CLI never ran or died from a signal. These are facts ("crashed"), not a verdict:
@@ -130,6 +131,6 @@ class DefaultRunner:
 
 def _save_run_files(folder: Path, harness: str, spec: CommandSpec, event_log: str) -> Path:
     """The CLI's event log and its command line, under names never overwritten; the log's path."""
-    path = write_next_free(folder, f"{harness}-events.jsonl", event_log)
-    write_next_free(folder, f"{harness}-command.txt", shlex.join(spec.argv) + "\n")
+    path = write_next_free(folder, RolloutFiles.harness_events(harness), event_log)
+    write_next_free(folder, RolloutFiles.harness_command(harness), shlex.join(spec.argv) + "\n")
     return path

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from lego_rl.monitor.snapshot import TOOL_RE, RolloutBrief, _turn_records, artifact_files, as_int, brief
+from lego_rl.monitor.snapshot import TOOL_RE, RolloutBrief, _turn_records, artifact_files, brief
 from lego_rl.monitor.state import RunState
+from lego_rl.runstore import RolloutFiles
 
 TAIL_BYTES = 16_384
 """How much of the end of a long text artifact is shown."""
@@ -110,28 +111,26 @@ def detail(state: RunState, rollout_id: str) -> RolloutDetail | None:
     note = None if files else f"no artifacts in {folder} (environment rollouts save none; or not saved yet)"
     turns = []
     for rec in _turn_records(state, r):
-        text = str(rec.get("text") or "")
-        out = rec.get("output_ids")
         turns.append(
             TurnBrief(
-                turn=as_int(rec.get("turn")),
-                kind=str(rec.get("kind") or ""),
-                render_mode=str(rec.get("render_mode") or ""),
-                output_tokens=len(out) if isinstance(out, list) else 0,
-                tool_calls=as_int(rec.get("tool_calls")),
-                tools=[a or b for a, b in TOOL_RE.findall(text)],
-                finish_reason=str(rec.get("finish_reason") or ""),
-                text=text[:300],
+                turn=rec.turn,
+                kind=rec.kind,
+                render_mode=rec.render_mode,
+                output_tokens=len(rec.output_ids),
+                tool_calls=rec.tool_calls,
+                tools=[a or b for a, b in TOOL_RE.findall(rec.text)],
+                finish_reason=rec.finish_reason,
+                text=rec.text[:300],
             )
         )
     transcript: list[str] = []
     for path in files:
-        if path.name.endswith("-events.jsonl") or path.name.startswith("cli-"):
+        if RolloutFiles.is_transcript(path.name):
             lines = [ln for ln in _tail(path).splitlines() if ln.strip()]
             transcript.append(f"== {path.name}")
             transcript.extend(_summary(ln) for ln in lines[-40:])
-    patch = folder / "patch.diff"
-    grader = folder / "grader.log"
+    patch = folder / RolloutFiles.PATCH
+    grader = folder / RolloutFiles.GRADER_LOG
     return RolloutDetail(
         rollout=brief(r),
         timeline=timeline,

@@ -7,7 +7,6 @@ the run's config. A figure the run did not record is None (JSON null), never a g
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter
@@ -17,6 +16,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from lego_rl.monitor.state import Rollout, RunState
+from lego_rl.runstore import RolloutFiles
+from lego_rl.runstore import metric_catalog as mc
+from lego_rl.runstore.turns import TurnRecord, read_turn_records
 
 SECTIONS = ("overview", "terminations", "timing", "tasks", "consistency", "behaviour", "pipeline", "rollouts")
 STAGE_ORDER = (
@@ -29,7 +31,9 @@ STAGE_ORDER = (
     "cleanup",
     "samples",
 )
-CONSISTENCY_FIELDS = ("pearson", "mean_abs_diff", "p99_abs_diff", "max_abs_diff", "k3_kl", "tokens")
+CONSISTENCY_FIELDS = tuple(mc.CONSISTENCY)
+POLICY_LAG = (mc.POLICY_LAG_MEAN, mc.POLICY_LAG_MAX)
+"""What the views show as staleness: how many policies old the rollouts a step trained were."""
 TOOL_RE = re.compile(r"<function=([A-Za-z0-9_.:-]{1,64})>|\"name\"\s*:\s*\"([A-Za-z0-9_.:-]{1,64})\"")
 BEHAVIOUR_ROLLOUTS = 50
 """Latest finished rollouts whose turn records the Behaviour view reads (bounded: they are large)."""
@@ -86,8 +90,8 @@ class Overview(BaseModel):
     trained_tokens_per_s: float | None
     """``tokens`` / ``time_train_s`` of the last trained step."""
     staleness: dict[str, float]
-    """Any ``staleness*`` value of the last metrics row (the synchronous loop samples with the current
-    weights: empty there)."""
+    """The policy lag of the last metrics row (``POLICY_LAG``: 0 when every rollout sampled the weights of
+    the step that trained it); empty when the run records none (SFT, rollout-check)."""
     eta_s: float | None
     last_error: str | None
     baseline: list[str] = Field(default_factory=list)
@@ -241,11 +245,17 @@ def brief(r: Rollout) -> RolloutBrief:
     )
 
 
-def _value(state: RunState, step: int, name: str) -> float | None:
+def _value(state: RunState, step: int, metric: mc.Metric) -> float | None:
     agg = state.steps.get(step)
     if agg is None or agg.metrics is None:
         return None
-    return agg.metrics.values.get(name)
+    return mc.read(agg.metrics.values, metric)
+
+
+def _policy_lag(values: dict[str, float] | None) -> dict[str, float]:
+    """The row's ``POLICY_LAG`` figures by name (none recorded: empty)."""
+    figures = {m: mc.read(values or {}, m) for m in POLICY_LAG}
+    return {str(m): v for m, v in figures.items() if v is not None}
 
 
 def _done_steps(state: RunState) -> list[int]:
@@ -260,12 +270,12 @@ def overview(state: RunState, now: float) -> Overview:
     reward, solve = [], []
     for s in done:
         agg = state.steps[s]
-        r = _value(state, s, "reward_mean")
+        r = _value(state, s, mc.REWARD_MEAN)
         if r is None and agg.rewards:
             r = sum(agg.rewards) / len(agg.rewards)
         if r is not None:
             reward.append(Point(step=s, value=r))
-        sr = _value(state, s, "solve_rate")
+        sr = _value(state, s, mc.SOLVE_RATE)
         if sr is None and agg.rewards:
             sr = sum(x >= 1.0 for x in agg.rewards) / len(agg.rewards)
         if sr is not None:
@@ -277,11 +287,11 @@ def overview(state: RunState, now: float) -> Overview:
     timed = [(a, a.metrics) for a in recent if a.metrics is not None]
     if timed:
         span = timed[-1][1].finished_at - timed[0][1].started_at
-        n = sum(a.rollouts or int(m.values.get("rollouts", 0)) for a, m in timed)
+        n = sum(a.rollouts or int(mc.read(m.values, mc.ROLLOUTS) or 0) for a, m in timed)
         per_min = n / span * 60 if span > 0 else None
     tokens_s = None
     for _, m in reversed(timed):
-        tok, t = m.values.get("tokens"), m.values.get("time_train_s")
+        tok, t = mc.read(m.values, mc.TOKENS), mc.read(m.values, mc.TIME_TRAIN_S)
         if tok and t:
             tokens_s = tok / t
             break
@@ -290,22 +300,13 @@ def overview(state: RunState, now: float) -> Overview:
     if total is not None and timed and state.finished is None:
         step_s = sum(m.finished_at - m.started_at for _, m in timed) / len(timed)
         eta = max(0.0, (total - (done[-1] + 1)) * step_s)
-    staleness = {
-        k: v
-        for k, v in (last.metrics.values.items() if last and last.metrics else ())
-        if k.startswith("staleness")
-    }
+    staleness = _policy_lag(last.metrics.values if last and last.metrics else None)
     version = None
-    if last is not None:
-        version = (
-            last.finished.weight_version
-            if last.finished
-            else int(
-                last.metrics.values.get(  # type: ignore[union-attr]
-                    "weight_version", last.weight_version
-                )
-            )
-        )
+    if last is not None and last.finished:
+        version = last.finished.weight_version
+    elif last is not None:
+        recorded = mc.read(last.metrics.values, mc.WEIGHT_VERSION)  # type: ignore[union-attr]
+        version = int(recorded) if recorded is not None else last.weight_version
     elif state.open_step is not None:
         version = state.steps[state.open_step].weight_version
     return Overview(
@@ -422,16 +423,11 @@ def consistency(state: RunState, kl_warn: float) -> Consistency:
         m = state.steps[s].metrics
         if m is None:
             continue
-        overall: dict[str, float] = {}
+        overall = {f: v for f, metric in mc.CONSISTENCY.items() if (v := mc.read(m.values, metric)) is not None}
         by_kind: dict[str, dict[str, float]] = {}
-        for key, value in m.values.items():
-            if not key.startswith("consistency/"):
-                continue
-            parts = key.split("/")
-            if len(parts) == 2:
-                overall[parts[1]] = value
-            elif len(parts) == 3:
-                by_kind.setdefault(parts[1], {})[parts[2]] = value
+        for f, family in mc.CONSISTENCY_BY_SPLIT.items():
+            for split, value in mc.read_family(m.values, family).items():
+                by_kind.setdefault(split, {})[f] = value
         if overall or by_kind:
             kls = [overall.get("k3_kl", 0.0), *(k.get("k3_kl", 0.0) for k in by_kind.values())]
             steps.append(ConsistencyStep(step=s, overall=overall, by_kind=by_kind, warn=max(kls) > kl_warn))
@@ -448,23 +444,17 @@ def consistency(state: RunState, kl_warn: float) -> Consistency:
     return Consistency(kl_warn=kl_warn, steps=steps, worst=worst, note=note)
 
 
-def _turn_records(state: RunState, r: Rollout) -> list[dict[str, object]]:
+def _turn_records(state: RunState, r: Rollout) -> list[TurnRecord]:
+    """The rollout's turn records, every session's, as the adapter wrote them (a torn line skipped)."""
     folder = state.artifact_dir(r.rollout_id)
-    out: list[dict[str, object]] = []
+    out: list[TurnRecord] = []
     try:
-        files = sorted(folder.glob("*.turns.jsonl"))
+        files = sorted(folder.glob(RolloutFiles.TURNS_GLOB))
     except OSError:
         return out
     for path in files:
         try:
-            with path.open("rb") as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue  # a torn last line: the rest of the file still counts
-                    if isinstance(rec, dict):
-                        out.append(rec)
+            out.extend(read_turn_records(path))
         except OSError:
             continue
     return out
@@ -484,13 +474,9 @@ class TurnCache:
             calls, lengths = 0, []
             records = _turn_records(state, r)
             for rec in records:
-                text = rec.get("text")
-                if isinstance(text, str):
-                    tools.update(a or b for a, b in TOOL_RE.findall(text))
-                calls += as_int(rec.get("tool_calls"))
-                out_ids = rec.get("output_ids")
-                if isinstance(out_ids, list):
-                    lengths.append(len(out_ids))
+                tools.update(a or b for a, b in TOOL_RE.findall(rec.text))
+                calls += rec.tool_calls
+                lengths.append(len(rec.output_ids))
             hit = self._seen[r.rollout_id] = (tools, calls, len(records), lengths)
         return hit
 
@@ -554,12 +540,12 @@ def pipeline(state: RunState) -> Pipeline:
     for s in _done_steps(state):
         agg = state.steps[s]
         v = agg.metrics.values if agg.metrics else {}
-        tr, tt, ts = v.get("time_rollout_s"), v.get("time_train_s"), v.get("time_sync_s")
+        tr, tt, ts = (mc.read(v, m) for m in (mc.TIME_ROLLOUT_S, mc.TIME_TRAIN_S, mc.TIME_SYNC_S))
         total = (tr or 0.0) + (tt or 0.0) + (ts or 0.0)
         excluded = (
             sum(agg.finished.excluded_rollouts.values())
             if agg.finished
-            else int(v.get("excluded_rollouts", 0))
+            else int(mc.read(v, mc.EXCLUDED_ROLLOUTS) or 0)
         )
         steps.append(
             PipelineStep(
@@ -570,7 +556,7 @@ def pipeline(state: RunState) -> Pipeline:
                 trainer_idle=tr / total if tr is not None and total > 0 else None,
                 rollout_idle=((tt or 0.0) + (ts or 0.0)) / total if tr is not None and total > 0 else None,
                 excluded=excluded,
-                refills=agg.refills or int(v.get("refills", 0)),
+                refills=agg.refills or int(mc.read(v, mc.REFILLS) or 0),
                 weight_version=agg.finished.weight_version if agg.finished else None,
             )
         )
@@ -584,7 +570,7 @@ def pipeline(state: RunState) -> Pipeline:
             else "training and sync (the rollouts wait for them)"
         )
     last = state.steps[steps[-1].step].metrics if steps else None
-    staleness = {k: v for k, v in (last.values.items() if last else ()) if k.startswith("staleness")}
+    staleness = _policy_lag(last.values if last else None)
     return Pipeline(steps=steps, bottleneck=bottleneck, staleness=staleness)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lego_rl.runstore import JsonlFollower, RunLayout, RunLogError, StepMetrics, follow_events, follow_metrics
+from lego_rl.runstore import metric_catalog as mc
 from lego_rl.runstore.events import (
     AgentExited,
     ArtifactNotSaved,
@@ -275,7 +276,7 @@ class RunState:
             agg = self.steps.get(row.step)
             if agg is None:
                 agg = self.steps[row.step] = StepAgg(
-                    row.step, row.started_at, int(row.values.get("weight_version", 0))
+                    row.step, row.started_at, int(mc.read(row.values, mc.WEIGHT_VERSION) or 0)
                 )
             agg.metrics = row
             rows += 1

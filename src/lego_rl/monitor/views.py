@@ -133,10 +133,8 @@ def overview(snap: Snapshot, width: int) -> RenderableType:
         f"throughput   {_fmt(o.rollouts_per_min, '.1f')} rollouts/min, "
         f"{_fmt(o.trained_tokens_per_s, ',.0f')} trained tokens/s\n"
     )
-    stale = (
-        ", ".join(f"{k} {v:.2f}" for k, v in o.staleness.items())
-        or "0 (synchronous: every rollout samples the current weights)"
-    )
+    # Policy lag as the loop recorded it; a run that records none (SFT, rollout-check) says so, no guess.
+    stale = ", ".join(f"{k} {v:.2f}" for k, v in o.staleness.items()) or "not recorded by this run"
     t.append(f"staleness    {stale}\n")
     for b in o.baseline:
         t.append(f"baseline     {b}\n")
@@ -375,7 +373,7 @@ def pipeline(snap: Snapshot, height: int) -> RenderableType:
     p = snap.pipeline
     if p is None or not p.steps:
         return Text("no finished step yet")
-    table = Table(title="where each step's time went (synchronous loop: rollouts, then train, then sync)")
+    table = Table(title="where each step's time went (waiting for rollouts, train, weight sync)")
     for col in (
         "step",
         "rollout s",

@@ -52,7 +52,7 @@ from lego_rl.harness.toolchain import Toolchain
 from lego_rl.rollout.ports import AdapterSessions, SessionView
 from lego_rl.rollout.recording import RecordingSandbox
 from lego_rl.rollout.settings import RolloutSettings
-from lego_rl.runstore import RunDir, safe_name, write_new
+from lego_rl.runstore import RolloutFiles, RunDir, safe_name, write_new
 from lego_rl.runstore.events import (
     AgentExited,
     ArtifactNotSaved,
@@ -71,7 +71,7 @@ from lego_rl.swe.patch import Snapshot, capture_patch, take_snapshot
 from lego_rl.swe.task_sandbox import RunProviders, SandboxOpener, SandboxTarget, task_sandbox_opener
 from lego_rl.swe.workspace import DEFAULT_PROBLEM_PATH, prepare_workspace
 from lego_rl.tasks.model import TaskRow
-from lego_rl.termination import TerminationReason, is_infrastructure_failure
+from lego_rl.termination import TerminationReason, is_infrastructure_failure, parse_termination
 from lego_rl.trajectory.manager import build_samples
 from lego_rl.trajectory.sample import Sample, save_samples
 
@@ -352,21 +352,24 @@ class _Rollout:
                         reason, detail = (TerminationReason.AGENT_ERROR_EXIT,
                                           f"the agent's workspace could not be captured as a patch: {exc}")
                     self.patch = b""
-                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name="patch.diff",
+                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name=RolloutFiles.PATCH,
                                                               error=f"{type(exc).__name__}: {exc}"))
                 else:
-                    self.save("patch.diff", self.patch)
+                    self.save(RolloutFiles.PATCH, self.patch)
         async with self.stage("grading", TerminationReason.GRADER_ERROR):
             try:
                 self.grade_result = await grade(self.meta, self.patch or b"",
                                                 open_sandbox=self.ctx.opener(self.spec.row, s.grader_sandbox),
                                                 timeout=s.grader_timeout_s)
             except GraderError as exc:
-                self.save("grader.log", getattr(exc, "output", "") or str(exc))
+                self.save(RolloutFiles.GRADER_LOG, getattr(exc, "output", "") or str(exc))
                 raise
-            self.save("grader.log", self.grade_result.output)
+            self.save(RolloutFiles.GRADER_LOG, self.grade_result.output)
         # The verdict's reason ("tests passed", "tests timed out after 180 s") belongs in the outcome: a
-        # grader timeout is a verdict of 0 for the policy (its patch may hang the tests), not an outage.
+        # grader timeout is a verdict of 0 for the policy (its patch may hang the tests), not an outage. A
+        # verdict with a label of its own (tampered, grading_blocked) names the rollout's end: a policy outcome.
+        if self.grade_result.label is not None:
+            reason = parse_termination(self.grade_result.label)
         return reason, "; ".join(part for part in (detail, f"grader: {self.grade_result.reason}") if part)
 
     def _policy_outcome(self) -> tuple[TerminationReason, str]:
@@ -420,7 +423,7 @@ class _Rollout:
         want_patch = self.snapshot is not None and not self._patch_tried
         if not (want_cli or want_patch):
             return
-        name = "patch.diff" if want_patch else "cli-*"
+        name = RolloutFiles.PATCH if want_patch else "cli-*"
         try:
             async with asyncio.timeout(SALVAGE_S):
                 if not await _alive(sb):
@@ -431,7 +434,7 @@ class _Rollout:
                     assert self.snapshot is not None
                     self._patch_tried = True
                     self.patch = await capture_patch(sb, self.snapshot)
-                    self.save_or_log("patch.diff", self.patch)
+                    self.save_or_log(RolloutFiles.PATCH, self.patch)
         except (TimeoutError, LegoError, OSError) as exc:
             error = f"not saved within {SALVAGE_S:g} s" if isinstance(exc, TimeoutError) else str(exc)
             self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name=name,
@@ -447,9 +450,9 @@ class _Rollout:
                                                    duration_s=self.timings["cleanup"]))
 
     async def _save_sandbox_artifacts(self, sb: RecordingSandbox) -> None:
-        self.save_or_log(f"commands-{sb.label}.jsonl", sb.jsonl())
+        self.save_or_log(RolloutFiles.commands(sb.label), sb.jsonl())
         if self.outcome is not None and self.outcome.event_log and self.outcome.event_log_path is None:
-            self.save_or_log("cli-events.jsonl", self.outcome.event_log)
+            self.save_or_log(RolloutFiles.CLI_EVENTS, self.outcome.event_log)
 
     async def _close_session(self) -> None:
         """Close the session once, saving its turn records; a failure is logged, never raised (the
@@ -491,9 +494,9 @@ class _Rollout:
             self.timings["samples"] = round(time.monotonic() - start, 3)
             if samples and self.folder is not None:
                 try:
-                    save_samples(samples, self.folder / "samples.jsonl")
+                    save_samples(samples, self.folder / RolloutFiles.SAMPLES)
                 except OSError as exc:
-                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name="samples.jsonl",
+                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name=RolloutFiles.SAMPLES,
                                                               error=f"{type(exc).__name__}: {exc}"))
         result = RolloutResult(
             rollout_id=self.rid, instance_id=self.meta.instance_id, harness=self.harness_name,
@@ -501,7 +504,7 @@ class _Rollout:
             detail=detail, turns=main_turns, sampled_tokens=sum(len(r.output_ids) for r in records),
             group_index=self.spec.group_index, index=self.spec.index,
         )
-        self.save_or_log("outcome.json", json.dumps(result.summary(), indent=2))
+        self.save_or_log(RolloutFiles.OUTCOME, json.dumps(result.summary(), indent=2))
         self.ctx.run.events.emit(RolloutFinished(
             rollout_id=self.rid, termination=reason, reward=reward, detail=detail[:500],
             infrastructure_failure=result.infrastructure_failure, timings=self.timings, turns=result.turns,

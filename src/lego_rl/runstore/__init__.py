@@ -11,7 +11,7 @@ from lego_rl.runstore.checkpoints import (
 )
 from lego_rl.runstore.events import RunEvent, event_kinds, parse_event
 from lego_rl.runstore.files import replace_file, write_new, write_next_free
-from lego_rl.runstore.layout import RunDir, RunLayout, safe_name
+from lego_rl.runstore.layout import RolloutFiles, RunDir, RunLayout, safe_name
 from lego_rl.runstore.log import (
     Cursor,
     EventLog,
@@ -30,6 +30,7 @@ __all__ = [
     "EventLog",
     "JsonlFollower",
     "MetricsLog",
+    "RolloutFiles",
     "RunDir",
     "RunEvent",
     "RunLayout",

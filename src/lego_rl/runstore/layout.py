@@ -10,7 +10,7 @@ Layout under ``RUN_ROOT``::
                              names the newest complete one (written only after the backend returned)
     sandboxes/<rollout_id>/  per-rollout artifacts, saved *before* sandbox cleanup (``SUNABAKO_ARTIFACTS``):
                              CLI logs, sandbox commands, patch, grader output, turn records, outcome.json
-                             and the rollout's training samples (samples.jsonl)
+                             and the rollout's training samples (samples.jsonl); ``RolloutFiles`` names them
 
 Samples live with their rollout, not in a folder of their own: a rollout's samples, turn records and
 outcome are read together, and a run that rolls out without training has no steps to file them under.
@@ -66,6 +66,54 @@ def safe_name(name: str) -> str:
     ext = _EXT.search(cleaned)
     stem = cleaned[: ext.start()] if ext else cleaned
     return f"{stem[:_MAX_KEPT] or '_'}-h{digest}{ext.group() if ext else ''}"
+
+
+class RolloutFiles:
+    """The names of the files in a rollout's artifact folder (``RunLayout.rollout``): the one place they are
+    spelled. The rollout, the adapter and the harness runner write them; the monitor and SFT read them."""
+
+    PATCH = "patch.diff"
+    """The agent's patch (workspace after minus before)."""
+    GRADER_LOG = "grader.log"
+    """The grader's output (or the error that stopped grading)."""
+    OUTCOME = "outcome.json"
+    """The rollout's summary: termination, reward, timings."""
+    SAMPLES = "samples.jsonl"
+    """The rollout's training samples, one ``Sample`` per line."""
+    CLI_EVENTS = "cli-events.jsonl"
+    """The CLI's own event log as the harness captured it."""
+    TURNS_GLOB = "*.turns.jsonl"
+    """Every session's turn records in the folder."""
+
+    @staticmethod
+    def turns(session_id: str) -> str:
+        """The adapter session's turn records, one ``TurnRecord`` per line (runstore.turns)."""
+        return f"{session_id}.turns.jsonl"
+
+    @staticmethod
+    def session_state(session_id: str) -> str:
+        """The adapter session's chain state, for a standalone adapter that restarts."""
+        return f"{session_id}.session.json"
+
+    @staticmethod
+    def commands(sandbox_label: str) -> str:
+        """The commands run in one sandbox (``agent``, ``grader``...), one JSON line each."""
+        return f"commands-{sandbox_label}.jsonl"
+
+    @staticmethod
+    def harness_events(harness: str) -> str:
+        """The CLI's event stream as the harness runner captured it (a second run gets ``.1``... names)."""
+        return f"{harness}-events.jsonl"
+
+    @staticmethod
+    def harness_command(harness: str) -> str:
+        """The command line the harness ran."""
+        return f"{harness}-command.txt"
+
+    @staticmethod
+    def is_transcript(name: str) -> bool:
+        """Whether a file of the folder is a CLI transcript (``<harness>-events*.jsonl`` or ``cli-*``)."""
+        return name.startswith("cli-") or (name.endswith(".jsonl") and "-events" in name)
 
 
 @dataclass(frozen=True)
