@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from support.sched_sim import Script, SimReport, simulate  # noqa: E402
 from support.virtual_time import run_virtual  # noqa: E402
 
-from lego_rl.orchestrate.scheduler import RolloutSlot  # noqa: E402
+from lego_rl.driver.scheduler import RolloutSlot  # noqa: E402
 from lego_rl.termination import TerminationReason as TR  # noqa: E402
 
 MEDIAN_S = 60.0

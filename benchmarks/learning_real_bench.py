@@ -57,7 +57,7 @@ NETNS_MARK = "LEGO_LEARNING_BENCH_NETNS"
 
 from lego_rl.cli.options import load  # noqa: E402
 from lego_rl.config.schema import LegoConfig  # noqa: E402
-from lego_rl.orchestrate.train_session import BACKENDS, BackendFactory, TrainSession  # noqa: E402
+from lego_rl.compose.train_session import BACKENDS, BackendFactory, TrainSession  # noqa: E402
 from lego_rl.runstore import RunLayout, follow_metrics  # noqa: E402
 from lego_rl.train.backend import LossFn, LossInputs, LossOutput, TrainerBackend  # noqa: E402
 

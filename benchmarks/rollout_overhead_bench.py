@@ -61,7 +61,7 @@ async def one_rollout(i: int, root: Path, tiny: Path, renderer: Any, row: Any) -
     from lego_rl.harness.plugins import get_harness, get_plugin_manager
     from lego_rl.harness.toolchain import Toolchain
     from lego_rl.images.importer import load_images_json
-    from lego_rl.orchestrate.rollout_check import settings_from_config
+    from lego_rl.compose.rollout_check import settings_from_config
     from lego_rl.rollout.generate import RolloutContext, RolloutSpec, generate
     from lego_rl.runstore import RunDir, read_events
     from lego_rl.runstore.events import AgentExited

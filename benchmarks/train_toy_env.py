@@ -27,13 +27,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from lego_rl.chat.render import ChatRenderer  # noqa: E402
-from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync  # noqa: E402
+from lego_rl.driver.weight_sync import EmbeddedWeightSync  # noqa: E402
 from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
-from lego_rl.orchestrate.environments import Sampler, load_environment  # noqa: E402
-from lego_rl.orchestrate.loop import LoopSettings, Prompt, TrainLoop  # noqa: E402
-from lego_rl.orchestrate.toy_env import make_rows  # noqa: E402
-from lego_rl.orchestrate.train_session import env_rollout_fn  # noqa: E402
+from lego_rl.driver.environments import Sampler, load_environment  # noqa: E402
+from lego_rl.driver.loop import LoopSettings, Prompt, TrainLoop  # noqa: E402
+from lego_rl.driver.toy_env import make_rows  # noqa: E402
+from lego_rl.compose.train_session import env_rollout_fn  # noqa: E402
 from lego_rl.runstore import RunDir  # noqa: E402
 from lego_rl.serving.client import ServingClient  # noqa: E402
 from lego_rl.serving.server import EmbeddedServer  # noqa: E402

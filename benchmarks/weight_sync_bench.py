@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, RouteWeightSync
+from lego_rl.driver.weight_sync import EmbeddedWeightSync, RouteWeightSync
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.engine import EmbeddedEngine
 from lego_rl.serving.logprobs import teacher_forced_logprobs

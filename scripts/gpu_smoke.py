@@ -107,7 +107,7 @@ def build_model(out: Path, shape: str, *, device: str) -> Path:
 
 def write_config(work: Path, model: Path, *, tp: int, trainer_gpus: int, engine_urls: list[str], cpu: bool,
                  steps: int, samples: int, sequence_parallel: bool = False) -> Path:
-    from lego_rl.orchestrate.toy_env import make_rows
+    from lego_rl.driver.toy_env import make_rows
 
     (work / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(16, letters="ab")))
     serving = (f'backend = "vllm"\nurls = {json.dumps(engine_urls)}\n' if engine_urls else

@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from aiohttp import web  # noqa: E402
 from support.scripted_engine import ScriptedPolicyEngine, tool_call_text  # noqa: E402
 
-from lego_rl.orchestrate.sft import collect_demonstrations  # noqa: E402
-from lego_rl.orchestrate.stack import model_dir  # noqa: E402
+from lego_rl.driver.sft import collect_demonstrations  # noqa: E402
+from lego_rl.compose.stack import model_dir  # noqa: E402
 from lego_rl.trajectory.sample import save_samples  # noqa: E402
 
 DONE = "I applied the fix; the task is done."

@@ -27,7 +27,7 @@ TRAINER = """
 import asyncio, json, sys
 from pathlib import Path
 from lego_rl.config.resolve import resolve
-from lego_rl.orchestrate.stack import serving_stack
+from lego_rl.compose.stack import serving_stack
 
 async def main(engine_url: str, model: str, folder: str) -> None:
     cfg = resolve(environ={}, overrides=["serving.backend=vllm", f"serving.urls=['{engine_url}']",

@@ -232,7 +232,7 @@ def test_packages_still_to_come_take_their_floors(package_copy: Path) -> None:
     give the same verdict as without it. The run store must stay at the bottom: an import up from it fails."""
     baseline = lint_imports("layers", pythonpath=package_copy)
     plant(package_copy, "lego_rl.monitor.view", "import lego_rl.runstore.events")
-    plant(package_copy, "lego_rl.cli.monitor_cmd", "import lego_rl.monitor.view, lego_rl.orchestrate.runner")
+    plant(package_copy, "lego_rl.cli.monitor_cmd", "import lego_rl.monitor.view, lego_rl.driver.runner")
     with_them = lint_imports("layers", pythonpath=package_copy)
     assert with_them.returncode == baseline.returncode, with_them.stdout
     assert violations(with_them) == violations(baseline)

@@ -1,6 +1,6 @@
 """scripts/run_main_job.sh (`make run`): SFT warm start, then GRPO from the SFT checkpoint, each stage's
 exit code passed on, the GRPO stage getting the extra arguments. The recording stage is skipped by naming
-demonstrations in DEMOS (it needs the engine; tests/orchestrate/test_sft_demos.py runs it for real)."""
+demonstrations in DEMOS (it needs the engine; tests/driver/test_sft_demos.py runs it for real)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
 from lego_rl.monitor.state import RunState
-from lego_rl.orchestrate import train_session
+from lego_rl.compose import train_session
 from lego_rl.runstore import read_events
 from lego_rl.runstore.events import StepsAbandoned
 from lego_rl.runstore.log import follow_metrics

@@ -1,5 +1,5 @@
 """`lego validate` (and `lego train`'s own check) asks the vLLM lego launches whether it can return routed
-experts when R3 is on with the vLLM backend (lego_rl.orchestrate.engine_checks). The installed vLLM
+experts when R3 is on with the vLLM backend (lego_rl.compose.engine_checks). The installed vLLM
 (.venv-vllm) is asked for real; the one without the flag is the TEST DOUBLE of tests/support/old_vllm.py."""
 
 from __future__ import annotations

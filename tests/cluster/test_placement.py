@@ -107,7 +107,7 @@ def test_megatron_ray_mode_splits_the_ranks_into_tensor_and_data_parallel(here: 
 
 
 def test_ray_mode_under_torchrun_is_refused(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lego_rl.orchestrate.train_session import start_ranks
+    from lego_rl.compose.train_session import start_ranks
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="run one `lego train`, not 2 under torchrun") as info:

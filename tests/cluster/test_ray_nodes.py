@@ -14,8 +14,8 @@ import pytest
 
 from lego_rl.config.schema import ClusterConfig
 from lego_rl.errors import ConfigError
-from lego_rl.orchestrate.ray_node_agent import MARK
-from lego_rl.orchestrate.ray_nodes import AGENT, RayNode, plan_nodes, ray_start_args
+from lego_rl.cluster.ray_node_agent import MARK
+from lego_rl.cluster.ray_nodes import AGENT, RayNode, plan_nodes, ray_start_args
 
 
 def _ssh_config(tmp_path: Path, **aliases: str) -> str:

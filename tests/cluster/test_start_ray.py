@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from support.sshnode import SshNode, missing_requirements, netns_pids, ssh_node
 
-from lego_rl.orchestrate.toy_env import make_rows
+from lego_rl.driver.toy_env import make_rows
 
 BIN = Path(sys.executable).parent
 

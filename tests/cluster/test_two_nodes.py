@@ -29,7 +29,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lego_rl.orchestrate.toy_env import make_rows
+from lego_rl.driver.toy_env import make_rows
 from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving.tiny_model import ensure_tiny_model
 

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
-from lego_rl.orchestrate.audit import audit_run
+from lego_rl.compose.sessions.audit import audit_run
 from support.toy_run import scrub_config_env, write_toy_run
 
 runner = CliRunner()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lego_rl.config.resolve import resolve
-from lego_rl.orchestrate.check_session import RolloutCheckSession
+from lego_rl.compose.sessions.check_session import RolloutCheckSession
 from lego_rl.runstore import read_events
 from lego_rl.runstore.events import Baseline
 

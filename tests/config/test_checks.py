@@ -9,7 +9,7 @@ import pytest
 
 from lego_rl.config.checks import Finding, run_checks
 from lego_rl.config.resolve import ResolvedConfig, resolve
-from lego_rl.orchestrate.harnesses import harness_inventory
+from lego_rl.compose.harnesses import harness_inventory
 
 
 def check(r: ResolvedConfig, environ: dict[str, str] | None = None) -> list[Finding]:
@@ -223,7 +223,7 @@ def test_errors_sorted_before_warnings(base_toml: Path) -> None:
 
 def test_row_without_eval_cmd_is_reported_like_rollout_check_rejects_it(base_toml: Path, workdir: Path) -> None:
     from lego_rl.errors import TaskDataError
-    from lego_rl.orchestrate.check_session import RolloutCheckSession
+    from lego_rl.compose.sessions.check_session import RolloutCheckSession
 
     row = json.loads((workdir / "tasks.jsonl").read_text())
     del row["metadata"]["eval_cmd"]
@@ -236,7 +236,7 @@ def test_row_without_eval_cmd_is_reported_like_rollout_check_rejects_it(base_tom
 
 
 def test_custom_row_keys_read_alike_by_validate_and_rollout_check(base_toml: Path, workdir: Path) -> None:
-    from lego_rl.orchestrate.check_session import RolloutCheckSession
+    from lego_rl.compose.sessions.check_session import RolloutCheckSession
 
     row = {"messages": [{"role": "user", "content": "fix it"}], "id": "t1",
            "info": {"instance_id": "t1", "docker_image": "img:1", "eval_cmd": "true", "problem_statement": "p"}}
@@ -379,7 +379,7 @@ def test_long_segments_without_checkpointing_are_a_warning(base_toml: Path, over
 
 
 def test_gradient_checkpointing_is_on_unless_turned_off(base_toml: Path) -> None:
-    from lego_rl.orchestrate.train_session import megatron_settings, torch_settings
+    from lego_rl.compose.train_session import megatron_settings, torch_settings
 
     unset = resolve(base_toml, environ={}).config
     assert unset.train.gradient_checkpointing is None

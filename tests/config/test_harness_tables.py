@@ -1,5 +1,5 @@
 """``[harness.<name>]`` tables: from lego.toml (and variables, and --set) to each plugin's own options,
-through the path rollouts use (``lego_rl.orchestrate.harnesses``), with errors that name key and line."""
+through the path rollouts use (``lego_rl.compose.harnesses``), with errors that name key and line."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from lego_rl.config.checks import run_checks
 from lego_rl.config.resolve import resolve
 from lego_rl.errors import ConfigError
 from lego_rl.harness import CommandSpec, HarnessConfig, HarnessPlugin, RunRequest, get_plugin_manager
-from lego_rl.orchestrate.harnesses import harness_factory, harness_inventory
+from lego_rl.compose.harnesses import harness_factory, harness_inventory
 
 CODEX_TOML = """
 [harness.codex]

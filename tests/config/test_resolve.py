@@ -174,7 +174,7 @@ def test_config_imports_no_engine() -> None:
     import subprocess
     import sys
 
-    engines = ("harness", "sandbox", "serving", "adapter", "chat", "trajectory", "rollout", "orchestrate",
+    engines = ("harness", "sandbox", "serving", "adapter", "chat", "trajectory", "rollout", "driver", "compose", "cluster",
                "train", "swe", "images")
     code = ("import sys, lego_rl.config.checks, lego_rl.config.remote, lego_rl.config.envmap; "
             f"print(sorted(m for m in sys.modules if m.split('.')[:2][-1] in {engines!r} "

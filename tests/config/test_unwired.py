@@ -12,7 +12,7 @@ from lego_rl.config.resolve import resolve
 from lego_rl.config.schema import SECTIONS
 from lego_rl.config.unwired import UNWIRED
 from lego_rl.errors import ConfigError
-from lego_rl.orchestrate.harnesses import harness_inventory
+from lego_rl.compose.harnesses import harness_inventory
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "lego_rl"
 REPO = SRC.parents[1]
@@ -26,8 +26,8 @@ READ_THROUGH_CONFIG = {
     "rollout.label_key": "config.dataset_scan.row_keys() hands it to the rollout's row loader",
     "rollout.metadata_key": "config.dataset_scan.row_keys() hands it to the rollout's row loader",
     "agent.sandbox_image_metadata_key": "config.dataset_scan.row_keys() hands it to the rollout's row loader",
-    "cluster.train_workers": "config.remote.training_nodes() hands it to orchestrate.ray_nodes, which starts Ray there",
-    **{f"cluster.{k}": "config.placement.placement_plan() hands it to orchestrate.cluster's placement groups"
+    "cluster.train_workers": "config.remote.training_nodes() hands it to cluster.ray_nodes, which starts Ray there",
+    **{f"cluster.{k}": "config.placement.placement_plan() hands it to cluster.actors's placement groups"
        for k in ("trainer_nodes", "gpus_per_node", "engine_replicas", "cpus_per_actor", "trainer_placement",
                  "engine_placement", "trainer_resources", "engine_resources")},
 }

@@ -22,7 +22,7 @@ from lego_rl.errors import ConfigError
 from lego_rl.monitor.snapshot import build
 from lego_rl.monitor.state import RunState
 from lego_rl.monitor.views import tasks as tasks_view
-from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutSlot, TrainingError, TrainLoop
+from lego_rl.driver.loop import LoopSettings, Prompt, RolloutSlot, TrainingError, TrainLoop
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore import RunDir, read_events
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted

@@ -14,16 +14,16 @@ import pytest
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.cli.train_cmd import progress_line
 from lego_rl.errors import ConfigError, TaskDataError
-from lego_rl.orchestrate.environments import (
+from lego_rl.driver.environments import (
     Completion,
     Sampler,
     available_environments,
     completion_sample,
     load_environment,
 )
-from lego_rl.orchestrate.loop import DataCursor, LoopProgress, Prompt, PromptStream, RolloutSlot
-from lego_rl.orchestrate.toy_env import FirstLetterEnv, make_rows, score
-from lego_rl.orchestrate.train_session import env_rollout_fn, load_env_prompts
+from lego_rl.driver.loop import DataCursor, LoopProgress, Prompt, PromptStream, RolloutSlot
+from lego_rl.driver.toy_env import FirstLetterEnv, make_rows, score
+from lego_rl.compose.train_session import env_rollout_fn, load_env_prompts
 from lego_rl.runstore import RunDir, read_events
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.tiny_model import ensure_tiny_model
@@ -31,7 +31,7 @@ from lego_rl.termination import TerminationReason as TR
 
 
 def test_first_letter_is_installed_through_its_entry_point() -> None:
-    assert available_environments()["first_letter"] == "lego_rl.orchestrate.toy_env:FirstLetterEnv"
+    assert available_environments()["first_letter"] == "lego_rl.driver.toy_env:FirstLetterEnv"
     env = load_environment("first_letter", {"max_tokens": 2})
     assert isinstance(env, FirstLetterEnv) and env.max_tokens == 2
 
@@ -39,16 +39,16 @@ def test_first_letter_is_installed_through_its_entry_point() -> None:
 def test_built_in_environments_load_without_package_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
     """A source tree on PYTHONPATH has no entry points (no dist-info): the built-in environment still loads,
     and an installed entry point of the same name would win over it."""
-    import lego_rl.orchestrate.environments as envs
+    import lego_rl.driver.environments as envs
 
     monkeypatch.setattr(envs, "entry_points", lambda group: [])
-    assert available_environments() == {"first_letter": "lego_rl.orchestrate.toy_env:FirstLetterEnv"}
+    assert available_environments() == {"first_letter": "lego_rl.driver.toy_env:FirstLetterEnv"}
     assert isinstance(load_environment("first_letter"), FirstLetterEnv)
     from importlib.metadata import EntryPoint
 
-    other = EntryPoint(name="first_letter", value="lego_rl.orchestrate.toy_env:make_rows", group=envs.ENTRY_POINT_GROUP)
+    other = EntryPoint(name="first_letter", value="lego_rl.driver.toy_env:make_rows", group=envs.ENTRY_POINT_GROUP)
     monkeypatch.setattr(envs, "entry_points", lambda group: [other])
-    assert available_environments()["first_letter"] == "lego_rl.orchestrate.toy_env:make_rows"
+    assert available_environments()["first_letter"] == "lego_rl.driver.toy_env:make_rows"
 
 
 def test_bad_options_and_unknown_names_are_config_errors() -> None:

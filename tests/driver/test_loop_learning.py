@@ -23,11 +23,11 @@ import pytest
 import torch
 
 from lego_rl.chat.render import ChatRenderer
-from lego_rl.orchestrate.environments import Sampler, load_environment
-from lego_rl.orchestrate.loop import LoopSettings, Prompt, TrainLoop
-from lego_rl.orchestrate.toy_env import make_rows
-from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync
-from lego_rl.orchestrate.train_session import env_rollout_fn
+from lego_rl.driver.environments import Sampler, load_environment
+from lego_rl.driver.loop import LoopSettings, Prompt, TrainLoop
+from lego_rl.driver.toy_env import make_rows
+from lego_rl.driver.weight_sync import EmbeddedWeightSync
+from lego_rl.compose.train_session import env_rollout_fn
 from lego_rl.runstore import RunDir, read_events
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.server import EmbeddedServer

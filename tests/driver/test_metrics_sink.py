@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lego_rl.orchestrate.metrics_sink import TensorBoardSink
+from lego_rl.driver.metrics_sink import TensorBoardSink
 from lego_rl.runstore import RunLayout, StepMetrics
 from lego_rl.runstore.log import MetricsLog
 from lego_rl.termination import TerminationReason

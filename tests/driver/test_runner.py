@@ -16,8 +16,8 @@ import pytest
 from lego_rl.adapter.sessions import SessionRegistry
 from lego_rl.config.resolve import resolve
 from lego_rl.harness.toolchain import Toolchain
-from lego_rl.orchestrate.rollout_check import settings_from_config
-from lego_rl.orchestrate.runner import RolloutRunner, plan
+from lego_rl.compose.rollout_check import settings_from_config
+from lego_rl.driver.runner import RolloutRunner, plan
 from lego_rl.rollout.generate import RolloutContext
 from lego_rl.runstore import RunDir, read_events
 from lego_rl.swe.task_sandbox import SandboxTarget

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lego_rl.chat.messages import Message
 from lego_rl.chat.render import ChatRenderer
-from lego_rl.orchestrate.environments import Sampler
+from lego_rl.driver.environments import Sampler
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.server import embedded_server
 from lego_rl.serving.tiny_model import ensure_tiny_model

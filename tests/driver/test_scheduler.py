@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from support.sched_sim import SimReport, simulate
 from support.virtual_time import run_virtual
 
-from lego_rl.orchestrate.scheduler import Prompt, RolloutScheduler, RolloutSlot, SchedulerSettings
+from lego_rl.driver.scheduler import Prompt, RolloutScheduler, RolloutSlot, SchedulerSettings
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore.events import RolloutRefilled, RunEvent
 from lego_rl.termination import TerminationReason as TR

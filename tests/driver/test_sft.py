@@ -19,8 +19,8 @@ import torch
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
-from lego_rl.orchestrate.sft import collect_demonstrations, load_demonstrations
-from lego_rl.orchestrate.toy_env import PROMPT, make_rows
+from lego_rl.driver.sft import collect_demonstrations, load_demonstrations
+from lego_rl.driver.toy_env import PROMPT, make_rows
 from lego_rl.runstore import read_events
 from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving.tiny_model import ensure_tiny_model
@@ -256,7 +256,7 @@ class CheckpointOnlyBackendDouble:
 
 
 def sft_runner(tmp_path: Path, backend: CheckpointOnlyBackendDouble, *, resume: bool = False, steps: int = 4):  # type: ignore[no-untyped-def]
-    from lego_rl.orchestrate.sft import SftRunner, SftSettings
+    from lego_rl.driver.sft import SftRunner, SftSettings
     from lego_rl.runstore import RunDir
 
     demos_file = tmp_path / "d.jsonl"

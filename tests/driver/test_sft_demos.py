@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
-from lego_rl.orchestrate.sft import load_demonstrations
+from lego_rl.driver.sft import load_demonstrations
 from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.train.batching import plan_steps

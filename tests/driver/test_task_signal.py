@@ -1,4 +1,4 @@
-"""Zero-variance groups per task (``orchestrate.task_signal``) and retiring the tasks that stopped carrying signal.
+"""Zero-variance groups per task (``driver.task_signal``) and retiring the tasks that stopped carrying signal.
 
 The groups hold real ``RolloutResult`` objects built by hand (no sample needed: the counter reads terminations
 and rewards only); the prompt stream is the loop's own. test_loop.py runs the counting inside the training loop.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from lego_rl.orchestrate.loop import PromptStream, TrainingError
-from lego_rl.orchestrate.scheduler import Group, Prompt
-from lego_rl.orchestrate.task_signal import TaskSignal
+from lego_rl.driver.loop import PromptStream, TrainingError
+from lego_rl.driver.scheduler import Group, Prompt
+from lego_rl.driver.task_signal import TaskSignal
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.termination import TerminationReason as TR
 from lego_rl.train.advantages import admission_policy

@@ -16,7 +16,7 @@ import pytest
 from support.model_weights import ModelWeights
 import torch
 
-from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, RouteWeightSync, write_checkpoint
+from lego_rl.driver.weight_sync import EmbeddedWeightSync, RouteWeightSync, write_checkpoint
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.engine import EmbeddedEngine
 from lego_rl.serving.errors import WeightUpdateRejected

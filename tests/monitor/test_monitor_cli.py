@@ -118,7 +118,7 @@ def test_bad_arguments_exit_2_naming_the_path(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_freshly_recorded_train_run_reads_back(tmp_path: Path) -> None:
     """The recording in runs/ may age: record a new run with today's `lego train` and read it back."""
-    from lego_rl.orchestrate.toy_env import make_rows
+    from lego_rl.driver.toy_env import make_rows
 
     (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8)))
     (tmp_path / "lego.toml").write_text(

@@ -183,7 +183,7 @@ def test_follows_a_real_lego_train_run_from_its_first_event_to_its_end(
     screen: type[Screen], tmp_path: Path
 ) -> None:
     """`lego train` (the toy environment, tiny model on CPU) writes while the TUI watches the directory."""
-    from lego_rl.orchestrate.toy_env import make_rows
+    from lego_rl.driver.toy_env import make_rows
 
     (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8)))
     (tmp_path / "lego.toml").write_text(

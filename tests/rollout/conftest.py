@@ -292,7 +292,7 @@ def settings_for_tests(**overrides: Any) -> RolloutSettings:
     every other keyword overrides a RolloutSettings field.
     """
     from lego_rl.config.resolve import resolve
-    from lego_rl.orchestrate.rollout_check import settings_from_config
+    from lego_rl.compose.rollout_check import settings_from_config
     from lego_rl.swe.task_sandbox import SandboxTarget
 
     provider = overrides.pop("provider", "bwrap")

@@ -62,7 +62,7 @@ def tiny_overrides(run_root: Path, harness: str, toolchain: Toolchain) -> list[s
 async def test_tiny_model_reaches_a_policy_termination(
     harness: str, toolchain: Toolchain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lego_rl.orchestrate.check_session import RolloutCheckSession
+    from lego_rl.compose.sessions.check_session import RolloutCheckSession
 
     assert interfaces() == ["lo"]
     monkeypatch.chdir(REPO)  # lego.toml's relative paths (examples, toolchain) are the repository's

@@ -18,7 +18,7 @@ from conftest import EXAMPLES, REPO, assert_nothing_running, make_context, spec_
 from test_generate_doubles import NO_TOOLCHAIN, DoubleHarness, harness_for
 from test_rollout_check_cli import engine_thread  # noqa: F401 - the fixture
 
-from lego_rl.orchestrate.runner import RolloutRunner, plan
+from lego_rl.driver.runner import RolloutRunner, plan
 from lego_rl.rollout.generate import generate
 from lego_rl.termination import TerminationReason
 

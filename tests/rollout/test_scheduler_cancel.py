@@ -4,7 +4,7 @@ adapter and ``generate()``, driven by the real ``RolloutScheduler``; the policy 
 the model boundary (tests/support/scripted_engine.py), answering with a tool call that holds the CLI.
 
 The cancellation is the scheduler's ``close()`` (a stopped run); a stale group is cancelled by the same
-``task.cancel()`` (tests/orchestrate/test_scheduler.py covers when that happens).
+``task.cancel()`` (tests/driver/test_scheduler.py covers when that happens).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from conftest import assert_nothing_running, make_context, spec_for
 from support.scripted_engine import tool_call_text
 
 from lego_rl.harness.toolchain import Toolchain
-from lego_rl.orchestrate.scheduler import Prompt, RolloutScheduler, SchedulerSettings
-from lego_rl.orchestrate.train_session import agent_rollout_fn
+from lego_rl.driver.scheduler import Prompt, RolloutScheduler, SchedulerSettings
+from lego_rl.compose.train_session import agent_rollout_fn
 from lego_rl.runstore import read_events
 from lego_rl.runstore.events import RolloutCancelled, RolloutFinished, RunEvent
 from lego_rl.termination import TerminationReason

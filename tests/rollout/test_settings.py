@@ -6,7 +6,7 @@ import dataclasses
 
 from lego_rl.config.resolve import resolve
 from lego_rl.config.schema import DEFAULT_PROMPT, SandboxConfig
-from lego_rl.orchestrate.rollout_check import settings_from_config
+from lego_rl.compose.rollout_check import settings_from_config
 from lego_rl.rollout.settings import RolloutSettings
 
 

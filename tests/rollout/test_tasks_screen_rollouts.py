@@ -148,7 +148,7 @@ async def test_an_interrupted_screen_is_topped_up_without_rolling_out_twice(
     reuses that attempt, does not count an interrupted rollout, and rolls out only the rest, under fresh ids."""
     from lego_rl.config.resolve import resolve
     from lego_rl.monitor.state import RunState
-    from lego_rl.orchestrate.screen_session import ScreenSession
+    from lego_rl.compose.sessions.screen_session import ScreenSession
 
     monkeypatch.chdir(REPO)
     engine = engine_thread(ThreeKindsOfTask())

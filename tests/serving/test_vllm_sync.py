@@ -20,7 +20,7 @@ import pytest
 import torch
 from support.model_weights import ModelWeights
 
-from lego_rl.orchestrate.weight_sync import RouteWeightSync
+from lego_rl.driver.weight_sync import RouteWeightSync
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.logprobs import teacher_forced_logprobs
 from lego_rl.serving.protocol import GenerateResult, SamplingParams

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lego_rl.orchestrate.scheduler import Prompt, RolloutScheduler, RolloutSlot, SchedulerSettings
+from lego_rl.driver.scheduler import Prompt, RolloutScheduler, RolloutSlot, SchedulerSettings
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore.events import BatchTaken, RolloutCancelled, RunEvent
 from lego_rl.termination import TerminationReason as TR

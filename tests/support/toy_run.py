@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lego_rl.orchestrate.toy_env import make_rows
+from lego_rl.driver.toy_env import make_rows
 
 DEFAULTS: dict[str, dict[str, object]] = {
     "serving": {"device": "cpu", "port": 0},

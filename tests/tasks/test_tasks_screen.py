@@ -158,7 +158,7 @@ def _log(run_root: Path, config: dict[str, Any], outcomes: list[tuple[str, str, 
 
 def test_a_second_session_tops_up_only_what_is_missing(tmp_path: Path) -> None:
     from lego_rl.config.resolve import config_json
-    from lego_rl.orchestrate.screen_session import ScreenSession
+    from lego_rl.compose.sessions.screen_session import ScreenSession
 
     data = _examples_dataset(tmp_path / "data" / "tasks.jsonl", ["a", "b", "c", "d"])
     run_root = tmp_path / "run"
@@ -195,7 +195,7 @@ def test_a_directory_of_another_policy_or_of_training_is_refused(tmp_path: Path)
 
     from lego_rl.config.resolve import config_json
     from lego_rl.errors import ConfigError
-    from lego_rl.orchestrate.screen_session import ScreenSession
+    from lego_rl.compose.sessions.screen_session import ScreenSession
 
     data = _examples_dataset(tmp_path / "data" / "tasks.jsonl", ["a"])
     run_root = tmp_path / "run"
@@ -211,7 +211,7 @@ def test_a_directory_of_another_policy_or_of_training_is_refused(tmp_path: Path)
 
 
 def test_rows_that_cannot_be_rolled_out_are_named_and_skipped(tmp_path: Path) -> None:
-    from lego_rl.orchestrate.screen_session import ScreenSession
+    from lego_rl.compose.sessions.screen_session import ScreenSession
 
     data = _examples_dataset(tmp_path / "data" / "tasks.jsonl", ["good", "no-archive", "no-image"])
     rows = [json.loads(line) for line in data.read_text().splitlines()]

@@ -170,7 +170,7 @@ def test_lego_train_under_torchrun_trains_with_two_ranks(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    from lego_rl.orchestrate.toy_env import make_rows
+    from lego_rl.driver.toy_env import make_rows
     from lego_rl.runstore.log import follow_metrics
 
     (tmp_path / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_rows(8, letters="a")))

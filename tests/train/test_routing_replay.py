@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lego_rl.errors import ConfigError, TrajectoryError
-from lego_rl.orchestrate.environments import Completion
+from lego_rl.driver.environments import Completion
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.protocol import GenerateResult, SamplingParams
 from lego_rl.serving.routing import RouterRecorder
@@ -116,7 +116,7 @@ def test_environment_sampler_carries_routes_into_its_samples(moe_model: Path) ->
     """The ``lego train`` environment path: ``Sampler`` asks for routes, ``completion_sample`` keeps the output
     routes per token and the prompt's as a snapshot, and the replaying trainer accepts and uses them."""
     from lego_rl.chat.render import ChatRenderer
-    from lego_rl.orchestrate.environments import Sampler, completion_sample
+    from lego_rl.driver.environments import Sampler, completion_sample
     from lego_rl.termination import TerminationReason
 
     prompt = [5, 17, 240, 33, 9, 71]

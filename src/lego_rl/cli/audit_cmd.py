@@ -28,7 +28,7 @@ def audit(
     Exit codes: 0 every check passed, 1 some check failed, 2 not an audited run directory.
     """
     from lego_rl.errors import ConfigError
-    from lego_rl.orchestrate.audit import audit_run, write_report
+    from lego_rl.compose.sessions.audit import audit_run, write_report
 
     try:
         report = audit_run(run_dir)

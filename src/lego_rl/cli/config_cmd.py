@@ -127,8 +127,8 @@ def validate(
     configuration could not be read.
     """
     r = _resolve_or_exit(config, overrides, as_json)
-    from lego_rl.orchestrate.engine_checks import ENGINE_CHECKS
-    from lego_rl.orchestrate.harnesses import harness_inventory
+    from lego_rl.compose.engine_checks import ENGINE_CHECKS
+    from lego_rl.compose.harnesses import harness_inventory
 
     findings = run_checks(r, harnesses=harness_inventory(r), extra=ENGINE_CHECKS)
     if remote:

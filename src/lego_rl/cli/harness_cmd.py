@@ -90,7 +90,7 @@ def toolchain_fetch(
     from lego_rl.harness.models import ToolchainPin
     from lego_rl.harness.plugins import describe_all, get_plugin_manager
     from lego_rl.harness.toolchain import default_toolchain_dir
-    from lego_rl.orchestrate.harnesses import harness_factory
+    from lego_rl.compose.harnesses import harness_factory
 
     target = folder or default_toolchain_dir()
     unpinned: list[str] = []

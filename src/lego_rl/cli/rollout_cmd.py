@@ -125,8 +125,8 @@ def rollout_check(
     typed = rollout_options(data, vllm_url, harness)
     try:
         r = load(config, overrides, typed)
-        from lego_rl.orchestrate.engine_checks import ENGINE_CHECKS
-        from lego_rl.orchestrate.harnesses import harness_inventory
+        from lego_rl.compose.engine_checks import ENGINE_CHECKS
+        from lego_rl.compose.harnesses import harness_inventory
 
         findings = run_checks(r, harnesses=harness_inventory(r), extra=ENGINE_CHECKS)
         errors = [f for f in findings if f.severity == "error"]
@@ -136,7 +136,7 @@ def rollout_check(
                 fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
             err.print("run `lego validate` for the full picture")
             raise typer.Exit(EXIT_USAGE)
-        from lego_rl.orchestrate.check_session import RolloutCheckSession
+        from lego_rl.compose.sessions.check_session import RolloutCheckSession
 
         session = RolloutCheckSession(r, ids=ids)
     except (ConfigError, TaskDataError) as exc:

@@ -365,8 +365,8 @@ def _screen_by_rolling_out(*, data: Path | None, k: int, min_solved: int, max_so
     from lego_rl.cli.rollout_cmd import EXIT_SIGTERM, _until_sigterm
     from lego_rl.config.checks import run_checks
     from lego_rl.errors import ConfigError, TaskDataError
-    from lego_rl.orchestrate.harnesses import harness_inventory
-    from lego_rl.orchestrate.screen_session import ScreenSession
+    from lego_rl.compose.harnesses import harness_inventory
+    from lego_rl.compose.sessions.screen_session import ScreenSession
     from lego_rl.rollout.generate import RolloutResult
     from lego_rl.runstore.files import replace_file
 

@@ -20,9 +20,10 @@ from lego_rl.errors import ConfigError, LegoError, TaskDataError
 from lego_rl.runstore import checkpoints_after, latest_checkpoint
 
 if TYPE_CHECKING:
-    from lego_rl.orchestrate.loop import LoopProgress
-    from lego_rl.orchestrate.sft import SftProgress, SftSession, SftSummary
-    from lego_rl.orchestrate.train_session import TrainSession, TrainSummary
+    from lego_rl.driver.loop import LoopProgress
+    from lego_rl.compose.sft_session import SftSession, SftSummary
+    from lego_rl.driver.sft import SftProgress
+    from lego_rl.compose.train_session import TrainSession, TrainSummary
 
 EXIT_STOPPED = 130
 """Stopped by Ctrl-C or SIGTERM; the run directory holds a checkpoint to resume from."""
@@ -76,7 +77,7 @@ def _json_outcome(as_json: bool, status: str, exc: BaseException | None, run_roo
 
 
 def _progress(session: TrainSession | SftSession) -> LoopProgress | SftProgress | None:
-    from lego_rl.orchestrate.sft import SftSession
+    from lego_rl.compose.sft_session import SftSession
 
     if isinstance(session, SftSession):
         return session.runner.progress if session.runner is not None else None
@@ -84,7 +85,7 @@ def _progress(session: TrainSession | SftSession) -> LoopProgress | SftProgress 
 
 
 def _status(session: TrainSession | SftSession) -> Text | None:
-    from lego_rl.orchestrate.sft import SftProgress
+    from lego_rl.driver.sft import SftProgress
 
     p = _progress(session)
     if p is None:
@@ -119,7 +120,7 @@ async def _drive(session: TrainSession | SftSession, *, live: Live | None,
         nonlocal signals
         signals += 1
         if signals == 1:
-            from lego_rl.orchestrate.sft import SftSession
+            from lego_rl.compose.sft_session import SftSession
 
             # An SFT step runs in a worker thread that cannot be interrupted: it is finished, not abandoned.
             what = ("finishing the SFT step in flight, then saving its checkpoint" if isinstance(session, SftSession)
@@ -218,8 +219,8 @@ def train(
         typed["serving.urls"] = (list(vllm_url), "--vllm-url")
     try:
         r = load(config, overrides, typed)
-        from lego_rl.orchestrate.engine_checks import ENGINE_CHECKS
-        from lego_rl.orchestrate.harnesses import harness_inventory
+        from lego_rl.compose.engine_checks import ENGINE_CHECKS
+        from lego_rl.compose.harnesses import harness_inventory
 
         findings = run_checks(r, harnesses=harness_inventory(r), extra=ENGINE_CHECKS)
         errors = [f for f in findings if f.severity == "error"]
@@ -231,7 +232,7 @@ def train(
             raise typer.Exit(EXIT_USAGE)
         if r.config.train.resume:
             _refuse_checkpoints_past_latest(Path(r.config.paths.run_root or "runs/unnamed") / "checkpoints")
-        from lego_rl.orchestrate.train_session import TrainSession, follow_rank_zero_session, start_ranks
+        from lego_rl.compose.train_session import TrainSession, follow_rank_zero_session, start_ranks
 
         explicit_dp = r.config.train.data_parallel if r.is_explicit("train.data_parallel") else None
         if start_ranks(r.config, data_parallel=explicit_dp) > 0:  # torchrun: this rank follows rank 0's trainer calls, nothing else
@@ -239,7 +240,7 @@ def train(
             raise typer.Exit(EXIT_OK)
         session: TrainSession | SftSession
         if r.config.train.sft_data:
-            from lego_rl.orchestrate.sft import SftSession
+            from lego_rl.compose.sft_session import SftSession
 
             session = SftSession(r)
         else:
@@ -247,8 +248,8 @@ def train(
     except (ConfigError, TaskDataError) as exc:
         fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
-    from lego_rl.orchestrate.loop import TrainingError
-    from lego_rl.orchestrate.train_session import TrainSummary
+    from lego_rl.driver.loop import TrainingError
+    from lego_rl.compose.train_session import TrainSummary
     from lego_rl.serving.errors import EngineFailed, EngineUnavailable
 
     try:

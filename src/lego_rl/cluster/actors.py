@@ -47,9 +47,9 @@ from lego_rl.config.placement import GroupPlan, key_for, placement_plan, shortfa
 from lego_rl.config.remote import ray_head_unreachable
 from lego_rl.config.schema import ClusterConfig, LegoConfig
 from lego_rl.errors import ConfigError, LegoError
-from lego_rl.orchestrate.loop import TrainingError
-from lego_rl.orchestrate.ray_nodes import RayNodes, start_ray_nodes
-from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, InFlight, SyncReport, WeightSource, WeightSync
+from lego_rl.driver.loop import TrainingError
+from lego_rl.cluster.ray_nodes import RayNodes, start_ray_nodes
+from lego_rl.driver.weight_sync import EmbeddedWeightSync, InFlight, SyncReport, WeightSource, WeightSync
 from lego_rl.runstore.layout import RunLayout
 from lego_rl.train.backend import LossFn, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep

@@ -1,7 +1,7 @@
 """Runs ``ray start --block ...`` on one node for ``lego train`` and stops it when its stdin closes.
 
 Run as a script (``python ray_node_agent.py [--grace S] RAY_BINARY start --block ...``), over SSH on a training
-node or locally, by ``lego_rl.orchestrate.ray_nodes``. It imports nothing from lego_rl: only the interpreter and this
+node or locally, by ``lego_rl.cluster.ray_nodes``. It imports nothing from lego_rl: only the interpreter and this
 file have to be at the same path on the node, which cluster mode asks for anyway.
 
 Why an agent and not plain ``ssh node ray start``: without a terminal, closing an SSH session sends the remote

@@ -6,7 +6,7 @@ One ``ray start --block`` per node, each under ``ray_node_agent.py`` (its docstr
 runs its agent here, without SSH (the reference example launches from the first training node); when none of
 them is this machine, a resourceless Ray node starts here too (``--num-cpus=0 --num-gpus=0``: a Ray driver must
 run on a node of its cluster, and nothing is placed on it). Readiness is ``ray start``'s own "Ray runtime
-started." line, printed once the node's raylet is registered with the head; ``orchestrate.cluster`` then joins
+started." line, printed once the node's raylet is registered with the head; ``cluster.actors`` then joins
 the cluster and checks that every node is alive in it.
 
 SSH is OpenSSH (``ssh`` with ``cluster.ssh_port`` and ``cluster.ssh_config``), as for the sunabako sandbox nodes
@@ -41,8 +41,8 @@ from lego_rl.config.remote import (
 )
 from lego_rl.config.schema import ClusterConfig
 from lego_rl.errors import ConfigError
-from lego_rl.orchestrate.loop import TrainingError
-from lego_rl.orchestrate.ray_node_agent import MARK
+from lego_rl.driver.loop import TrainingError
+from lego_rl.cluster.ray_node_agent import MARK
 
 START_TIMEOUT_S = 180.0
 """How long a node's ``ray start`` may take until its raylet is registered with the head."""

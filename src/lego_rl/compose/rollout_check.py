@@ -17,11 +17,11 @@ from pathlib import Path
 
 from lego_rl.config.resolve import ResolvedConfig
 from lego_rl.harness.toolchain import Toolchain
-from lego_rl.orchestrate.runner import ProgressFn, RolloutRunner, plan
+from lego_rl.driver.runner import ProgressFn, RolloutRunner, plan
 from lego_rl.rollout.generate import RolloutContext, RolloutResult
-from lego_rl.orchestrate.harnesses import harness_factory
+from lego_rl.compose.harnesses import harness_factory
 from lego_rl.rollout.settings import RolloutSettings
-from lego_rl.orchestrate.stack import Stack
+from lego_rl.compose.stack import Stack
 from lego_rl.runstore import RunDir, write_new
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.sandbox.egress import parse_allow, parse_endpoint, url_endpoint

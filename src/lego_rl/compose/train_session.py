@@ -29,13 +29,13 @@ from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError, TaskDataError
 from lego_rl.harness.toolchain import Toolchain
 from lego_rl.images.importer import load_images_json
-from lego_rl.orchestrate.environments import Environment, Sampler, completion_sample, load_environment
-from lego_rl.orchestrate.harnesses import harness_factory
-from lego_rl.orchestrate.loop import LoopSettings, Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
-from lego_rl.orchestrate.metrics_sink import TensorBoardSink
-from lego_rl.orchestrate.rollout_check import settings_from_config
-from lego_rl.orchestrate.stack import Engines, model_dir, serving_engines, serving_stack
-from lego_rl.orchestrate.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
+from lego_rl.driver.environments import Environment, Sampler, completion_sample, load_environment
+from lego_rl.compose.harnesses import harness_factory
+from lego_rl.driver.loop import LoopSettings, Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
+from lego_rl.driver.metrics_sink import TensorBoardSink
+from lego_rl.compose.rollout_check import settings_from_config
+from lego_rl.compose.stack import Engines, model_dir, serving_engines, serving_stack
+from lego_rl.driver.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
 from lego_rl.runstore import RunDir, RunLayout, latest_checkpoint
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady, TrainingFinished
@@ -47,7 +47,7 @@ from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.tasks.rows import load_tasks
 
 if TYPE_CHECKING:
-    from lego_rl.orchestrate.cluster import RayCluster
+    from lego_rl.cluster.actors import RayCluster
     from lego_rl.train.audit import AuditableBackend
     from lego_rl.train.distributed import RankedBackend
     from lego_rl.train.megatron_backend import MegatronTrainSettings
@@ -85,7 +85,7 @@ def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossF
 
 
 def audit_path(c: LegoConfig, rank: int) -> Path:
-    """Where trainer rank ``rank`` writes its audit records (``train.audit``; ``orchestrate.audit`` reads them)."""
+    """Where trainer rank ``rank`` writes its audit records (``train.audit``; ``compose.sessions.audit`` reads them)."""
     return RunLayout(Path(c.paths.run_root or "runs/unnamed")).audit / f"rank-{rank}.jsonl"
 
 
@@ -357,8 +357,8 @@ class TrainSession:
         backend: TrainerBackend
         loss: LossFn
         sync: WeightSync
-        if cluster is not None:  # the trainer ranks and the engines are Ray actors (orchestrate.cluster)
-            from lego_rl.orchestrate.cluster import RayWeightSync
+        if cluster is not None:  # the trainer ranks and the engines are Ray actors (cluster.actors)
+            from lego_rl.cluster.actors import RayWeightSync
 
             backend, loss = cluster.backend, make_loss(loss_config(self.r.config))
             sync = RayWeightSync(cluster.engines, in_flight=in_flight)
@@ -401,7 +401,7 @@ class TrainSession:
             async with contextlib.AsyncExitStack() as stack:
                 cluster: RayCluster | None = None
                 if c.cluster.mode == "ray":
-                    from lego_rl.orchestrate.cluster import ray_cluster
+                    from lego_rl.cluster.actors import ray_cluster
 
                     cluster = await stack.enter_async_context(
                         ray_cluster(c, model_dir(c.model.checkpoint),

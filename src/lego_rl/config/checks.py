@@ -6,7 +6,7 @@ involved; ``fix`` names the key (or variable) to change. Checks that touch the n
 ``remote.py`` and run only with ``--remote``.
 
 The config knows no harness plugin: what the harness checks need (installed names, options the plugins
-refused) comes in as a ``HarnessInventory`` built by the caller (``lego_rl.orchestrate.harnesses``).
+refused) comes in as a ``HarnessInventory`` built by the caller (``lego_rl.compose.harnesses``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def check(fn: Check) -> Check:
 
 @dataclass(frozen=True)
 class HarnessInventory:
-    """What the caller found out about harness plugins (see ``lego_rl.orchestrate.harnesses``)."""
+    """What the caller found out about harness plugins (see ``lego_rl.compose.harnesses``)."""
 
     installed: frozenset[str]
     """Names of the installed harnesses."""
@@ -623,7 +623,7 @@ def run_checks(
     r: ResolvedConfig, *, harnesses: HarnessInventory, extra: list[Check] | None = None
 ) -> list[Finding]:
     """Run every check; errors first, then warnings, each in check order. ``harnesses`` comes from the
-    caller that can load plugins (``lego_rl.orchestrate.harnesses.harness_inventory``)."""
+    caller that can load plugins (``lego_rl.compose.harnesses.harness_inventory``)."""
     findings = [f for fn in [*CHECKS, *(extra or [])] for f in fn(r)]
     scan = scan_dataset(r)  # once: the dataset, its images and its harnesses are checked from one read
     findings += [*scan.findings, *image_findings(r, scan), *harness_findings(r, harnesses, scan)]

@@ -1,6 +1,6 @@
 """What a Ray cluster run needs: the placement groups of ``cluster.*``, and how a cluster's nodes fall short.
 
-One projection of the ``cluster.*`` keys, read by both sides: ``orchestrate.cluster`` creates these placement
+One projection of the ``cluster.*`` keys, read by both sides: ``cluster.actors`` creates these placement
 groups, and ``lego validate --remote`` compares them with the resources of the running cluster before anything
 is started. Pure data: no Ray import here.
 """

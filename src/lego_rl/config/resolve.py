@@ -6,7 +6,7 @@ After the layers are merged, one explicit ``derive()`` fills the keys whose defa
 
 ``[harness.<name>]`` tables go through the same layers key by key (section ``harness.<name>``), but are
 not validated here: their keys belong to the harness plugin, which the config does not know. The caller
-that loads plugins validates them (``orchestrate.harnesses``) and names the source recorded here.
+that loads plugins validates them (``compose.harnesses``) and names the source recorded here.
 """
 
 from __future__ import annotations

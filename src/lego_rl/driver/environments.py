@@ -11,7 +11,7 @@ Register one in your package's ``pyproject.toml``::
     my_task = "my_package.env:MyEnvironment"
 
 and select it with ``train.environment = "my_task"``. ``docs/training.md`` walks through a whole example;
-``orchestrate.toy_env`` is the built-in one, registered the same way.
+``driver.toy_env`` is the built-in one, registered the same way.
 
 The contract (``Environment``):
 
@@ -188,7 +188,7 @@ def completion_sample(c: Completion, *, rollout_id: str, group_index: int, index
     )
 
 
-BUILT_IN_ENVIRONMENTS = {"first_letter": "lego_rl.orchestrate.toy_env:FirstLetterEnv"}
+BUILT_IN_ENVIRONMENTS = {"first_letter": "lego_rl.driver.toy_env:FirstLetterEnv"}
 """lego-rl's own environments, also registered as entry points in pyproject.toml. Known here too because a
 source tree on PYTHONPATH (a GPU node that mounts the checkout, a container without ``pip install``) has no
 package metadata, hence no entry points; an installed package's entry point of the same name wins."""

@@ -1,6 +1,6 @@
 """The training loop: rollouts → admission → GRPO advantages → packing → train → sync, steps overlapped.
 
-The rollouts come from a ``RolloutScheduler`` (``orchestrate.scheduler``): ``rollout.concurrency`` slots
+The rollouts come from a ``RolloutScheduler`` (``driver.scheduler``): ``rollout.concurrency`` slots
 kept busy while the trainer works, the groups of a step started at most ``rollout.max_staleness`` policies
 before the step trains them (0: the synchronous loop, through the same code). One step (``run``):
 
@@ -16,7 +16,7 @@ before the step trains them (0: the synchronous loop, through the same code). On
    policy of the TIS/MIS correction), then ``backend.train_step`` per optimizer step. When every advantage
    is zero nothing is trained: the parameters (and the weight version) stay exactly as they were;
 4. weight sync (the ``WeightSyncFn`` hook) when the weights changed, with rollouts still in flight (the
-   sync decides what happens to their requests: ``orchestrate.weight_sync``); the scheduler then serves
+   sync decides what happens to their requests: ``driver.weight_sync``); the scheduler then serves
    groups on the new policy;
 5. a ``StepMetrics`` row and ``step_finished`` event; a checkpoint every ``train.checkpoint_every``
    steps; held-out pass@1 every ``train.eval_every`` steps.
@@ -45,7 +45,7 @@ from pydantic import BaseModel
 
 from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError, LegoError
-from lego_rl.orchestrate.scheduler import (
+from lego_rl.driver.scheduler import (
     Group,
     Prompt,
     RolloutFn,
@@ -54,8 +54,8 @@ from lego_rl.orchestrate.scheduler import (
     SchedulerSettings,
     StepRollouts,
 )
-from lego_rl.orchestrate.task_signal import TaskSignal
-from lego_rl.orchestrate.weight_sync import WeightSync
+from lego_rl.driver.task_signal import TaskSignal
+from lego_rl.driver.weight_sync import WeightSync
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore import RunDir, StepMetrics, checkpoint_dir, latest_checkpoint, publish_latest
 from lego_rl.runstore.events import (
@@ -118,7 +118,7 @@ class LoopSettings:
     max_refills: int = 2
     oversample_zero_variance: bool = False
     retire_zero_variance_after: int = 0
-    """Retire a task after this many zero-variance groups in a row (0: never; ``orchestrate.task_signal``)."""
+    """Retire a task after this many zero-variance groups in a row (0: never; ``driver.task_signal``)."""
     checkpoint_every: int = 0
     eval_every: int = 0
     eval_samples: int = 4

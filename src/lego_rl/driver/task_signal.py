@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from lego_rl.orchestrate.scheduler import Group, uniform_reward
+from lego_rl.driver.scheduler import Group, uniform_reward
 from lego_rl.train.advantages import AdmissionPolicy
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lego_rl.chat.messages import Message
-from lego_rl.orchestrate.environments import EnvOutcome, Sampler
+from lego_rl.driver.environments import EnvOutcome, Sampler
 from lego_rl.termination import TerminationReason
 
 PROMPT = "Answer with a word that starts with the letter {letter}."

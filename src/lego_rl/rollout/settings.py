@@ -1,5 +1,5 @@
 """What a rollout needs to know, typed: built once from the resolved config at the edge
-(``orchestrate.rollout_check.settings_from_config``), never by rollout code reading the config itself.
+(``compose.rollout_check.settings_from_config``), never by rollout code reading the config itself.
 
 No field has a default of its own: each value comes from the config, whose schema holds the one default
 (a second default here once disagreed with it: ``bwrap`` against the config's ``sunabako``).

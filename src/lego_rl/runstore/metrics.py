@@ -29,7 +29,7 @@ class StepMetrics(BaseModel):
     """Rollouts of this step per termination reason."""
     zero_variance_tasks: dict[str, int] = Field(default_factory=dict)
     """Tasks whose group this step had zero reward variance (no GRPO signal), each with its zero-variance
-    groups in a row so far (``orchestrate.task_signal``); a task absent had signal or no group."""
+    groups in a row so far (``driver.task_signal``); a task absent had signal or no group."""
     retired_tasks: list[str] = Field(default_factory=list)
     """Tasks retired at this step (``train.retire_zero_variance_after``): never drawn again."""
 

@@ -13,7 +13,7 @@ the run directory):
 * on rank 0 only, the trained tokens as the loss reads them: per rollout, each run of positions whose loss mask is
   set, with its token ids and rollout logprobs, and the rollout's distinct advantage values.
 
-``orchestrate.audit`` checks these records against the engine's served-token log and the run's events. The file is
+``compose.sessions.audit`` checks these records against the engine's served-token log and the run's events. The file is
 opened on the first step, not before: rank 0 creates the run directory, and a follower must not create it first.
 """
 

@@ -1,6 +1,6 @@
 """The trainer backend contract: what the training loop needs of a policy model, whichever library holds it.
 
-The loop in ``lego_rl.orchestrate`` drives a ``TrainerBackend`` and never knows which one: the torch backend
+The loop in ``lego_rl.driver`` drives a ``TrainerBackend`` and never knows which one: the torch backend
 (one process, or FSDP2 under torchrun) and the Megatron-core backend (TP/PP/DP workers) implement the same
 methods. Losses stay pure functions of tensors (``lego_rl.train.losses``): a backend runs the forward pass,
 hands a ``LossInputs`` per micro-batch to the loss, and accumulates the gradients.

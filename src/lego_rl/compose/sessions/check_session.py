@@ -14,14 +14,14 @@ from lego_rl.config.dataset_scan import row_keys
 from lego_rl.config.resolve import ResolvedConfig, config_json
 from lego_rl.errors import GraderError
 from lego_rl.images.importer import load_images_json
-from lego_rl.orchestrate.rollout_check import (
+from lego_rl.compose.rollout_check import (
     CheckReport,
     run_rollout_check,
     save_report,
     settings_from_config,
 )
-from lego_rl.orchestrate.runner import ProgressFn
-from lego_rl.orchestrate.stack import serving_stack
+from lego_rl.driver.runner import ProgressFn
+from lego_rl.compose.stack import serving_stack
 from lego_rl.rollout.generate import RolloutResult, RolloutSpec
 from lego_rl.runstore import RunDir
 from lego_rl.runstore.events import Baseline, RolloutCheckFinished, ServingReady
