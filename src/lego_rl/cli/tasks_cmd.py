@@ -178,6 +178,12 @@ def check(
                                                         "to this JSONL (atomically).")] = None,
     repeat: Annotated[bool, typer.Option("--repeat/--no-repeat", help="Run the tests a second time and require the "
                                          "same per-test verdicts (determinism).")] = True,
+    red_team: Annotated[bool, typer.Option("--red-team", help="Instead: grade every attack class (patches that try "
+                                           "to earn reward without fixing the bug) against every task, and report "
+                                           "per task which class earns reward. --output then writes one report "
+                                           "line per task (not resumed).")] = False,
+    attacks: Annotated[list[str] | None, typer.Option("--attack", help="With --red-team: only these classes "
+                                                      "(repeatable, or comma separated). Default: all.")] = None,
     as_json: JsonOut = False,
 ) -> None:
     """Prove each task is gradable: the agent's workspace sets up as in a rollout and shows neither history
@@ -185,7 +191,14 @@ def check(
     fix (if any) passes; a second run gives every test the same verdict.
 
     Exit codes: 0 every row valid; 1 some row invalid (named with its reasons); 2 bad usage (missing file,
-    unknown id); 3 some row could not be checked (sandbox or grader failure: run again to retry those rows)."""
+    unknown id); 3 some row could not be checked (sandbox or grader failure: run again to retry those rows).
+
+    With --red-team, each task is instead attacked by the catalogue of docs/grading.md ("Red-teaming a dataset":
+    exit-status, result-writer, plugin, assertions, shadowing, runner-config, remove-tests, always-equal,
+    planted-files, outliving-process, garbled-report, break-test-patch), with two controls (the empty patch must
+    score 0, the reference patch 1). Exit codes: 0 every task sound; 1 some task hackable (a class earned reward
+    or turned its 0 into a grader error), already passing, or its reference lost reward; 2 bad usage; 3 no
+    such finding but some task could not be red-teamed (run again)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from lego_rl.errors import TaskDataError
@@ -216,6 +229,9 @@ def check(
         raise _fail(f"{data}: no task rows")
     options = CheckOptions(provider=provider, provider_options=_key_values(provider_option or []),
                            images=mapping, timeout=timeout, repeat=repeat)
+    if red_team or attacks:
+        raise typer.Exit(_red_team(rows, data, options, concurrency, attacks, red_team, output, write_valid_to,
+                                   as_json))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[tally]}"), console=err, disable=as_json) as bar:
         tally: dict[str, int] = {"valid": 0, "invalid": 0, "error": 0, "reused": 0}
@@ -277,6 +293,23 @@ def check(
         if written is not None:
             out.print(escape(f"{written} valid rows written to {write_valid_to}"), highlight=False)
     raise typer.Exit(EXIT_INFRA if result.count("error") else EXIT_FAILED if result.count("invalid") else EXIT_OK)
+
+
+def _red_team(rows: list[Any], data: Path, options: Any, concurrency: int, attacks: list[str] | None,
+              red_team: bool, output: Path | None, write_valid_to: Path | None, as_json: bool) -> int:
+    from lego_rl.cli.tasks_redteam import run_red_team
+    from lego_rl.swe.redteam import CLASSES
+
+    classes = _ids(attacks)
+    unknown = sorted(set(classes or []) - set(CLASSES))
+    if not red_team:
+        raise _fail("--attack needs --red-team")
+    if write_valid_to is not None:
+        raise _fail("--write-valid belongs to the gradability check; --red-team writes no dataset")
+    if unknown:
+        raise _fail(f"unknown attack classes {', '.join(unknown)}; the catalogue has {', '.join(CLASSES)}")
+    return run_red_team(rows, data=data, options=options, concurrency=concurrency, classes=classes,
+                        output=output, as_json=as_json)
 
 
 @tasks_app.command("screen")

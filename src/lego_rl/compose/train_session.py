@@ -31,7 +31,8 @@ from lego_rl.harness.toolchain import Toolchain
 from lego_rl.images.importer import load_images_json
 from lego_rl.driver.environments import Environment, Sampler, completion_sample, load_environment
 from lego_rl.compose.harnesses import harness_factory
-from lego_rl.driver.loop import LoopSettings, Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
+from lego_rl.compose.projection import loop_settings
+from lego_rl.driver.loop import Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
 from lego_rl.driver.metrics_sink import TensorBoardSink
 from lego_rl.compose.rollout_check import settings_from_config
 from lego_rl.compose.stack import Engines, model_dir, serving_engines, serving_stack
@@ -315,7 +316,7 @@ class TrainSession:
     def __init__(self, r: ResolvedConfig, *, backends: dict[str, BackendFactory] | None = None) -> None:
         self.r = r
         c = r.config
-        self.settings = LoopSettings.from_config(c)
+        self.settings = loop_settings(c)
         factories = BACKENDS if backends is None else backends
         if c.train.backend not in factories:
             have = ", ".join(sorted(factories)) or "none"
