@@ -63,6 +63,38 @@ def log_softmax_tolerance(dtype: torch.dtype, *, logit_magnitude: float, inner: 
     return logits + lse
 
 
+def ulp_tolerance(dtype: torch.dtype, *, magnitude: float, ulps: float) -> float:
+    """``ulps`` units of the dtype's resolution at ``magnitude`` (``ulps * eps * magnitude``).
+
+    For comparisons with no useful worst case: a whole network forward against another path through it
+    (KV-cache decode against a full forward, a packed row against one segment). Its rounding compounds
+    over every layer's matmuls, so the worst case is percent-level and would hide bugs; the comparison
+    instead allows a stated number of ulps at the magnitude of the compared values, chosen between the
+    rounding level (a few ulps) and the bug level (a wrong position, cache row or convention: 1e-3 and up).
+    """
+    if magnitude < 0 or ulps < 0:
+        raise ValueError(f"magnitude and ulps must be >= 0, got {magnitude}, {ulps}")
+    return ulps * torch.finfo(dtype).eps * magnitude
+
+
+FORWARD_ULPS = 48
+"""Ulps at the logits' magnitude allowed between two fp32 paths through a whole forward of the tiny model
+(4 layers): different kernels there land 2-10 ulps apart (1.05e-5 on logprobs at T = 0.8 on a 2-core AMD
+EPYC); 48 ulps stays more than 5x below the 1e-3 a wrong cache row or position produces (T >= 0.8)."""
+
+TINY_LOGIT_BOUND = 24.0
+"""A bound on the values the tiny model's head rounds (``serving.tiny_model``, fixed random weights): its
+logits stay below 7 in absolute value on random prompts, and sum |h||w| over the head's dot products (what
+bounds their partial sums) below 16.5."""
+
+
+def forward_tolerance(temperature: float = 1.0, *, ulps: float = FORWARD_ULPS) -> float:
+    """Tolerance on fp32 logprobs of the tiny model computed by two different paths through its forward
+    (engine decode against teacher forcing, fast against generic path): ``ulps`` at ``|logit| / T``."""
+    t = temperature if temperature > 0 else 1.0  # greedy reports the untempered logprob
+    return ulp_tolerance(torch.float32, magnitude=TINY_LOGIT_BOUND / t, ulps=ulps)
+
+
 @contextmanager
 def pinned_cpu_math(threads: int = 1) -> Iterator[None]:
     """Run the block with ``threads`` intra-op CPU threads (restored after), so a comparison that needs both
