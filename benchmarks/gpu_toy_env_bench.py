@@ -145,7 +145,7 @@ async def run(model: Path, tmp: Path, label: str, sdpa: str, precision: str, a: 
     env = FirstLetterEnv(max_tokens=a.max_tokens)
     settings = LoopSettings(num_rollout=a.steps, batch_size=a.prompts, samples_per_prompt=a.samples,
                             micro_batch_tokens=a.micro_batch_tokens, concurrency=a.prompts * a.samples,
-                            seed=0, top_p=1.0)
+                            max_staleness=1, seed=0, top_p=1.0)
     with only_sdpa(sdpa):
         async with EmbeddedServer(model, port=0, device=device, dtype=dtype, compute_dtype=compute,
                                   max_model_len=a.max_model_len, max_batch=a.prompts * a.samples) as srv:

@@ -53,7 +53,7 @@ async def one_run(tmp: Path, name: str, *, seed: int, steps: int, lr: float, let
     tiny = ensure_tiny_model()
     env = load_environment("first_letter", {"max_tokens": 4})
     settings = LoopSettings(num_rollout=steps, batch_size=4, samples_per_prompt=8, micro_batch_tokens=4096,
-                            concurrency=32, seed=seed)
+                            concurrency=32, max_staleness=1, seed=seed)
     t0 = time.monotonic()
     async with EmbeddedServer(tiny, port=0, device="cpu", dtype="float32", max_batch=32) as srv:
         renderer = ChatRenderer.from_pretrained(tiny)

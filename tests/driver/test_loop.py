@@ -76,7 +76,7 @@ def prompts(n: int) -> list[Prompt]:
 def make_loop(tmp_path: Path, tiny: Path, rollouts: ScriptedRollouts, *, name: str = "run", resume: bool = False,
               resume_index: int = 0, eval_prompts: list[Prompt] | None = None, **kw: object) -> TrainLoop:
     base: dict[str, object] = dict(num_rollout=2, batch_size=2, samples_per_prompt=4, micro_batch_tokens=64,
-                                   concurrency=3)
+                                   concurrency=3, max_staleness=1)
     base.update(kw)
     settings = LoopSettings(**base)  # type: ignore[arg-type]
     run = RunDir.open(tmp_path / name, config={"test": True}, resume=resume)
@@ -320,9 +320,10 @@ async def test_async_run_refills_an_infrastructure_failure_and_trains_its_group(
 
 
 def test_lego_train_is_asynchronous_by_default_with_staleness_1() -> None:
+    from lego_rl.compose.projection import loop_settings
     from lego_rl.config.resolve import resolve
 
-    s = LoopSettings.from_config(resolve(environ={}).config)
+    s = loop_settings(resolve(environ={}).config)
     assert s.max_staleness == 1 and s.partial_rollouts == "off"
 
 

@@ -42,7 +42,7 @@ STEPS = 8
 LR = 1e-2
 GRPO = make_loss(LossConfig())
 SETTINGS = LoopSettings(num_rollout=STEPS, batch_size=4, samples_per_prompt=8, micro_batch_tokens=4096,
-                        concurrency=32, temperature=1.0)
+                        concurrency=32, max_staleness=1, temperature=1.0)
 
 
 def zero_advantages(x: LossInputs) -> LossOutput:

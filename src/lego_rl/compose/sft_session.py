@@ -8,20 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lego_rl.compose.projection import sft_settings
 from lego_rl.compose.stack import model_dir
 from lego_rl.compose.train_session import BACKENDS, BackendFactory
 from lego_rl.config.resolve import ResolvedConfig, config_json
-from lego_rl.config.schema import LegoConfig
 from lego_rl.driver.metrics_sink import TensorBoardSink
-from lego_rl.driver.sft import SftRunner, SftSettings, load_demonstrations
+from lego_rl.driver.sft import SftRunner, load_demonstrations
 from lego_rl.errors import ConfigError
 from lego_rl.runstore import RunDir, RunLayout, follow_metrics, latest_checkpoint
-
-def sft_settings(c: LegoConfig) -> SftSettings:
-    return SftSettings(steps=c.train.sft_steps, batch_size=c.train.sft_batch_size,
-                       micro_batch_tokens=c.train.micro_batch_tokens, checkpoint_every=c.train.checkpoint_every,
-                       seed=c.train.seed)
-
 
 @dataclass
 class SftSummary:

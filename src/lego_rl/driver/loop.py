@@ -43,7 +43,6 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel
 
-from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError, LegoError
 from lego_rl.driver.scheduler import (
     Group,
@@ -95,22 +94,25 @@ async def no_sync(backend: TrainerBackend, version: int) -> None:
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """Everything the loop reads from the config, read once (``from_config``)."""
+    """Everything the loop needs to know, projected once from the config by ``compose.projection.loop_settings``."""
 
     num_rollout: int
     batch_size: int
     samples_per_prompt: int
     micro_batch_tokens: int
+    concurrency: int
+    """Rollout slots: rollouts in flight at most (``rollout.concurrency``; its default is the config's)."""
+    max_staleness: int
+    """Policies a trained rollout may lag behind the step that trains it (0: synchronous;
+    ``rollout.max_staleness``, whose one default is the config's)."""
     global_batch_size: int | None = None
     """Rollouts per optimizer step; None = every rollout of the step in one optimizer step."""
+    # The defaults below are the neutral values (no truncation, feature off) a test or benchmark gets when it
+    # builds settings by hand; a run's values always come from the config's projection.
     temperature: float = 1.0
     top_p: float = 1.0
     """The sampler's truncation: the trainer scores tokens under the same distribution (serving.protocol)."""
     top_k: int = -1
-    concurrency: int = 8
-    """Rollout slots: rollouts in flight at most."""
-    max_staleness: int = 1
-    """Policies a trained rollout may lag behind the step that trains it (0: synchronous)."""
     partial_rollouts: Literal["off", "keep", "drop"] = "off"
     """off: a rollout is as old as the policy it started on (stale ones cancelled); keep/drop: rollouts run on
     across updates, and their sampled tokens older than ``max_staleness`` policies are trained (keep) or
@@ -125,21 +127,6 @@ class LoopSettings:
     infra_failure_policy: Literal["exclude", "zero_reward"] = "exclude"
     seed: int = 0
     solved_reward: float = 1.0
-
-    @classmethod
-    def from_config(cls, c: LegoConfig) -> LoopSettings:
-        return cls(
-            num_rollout=c.train.num_rollout, batch_size=c.rollout.batch_size,
-            samples_per_prompt=c.rollout.samples_per_prompt, micro_batch_tokens=c.train.micro_batch_tokens,
-            global_batch_size=c.train.global_batch_size, temperature=c.rollout.temperature,
-            top_p=c.rollout.top_p, top_k=c.rollout.top_k,
-            concurrency=c.rollout.concurrency, max_staleness=c.rollout.max_staleness,
-            partial_rollouts=c.rollout.partial_rollouts, max_refills=c.train.max_refills,
-            oversample_zero_variance=c.train.oversample_zero_variance,
-            retire_zero_variance_after=c.train.retire_zero_variance_after, checkpoint_every=c.train.checkpoint_every,
-            eval_every=c.train.eval_every, eval_samples=c.train.eval_samples,
-            infra_failure_policy=c.train.infra_failure_policy, seed=c.train.seed,
-        )
 
     def check(self, *, has_eval_rows: bool) -> None:
         """Refuse settings the loop cannot run (called before anything is started)."""
@@ -223,6 +210,17 @@ class TrainOutcome:
     trained: bool
     metrics: dict[str, float]
     weight_version: int
+
+
+@dataclass(frozen=True)
+class _Trained:
+    """One step's training and sync, as ``finish_step`` reports them."""
+
+    outcome: TrainOutcome
+    stats: dict[str, float]
+    excluded: Counter[str]
+    t_train: float
+    t_sync: float
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -562,16 +560,45 @@ class TrainLoop:
         """Train on the step's rollouts, sync, write the row. Not to be cancelled halfway: the optimizer
         step runs in a worker thread that a cancellation would not stop."""
         results = [r for g in rolled.groups for r in g.results]
-        if not any(r.termination not in self.admission.excluded for r in results):
-            reasons = Counter(r.termination.value for r in results)
-            detail = next((r.detail for r in results if r.detail), "")
-            raise TrainingError(f"step {step}: every rollout failed for an infrastructure reason ({dict(reasons)}"
-                                f"{', last: ' + detail[:300] if detail else ''}); is the engine alive?")
+        self._require_admissible(step, results)
         # The batch's ages as sampled, before the drop policy masks anything.
         ages = self._age_metrics(step, rolled.groups)
         if self.s.partial_rollouts == "drop":
             ages["tokens_dropped_stale"] = float(self._drop_stale_tokens(step, rolled.groups))
             results = [r for g in rolled.groups for r in g.results]
+        trained = await self._train_and_sync(step, results, ages)
+        # What the policy did this step, replaced groups included (training saw only ``results``).
+        sampled = results + [r for g in rolled.dropped for r in g.results]
+        # Per task: zero-variance groups in a row (replaced groups too), and the tasks that retires.
+        zero_tasks, retired_now = self.signal.observe([*rolled.groups, *rolled.dropped], self.admission)
+        self.stream.retired.update(retired_now)
+        values = self._step_values(rolled, sampled, trained, ages)
+        row = StepMetrics(step=step, started_at=started, finished_at=max(time.time(), started), values=values,
+                          terminations=dict(Counter(r.termination for r in sampled)),
+                          zero_variance_tasks=zero_tasks, retired_tasks=retired_now)
+        self.run_dir.metrics.append(row)
+        self.run_dir.events.emit(StepFinished(
+            step=step, admitted_rollouts=int(trained.stats["admitted_rollouts"]),
+            excluded_rollouts=dict(trained.excluded), zero_variance_groups=rolled.zero_variance_groups,
+            trained=trained.outcome.trained, weight_version=trained.outcome.weight_version,
+            reward_mean=values.get("reward_mean")))
+        self.progress.last_reward = values.get("reward_mean")
+        self.progress.last_solve_rate = values.get("solve_rate")
+        self.progress.step_seconds.append(values["time_step_s"])
+        return row
+
+    def _require_admissible(self, step: int, results: Sequence[RolloutResult]) -> None:
+        """A step whose every rollout failed for an infrastructure reason cannot train: the engine is likely dead."""
+        if any(r.termination not in self.admission.excluded for r in results):
+            return
+        reasons = Counter(r.termination.value for r in results)
+        detail = next((r.detail for r in results if r.detail), "")
+        raise TrainingError(f"step {step}: every rollout failed for an infrastructure reason ({dict(reasons)}"
+                            f"{', last: ' + detail[:300] if detail else ''}); is the engine alive?")
+
+    async def _train_and_sync(self, step: int, results: list[RolloutResult], ages: dict[str, float]) -> _Trained:
+        """The optimizer step in a worker thread, then the new weights to the engines (``ages`` gets the sync's
+        drain and staging times)."""
         self.progress.phase = "train"
         t1 = time.monotonic()
         outcome, stats, excluded = await asyncio.to_thread(self.train_on, results)
@@ -587,24 +614,22 @@ class TrainLoop:
                 # Of the sync: waiting for requests in flight (in_flight = wait) and staging the checkpoint.
                 ages["time_sync_drain_s"] = self.sync.last.drain_seconds
                 ages["time_sync_stage_s"] = self.sync.last.stage_seconds
-        t_rollout = rolled.wait_s
-        # What the policy did this step, replaced groups included (training saw only ``results``).
-        sampled = results + [r for g in rolled.dropped for r in g.results]
-        rewards = [r.reward for r in sampled
-                   if r.reward is not None and r.termination not in self.admission.excluded]
-        # Per task: zero-variance groups in a row (replaced groups too), and the tasks that retires.
-        zero_tasks, retired_now = self.signal.observe([*rolled.groups, *rolled.dropped], self.admission)
-        self.stream.retired.update(retired_now)
+        return _Trained(outcome, stats, excluded, t_train, t_sync)
+
+    def _step_values(self, rolled: StepRollouts, sampled: list[RolloutResult], trained: _Trained,
+                     ages: dict[str, float]) -> dict[str, float]:
+        """The step's metrics row values: training statistics, counts, timings, slot use, reward."""
+        outcome, t_rollout = trained.outcome, rolled.wait_s
         values: dict[str, float] = {
-            **stats, **outcome.metrics,
+            **trained.stats, **outcome.metrics,
             "trained": float(outcome.trained), "weight_version": float(outcome.weight_version),
             "rollouts": float(len(sampled)), "refills": float(rolled.refills),
             "zero_variance_groups": float(rolled.zero_variance_groups),
             "replaced_groups": float(rolled.replaced_groups),
             "sampled_tokens": float(sum(s.num_trained_tokens for r in sampled for s in r.samples)),
-            "time_rollout_s": t_rollout, "time_train_s": t_train, "time_sync_s": t_sync,
-            "time_step_s": t_rollout + t_train + t_sync,
-            "excluded_rollouts": float(sum(excluded.values())),
+            "time_rollout_s": t_rollout, "time_train_s": trained.t_train, "time_sync_s": trained.t_sync,
+            "time_step_s": t_rollout + trained.t_train + trained.t_sync,
+            "excluded_rollouts": float(sum(trained.excluded.values())),
             "stale_groups": float(rolled.stale_groups), "cancelled_rollouts": float(rolled.cancelled_rollouts),
             "tasks_retired": float(len(self.signal.retired)),
             **ages,
@@ -612,22 +637,13 @@ class TrainLoop:
         if rolled.slot_capacity_s > 0:
             values["slots_idle_fraction"] = max(0.0, 1.0 - rolled.slot_busy_s / rolled.slot_capacity_s)
             values["slots_wasted_fraction"] = rolled.slot_wasted_s / rolled.slot_capacity_s
+        rewards = [r.reward for r in sampled
+                   if r.reward is not None and r.termination not in self.admission.excluded]
         reward_mean = _mean(rewards)
         if reward_mean is not None:
             values["reward_mean"] = reward_mean
             values["solve_rate"] = sum(1 for x in rewards if x >= self.s.solved_reward) / len(rewards)
-        row = StepMetrics(step=step, started_at=started, finished_at=max(time.time(), started), values=values,
-                          terminations=dict(Counter(r.termination for r in sampled)),
-                          zero_variance_tasks=zero_tasks, retired_tasks=retired_now)
-        self.run_dir.metrics.append(row)
-        self.run_dir.events.emit(StepFinished(
-            step=step, admitted_rollouts=int(stats["admitted_rollouts"]), excluded_rollouts=dict(excluded),
-            zero_variance_groups=rolled.zero_variance_groups, trained=outcome.trained,
-            weight_version=outcome.weight_version, reward_mean=reward_mean))
-        self.progress.last_reward = reward_mean
-        self.progress.last_solve_rate = values.get("solve_rate")
-        self.progress.step_seconds.append(values["time_step_s"])
-        return row
+        return values
 
     # -- evaluation ---------------------------------------------------------------------------------
 
