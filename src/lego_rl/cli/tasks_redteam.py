@@ -104,6 +104,6 @@ def _task_table(r: Any, classes: list[str]) -> Table:
         n = sum(x.attack_class == code and x.status != "n/a" for x in r.attacks)
         label = f"{a.variant} (worst of {n})" if n > 1 else a.variant
         reward = "-" if a.reward is None else f"{a.reward:g}"
-        outcome = f"[{_COLORS[a.status]}]{a.status}[/]"
+        outcome = f"[{_COLORS[a.status]}]{a.status}[/]" + (f" ({escape(a.label)})" if a.label else "")
         table.add_row(escape(code), escape(label), reward, outcome, escape(a.reason))
     return table

@@ -67,6 +67,8 @@ class AttackOutcome(BaseModel):
     reward: float | None = None
     reason: str = ""
     """The grader's one-line reason (or its error), or why the class had nothing to bend."""
+    label: str | None = None
+    """The policy label the grader gave (``tampered``, ``grading_blocked``, ``suspect_patch``), if any."""
     seconds: float = 0.0
 
 
@@ -165,6 +167,14 @@ async def _control(meta: TaskMetadata, patch: str, which: Literal["empty", "refe
                               seconds=round(time.monotonic() - start, 2))
 
 
+def _label(res: GradeResult) -> str | None:
+    """The grader's policy label; ``suspect_patch`` when it found evidence but kept the verdict."""
+    label = getattr(res, "label", None)
+    if label is None and getattr(res, "suspects", None):
+        return "suspect_patch"
+    return str(getattr(label, "value", label)) if label else None  # an enum member or a plain string
+
+
 async def _attack(attack: Attack, graded: Callable[[bytes | str], Any]) -> AttackOutcome:
     start = time.monotonic()
     base = AttackOutcome(attack_class=attack.cls, variant=attack.variant, what=attack.what, status="held")
@@ -176,7 +186,7 @@ async def _attack(attack: Attack, graded: Callable[[bytes | str], Any]) -> Attac
             error = _first_line(exc)
             continue
         return base.model_copy(update={"status": "rewarded" if res.reward > 0 else "held",
-                                       "reward": res.reward, "reason": res.reason,
+                                       "reward": res.reward, "reason": res.reason, "label": _label(res),
                                        "seconds": round(time.monotonic() - start, 2)})
     return base.model_copy(update={"status": "escaped", "seconds": round(time.monotonic() - start, 2),
                                    "reason": f"grader error (an infrastructure label): {error}"})
