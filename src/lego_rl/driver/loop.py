@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel
 
 from lego_rl.errors import ConfigError, LegoError
 from lego_rl.driver.scheduler import (
@@ -56,9 +55,11 @@ from lego_rl.driver.scheduler import (
 from lego_rl.driver.task_signal import TaskSignal
 from lego_rl.driver.weight_sync import WeightSync
 from lego_rl.rollout.generate import RolloutResult
-from lego_rl.runstore import RunDir, StepMetrics, checkpoint_dir, latest_checkpoint, publish_latest
+from lego_rl.runstore import RunDir, StepMetrics
+from lego_rl.runstore import checkpoint_state as ckpt
+from lego_rl.runstore import metric_catalog as mc
+from lego_rl.runstore.checkpoint_state import DataCursor, RlState
 from lego_rl.runstore.events import (
-    CheckpointSaved,
     EvalFinished,
     RolloutRefilled,
     StepFinished,
@@ -142,13 +143,6 @@ class LoopSettings:
     @property
     def admission(self) -> AdmissionPolicy:
         return admission_policy(self.infra_failure_policy)
-
-
-class DataCursor(BaseModel):
-    """Where the prompt stream is: epoch ``epoch``'s shuffled order, position ``position`` in it."""
-
-    epoch: int = 0
-    position: int = 0
 
 
 class PromptStream:
@@ -275,51 +269,37 @@ class TrainLoop:
 
     def save_checkpoint(self, step: int) -> Path:
         """Checkpoint after ``step`` (the last completed one) with the cursor as that step left it."""
-        path = checkpoint_dir(self.run_dir.layout.checkpoints, step)
-        state = {"step": step, "cursor": self._committed.model_dump(), "pending": self._committed_pending,
-                 "seed": self.s.seed, "task_signal": self.signal.state()}
-        self.backend.save_checkpoint(path, extra_state=state)
-        # Written after the backend returned: ``latest`` never names a checkpoint still being written.
-        publish_latest(self.run_dir.layout.checkpoints, step)
-        self.run_dir.events.emit(CheckpointSaved(step=step, path=str(path)))
+        state = RlState(step=step, seed=self.s.seed, cursor=self._committed, pending=list(self._committed_pending),
+                        task_signal=self.signal.state())
+        path = ckpt.save_checkpoint(self.run_dir, self.backend, state)
         self._last_checkpoint_step = step
         return path
 
     def resume(self) -> int | None:
-        """Load the newest checkpoint of the run directory; the step it holds (None: nothing saved)."""
-        latest = latest_checkpoint(self.run_dir.layout.checkpoints)
-        if latest is None:
-            return None
-        path = latest.path
-        state = self.backend.load_checkpoint(path)
-        try:
-            step = int(state["step"])
-            cursor = DataCursor.model_validate(state["cursor"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"checkpoint {path} has no usable loop state ({exc}); it was not written by the "
-                              "training loop", parameter="train.resume", value=str(path)) from None
-        if state.get("seed", self.s.seed) != self.s.seed:
-            raise ConfigError(f"checkpoint {path} was trained with train.seed={state['seed']}, this run has "
-                              f"{self.s.seed}: the prompt order would differ", parameter="train.seed",
-                              value=self.s.seed)
+        """Load the newest checkpoint of the run directory; the step it holds (None: nothing saved). The rows
+        of later steps are set aside: they are not this run's any more."""
         by_id = {p.id: p for p in self.stream.prompts}
-        pending = [str(x) for x in state.get("pending", [])]
-        unknown = [x for x in pending if x not in by_id]
-        if unknown:
-            raise ConfigError(f"checkpoint {path} names prompts the training data no longer has: {unknown[:5]}; "
-                              "resume with the data the run started with", parameter="rollout.prompt_data")
-        self.stream = PromptStream(self.stream.prompts, seed=self.s.seed, cursor=cursor)
-        self.signal.load(state.get("task_signal"))
+
+        def known_prompts(state: RlState, path: Path) -> None:
+            unknown = [x for x in state.pending if x not in by_id]
+            if unknown:
+                raise ConfigError(f"checkpoint {path} names prompts the training data no longer has: {unknown[:5]}; "
+                                  "resume with the data the run started with", parameter="rollout.prompt_data")
+
+        state = ckpt.resume_checkpoint(self.run_dir, self.backend, RlState, seed=self.s.seed, check=known_prompts)
+        if state is None:
+            return None
+        self.stream = PromptStream(self.stream.prompts, seed=self.s.seed, cursor=state.cursor)
+        self.signal.load(state.task_signal)
         self.stream.retired = set(self.signal.retired)
-        self._committed = cursor
-        self._committed_pending = pending
-        self._redo = [by_id[x] for x in pending]
+        self._committed = state.cursor
+        self._committed_pending = list(state.pending)
+        self._redo = [by_id[x] for x in state.pending]
         self._resumed = True
-        self._last_checkpoint_step = step
-        self.run_dir.abandon_after(step)  # rows of steps after the checkpoint are not this run's any more
-        self.next_step = step + 1
+        self._last_checkpoint_step = state.step
+        self.next_step = state.step + 1
         self.progress.step = self.next_step
-        return step
+        return state.step
 
     # -- rollouts -----------------------------------------------------------------------------------
 
@@ -433,13 +413,13 @@ class TrainLoop:
                                                     reward=reward))
         trainable = [s for s in admitted if trained_tokens[s.rollout_id] > 0]
         adv = grpo_advantages(trainable, sampleless=sampleless, solved_reward=self.s.solved_reward)
-        stats = {
-            "zero_advantage_groups": float(adv.stats.uniform_groups),
-            "all_solved_groups": float(adv.stats.all_solved_groups),
-            "all_failed_groups": float(adv.stats.all_failed_groups),
+        stats: dict[str, float] = {
+            mc.ZERO_ADVANTAGE_GROUPS: float(adv.stats.uniform_groups),
+            mc.ALL_SOLVED_GROUPS: float(adv.stats.all_solved_groups),
+            mc.ALL_FAILED_GROUPS: float(adv.stats.all_failed_groups),
             # admit() sees only rollouts with samples; one that failed before sampling is admitted too
             # (with reward 0) under infra_failure_policy = "zero_reward".
-            "admitted_rollouts": float(sum(1 for r in results if r.termination not in self.admission.excluded)),
+            mc.ADMITTED_ROLLOUTS: float(sum(1 for r in results if r.termination not in self.admission.excluded)),
         }
         excluded = Counter(report.excluded_rollouts)
         # Excluded rollouts without samples never reach admit(): count them from the results.
@@ -473,11 +453,12 @@ class TrainLoop:
                 last[k] = v
             version = res.weight_version
         metrics = {k: v / len(steps) for k, v in sums.items()}
-        if "lr" in last:
-            metrics["lr"] = last["lr"]
-        if "tokens" in sums:
-            metrics["tokens"] = sums["tokens"]
-        metrics["optimizer_steps"] = float(len(steps))
+        # Averaged over optimizer steps, except the learning rate (the last one's) and the tokens (summed).
+        if mc.LR in last:
+            metrics[mc.LR] = last[mc.LR]
+        if mc.TOKENS in sums:
+            metrics[mc.TOKENS] = sums[mc.TOKENS]
+        metrics[mc.OPTIMIZER_STEPS] = float(len(steps))
         metrics.update(consistency)
         return TrainOutcome(True, metrics, version), stats, excluded
 
@@ -549,11 +530,11 @@ class TrainLoop:
                 first = min(turn_versions, default=0)
                 turns_crossed += sum(1 for v in turn_versions if v > first)
                 crossed += len(versions - {-1}) > 1
-        out = {f"tokens_age/{k}": float(n) for k, n in sorted(ages.items())}
+        out = {mc.TOKENS_AGE.key(k): float(n) for k, n in sorted(ages.items())}
         if lags:
-            out |= {"policy_lag_mean": sum(lags) / len(lags), "policy_lag_max": float(max(lags))}
-        out["rollouts_crossed_version"] = float(crossed)
-        out["turns_crossed_version"] = float(turns_crossed)
+            out |= {mc.POLICY_LAG_MEAN: sum(lags) / len(lags), mc.POLICY_LAG_MAX: float(max(lags))}
+        out[mc.ROLLOUTS_CROSSED_VERSION] = float(crossed)
+        out[mc.TURNS_CROSSED_VERSION] = float(turns_crossed)
         return out
 
     async def finish_step(self, step: int, started: float, rolled: StepRollouts) -> StepMetrics:
@@ -564,7 +545,7 @@ class TrainLoop:
         # The batch's ages as sampled, before the drop policy masks anything.
         ages = self._age_metrics(step, rolled.groups)
         if self.s.partial_rollouts == "drop":
-            ages["tokens_dropped_stale"] = float(self._drop_stale_tokens(step, rolled.groups))
+            ages[mc.TOKENS_DROPPED_STALE] = float(self._drop_stale_tokens(step, rolled.groups))
             results = [r for g in rolled.groups for r in g.results]
         trained = await self._train_and_sync(step, results, ages)
         # What the policy did this step, replaced groups included (training saw only ``results``).
@@ -578,13 +559,13 @@ class TrainLoop:
                           zero_variance_tasks=zero_tasks, retired_tasks=retired_now)
         self.run_dir.metrics.append(row)
         self.run_dir.events.emit(StepFinished(
-            step=step, admitted_rollouts=int(trained.stats["admitted_rollouts"]),
+            step=step, admitted_rollouts=int(trained.stats[mc.ADMITTED_ROLLOUTS]),
             excluded_rollouts=dict(trained.excluded), zero_variance_groups=rolled.zero_variance_groups,
             trained=trained.outcome.trained, weight_version=trained.outcome.weight_version,
-            reward_mean=values.get("reward_mean")))
-        self.progress.last_reward = values.get("reward_mean")
-        self.progress.last_solve_rate = values.get("solve_rate")
-        self.progress.step_seconds.append(values["time_step_s"])
+            reward_mean=values.get(mc.REWARD_MEAN)))
+        self.progress.last_reward = values.get(mc.REWARD_MEAN)
+        self.progress.last_solve_rate = values.get(mc.SOLVE_RATE)
+        self.progress.step_seconds.append(values[mc.TIME_STEP_S])
         return row
 
     def _require_admissible(self, step: int, results: Sequence[RolloutResult]) -> None:
@@ -612,38 +593,39 @@ class TrainLoop:
             self._policy_of_version[outcome.weight_version] = step + 1
             if isinstance(self.sync, WeightSync) and self.sync.last is not None:
                 # Of the sync: waiting for requests in flight (in_flight = wait) and staging the checkpoint.
-                ages["time_sync_drain_s"] = self.sync.last.drain_seconds
-                ages["time_sync_stage_s"] = self.sync.last.stage_seconds
+                ages[mc.TIME_SYNC_DRAIN_S] = self.sync.last.drain_seconds
+                ages[mc.TIME_SYNC_STAGE_S] = self.sync.last.stage_seconds
         return _Trained(outcome, stats, excluded, t_train, t_sync)
 
     def _step_values(self, rolled: StepRollouts, sampled: list[RolloutResult], trained: _Trained,
                      ages: dict[str, float]) -> dict[str, float]:
-        """The step's metrics row values: training statistics, counts, timings, slot use, reward."""
+        """The step's metrics row values: training statistics, counts, timings, slot use, reward. Every name is a
+        declaration of ``runstore.metric_catalog`` (an undeclared one is an ``UndeclaredMetric`` here)."""
         outcome, t_rollout = trained.outcome, rolled.wait_s
         values: dict[str, float] = {
             **trained.stats, **outcome.metrics,
-            "trained": float(outcome.trained), "weight_version": float(outcome.weight_version),
-            "rollouts": float(len(sampled)), "refills": float(rolled.refills),
-            "zero_variance_groups": float(rolled.zero_variance_groups),
-            "replaced_groups": float(rolled.replaced_groups),
-            "sampled_tokens": float(sum(s.num_trained_tokens for r in sampled for s in r.samples)),
-            "time_rollout_s": t_rollout, "time_train_s": trained.t_train, "time_sync_s": trained.t_sync,
-            "time_step_s": t_rollout + trained.t_train + trained.t_sync,
-            "excluded_rollouts": float(sum(trained.excluded.values())),
-            "stale_groups": float(rolled.stale_groups), "cancelled_rollouts": float(rolled.cancelled_rollouts),
-            "tasks_retired": float(len(self.signal.retired)),
+            mc.TRAINED: float(outcome.trained), mc.WEIGHT_VERSION: float(outcome.weight_version),
+            mc.ROLLOUTS: float(len(sampled)), mc.REFILLS: float(rolled.refills),
+            mc.ZERO_VARIANCE_GROUPS: float(rolled.zero_variance_groups),
+            mc.REPLACED_GROUPS: float(rolled.replaced_groups),
+            mc.SAMPLED_TOKENS: float(sum(s.num_trained_tokens for r in sampled for s in r.samples)),
+            mc.TIME_ROLLOUT_S: t_rollout, mc.TIME_TRAIN_S: trained.t_train, mc.TIME_SYNC_S: trained.t_sync,
+            mc.TIME_STEP_S: t_rollout + trained.t_train + trained.t_sync,
+            mc.EXCLUDED_ROLLOUTS: float(sum(trained.excluded.values())),
+            mc.STALE_GROUPS: float(rolled.stale_groups), mc.CANCELLED_ROLLOUTS: float(rolled.cancelled_rollouts),
+            mc.TASKS_RETIRED: float(len(self.signal.retired)),
             **ages,
         }
         if rolled.slot_capacity_s > 0:
-            values["slots_idle_fraction"] = max(0.0, 1.0 - rolled.slot_busy_s / rolled.slot_capacity_s)
-            values["slots_wasted_fraction"] = rolled.slot_wasted_s / rolled.slot_capacity_s
+            values[mc.SLOTS_IDLE_FRACTION] = max(0.0, 1.0 - rolled.slot_busy_s / rolled.slot_capacity_s)
+            values[mc.SLOTS_WASTED_FRACTION] = rolled.slot_wasted_s / rolled.slot_capacity_s
         rewards = [r.reward for r in sampled
                    if r.reward is not None and r.termination not in self.admission.excluded]
         reward_mean = _mean(rewards)
         if reward_mean is not None:
-            values["reward_mean"] = reward_mean
-            values["solve_rate"] = sum(1 for x in rewards if x >= self.s.solved_reward) / len(rewards)
-        return values
+            values[mc.REWARD_MEAN] = reward_mean
+            values[mc.SOLVE_RATE] = sum(1 for x in rewards if x >= self.s.solved_reward) / len(rewards)
+        return mc.declared_values(mc.TRAIN, values)
 
     # -- evaluation ---------------------------------------------------------------------------------
 

@@ -34,23 +34,16 @@ import torch
 from pydantic import ValidationError
 
 from lego_rl.errors import ConfigError, TaskDataError
-from lego_rl.driver.loop import DataCursor, Prompt, PromptStream, TrainingError
-from lego_rl.runstore import (
-    RunDir,
-    StepMetrics,
-    checkpoint_dir,
-    latest_checkpoint,
-    publish_latest,
-)
-from lego_rl.runstore.events import CheckpointSaved, StepFinished, StepStarted, TrainingFinished
+from lego_rl.driver.loop import Prompt, PromptStream, TrainingError
+from lego_rl.runstore import RolloutFiles, RunDir, RunLayout, StepMetrics
+from lego_rl.runstore import checkpoint_state as ckpt
+from lego_rl.runstore import metric_catalog as mc
+from lego_rl.runstore.checkpoint_state import SftState
+from lego_rl.runstore.events import StepFinished, StepStarted, TrainingFinished
 from lego_rl.train.backend import TrainerBackend
 from lego_rl.train.batching import plan_steps
 from lego_rl.train.losses import SftLoss
 from lego_rl.trajectory.sample import Sample
-
-SFT_STATE_KEY = "sft_step"
-"""The key that marks a checkpoint as SFT's (a GRPO resume refuses it: it has no ``cursor``)."""
-
 
 @dataclass(frozen=True)
 class Demonstration:
@@ -111,9 +104,11 @@ def collect_demonstrations(run_roots: list[Path], *, min_reward: float | None = 
     strong policy) into ``train.sft_data``."""
     out: list[Sample] = []
     for root in run_roots:
-        files = sorted(root.glob("sandboxes/*/samples.jsonl"))
+        artifacts = RunLayout(root).artifacts
+        files = sorted(artifacts.glob(f"*/{RolloutFiles.SAMPLES}"))
         if not files:
-            raise ConfigError(f"{root} has no sandboxes/*/samples.jsonl: not a run directory with saved rollouts",
+            raise ConfigError(f"{root} has no {artifacts.name}/*/{RolloutFiles.SAMPLES}: not a run directory with "
+                              "saved rollouts",
                               parameter="run_root", value=str(root))
         for f in files:
             with f.open("rb") as fh:
@@ -169,34 +164,20 @@ class SftRunner:
     # -- checkpoints --------------------------------------------------------------------------------
 
     def save_checkpoint(self, step: int) -> Path:
-        path = checkpoint_dir(self.run_dir.layout.checkpoints, step)
-        state = {SFT_STATE_KEY: step, "sft_cursor": self.stream.cursor.model_dump(), "seed": self.s.seed}
-        self.backend.save_checkpoint(path, extra_state=state)
-        publish_latest(self.run_dir.layout.checkpoints, step)  # after: never half-written
-        self.run_dir.events.emit(CheckpointSaved(step=step, path=str(path)))
+        state = SftState(step=step, seed=self.s.seed, cursor=self.stream.cursor)
+        path = ckpt.save_checkpoint(self.run_dir, self.backend, state)
         self._last_checkpoint = step
         return path
 
     def resume(self) -> int | None:
-        latest = latest_checkpoint(self.run_dir.layout.checkpoints)
-        if latest is None:
+        """Continue from the run's newest checkpoint (an SFT one, of this seed); the step it holds, or None."""
+        state = ckpt.resume_checkpoint(self.run_dir, self.backend, SftState, seed=self.s.seed)
+        if state is None:
             return None
-        path = latest.path
-        state = self.backend.load_checkpoint(path)
-        if SFT_STATE_KEY not in state:
-            raise ConfigError(f"checkpoint {path} was not written by SFT (a GRPO run's?): resume it without "
-                              "train.sft_data, or start SFT in a new run root", parameter="train.resume",
-                              value=str(path))
-        if state.get("seed", self.s.seed) != self.s.seed:
-            raise ConfigError(f"checkpoint {path} was trained with train.seed={state['seed']}, this run has "
-                              f"{self.s.seed}: the data order would differ", parameter="train.seed", value=self.s.seed)
-        step = int(state[SFT_STATE_KEY])
-        self.stream = PromptStream(self.stream.prompts, seed=self.s.seed,
-                                   cursor=DataCursor.model_validate(state["sft_cursor"]))
-        self.run_dir.abandon_after(step)  # rows of steps after the checkpoint are not this run's any more
-        self.next_step = step + 1
-        self._last_checkpoint = step
-        return step
+        self.stream = PromptStream(self.stream.prompts, seed=self.s.seed, cursor=state.cursor)
+        self.next_step = state.step + 1
+        self._last_checkpoint = state.step
+        return state.step
 
     # -- steps --------------------------------------------------------------------------------------
 
@@ -220,14 +201,14 @@ class SftRunner:
         for k, v in res.metrics.items():
             if not math.isfinite(v):
                 raise TrainingError(f"SFT step {step} produced a non-finite {k} = {v}; lower train.lr")
-        values = {**res.metrics, "demonstrations": float(len(opt.rollout_ids)),
-                  "epoch": float(self.stream.cursor.epoch),
-                  "weight_version": float(res.weight_version), "time_train_s": time.monotonic() - t0}
+        values = mc.declared_values(mc.SFT, {
+            **res.metrics, mc.DEMONSTRATIONS: float(len(opt.rollout_ids)), mc.EPOCH: float(self.stream.cursor.epoch),
+            mc.WEIGHT_VERSION: float(res.weight_version), mc.TIME_TRAIN_S: time.monotonic() - t0})
         row = StepMetrics(step=step, started_at=started, finished_at=max(time.time(), started), values=values)
         self.run_dir.metrics.append(row)
         self.run_dir.events.emit(StepFinished(step=step, admitted_rollouts=len(opt.rollout_ids), trained=True,
                                               weight_version=res.weight_version))
-        self.progress.last_loss = values.get("loss")
+        self.progress.last_loss = values.get(mc.LOSS)
         if self.on_step is not None:
             self.on_step(row)
         return row

@@ -15,9 +15,9 @@ the checkpoint's loop state, so a resumed run retires on the same counts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from lego_rl.driver.scheduler import Group, uniform_reward
+from lego_rl.runstore.checkpoint_state import TaskSignalState
 from lego_rl.train.advantages import AdmissionPolicy
 
 
@@ -55,12 +55,12 @@ class TaskSignal:
                     retired_now.append(iid)
         return zero, retired_now
 
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps (JSON)."""
-        return {"streaks": dict(self.streaks), "retired": list(self.retired)}
+    def state(self) -> TaskSignalState:
+        """What a checkpoint keeps."""
+        return TaskSignalState(streaks=dict(self.streaks), retired=list(self.retired))
 
-    def load(self, state: dict[str, Any] | None) -> None:
-        """Restore ``state()`` (None or empty: a checkpoint written before tasks were tracked)."""
-        state = state or {}
-        self.streaks = {str(k): int(v) for k, v in dict(state.get("streaks", {})).items()}
-        self.retired = [str(x) for x in state.get("retired", [])]
+    def load(self, state: TaskSignalState | None) -> None:
+        """Restore ``state()`` (None: a checkpoint written before tasks were tracked)."""
+        state = state or TaskSignalState()
+        self.streaks = dict(state.streaks)
+        self.retired = list(state.retired)
