@@ -30,6 +30,7 @@ from lego_rl.chat.prefix import ChainState
 from lego_rl.errors import ProtocolError
 from lego_rl.runstore.files import replace_file, write_new
 from lego_rl.runstore.layout import RolloutFiles, is_safe_name
+from lego_rl.runstore.publish import fsync_path
 from lego_rl.trajectory.export import load_turn_records  # noqa: F401  (re-exported: the saved-records reader)
 from lego_rl.trajectory.records import TurnRecord
 
@@ -227,7 +228,7 @@ def append_records(session: Session, folder: Path, *, create: bool = False) -> l
             fh.flush()
             os.fsync(fh.fileno())
         if first:
-            _fsync_dir(folder)
+            fsync_path(folder)
         session.journaled += len(new)
         return new
 
@@ -294,10 +295,3 @@ class RecordJournal:
         write_session_status(session, folder)
         self._status[session.id] = state
 
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

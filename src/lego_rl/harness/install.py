@@ -35,6 +35,7 @@ from pathlib import Path
 
 from lego_rl.errors import HarnessError
 from lego_rl.harness.toolchain import cached_integrity
+from lego_rl.runstore.publish import publish_dir, staging
 from lego_rl.sandbox.base import ExecResult, Sandbox
 
 INSTALL_ROOT = "/opt/lego"
@@ -180,8 +181,7 @@ def _extract_tree(archive: Path, integrity: str, root: Path, tree: Path, strip_c
         raise HarnessError(f"cannot create the shared toolchain folder {root} ({exc.strerror}); "
                            "set LEGO_TOOLCHAIN_TREES to a writable, world-traversable folder") from None
     os.chmod(root, 0o755)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{tree.name}."))
-    try:
+    with staging(tree, prefix=f".{tree.name}.") as tmp:
         res = subprocess.run(
             ["tar", _tar_flags(archive.name), str(archive), "-C", str(tmp),
              f"--strip-components={strip_components}", "--no-same-owner", "--no-same-permissions"],
@@ -194,15 +194,8 @@ def _extract_tree(archive: Path, integrity: str, root: Path, tree: Path, strip_c
         (tmp / MARKER).write_text(integrity_hex(integrity) + "\n")
         (tmp / TREE_DIGEST).write_text(tree_digest(tmp) + "\n")
         os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, tree)
-        except OSError:
-            if not tree.is_dir():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process extracted it first
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        # Another process may have extracted it first: its tree stands, this copy is dropped.
+        publish_dir(tmp, tree, existing="keep", what="toolchain tree")
 
 
 async def install_archive(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Literal
 from lego_rl.errors import TaskDataError
 from lego_rl.images.pathfix import fix_root_toolchain_path
 from lego_rl.images.sources import ImportFailure, find_source, image_config, split_ref, unpack
+from lego_rl.runstore.publish import publish_dir, staging
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.tasks.rows import atomic_write_text
 
@@ -97,10 +97,11 @@ def _read_marker(bundle: Path) -> dict | None:
 
 
 def _clean_leftovers(root: Path) -> None:
-    for p in root.glob(".tmp-*"):
-        shutil.rmtree(p, ignore_errors=True)
-    for p in root.glob(".old-*"):
-        shutil.rmtree(p, ignore_errors=True)
+    """Remove what an interrupted import left: unpack folders, and old bundles set aside by a replace
+    (``runstore.publish``: ``.<name>.old-*``; ``.old-*`` from earlier versions)."""
+    for pattern in (".tmp-*", ".*.old-*", ".old-*"):
+        for p in root.glob(pattern):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 async def import_one(
@@ -125,8 +126,7 @@ async def import_one(
     if marker and marker.get("image_id") == image_id and marker.get("options") == options:
         entry = {"rootfs": str(final / "rootfs"), "workdir": workdir, "env": marker["env"]}
         return "reused", entry
-    work = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
-    try:
+    with staging(final, prefix=f".tmp-{name}-") as work:
         bundle = await unpack(src, work)
         env = _env_dict(config)
         if fix_path:
@@ -135,15 +135,8 @@ async def import_one(
             raise ImportFailure(f"the dataset's workdir {workdir} does not exist in the image")
         record = {"image": image, "image_id": image_id, "source": src.transport, "options": options, "env": env}
         (bundle / MARKER).write_text(json.dumps(record, indent=2))
-        if final.exists():  # a stale bundle of another image id: move aside, swap, then delete
-            old = Path(tempfile.mkdtemp(prefix=f".old-{name}-", dir=root))
-            final.rename(old / "bundle")
-            bundle.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            bundle.rename(final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        # A stale bundle of another image id is replaced: moved aside, the new one renamed in, then deleted.
+        publish_dir(bundle, final, existing="replace", what="image bundle")
     return "imported", {"rootfs": str(final / "rootfs"), "workdir": workdir, "env": env}
 
 

@@ -21,12 +21,12 @@ import fcntl
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from lego_rl.errors import SandboxError
+from lego_rl.runstore.publish import publish_dir, staging
 
 log = logging.getLogger(__name__)
 
@@ -104,19 +104,11 @@ class RootfsStage:
 
 
 def _copy_tree(source: Path, target: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
+    with staging(target, prefix=f".{target.name}.") as tmp:
         res = subprocess.run(["cp", "-a", "--reflink=auto", "--", f"{source}/.", str(tmp)],
                              capture_output=True, text=True)  # fmt: skip
         if res.returncode != 0:
             raise SandboxError(f"staging image {source} into {target.parent} failed: {res.stderr.strip()[-400:]}")
         os.chmod(tmp, os.stat(source).st_mode & 0o7777)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.is_dir():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process staged it first
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        # Another process may have staged it first: its copy stands, this one is dropped.
+        publish_dir(tmp, target, existing="keep", what="staged image")

@@ -16,13 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from lego_rl.errors import ConfigError
+from lego_rl.runstore.publish import publish_dir, staging
 
 BUILDER_VERSION = "1"
 """Bump when anything below changes the built files; it is part of the cache key."""
@@ -205,37 +204,15 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False, moe: 
                 parameter="out_dir",
                 value=str(out_dir),
             )
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
-    try:
+    with staging(out_dir, prefix=f".{out_dir.name}.build-") as tmp:
         tok = _train_tokenizer()
         vocab_size = _write_tokenizer(tok, tmp)
         ids = {text: tok.token_to_id(text) for text, _ in ADDED_TOKENS}
         _write_model(tmp, vocab_size, ids, seed, moe)
         info = {"key": key, "builder_version": BUILDER_VERSION, "seed": seed, "vocab_size": vocab_size, "moe": moe}
         (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
-        _install(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        publish_dir(tmp, out_dir, existing="replace", what="tiny model")  # the old directory goes only now
     return out_dir
-
-
-def _install(tmp: Path, out_dir: Path) -> None:
-    """Move a finished build into place; an old directory is moved aside first, then removed."""
-    old: Path | None = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except OSError:
-        if old is not None and not out_dir.exists():
-            os.rename(old, out_dir)
-            old = None
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def cache_root() -> Path:
@@ -251,16 +228,9 @@ def ensure_tiny_model(*, seed: int = 0, cache_dir: Path | None = None, moe: bool
     target = root / f"tiny{'-moe' if moe else ''}-{build_key(seed, moe)}"
     if (target / MARKER).is_file():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
+    with staging(target, prefix=f".{target.name}.") as tmp:
         build_tiny_model(tmp / "model", seed=seed, moe=moe)
-        try:
-            os.rename(tmp / "model", target)
-        except OSError:
-            # Another process finished first; its build is identical (same key).
-            if not (target / MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        # Another process may have finished first; its build is identical (same key), so it stands.
+        publish_dir(tmp / "model", target, existing="keep", what="tiny model",
+                    keep_if=lambda p: (p / MARKER).is_file())
     return target

@@ -11,10 +11,8 @@ checked on load as well: a directory without it was not written here and is refu
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ import torch
 
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.files import write_new
+from lego_rl.runstore.publish import already_exists, publish_dir, staging
 
 MARKER = "lego_checkpoint.json"
 """Written last into a checkpoint: its presence means the directory is complete."""
@@ -63,23 +62,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
 
-def _fsync_tree(root: Path) -> None:
-    """fsync every file and folder under ``root`` (save_pretrained does not): a rename is only as durable
-    as the data it publishes."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def publish_checkpoint(path: Path, fill: Callable[[Path], None], *, info: dict[str, Any]) -> Path:
     """Create the checkpoint ``path``: ``fill(tmp)`` writes its contents into a hidden temp folder, then the
     marker (``info`` plus the format version) is written and the folder renamed into place.
@@ -87,33 +69,51 @@ def publish_checkpoint(path: Path, fill: Callable[[Path], None], *, info: dict[s
     :raises FileExistsError: naming ``path`` when it exists (a checkpoint is never overwritten).
     """
     path = Path(path)
-    if path.exists():
-        raise FileExistsError(
-            f"checkpoint {path} already exists; it is never overwritten (save under a new "
-            "name or move it away)"
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
-    try:
+    if path.exists():  # before any work: a checkpoint is never overwritten
+        raise already_exists(path, "checkpoint")
+    with staging(path, prefix=f".{path.name}.partial-") as tmp:
         fill(tmp)
         write_new(
             tmp / MARKER,
             json.dumps({"format_version": FORMAT_VERSION, **info}, indent=2) + "\n",
             what="checkpoint marker",
         )
-        _fsync_tree(tmp)
-        if path.exists():  # someone else published meanwhile; rename(2) would replace an empty folder
-            raise FileExistsError(f"checkpoint {path} appeared while saving; it is never overwritten")
-        os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fd = os.open(path.parent, os.O_RDONLY)  # make the new entry in the parent folder durable too
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        publish_dir(tmp, path, existing="refuse", fsync=True, what="checkpoint")
     return path
+
+
+def extra_state_json(extra_state: dict[str, Any]) -> str:
+    """The loop's ``extra_state`` as the checkpoint's JSON text, checked before any file is written.
+
+    :raises ValueError: when it is not JSON-serialisable.
+    """
+    try:
+        return json.dumps(extra_state, indent=2, sort_keys=True) + "\n"
+    except TypeError as exc:
+        raise ValueError(f"extra_state must be JSON-serialisable (the loop's cursor and step): {exc}") from exc
+
+
+def trainer_state(optimizer_state: dict[str, Any], scheduler: Any, weight_version: int) -> dict[str, Any]:
+    """What a backend's trainer-state file holds: optimizer, scheduler, weight version and the RNG state."""
+    return {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "weight_version": weight_version,
+            "rng": rng_state()}
+
+
+def restore_trainer_state(path: Path, state: dict[str, Any], scheduler: Any) -> tuple[int, dict[str, Any]]:
+    """Restore the scheduler and RNG from ``state`` (a trainer-state file of checkpoint ``path``, the optimizer
+    already loaded by the backend); the weight version and the loop's extra state."""
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    extra: dict[str, Any] = json.loads((Path(path) / EXTRA_STATE).read_text())
+    return int(state["weight_version"]), extra
+
+
+def copy_side_files(model_dir: Path, into: Path, names: tuple[str, ...]) -> None:
+    """Copy the model directory's side files (tokenizer, chat template...) that exist into a checkpoint being
+    written, so the checkpoint is a servable model; a file the weights' writer already made is kept."""
+    for name in names:
+        if (model_dir / name).is_file() and not (into / name).exists():
+            shutil.copy2(model_dir / name, into / name)
 
 
 def read_marker(path: Path) -> dict[str, Any]:
