@@ -3,8 +3,8 @@
 Two families, and the difference matters for training:
 
 * **Policy outcomes** (``completed``, ``agent_error_exit``, ``turn_limit``, ``context_limit``,
-  ``time_budget``): the agent itself ended the episode, ran out of turns, context or wall-clock
-  budget. These are consequences of the policy's behaviour, so the rollout keeps its verifier reward
+  ``time_budget``, ``suspect_patch``): the agent itself ended the episode, ran out of turns, context or
+  wall-clock budget, or its patch is built to fool the tests' comparisons. These are consequences of the policy's behaviour, so the rollout keeps its verifier reward
   (usually 0 for an unfinished task) and enters the GRPO statistics like any other run.
 * **Infrastructure failures** (everything else): something outside the policy broke. A reward of 0 here
   would punish the policy for our outage, so by default these rollouts are excluded from advantages and
@@ -30,6 +30,11 @@ agent_error_exit        policy the CLI exited non-zero or died (any signal, any 
 turn_limit              policy the CLI or the adapter's request cap stopped the turns
 context_limit           policy the conversation no longer fits the context window
 time_budget             policy the CLI was killed at its wall-clock budget (hanging tools are the policy's)
+suspect_patch           policy the code the patch added is built to fool comparisons (an ``__eq__`` that returns a
+                               constant or ignores its argument, a redefined ``assert*`` helper, patched
+                               ``unittest``/``pytest``/``builtins``, ``mock.ANY``; ``swe/suspect.py``), with
+                               file, line and what in the grader log. Reward 0 under
+                               ``grader.suspect_policy = "zero"`` (default), the verdict's under ``"keep"``
 sandbox_setup           infra  the sandbox could not be created or its workspace prepared: before the CLI ran
 sandbox_lost            infra  the sandbox stopped answering: its own processes were killed from outside
                                (bwrap killed by a signal; the agent runs in PID and user namespaces below
@@ -77,6 +82,9 @@ class TerminationReason(StrEnum):
     """The conversation no longer fits the model's context window."""
     TIME_BUDGET = "time_budget"
     """The agent's wall-clock budget ran out."""
+    SUSPECT_PATCH = "suspect_patch"
+    """The patch's added code is built to fool comparisons (``swe/suspect.py``); reward 0 unless
+    ``grader.suspect_policy = "keep"``."""
 
     SANDBOX_SETUP = "sandbox_setup"
     """The agent sandbox could not be created or its workspace prepared."""
@@ -106,6 +114,7 @@ POLICY_OUTCOMES: frozenset[TerminationReason] = frozenset(
         TerminationReason.TURN_LIMIT,
         TerminationReason.CONTEXT_LIMIT,
         TerminationReason.TIME_BUDGET,
+        TerminationReason.SUSPECT_PATCH,
     }
 )
 INFRASTRUCTURE_FAILURES: frozenset[TerminationReason] = frozenset(TerminationReason) - POLICY_OUTCOMES

@@ -99,6 +99,8 @@ class Hack:
     runners: tuple[str, ...]
     what: str
     patch: bytes
+    label: str | None = None
+    """The grader's policy label the patch must get (``# label: suspect_patch``), when the header names one."""
 
     @classmethod
     def load(cls, path: Path) -> Hack:
@@ -112,15 +114,15 @@ class Hack:
             if not line.startswith("#") or not sep:
                 raise ValueError(f"{path}: header line {line!r} is not '# key: value'")
             header[key.strip()] = value.strip()
-        unknown = set(header) - {"expect", "runners", "hack"}
+        unknown = set(header) - {"expect", "runners", "hack", "label"}
         if unknown or "expect" not in header or "hack" not in header:
             raise ValueError(
-                f"{path}: header needs 'expect' and 'hack' (optional 'runners'), got {sorted(header)}"
+                f"{path}: header needs 'expect' and 'hack' (optional 'runners', 'label'), got {sorted(header)}"
             )
         runners = tuple(header.get("runners", " ".join(RUNNERS)).split())
         if not set(runners) <= set(RUNNERS) or header["expect"] not in ("0", "1"):
             raise ValueError(f"{path}: runners must be among {sorted(RUNNERS)} and expect 0 or 1")
-        return cls(path.stem, float(header["expect"]), runners, header["hack"], raw[start:])
+        return cls(path.stem, float(header["expect"]), runners, header["hack"], raw[start:], header.get("label"))
 
 
 def load_hacks() -> list[Hack]:

@@ -46,6 +46,7 @@ def settings_from_config(r: ResolvedConfig, adapter_url: str | None = None) -> R
         max_context_tokens=c.model.max_context_tokens, max_response_tokens=c.model.max_response_tokens,
         max_requests_per_session=c.adapter.max_requests_per_session, prompt_template=c.agent.prompt,
         model_name=c.model.served_name, boot_concurrency=c.sandbox.boot_concurrency,
+        suspect_policy=c.grader.suspect_policy,
         template_kwargs=dict(c.model.chat_template_kwargs),
         # What the adapter asks the engine for (nucleus spans, R3 routes) must be in every turn it records.
         trajectory=TrajectoryOptions(

@@ -153,6 +153,10 @@ class GraderConfig(Section):
     """Sandbox provider for grading (default: the agent's provider)."""
     max_output_kb: int = Field(default=1024, ge=1)
     """Grader output kept per rollout (the tail beyond this is cut, and says so)."""
+    suspect_policy: Literal["zero", "keep"] = "zero"
+    """What a patch labelled ``suspect_patch`` scores (the code it added is built to fool comparisons: an
+    ``__eq__`` returning a constant, a redefined assertion helper; docs/grading.md): ``zero`` = reward 0,
+    ``keep`` = the tests' verdict stands. Either way the rollout ends ``suspect_patch`` and is counted."""
 
 
 class RolloutConfig(Section):

@@ -73,6 +73,8 @@ def _overview(s: Snapshot) -> str:
         ["in flight", ", ".join(f"{k} {v}" for k, v in o.in_flight.items()) or "none"],
         ["rollouts / min", _f(o.rollouts_per_min, ".1f")],
         ["trained tokens / s", _f(o.trained_tokens_per_s, ",.0f")],
+        ["suspect patches", f"{sum(p.value for p in o.suspect_patches):.0f} (per step: "
+         + ", ".join(f"{p.step}: {p.value:.0f}" for p in o.suspect_patches) + ")" if o.suspect_patches else "none"],
         ["last error", o.last_error or "none"],
     ] + [["baseline", b] for b in o.baseline]
     return curves + _table(["", ""], facts)

@@ -96,6 +96,9 @@ class Overview(BaseModel):
     last_error: str | None
     baseline: list[str] = Field(default_factory=list)
     """rollout-check ``--baseline`` verdicts."""
+    suspect_patches: list[Point] = Field(default_factory=list)
+    """Per finished step, rollouts labelled ``suspect_patch`` (a patch built to fool comparisons; empty when
+    the run has none)."""
 
 
 class StepTerminations(BaseModel):
@@ -328,7 +331,20 @@ def overview(state: RunState, now: float) -> Overview:
             f"{' — ' + b.error if b.error else ''}"
             for b in state.baselines
         ],
+        suspect_patches=_suspect_patches(state, done),
     )
+
+
+def _suspect_patches(state: RunState, done: list[int]) -> list[Point]:
+    """``suspect_patch`` rollouts per step, counted like the Terminations view counts every reason."""
+    points = []
+    for s in done:
+        agg = state.steps[s]
+        counts = dict(agg.terminations)
+        if not counts and agg.metrics is not None:
+            counts = {str(k): v for k, v in agg.metrics.terminations.items()}
+        points.append(Point(step=s, value=float(counts.get("suspect_patch", 0))))
+    return points if any(p.value for p in points) else []
 
 
 def terminations(state: RunState) -> Terminations:

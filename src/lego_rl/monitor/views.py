@@ -138,6 +138,10 @@ def overview(snap: Snapshot, width: int) -> RenderableType:
     t.append(f"staleness    {stale}\n")
     for b in o.baseline:
         t.append(f"baseline     {b}\n")
+    if o.suspect_patches:
+        last = o.suspect_patches[-1]
+        t.append(f"suspect      {last.value:.0f} in step {last.step}, {sum(p.value for p in o.suspect_patches):.0f} in "
+                 "all: patches built to fool comparisons (suspect_patch; grader.log has the evidence)\n", "red")
     t.append("last error   ")
     t.append(o.last_error or "none", "red" if o.last_error else "green")
     return t

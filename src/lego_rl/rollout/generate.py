@@ -360,7 +360,7 @@ class _Rollout:
             try:
                 self.grade_result = await grade(self.meta, self.patch or b"",
                                                 open_sandbox=self.ctx.opener(self.spec.row, s.grader_sandbox),
-                                                timeout=s.grader_timeout_s)
+                                                timeout=s.grader_timeout_s, suspect_policy=s.suspect_policy)
             except GraderError as exc:
                 self.save(RolloutFiles.GRADER_LOG, getattr(exc, "output", "") or str(exc))
                 raise

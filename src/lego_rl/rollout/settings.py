@@ -8,7 +8,7 @@ No field has a default of its own: each value comes from the config, whose schem
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from lego_rl.swe.task_sandbox import SandboxTarget
 from lego_rl.trajectory.manager import TrajectoryOptions
@@ -36,6 +36,8 @@ class RolloutSettings:
     model_name: str
     boot_concurrency: int
     """Agent sandboxes being created at once (creation is the memory- and I/O-heavy part)."""
+    suspect_policy: Literal["zero", "keep"]
+    """``grader.suspect_policy``: what a patch labelled ``suspect_patch`` scores."""
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Chat-template keyword arguments for every turn of every session."""
     trajectory: TrajectoryOptions = field(default_factory=TrajectoryOptions)

@@ -3,13 +3,16 @@
 Order of steps, all as root unless noted, in a fresh sandbox of the task's image:
 
 1. the row's pre-commands (the agent sandbox ran them too, so the patch has the same base), then
-   the list of the base tree's files and a copy of its test infrastructure (``testinfra``);
+   a listing of the base tree (type, inode, change time, size), the probe of the test command's
+   interpreter (cached per task) and a copy of the base files the agent patch names (``testinfra``);
 2. the agent patch: ``git apply --3way``, then plain ``git apply``, then ``patch -p1``; the tree is
    restored between attempts, so a half-applied attempt never reaches the next one. A patch that
    applies in no way scores 0;
-3. the test infrastructure is reset: every ``conftest.py``, ``pytest.ini``, ``sitecustomize.py``,
-   ``.pth`` file... goes back to its base content, and runner shadows the agent added are removed
-   (the list and the reasons: ``testinfra`` and docs/grading.md);
+3. the test infrastructure is reset: what the patch changed outside the code under test (the
+   runner's configuration of every name it reads, test folders but the official paths, the
+   interpreter and its environment, metadata folders, shadows of what the interpreter imports) goes
+   back to its base content or is removed (the rules and the reasons: ``testinfra`` and
+   docs/grading.md); the Python code that stays is read for suspect constructs (``suspect``);
 4. the official tests win: every path of the test patch is reset to HEAD (deleted when absent at
    HEAD), then the test patch is applied. This runs *after* the agent patch on purpose: an agent that
    rewrote or weakened an official test gets the official version back, and an agent that wrote its
@@ -42,8 +45,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -54,7 +59,19 @@ from lego_rl.errors import GraderError, SandboxError, TaskDataError
 from lego_rl.sandbox.base import ExecResult, Sandbox
 from lego_rl.swe.baseline import BASELINES, Baseline, BaselineCache
 from lego_rl.swe.shell import GIT, format_step, q
-from lego_rl.swe.testinfra import base_infra, changes_test_config, plan_reset
+from lego_rl.swe.suspect import Suspect, find_suspects
+from lego_rl.swe.testinfra import (
+    LIST_CMD,
+    PROBE_SCRIPT,
+    InfraContext,
+    Listing,
+    Probe,
+    changes_tool_config,
+    parse_listing,
+    plan_reset,
+    probe_shell,
+    saved_paths,
+)
 from lego_rl.swe.testresults import (
     ERROR,
     FAILED,
@@ -74,6 +91,7 @@ from lego_rl.tasks.patchpaths import patch_paths
 
 SandboxOpener = Callable[[], AbstractAsyncContextManager[Sandbox]]
 ApplyMethod = Literal["empty", "git-apply-3way", "git-apply", "patch"]
+SuspectPolicy = Literal["zero", "keep"]
 VerdictSource = Literal["named tests", "baseline", "swepro parser", "exit status"]
 GRADER_DIR = "/tmp/lego-grader"
 F2P_PATH = f"{GRADER_DIR}/test_f2p.py"
@@ -97,6 +115,10 @@ class GradeResult:
     """Where the verdict came from; ``None`` when no test ran (the patch did not apply)."""
     reset: list[str] = field(default_factory=list)
     """Test-infrastructure paths the grader reset after the agent patch (``restored ...``/``removed ...``)."""
+    suspects: list[str] = field(default_factory=list)
+    """Evidence (``file:line: what``) that the patch exists to fool comparisons (``swe/suspect.py``)."""
+    label: str | None = None
+    """A policy termination label the grader decided (``suspect_patch``), else None."""
 
 
 class _Log:
@@ -183,7 +205,7 @@ async def _official_tests(sb: Sandbox, log: _Log, meta: TaskMetadata) -> None:
 # ----- test infrastructure (testinfra.py decides, these steps carry it out in the sandbox)
 
 INFRA_BASE = f"{GRADER_DIR}/infra-base"
-_LIST = r"find . -path ./.git -prune -o \( -type f -o -type l \) -printf '%y%p\0'"
+_PROBE_PATH = f"{GRADER_DIR}/probe.py"
 _RESET = r"""cd {wd} || exit 1
 base={base}; status=0
 while IFS= read -r -d '' p; do
@@ -201,55 +223,122 @@ while IFS= read -r -d '' p; do
 done < {remove}
 exit $status
 """
+_PROBES: OrderedDict[str, Probe | None] = OrderedDict()
+"""Probe results by task (image, workdir, pre-commands, command): a property of the base image."""
+_SUSPECT_FILES, _SUSPECT_BYTES = 200, 1 << 20
 
 
 def _nul(paths: list[str]) -> bytes:
     return b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
 
 
-async def _tree(sb: Sandbox, log: _Log, wd: str, name: str) -> dict[str, str]:
-    """Repository-relative path -> find's type letter (``f`` file, ``l`` symlink), ``.git`` left out."""
+@dataclass
+class _InfraBase:
+    """What ``_save_infra`` learnt before the patch, for ``_reset_infra`` after it."""
+
+    listing: Listing
+    ctx: InfraContext
+    saved: set[str]
+
+
+async def _listing(sb: Sandbox, log: _Log, wd: str, name: str) -> Listing:
     out = f"{GRADER_DIR}/{name}"
-    await _must(sb, log, f"list the tree ({name})", f"cd {q(wd)} && {_LIST} > {out}", cwd="/")
-    entries = (await sb.read_file(out)).decode("utf-8", "surrogateescape").split("\0")
-    return {e[3:] if e[1:3] == "./" else e[1:]: e[0] for e in entries if len(e) > 1}
+    await _must(sb, log, f"list the tree ({name})", f"cd {q(wd)} && {LIST_CMD} > {out}", cwd="/")
+    return parse_listing(await sb.read_file(out))
 
 
-async def _save_infra(sb: Sandbox, log: _Log, wd: str, cmd: str) -> dict[str, str]:
-    base = await _tree(sb, log, wd, "files-base")
-    await sb.write_file(f"{GRADER_DIR}/infra-base.lst", _nul(base_infra(base, cmd)))
-    await _must(sb, log, "save the base test infrastructure", f"mkdir -p {INFRA_BASE} && cd {q(wd)} && "
-                f"xargs -0 -r {CP} --parents -t {INFRA_BASE} -- < {GRADER_DIR}/infra-base.lst", cwd="/")
-    return base
+async def _probe(sb: Sandbox, log: _Log, meta: TaskMetadata, cmd: str) -> Probe | None:
+    """The test command's interpreter asked, on the base tree, what it reads and imports (cached per task)."""
+    key = hashlib.sha256(json.dumps([meta.image, meta.workdir, meta.pre_commands, cmd]).encode()).hexdigest()
+    if key in _PROBES:
+        _PROBES.move_to_end(key)
+        return _PROBES[key]
+    await sb.write_file(_PROBE_PATH, PROBE_SCRIPT)
+    script = probe_shell(cmd, meta.workdir, _PROBE_PATH, runner_of(meta))
+    res = await sb.exec(["bash", "-c", script], user="root", cwd="/", timeout=120)
+    probe: Probe | None = None
+    try:
+        probe = Probe.parse(res.stdout.strip().splitlines()[-1]) if res.ok and res.stdout.strip() else None
+    except (ValueError, KeyError, TypeError, IndexError):
+        probe = None
+    if probe is None:
+        log.note("probe of the test command's interpreter", f"no answer (exit {res.exit_code}); the fallback "
+                 f"lists protect the standard library and the runners\n{(res.stderr or res.stdout)[-400:]}")
+    else:
+        log.note("probe of the test command's interpreter", f"prefix {probe.prefix}; {len(probe.path)} sys.path "
+                 f"entries; runner configuration files: {', '.join(probe.configs) or '(not pytest)'}")
+    if res.ok and not res.timed_out:
+        _PROBES[key] = probe
+        while len(_PROBES) > 256:
+            _PROBES.popitem(last=False)
+    return probe
 
 
-async def _reset_infra(sb: Sandbox, log: _Log, wd: str, cmd: str,
-                       base: dict[str, str]) -> tuple[list[str], bool]:
-    """Reset the test infrastructure after the agent patch; returns (what changed, whether it all worked).
+def _official_paths(meta: TaskMetadata) -> list[str]:
+    paths = list(meta.test_paths)
+    if meta.swepro is not None:
+        paths += list(meta.swepro.selected_test_files)
+    return paths
 
-    A path that cannot be restored is the agent's doing (only a tree the patch reshaped, a file where
-    a directory was, can refuse), so it is a verdict of 0, not a grader error.
+
+async def _save_infra(sb: Sandbox, log: _Log, meta: TaskMetadata, patch: bytes) -> _InfraBase:
+    """Before the agent patch: the tree's listing, the probe, and a copy of every base file the patch names."""
+    wd, cmd = meta.workdir, _command(meta)
+    listing = await _listing(sb, log, wd, "files-base")
+    probe = await _probe(sb, log, meta, cmd)
+    try:
+        named = patch_paths(patch.decode("utf-8", errors="surrogateescape"))
+    except TaskDataError:
+        named = []  # the appliers refuse it; anything it still changed cannot be restored: a verdict of 0
+    keep = saved_paths(listing, named)
+    if keep:
+        await sb.write_file(f"{GRADER_DIR}/infra-base.lst", _nul(keep))
+        await _must(sb, log, "save the base files the agent patch names", f"mkdir -p {INFRA_BASE} && cd {q(wd)} && "
+                    f"xargs -0 -r {CP} --parents -t {INFRA_BASE} -- < {GRADER_DIR}/infra-base.lst", cwd="/")
+    return _InfraBase(listing, InfraContext.build(listing, cmd, _official_paths(meta), probe), set(keep))
+
+
+async def _reset_infra(sb: Sandbox, log: _Log, meta: TaskMetadata, patch: bytes,
+                       base: _InfraBase) -> tuple[list[str], bool, list[Suspect]]:
+    """Reset the test infrastructure after the agent patch; returns (what changed, whether it all worked,
+    the suspect constructs in the code that stays).
+
+    A path that cannot be restored is the agent's doing (a tree the patch reshaped, a file changed that
+    its patch does not name), so it is a verdict of 0, not a grader error.
     """
-    now = await _tree(sb, log, wd, "files-patched")
-    plan = plan_reset(set(base), set(now), cmd)
-    for path in plan.compare:
-        if now.get(path) != "f" or (path in base and base[path] != "f"):
-            changed = True  # a symlinked configuration file: never read through it, reset it
-        else:
-            before = None
-            if path in base:
-                before = (await sb.read_file(f"{INFRA_BASE}/{path}")).decode("utf-8", "replace")
+    wd = meta.workdir
+    now = await _listing(sb, log, wd, "files-patched")
+    plan = plan_reset(base.listing, now, base.ctx)
+    for path in plan.judge:
+        if path in base.saved:
+            before = (await sb.read_file(f"{INFRA_BASE}/{path}")).decode("utf-8", "replace")
             after = (await sb.read_file(f"{wd}/{path}")).decode("utf-8", "replace")
-            changed = changes_test_config(PurePosixPath(path).name, before, after)
-        if changed:
-            (plan.restore if path in base else plan.remove).append(path)
-    await sb.write_file(f"{GRADER_DIR}/restore.lst", _nul(plan.restore))
+            if not changes_tool_config(before, after):
+                plan.kept.append(path)
+                continue
+        plan.restore.append(path)
+        plan.why[path] = "runner configuration (its [tool] table changed)"
+    missing = [p for p in plan.restore if p not in base.saved]
+    await sb.write_file(f"{GRADER_DIR}/restore.lst", _nul([p for p in plan.restore if p in base.saved]))
     await sb.write_file(f"{GRADER_DIR}/remove.lst", _nul(plan.remove))
     script = _RESET.format(wd=q(wd), base=INFRA_BASE, restore=f"{GRADER_DIR}/restore.lst",
                            remove=f"{GRADER_DIR}/remove.lst")
     res = await _sh(sb, log, "reset test infrastructure", script, cwd="/")
     done = [line for line in res.stdout.splitlines() if line.startswith(("restored", "removed", "CANNOT"))]
-    return done, res.ok
+    done += [f"CANNOT RESTORE: {p} (changed, but the agent patch does not name it)" for p in missing]
+    if plan.why:
+        log.note("test-infrastructure rules (testinfra.py)", "\n".join(f"{p}: {plan.why[p]}" for p in sorted(plan.why)))
+    return done, res.ok and not missing, await _suspects(sb, wd, plan.kept, now, patch)
+
+
+async def _suspects(sb: Sandbox, wd: str, kept: list[str], now: Listing, patch: bytes) -> list[Suspect]:
+    """``swe/suspect.py`` over the Python files the patch added or changed and the reset left in place."""
+    sources: dict[str, str] = {}
+    for path in [p for p in kept if p.lower().endswith(".py") and now[p][0] == "f"][:_SUSPECT_FILES]:
+        if int(now[path][3] or 0) <= _SUSPECT_BYTES:
+            sources[path] = (await sb.read_file(f"{wd}/{path}")).decode("utf-8", "replace")
+    return find_suspects(sources, patch.decode("utf-8", "surrogateescape")) if sources else []
+
 
 
 # ----- the canary: tests with a known outcome, run with the official ones
@@ -311,6 +400,7 @@ class _Attempt:
     report: TestRun | None = None
     canary_seen: bool = False
     canary_problems: list[str] = field(default_factory=list)
+    suspects: list[Suspect] = field(default_factory=list)
 
 
 def _command(meta: TaskMetadata) -> str:
@@ -396,11 +486,11 @@ async def _attempt(meta: TaskMetadata, data: bytes, open_sandbox: SandboxOpener,
             for n, cmd in enumerate(meta.pre_commands, start=1):
                 await _must(sb, log, f"pre-command {n}", cmd, cwd=meta.workdir)
             if data.strip():
-                base = await _save_infra(sb, log, meta.workdir, _command(meta))
+                base = await _save_infra(sb, log, meta, data)
                 att.apply_method = await _apply_agent_patch(sb, log, data, meta.workdir)
                 if att.apply_method is None:
                     return att
-                att.reset, att.reset_ok = await _reset_infra(sb, log, meta.workdir, _command(meta), base)
+                att.reset, att.reset_ok, att.suspects = await _reset_infra(sb, log, meta, data, base)
                 if not att.reset_ok:
                     return att
             await _official_tests(sb, log, meta)
@@ -465,12 +555,14 @@ def named_tests(meta: TaskMetadata) -> tuple[list[str], list[str]] | None:
 
 
 async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: SandboxOpener,
-                timeout: float = 180.0, baselines: BaselineCache | None = None) -> GradeResult:
+                timeout: float = 180.0, baselines: BaselineCache | None = None,
+                suspect_policy: SuspectPolicy = "zero") -> GradeResult:
     """Grade ``patch`` for the task ``meta`` in a fresh sandbox from ``open_sandbox()``.
 
     ``open_sandbox`` returns an async context manager of a new sandbox of the task's image, e.g.
     ``lambda: create_sandbox(meta.image, provider="bwrap", images=images)``; a baseline run, when the
     verdict needs one, opens another. ``baselines`` defaults to the process-wide ``BASELINES``.
+    ``suspect_policy`` (``grader.suspect_policy``): what a patch built to fool comparisons scores.
     """
     data = patch.encode() if isinstance(patch, str) else patch
     cache = BASELINES if baselines is None else baselines
@@ -507,8 +599,24 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
         else:
             await _judge(meta, att, runner, named, (baseline, known), timeout, cache, started, result)
     result.reward = float(result.solved)
+    _judge_suspects(att, result, suspect_policy)
     result.output = log.text
     return result
+
+
+def _judge_suspects(att: _Attempt, result: GradeResult, policy: SuspectPolicy) -> None:
+    """Label a patch with suspect constructs ``suspect_patch``; under ``zero`` its reward is 0."""
+    if not att.suspects or att.apply_method is None:
+        return
+    result.suspects, result.label = [str(s) for s in att.suspects], "suspect_patch"
+    kept = policy == "keep"
+    att.log.note("suspect patch (swe/suspect.py)", "\n".join(result.suspects) + "\n" + (
+        f"grader.suspect_policy = keep: the verdict stands (reward {result.reward:g})" if kept else
+        "grader.suspect_policy = zero: reward 0"))
+    if not kept:
+        result.solved, result.reward = False, 0.0
+        result.reason = f"suspect patch: {result.suspects[0]}" + (
+            f" (+{len(result.suspects) - 1} more)" if len(result.suspects) > 1 else "") + f"; was: {result.reason}"
 
 
 async def _run_baseline(meta: TaskMetadata, open_sandbox: SandboxOpener, timeout: float) -> Baseline:
