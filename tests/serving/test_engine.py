@@ -13,6 +13,7 @@ from lego_rl.serving.client import ServingClient
 from lego_rl.serving.errors import EngineRejected
 from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.server import EmbeddedServer
+from support.numerics import forward_tolerance, rounding_tolerance
 
 PROMPT = [1, 10, 72, 105, 300, 12]
 
@@ -26,7 +27,9 @@ async def test_greedy_is_deterministic_and_batching_invariant(engine_url: str, v
     assert alone.finish_reason == "length" and len(alone.output_ids) == 12
     assert together[0].output_ids == alone.output_ids
     for a, b in zip(together[0].logprobs, alone.logprobs, strict=True):
-        assert abs(a - b) < 1e-5  # padding and batch size do not move the numbers
+        # Padding and batch size do not move the numbers beyond rounding: a batch of 6 and a batch of 1 run
+        # other matmul shapes, so other kernels, through the whole forward.
+        assert abs(a - b) < forward_tolerance(0.0)
     assert all(r.weight_versions[0].version == 0 for r in together)
 
 
@@ -96,7 +99,9 @@ async def test_nucleus_capture(engine_url: str, vocab_size: int) -> None:
                              return_nucleus=True)
     assert r.nucleus is not None and len(r.nucleus) == 8
     for tok, entry in zip(r.output_ids, r.nucleus, strict=True):
-        assert tok in entry.ids and abs(sum(entry.probs) - 1) < 1e-4
+        # fp32 probabilities renormalised over the nucleus: sums of len(ids) values <= 1 (engine, here).
+        mass_tol = rounding_tolerance(torch.float32, magnitude=1.0, terms=2 * len(entry.ids))
+        assert tok in entry.ids and abs(sum(entry.probs) - 1) < mass_tol
         assert len(entry.ids) < vocab_size
 
 
@@ -121,7 +126,9 @@ async def test_weight_update_from_directory_and_state_dict(tiny_model: Path, tmp
         await server.engine.load_state_dict(original, 2)
         again = await c.generate(PROMPT, greedy)
         assert again.output_ids == before.output_ids and again.version_of(0) == 2
-        # Same numbers too: no KV computed under the other weights was reused from the prefix cache.
+        # Same numbers too: no KV computed under the other weights was reused from the prefix cache. Like
+        # with like (same prompt, shapes and weights), so they repeat; KV from the 1.5x weights would move
+        # them by far more.
         assert max(abs(a - b) for a, b in zip(again.logprobs, before.logprobs, strict=True)) < 1e-5
         with pytest.raises(EngineRejected, match="does not exist"):
             await c.update_weights(tmp_path / "missing", 3)

@@ -11,6 +11,7 @@ import torch
 from lego_rl.serving.engine import EmbeddedEngine
 from lego_rl.serving.logprobs import teacher_forced_logprobs
 from lego_rl.serving.protocol import SamplingParams
+from support.numerics import forward_tolerance
 
 
 @pytest.fixture
@@ -32,7 +33,8 @@ async def test_recomputation_matches_sampled_logprobs(engine: EmbeddedEngine) ->
         recomputed = teacher_forced_logprobs(engine.model, p + out.token_ids, len(p), t,
                                              top_p=0.95 if i == 3 else 1.0)
         delta = (recomputed - torch.tensor(out.logprobs)).abs().max().item()
-        assert delta < 1e-5, (t, delta)
+        # Incremental decode against one full forward: other kernels through the whole model.
+        assert delta < forward_tolerance(t), (t, delta)
 
 
 async def test_prefix_cache_reuse_keeps_the_numbers(engine: EmbeddedEngine) -> None:
@@ -46,9 +48,9 @@ async def test_prefix_cache_reuse_keeps_the_numbers(engine: EmbeddedEngine) -> N
     assert engine.prefix_cache.hits == hits + 1
     recomputed = teacher_forced_logprobs(engine.model, turn2 + second.token_ids, len(turn2), 0.8)
     # Cached vs full-recompute attention differ only in fp32 kernel order: ~1e-5 at T=1 (RESULTS.md), scaled
-    # by 1/T because the logits are divided by T (1.05e-5 seen at T=0.8 on a 2-core CI machine). A wrong
-    # cache offset or stale entry shows up as errors of 1e-3 and more.
-    assert (recomputed - torch.tensor(second.logprobs)).abs().max().item() < 2e-5 / 0.8
+    # by 1/T because the logits are divided by T (1.05e-5 seen at T=0.8 on a 2-core AMD EPYC). A wrong
+    # cache offset or stale entry shows up as errors of 1e-3 and more; forward_tolerance sits between.
+    assert (recomputed - torch.tensor(second.logprobs)).abs().max().item() < forward_tolerance(0.8)
 
 
 def test_recomputation_rejects_bad_arguments(tiny_model: Path) -> None:
