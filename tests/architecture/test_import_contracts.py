@@ -5,12 +5,15 @@ each runs as its own test. Three rules import-linter cannot state are checked he
 graph import-linter itself builds:
 - no two files of the package import each other, directly or round a longer loop;
 - `lego_rl.monitor`, once it exists, imports nothing of lego_rl but the run store (and `errors` under it);
-- a harness plugin (plugins/*) uses only lego_rl's plugin-facing floors: harness, sandbox, errors.
+- a harness plugin (plugins/*) uses only lego_rl's plugin-facing floors: harness, sandbox, errors;
+- only `config`, `cli` and `compose` name the whole config (`LegoConfig`, `ResolvedConfig`), even for a type
+  annotation: every other room gets typed settings projected by `compose`.
 Imports under `if TYPE_CHECKING:` are not imports at run time and are ignored everywhere.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -32,6 +35,25 @@ ONLY_IMPORTS = {
     "lego_rl.monitor": ("lego_rl.monitor", "lego_rl.runstore", "lego_rl.errors"),
     **{plugin: ("lego_rl.harness", "lego_rl.sandbox", "lego_rl.errors") for plugin in PLUGIN_PACKAGES},
 }
+
+
+CONFIG_TYPES = {"LegoConfig", "ResolvedConfig"}
+CONFIG_READERS = ("lego_rl.config", "lego_rl.cli", "lego_rl.compose")
+"""The rooms that may name the whole config; the others get typed settings from ``lego_rl.compose``."""
+
+
+def config_type_imports(root: Path) -> list[str]:
+    """``module: name (l.N)`` for every import of ``LegoConfig`` or ``ResolvedConfig`` from ``lego_rl.config`` in
+    a module of ``root`` (a ``lego_rl`` package directory) outside ``CONFIG_READERS``, ``TYPE_CHECKING`` ones too."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(("lego_rl", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        if any(module == r or module.startswith(r + ".") for r in CONFIG_READERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lego_rl.config"):
+                found += [f"{module}: {a.name} (l.{node.lineno})" for a in node.names if a.name in CONFIG_TYPES]
+    return found
 
 
 def lint_imports(*contracts: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -154,6 +176,12 @@ def test_package_imports_only_its_allowed_floors(package: str) -> None:
     assert not bad, f"{package} may import from lego_rl only {allowed}; it imports:\n{listed}"
 
 
+def test_only_compose_config_and_cli_name_the_whole_config() -> None:
+    bad = config_type_imports(ROOT / "src" / "lego_rl")
+    assert not bad, ("outside config, cli and compose no module reads the whole config; add the value to the "
+                     "part's settings type and set it in lego_rl.compose (compose.projection):\n  " + "\n  ".join(bad))
+
+
 def test_every_plugin_is_checked() -> None:
     # A plugin that is not installed would make the graph build fail above; one missing from the list would
     # pass unchecked. The four shipped harnesses must all be there.
@@ -218,6 +246,31 @@ def test_rollout_reading_the_config_breaks_its_contract(package_copy: Path) -> N
     result = lint_imports("rollout-no-config", pythonpath=package_copy)
     assert result.returncode != 0
     assert "lego_rl.rollout.generate -> lego_rl.config.schema" in result.stdout
+
+
+def test_the_driver_reading_the_config_or_ray_breaks_its_contract(package_copy: Path) -> None:
+    plant(package_copy, "lego_rl.driver.scheduler", "from lego_rl.config import resolve  # planted")
+    plant(package_copy, "lego_rl.driver.weight_sync", "import ray  # planted")
+    result = lint_imports("driver-pure", pythonpath=package_copy)
+    assert result.returncode != 0
+    assert "lego_rl.driver.scheduler -> lego_rl.config.resolve" in result.stdout
+    assert "lego_rl.driver.weight_sync -> ray" in result.stdout
+
+
+def test_the_cluster_room_reading_the_resolved_config_breaks_its_contract(package_copy: Path) -> None:
+    plant(package_copy, "lego_rl.cluster.ray_nodes", "from lego_rl.config.resolve import ResolvedConfig  # planted")
+    result = lint_imports("config-read-by-compose", pythonpath=package_copy)
+    assert result.returncode != 0
+    assert "lego_rl.cluster.ray_nodes -> lego_rl.config.resolve" in result.stdout
+    assert [b.split(" (")[0] for b in config_type_imports(package_copy / "lego_rl")] == [
+        "lego_rl.cluster.ray_nodes: ResolvedConfig"]
+
+
+def test_a_type_checking_import_of_the_config_is_still_a_reader(package_copy: Path) -> None:
+    """import-linter ignores TYPE_CHECKING imports; the config rule does not (an annotation names the dependency)."""
+    plant(package_copy, "lego_rl.driver.runner",
+          "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lego_rl.config.schema import LegoConfig")
+    assert [b for b in config_type_imports(package_copy / "lego_rl") if b.startswith("lego_rl.driver.runner:")]
 
 
 def test_a_new_top_level_module_needs_a_floor(package_copy: Path) -> None:

@@ -43,14 +43,13 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from lego_rl.config.placement import GroupPlan, key_for, placement_plan, shortfalls
+from lego_rl.config.placement import GroupPlan, PlacementPlan, key_for, shortfalls
 from lego_rl.config.remote import ray_head_unreachable
-from lego_rl.config.schema import ClusterConfig, LegoConfig
+from lego_rl.config.schema import ClusterConfig
 from lego_rl.errors import ConfigError, LegoError
 from lego_rl.driver.loop import TrainingError
 from lego_rl.cluster.ray_nodes import RayNodes, start_ray_nodes
 from lego_rl.driver.weight_sync import EmbeddedWeightSync, InFlight, SyncReport, WeightSource, WeightSync
-from lego_rl.runstore.layout import RunLayout
 from lego_rl.train.backend import LossFn, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 
@@ -336,10 +335,6 @@ class RayCluster:
     urls: list[str]
     """The replicas' HTTP roots (``http://<node address>:<port>``)."""
 
-    def serving_config(self, c: LegoConfig) -> LegoConfig:
-        """``c`` with the replicas as its serving URLs: the client and the adapter reach them like vLLM servers."""
-        serving = c.serving.model_copy(update={"backend": "vllm", "urls": list(self.urls)})
-        return c.model_copy(update={"serving": serving})
 
 
 def _strategy(pg: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
@@ -359,18 +354,30 @@ def _served(engine_kw: dict[str, Any], audit: str | None, replica: int) -> dict[
     return engine_kw if audit is None else {**engine_kw, "served_log": Path(audit) / f"engine-{replica}.jsonl"}
 
 
+@dataclass(frozen=True)
+class ReplicaOptions:
+    """What every engine replica is started with (projected from ``model.*`` and ``serving.*`` by compose)."""
+
+    dtype: str
+    """The served dtype; ``auto`` is resolved here by device (bf16 on a GPU, fp32 on a CPU)."""
+    max_batch: int
+    max_model_len: int
+
+
 @contextlib.asynccontextmanager
-async def ray_cluster(c: LegoConfig, model_dir: Path, *,
-                      settings: TorchTrainSettings | MegatronTrainSettings) -> AsyncIterator[RayCluster]:
+async def ray_cluster(cl: ClusterConfig, plan: PlacementPlan, model_dir: Path, *,
+                      settings: TorchTrainSettings | MegatronTrainSettings, replicas: ReplicaOptions,
+                      audit: Path | None) -> AsyncIterator[RayCluster]:
     """Place and start the trainer ranks and the engine replicas; on exit stop them and release the groups.
 
     With ``cluster.start_ray`` and ``cluster.train_head`` the Ray cluster itself is started first, on the training
     nodes (``ray_nodes``), joined once every node is alive in it, and stopped last.
 
     A placement the cluster cannot hold at all is refused before anything starts (a ``ConfigError`` naming the
-    missing resource, the same finding as ``lego validate --remote``).
+    missing resource, the same finding as ``lego validate --remote``). ``plan``: ``config.placement.placement_plan``
+    of the run; ``audit``: the run's audit directory when ``train.audit`` is on (every rank and replica writes
+    its records there: a filesystem all nodes share, see the module docstring).
     """
-    cl = c.cluster
     nodes: RayNodes | None = None
     started = False
     groups: list[PlacementGroup] = []
@@ -382,7 +389,6 @@ async def ray_cluster(c: LegoConfig, model_dir: Path, *,
         started = connect(cl, started_at=nodes.address if nodes is not None else None)
         if nodes is not None:
             await asyncio.to_thread(wait_joined, nodes)
-        plan = placement_plan(c)
         missing = shortfalls(plan, alive_node_resources())
         if missing:
             raise ConfigError("the Ray cluster cannot hold the placement: " + "; ".join(why for _, why in missing)
@@ -413,21 +419,19 @@ async def ray_cluster(c: LegoConfig, model_dir: Path, *,
                 name=f"lego-engine-{i}-{os.getpid()}").remote())
         actors.extend(engines)
         gpu = cl.gpus_per_engine > 0
-        dtype = c.model.dtype if c.model.dtype != "auto" else ("bfloat16" if gpu else "float32")
+        dtype = replicas.dtype if replicas.dtype != "auto" else ("bfloat16" if gpu else "float32")
         engine_kw: dict[str, Any] = {"device": "cuda" if gpu else "cpu", "dtype": dtype,
-                                     "max_batch": c.serving.max_batch_size, "max_model_len": c.model.max_context_tokens}
-        # train.audit: every rank and every replica writes its records into the run directory, which is on a
-        # filesystem all nodes share (see the module docstring).
-        audit = str(RunLayout(Path(c.paths.run_root or "runs/unnamed").resolve()).audit) if c.train.audit else None
+                                     "max_batch": replicas.max_batch, "max_model_len": replicas.max_model_len}
+        audit_dir = str(audit) if audit is not None else None
         try:
             master = await ranks[0].address.remote()
             # The engines load while the ranks rendezvous and load: both are slow, neither needs the other.
             urls: list[str]
             versions: list[int]
             urls, versions = await asyncio.gather(
-                asyncio.gather(*(e.start.remote(str(model_dir), _served(engine_kw, audit, i))
+                asyncio.gather(*(e.start.remote(str(model_dir), _served(engine_kw, audit_dir, i))
                                  for i, e in enumerate(engines))),
-                asyncio.gather(*(r.setup.remote(master, str(model_dir), settings, audit) for r in ranks)))
+                asyncio.gather(*(r.setup.remote(master, str(model_dir), settings, audit_dir) for r in ranks)))
         except ray.exceptions.RayError as exc:
             raise _unwrap(exc, "starting the trainer ranks and engine replicas") from exc
         yield RayCluster(backend=RayTrainerBackend(ranks, versions[0]), engines=engines, urls=list(urls))

@@ -402,13 +402,11 @@ class TrainSession:
             async with contextlib.AsyncExitStack() as stack:
                 cluster: RayCluster | None = None
                 if c.cluster.mode == "ray":
-                    from lego_rl.cluster.actors import ray_cluster
+                    from lego_rl.compose.ray_run import cluster_for, serving_on_replicas
 
-                    cluster = await stack.enter_async_context(
-                        ray_cluster(c, model_dir(c.model.checkpoint),
-                                    settings=megatron_settings(c) if c.train.backend == "megatron"
-                                    else torch_settings(c)))
-                    c = cluster.serving_config(c)  # the replicas' URLs, reached like vLLM servers
+                    cluster = await stack.enter_async_context(cluster_for(
+                        c, megatron_settings(c) if c.train.backend == "megatron" else torch_settings(c)))
+                    c = serving_on_replicas(c, cluster)  # the replicas' URLs, reached like vLLM servers
                 if self.env is not None:
                     engines = await stack.enter_async_context(serving_engines(c))
                     await self._check_engines(engines)
