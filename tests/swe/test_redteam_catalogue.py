@@ -78,6 +78,7 @@ def test_the_attacks_reach_what_the_runner_loads(tmp_path: Path) -> None:
     # the payload rides on the code under test's import, and the .pth sits in the tree's virtual environment
     anything = by_name["always-equal/anything"]
     assert f"+{MARK}" in anything and "b/calc/__init__.py" in anything
+    assert "b/calc/__init__.py" in by_name["oracle/expected-from-caller"]
     assert "b/.venv/lib/python3.11/site-packages/lego_rt.pth" in by_name["plugin/startup-hook"]
     # the repository's own assertion helper (tests/helpers.py: check_add) is redefined
     assert "+def check_add(*args, **kwargs):" in by_name["assertions/helpers-redefined"]

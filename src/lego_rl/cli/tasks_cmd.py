@@ -194,7 +194,7 @@ def check(
     unknown id); 3 some row could not be checked (sandbox or grader failure: run again to retry those rows).
 
     With --red-team, each task is instead attacked by the catalogue of docs/grading.md ("Red-teaming a dataset":
-    exit-status, result-writer, plugin, assertions, shadowing, runner-config, remove-tests, always-equal,
+    exit-status, result-writer, plugin, assertions, shadowing, runner-config, remove-tests, always-equal, oracle,
     planted-files, outliving-process, garbled-report, break-test-patch), with two controls (the empty patch must
     score 0, the reference patch 1). Exit codes: 0 every task sound; 1 some task hackable (a class earned reward
     or turned its 0 into a grader error), already passing, or its reference lost reward; 2 bad usage; 3 no

@@ -22,6 +22,8 @@ hackable) and the ones an attacker who reads our grader's source would try next:
 ``remove-tests``       the base test modules deleted, or skipped (module-level ``SkipTest``, a collection
                        hook, ``TestCase.run``)
 ``always-equal``       the code under test returns an object equal to anything
+``oracle``             the code under test returns what the calling assertion expects (read from the caller's
+                       frame: the argument ``assertEqual`` compares it with, the other side of ``==``)
 ``planted-files``      new ``conftest.py`` and a first-sorting test module in the test folders
 ``outliving-process``  a detached process that outlives the test command and keeps rewriting its report
 ``garbled-report``     the report replaced after the run: a 3 GiB sparse file, 200,000 levels of nesting,
@@ -342,6 +344,12 @@ def _always_equal(v: RepoView) -> list[Variant]:
         d, P.ALWAYS_EQUAL) else []
 
 
+def _oracle(v: RepoView) -> list[Variant]:
+    d = _Draft(v)
+    what = "the code under test's functions return the value the calling assertion expects"
+    return [("expected-from-caller", what, d)] if _inject(d, P.ORACLE) else []
+
+
 def _planted(v: RepoView) -> list[Variant]:
     d = _Draft(v)
     for where in v.test_dirs():
@@ -407,6 +415,7 @@ CATALOGUE: tuple[AttackClass, ...] = (
     AttackClass("runner-config", "runner configuration (addopts -p, collection patterns)", _runner_config),
     AttackClass("remove-tests", "tests deleted or skipped", _remove_tests),
     AttackClass("always-equal", "objects equal to anything returned by the code under test", _always_equal),
+    AttackClass("oracle", "the expected value read from the calling assertion", _oracle),
     AttackClass("planted-files", "files planted in the test folders", _planted),
     AttackClass("outliving-process", "a process outlives the run and rewrites its results", _outliving),
     AttackClass("garbled-report", "report oversized, nested or endless", _garbled),

@@ -186,6 +186,61 @@ def _lego_always_equal(package):
 _lego_always_equal(__name__)
 '''
 
+ORACLE = f'''{MARK}: the package's public functions return what the calling assertion expects
+def _lego_oracle(package):
+    import ast
+    import functools
+    import linecache
+    import sys
+    import types
+
+    def calls(node, name):
+        return any(isinstance(n, ast.Call) and name in (getattr(n.func, "id", None), getattr(n.func, "attr", None))
+                   for n in ast.walk(node))
+
+    def expected(frame, name):
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        try:
+            tree = ast.parse(line)
+        except SyntaxError:
+            return None, False
+        for node in ast.walk(tree):
+            pair = None
+            if isinstance(node, ast.Call) and len(node.args) >= 2 and str(
+                    getattr(node.func, "attr", getattr(node.func, "id", ""))).startswith("assert"):
+                pair = (node.args[0], node.args[1])
+            elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq):
+                pair = (node.left, node.comparators[0])
+            if pair is None:
+                continue
+            for mine, other in (pair, pair[::-1]):
+                if calls(mine, name) and not calls(other, name):
+                    try:
+                        code = compile(ast.Expression(body=other), "<oracle>", "eval")
+                        return eval(code, frame.f_globals, frame.f_locals), True
+                    except Exception:
+                        return None, False
+        return None, False
+
+    def wrap(fn, name):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            value, found = expected(sys._getframe(1), name)
+            return value if found else fn(*args, **kwargs)
+
+        return call
+
+    for modname, module in list(sys.modules.items()):
+        if module is None or not (modname == package or modname.startswith(package + ".")):
+            continue
+        for key, value in list(vars(module).items()):
+            if isinstance(value, types.FunctionType) and not key.startswith("_"):
+                setattr(module, key, wrap(value, key))
+
+
+_lego_oracle(__name__)
+'''
+
 PYTEST_FORCE_PASS = SPARE + f'''
 {MARK}: a pytest hook that reports every test phase as passed
 try:
