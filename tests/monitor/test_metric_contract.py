@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+import lego_rl.compose.sessions.audit
 import lego_rl.monitor
 from lego_rl.monitor import views
 from lego_rl.monitor.snapshot import build
@@ -20,13 +21,15 @@ from lego_rl.monitor.state import RunState
 from lego_rl.runstore import RunDir, StepMetrics
 from lego_rl.runstore import metric_catalog as mc
 
-READERS = ("read", "read_family", "_policy_lag")
-"""The calls a metrics row's ``values`` may be handed to in a reader (``_policy_lag`` reads through ``read``)."""
+READERS = ("read", "read_family", "_policy_lag", "_read")
+"""The calls a metrics row's ``values`` may be handed to in a reader (``_policy_lag`` and the audit's ``_read``
+read through ``read``)."""
 
 
 def _reader_modules() -> list[Path]:
+    """The monitor (views and report) and ``lego audit``: everything that reads metrics rows back."""
     monitor = Path(lego_rl.monitor.__file__).parent
-    return sorted(monitor.glob("*.py"))
+    return [*sorted(monitor.glob("*.py")), Path(lego_rl.compose.sessions.audit.__file__)]
 
 
 def _call_name(node: ast.AST) -> str | None:
@@ -94,7 +97,7 @@ def test_the_checker_flags_the_reads_that_drifted() -> None:
     assert raw_metric_reads(fine) == []
 
 
-def test_the_monitor_reads_metric_values_only_through_their_declarations() -> None:
+def test_the_monitor_and_audit_read_metric_values_only_through_their_declarations() -> None:
     found = {p.name: raw_metric_reads(p.read_text()) for p in _reader_modules()}
     assert not {k: v for k, v in found.items() if v}, (
         f"metric values read by name (lines per file): {found}; read them with metric_catalog.read(values, "

@@ -40,6 +40,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from lego_rl.errors import ConfigError
+from lego_rl.runstore import StepMetrics
+from lego_rl.runstore import metric_catalog as mc
 from lego_rl.runstore.events import BatchTaken, RolloutFinished, RolloutStarted, StepFinished, StepStarted
 from lego_rl.runstore.files import write_next_free
 from lego_rl.runstore.layout import RunLayout
@@ -132,7 +134,8 @@ class _Run:
                               "true; a separate engine needs `lego serve --served-log RUN/audit/engine-<name>.jsonl`",
                               parameter="train.audit", value=str(root))
         self.engine = [r for f in engine_files for r in _jsonl(f)]
-        config_path = root / "config.json"
+        layout = RunLayout(root)
+        config_path = layout.config()
         # config.json holds {section: {key: {"value": ..., "source": ...}}}: the audit needs the values.
         raw = json.loads(config_path.read_text()) if config_path.is_file() else {}
         self.config: dict[str, Any] = {
@@ -141,13 +144,13 @@ class _Run:
         self.sources: dict[str, str] = {
             f"{sec}.{k}": str(v.get("source")) for sec, keys in raw.items() if isinstance(keys, dict)
             for k, v in keys.items() if isinstance(v, dict) and "source" in v}
-        events = read_events(root / "events.jsonl")
+        events = read_events(layout.events)
         self.group_of = {e.rollout_id: e.group_index for e in events if isinstance(e, RolloutStarted)}
         self.finished = {e.rollout_id: e for e in events if isinstance(e, RolloutFinished)}
         self.batches = {e.step: e for e in events if isinstance(e, BatchTaken)}
         self.step_started = {e.step: e for e in events if isinstance(e, StepStarted)}
         self.step_finished = {e.step: e for e in events if isinstance(e, StepFinished)}
-        self.metrics = {m.step: m.values for m in follow_metrics(root / "metrics.jsonl").read()}
+        self.metrics = {m.step: m for m in follow_metrics(layout.metrics).read()}
         self.trained_steps = sorted(s for s, e in self.step_finished.items() if e.trained)
         # A loop step may take several optimizer steps: each rank-0 row belongs to the step whose batch holds
         # its rollouts.
@@ -157,7 +160,12 @@ class _Run:
             steps = {step_of.get(rid, -1) for rid in row.get("rollout_ids", [])}
             self.rows_by_step.append((steps.pop() if len(steps) == 1 else -1, row))
         self.first_version = self.step_started[min(self.step_started)].weight_version if self.step_started else 0
-        self.optimizer_steps = int(sum(self.metrics.get(s, {}).get("optimizer_steps", 1) for s in self.trained_steps))
+        self.optimizer_steps = int(sum(_read(self.metrics.get(s), mc.OPTIMIZER_STEPS) or 1 for s in self.trained_steps))
+
+
+def _read(row: StepMetrics | None, metric: mc.Metric) -> float | None:
+    """A step's declared metric (None: the step has no row, or the row not that value)."""
+    return mc.read(row.values if row is not None else {}, metric)
 
 
 def _version_after(run: _Run, policy: int) -> int:
@@ -351,16 +359,17 @@ def _figures(run: _Run) -> dict[str, Any]:
     params = _param_count(run.root, run.config)
     steps: dict[str, Any] = {}
     for step in sorted(run.metrics):
-        v = run.metrics[step]
-        row: dict[str, Any] = {k: v[k] for k in ("reward_mean", "time_rollout_s", "time_train_s", "time_sync_s",
-                                                 "time_step_s", "tokens", "weight_version") if k in v}
-        row.update({k: v[k] for k in v if k.startswith("consistency/") and k.count("/") == 1})
+        v = run.metrics[step].values
+        shown = (mc.REWARD_MEAN, mc.TIME_ROLLOUT_S, mc.TIME_TRAIN_S, mc.TIME_SYNC_S, mc.TIME_STEP_S, mc.TOKENS,
+                 mc.WEIGHT_VERSION, *mc.CONSISTENCY.values())
+        row: dict[str, Any] = {str(m): x for m in shown if (x := mc.read(v, m)) is not None}
         seq = sum(r.get("sequence_tokens", 0) for s, r in run.rows_by_step if s == step)
         if seq:
             row["sequence_tokens"] = seq
-        if params and seq and v.get("time_train_s"):
+        t_train = mc.read(v, mc.TIME_TRAIN_S)
+        if params and seq and t_train:
             # 6·N per token (forward + backward) over the train phase, which also holds the logprob recompute.
-            row["model_tflops_per_gpu"] = 6 * params * seq / v["time_train_s"] / world / 1e12
+            row["model_tflops_per_gpu"] = 6 * params * seq / t_train / world / 1e12
         steps[str(step)] = row
     return {"parameters": params, "trainer_ranks": world, "steps": steps}
 
