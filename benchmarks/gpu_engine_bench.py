@@ -2,10 +2,12 @@
 parity with the trainer's recomputation (issue 13 "A fast engine on GPU", issue 11 evidence 3).
 
 Model: random-init Qwen3-0.6B shape (``train_backend_bench.QWEN3_06B``: 28 layers, hidden 1024, 16/8 heads,
-vocab 151,936), built offline. Every figure below comes from one process, so ratios are same-run.
+vocab 151,936), built offline; ``--model qwen3-4b`` the 4B shape (36 layers, hidden 2560, 32/8 heads). Every
+figure below comes from one process, so ratios are same-run.
 
-0. Breakdown: one decode graph replay (as captured, and with its blocks compiled first), its kernels and their
-   GPU time (torch.profiler), one decode call synced as the engine runs it, and the sampler alone.
+0. Breakdown: one decode graph replay (SDPA decode attention as before issue 31, the Triton kernel, and that
+   with its blocks compiled first), its kernels and their GPU time (torch.profiler), one decode call synced,
+   the step with its draw in the graph (``decode_draw``) synced as the engine runs it, and the sampler alone.
 1. Throughput (T = 1, top_p = 1, ignore EOS, random prompts of ``--prompt-len``): one stream, and ``--batch``
    streams submitted together (continuous batching admits them, all decode together). tok/s counts generated
    tokens over the wall time from submission to the last reply (prefill included). The baseline is the
@@ -78,7 +80,7 @@ async def throughput(model_dir: Path, vocab: int, a: argparse.Namespace, label: 
             await generate(engine, prompts(1, a.prompt_len, vocab, 1), new_single, tag="w1-")
             await generate(engine, prompts(a.batch, a.prompt_len, vocab, 2), new_batch, tag="wb-")
             row["warmup_s"] = round(time.perf_counter() - t0, 2)
-        spent = {"decode": 0.0, "sample": 0.0}
+        spent = {"decode": 0.0, "sample": 0.0, "draw": 0.0}
         import lego_rl.serving.engine as engine_mod
         sampler = engine_mod.sample_rows
         if engine._static is not None:  # where a single-stream step's wall time goes (CPU side)
@@ -92,17 +94,19 @@ async def throughput(model_dir: Path, vocab: int, a: argparse.Namespace, label: 
                 return call
 
             engine._static.decode = timed(engine._static.decode, "decode")  # type: ignore[method-assign]
+            engine._static.decode_draw = timed(engine._static.decode_draw, "draw")  # type: ignore[method-assign]
             engine_mod.sample_rows = timed(engine_mod.sample_rows, "sample")  # type: ignore[attr-defined]
         try:
             secs, _ = await generate(engine, prompts(1, a.prompt_len, vocab, 3), new_single, tag="s")
         finally:
             engine_mod.sample_rows = sampler  # type: ignore[attr-defined]
             if engine._static is not None:
-                del engine._static.decode
+                del engine._static.decode, engine._static.decode_draw
         row["single_tok_s"] = round(new_single / secs, 1)
         row["single_step_ms"] = round(1000 * secs / new_single, 3)
         row["single_decode_call_ms"] = round(1000 * spent["decode"] / new_single, 3)
         row["single_sample_ms"] = round(1000 * spent["sample"] / new_single, 3)
+        row["single_decode_draw_call_ms"] = round(1000 * spent["draw"] / new_single, 3)
         row["single_tokens"] = new_single
         secs, _ = await generate(engine, prompts(a.batch, a.prompt_len, vocab, 4), new_batch, tag="b")
         row["batch_tok_s"] = round(a.batch * new_batch / secs, 1)
@@ -147,16 +151,18 @@ def breakdown(model_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
 
     model, config, _ = load_model(model_dir, torch.device(a.device), "bfloat16")
     rows = []
-    for compiled in (False, True):
+    for compiled, attention in ((False, "sdpa"), (False, "triton"), (True, "triton")):
+        if f"breakdown-{'compiled' if compiled else attention}" in a.skip.split(","):
+            continue
         dec = StaticDecoder(model, config, slots=a.batch, max_len=a.max_len, compute_dtype=torch.bfloat16,
-                            use_graphs=True, compile=compiled)
+                            use_graphs=True, compile=compiled, attention=attention)  # type: ignore[arg-type]
         for b in (1, a.batch):
             ids, pos = [7] * b, [a.prompt_len + 100] * b
             t0 = time.perf_counter()
             for _ in range(3):
                 logits = dec.decode(ids, pos)
             torch.cuda.synchronize()
-            row: dict[str, Any] = {"rows": b, "compiled": compiled,
+            row: dict[str, Any] = {"rows": b, "compiled": compiled, "attention": attention,
                                    "capture_s": round(time.perf_counter() - t0, 2)}
             t0 = time.perf_counter()
             for _ in range(100):
@@ -174,6 +180,15 @@ def breakdown(model_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
                 torch.cuda.synchronize()
                 cpu, synced = cpu + t1 - t0, synced + time.perf_counter() - t0
             row["decode_call_cpu_ms"], row["decode_synced_ms"] = round(20 * cpu, 3), round(20 * synced, 3)
+            # The step as the engine runs it now for plain rows: forward and draw in one graph, one copy back.
+            plain = [RowParams(temperature=1.0, top_p=1.0, top_k=-1, num_logprobs=1, want_nucleus=False,
+                               generator=torch.Generator().manual_seed(i)) for i in range(b)]
+            dec.decode_draw(ids, pos, plain)  # capture
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(50):
+                dec.decode_draw(ids, pos, plain)
+            row["decode_draw_synced_ms"] = round(20 * (time.perf_counter() - t0), 3)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
                     dec.decode(ids, pos)
@@ -184,7 +199,7 @@ def breakdown(model_dir: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
             if b == 1:
                 top = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:8]
                 row["top_kernels"] = [(e.key[:60], e.count // 5, round(e.device_time_total / 5, 1)) for e in top]
-            if not compiled:
+            if not compiled and attention == "sdpa":
                 for top_p in (1.0, 0.95):
                     params = [RowParams(temperature=1.0, top_p=top_p, top_k=0, num_logprobs=0, want_nucleus=False,
                                         generator=torch.Generator().manual_seed(i)) for i in range(b)]
@@ -214,7 +229,7 @@ def compare(backend: TorchBackend, samples: list[Sample], top_p: float) -> dict[
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["tiny", "qwen3-0.6b"], default="qwen3-0.6b")
+    ap.add_argument("--model", choices=["tiny", "qwen3-0.6b", "qwen3-4b"], default="qwen3-0.6b")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--single-new", type=int, default=512)
@@ -224,8 +239,10 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--max-len", type=int, default=2048)
-    ap.add_argument("--skip", default="", help="comma-separated phases to skip: breakdown, throughput, parity; "
-                    "or throughput variants: baseline, old, batched, compiled, compiled-trainer")
+    ap.add_argument("--skip", default="", help="comma-separated phases to skip: breakdown, throughput, parity "
+                    "(parity-bf16: only its fp32 rows); "
+                    "breakdown rows: breakdown-sdpa, breakdown-triton, breakdown-compiled; or throughput "
+                    "variants: baseline, old, batched, draw, new, trainer-before, trainer, compiled")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (fast=True there has no graphs)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -244,15 +261,23 @@ def main() -> None:
             results["breakdown"] = breakdown(model_dir, a)
             save()
         if "throughput" not in skip:
+            before = {"graph_sampling": False, "decode_attention": "sdpa"}  # the engine until issue 31
             variants: list[tuple[str, str, str, bool, dict[str, Any]]] = [
                 ("generic bf16 (baseline)", "generic", "baseline", False, {"dtype": "bfloat16", "fast": False}),
-                ("fast bf16, one prefill per request (before this change)", "fast", "old", True,
-                 {"dtype": "bfloat16", "fast": True, "prefill_batch_tokens": 1}),
-                ("fast bf16 + batched prefill", "fast", "batched", True, {"dtype": "bfloat16", "fast": True}),
-                ("fast bf16 + batched prefill + compiled blocks", "fast", "compiled", True,
+                ("fast bf16, one prefill per request", "fast", "old", True,
+                 {"dtype": "bfloat16", "fast": True, "prefill_batch_tokens": 1, **before}),
+                ("fast bf16 + batched prefill (before issue 31: sampler after the graph, SDPA decode attention)",
+                 "fast", "batched", True, {"dtype": "bfloat16", "fast": True, **before}),
+                ("fast bf16, draw in the graph, SDPA decode attention", "fast", "draw", True,
+                 {"dtype": "bfloat16", "fast": True, "decode_attention": "sdpa"}),
+                ("fast bf16, draw in the graph, Triton decode attention (default)", "fast", "new", True,
+                 {"dtype": "bfloat16", "fast": True}),
+                ("fast fp32 weights + bf16 compute, trainer recipe (before issue 31)", "fast", "trainer-before", True,
+                 {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True, **before}),
+                ("fast fp32 weights + bf16 compute, trainer recipe (default)", "fast", "trainer", True,
+                 {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True}),
+                ("fast bf16 default + compiled blocks", "fast", "compiled", True,
                  {"dtype": "bfloat16", "fast": True, "compile_decode": True}),
-                ("fast fp32 weights + bf16 compute + batched prefill + compiled blocks", "fast", "compiled-trainer",
-                 True, {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True, "compile_decode": True}),
             ]
             rows = []
             for label, kind, tag, warm, kw in variants:
@@ -269,7 +294,7 @@ def main() -> None:
             torch.backends.cuda.enable_cudnn_sdp(False)
             backend = TorchBackend(model_dir, TorchTrainSettings(lr=1e-6, device=a.device))
             parity = []
-            for top_p in (1.0, 0.95):
+            for top_p in () if "parity-bf16" in skip else (1.0, 0.95):
                 for label, kw in (("engine pure bf16 (baseline)", {"dtype": "bfloat16", "fast": True}),
                                   ("engine fp32 + bf16 compute (trainer's recipe)",
                                    {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True}),

@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
 
 from lego_rl.serving.engine import EmbeddedEngine  # noqa: E402
 from lego_rl.serving.protocol import SamplingParams  # noqa: E402
+from lego_rl.serving.sampler import RowParams, sample_rows  # noqa: E402
 from lego_rl.serving.static_decode import StaticDecoder  # noqa: E402
 from lego_rl.serving.weights import load_model  # noqa: E402
 from lego_rl.train.batching import plan_steps  # noqa: E402
@@ -36,11 +37,13 @@ from support.gpu_qwen3 import VOCAB, save_random_qwen3  # noqa: E402
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_random_qwen3(tmp_path_factory.mktemp("qwen3-gpu"), max_position_embeddings=4096)
 
+@pytest.mark.parametrize("attention", ["triton", "sdpa"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["captured", "compiled-then-captured"])
-def test_graph_decode_equals_the_hf_forward_fp32(model_dir: Path, compiled: bool) -> None:
+def test_graph_decode_equals_the_hf_forward_fp32(model_dir: Path, compiled: bool, attention: str) -> None:
     model, config, _ = load_model(model_dir, torch.device("cuda"), "float32")
     dec = StaticDecoder(model, config, slots=8, max_len=1024, compute_dtype=torch.float32, use_graphs=True,
-                        compile=compiled)
+                        compile=compiled, attention=attention)  # type: ignore[arg-type]
+    assert dec.triton_attention is (attention == "triton")
     rng = random.Random(0)
     seqs = [[rng.randrange(VOCAB) for _ in range(n)] for n in (5, 130, 300)]  # spans 128 and 512 buckets
     for slot, seq in enumerate(seqs):
@@ -92,3 +95,39 @@ def test_trainer_recipe_meets_the_consistency_targets(model_dir: Path) -> None:
     print(figures)
     assert figures["recipe"].pearson >= 0.9999 and figures["recipe"].mean_abs_diff <= 0.004, figures
     assert figures["recipe"].mean_abs_diff < figures["pure"].mean_abs_diff
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_attention_and_the_draw_in_the_graph_match_the_sdpa_step(model_dir: Path, dtype: torch.dtype) -> None:
+    """One decode step through the Triton kernel (KV write inside) against the SDPA step, same inputs; then the
+    graph's own draw against ``sample_rows`` on that graph's logits."""
+    model, config, _ = load_model(model_dir, torch.device("cuda"), "float32" if dtype == torch.float32 else "bfloat16")
+    rng = random.Random(3)
+    seqs = [[rng.randrange(VOCAB) for _ in range(n)] for n in (7, 200, 45, 129, 64)]  # 5 rows: bucket 8
+    logits = {}
+    decs = {}
+    for attention in ("triton", "sdpa"):
+        dec = StaticDecoder(model, config, slots=8, max_len=512, compute_dtype=dtype, use_graphs=True,
+                            attention=attention)  # type: ignore[arg-type]
+        for slot, seq in enumerate(seqs):
+            dec.prefill(slot, seq[:-1], 0)
+        logits[attention] = dec.decode([s[-1] for s in seqs], [len(s) - 1 for s in seqs]).clone()  # [5, V]
+        decs[attention] = dec
+    tol = 1e-4 if dtype == torch.float32 else 0.1  # bf16: a different summation order over bf16 inputs
+    assert (logits["triton"] - logits["sdpa"]).abs().max().item() < tol
+    # Layer 0's new keys and values are the same numbers (later layers' inputs carry the attention's kernel noise).
+    for cache in ("k", "v"):
+        assert torch.equal(getattr(decs["triton"], cache)[0], getattr(decs["sdpa"], cache)[0])
+        assert (getattr(decs["triton"], cache).float() - getattr(decs["sdpa"], cache).float()).abs().max() < 10 * tol
+    dec = decs["triton"]
+    row_params = [RowParams(temperature=t, top_p=1.0, top_k=0, num_logprobs=i % 2, want_nucleus=False,
+                            generator=torch.Generator().manual_seed(i)) for i, t in enumerate([1.0, 0.0, 0.7, 1.0, 1.2])]
+    twins = [RowParams(**{**vars(r), "generator": torch.Generator().manual_seed(i)}) for i, r in enumerate(row_params)]
+    ids, pos = [s[-1] for s in seqs], [len(s) - 1 for s in seqs]
+    want = sample_rows(dec.decode(ids, pos), twins)
+    got = dec.decode_draw(ids, pos, row_params)
+    assert [d.token for d in got] == [d.token for d in want]
+    assert [d.rank for d in got] == [d.rank for d in want]
+    assert [d.top for d in got] == [d.top for d in want]
+    assert [len(d.top) for d in got] == [0, 1, 0, 1, 0]  # num_logprobs = row index % 2
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(got, want, strict=True)) < 1e-5

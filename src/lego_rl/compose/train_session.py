@@ -74,7 +74,8 @@ def torch_settings(c: LegoConfig) -> TorchTrainSettings:
     return TorchTrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
                               weight_decay=t.weight_decay,
                               gradient_checkpointing=t.gradient_checkpointing is not False,  # unset: on
-                              reference_model=t.kl_coef > 0, routing_replay=c.rollout.use_rollout_routing_replay)
+                              reference_model=t.kl_coef > 0, routing_replay=c.rollout.use_rollout_routing_replay,
+                              precision=t.precision, packed_attention=t.packed_attention)
 
 
 def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
@@ -186,7 +187,7 @@ def megatron_settings(c: LegoConfig) -> MegatronTrainSettings:
                                  reference_model=t.kl_coef > 0, tensor_parallel=t.tensor_parallel,
                                  pipeline_parallel=t.pipeline_parallel, data_parallel=t.data_parallel,
                                  expert_parallel=t.expert_parallel, sequence_parallel=t.sequence_parallel,
-                                 routing_replay=c.rollout.use_rollout_routing_replay)
+                                 routing_replay=c.rollout.use_rollout_routing_replay, bf16=t.precision == "bf16")
 
 
 def megatron_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:

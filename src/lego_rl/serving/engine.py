@@ -43,7 +43,7 @@ from lego_rl.serving.output import EngineBadRequest, EngineOutput
 from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.request_check import context_message
 from lego_rl.serving.routing import RouterRecorder
-from lego_rl.serving.sampler import RowParams, sample_rows
+from lego_rl.serving.sampler import RowParams, is_plain, sample_rows
 from lego_rl.serving.static_decode import StaticDecoder, unsupported_reason
 from lego_rl.serving.weights import DTYPES, load_checkpoint_into, load_model
 
@@ -87,14 +87,18 @@ class EmbeddedEngine:
                  prefill_chunk: int = 2048, name: str | None = None, threads: int | None = None,
                  return_routed_experts: bool = False, fast: bool | None = None,
                  compute_dtype: str | None = None, cuda_graphs: bool = True, compile_decode: bool = False,
-                 prefill_batch_tokens: int = 16384) -> None:
+                 prefill_batch_tokens: int = 16384, graph_sampling: bool = True,
+                 decode_attention: str = "auto") -> None:
         """``fast``: decode on ``StaticDecoder`` (None: whenever the device is CUDA and the model fits it; True:
         required, a ConfigError says why not). ``compute_dtype``: the dtype of matmuls and attention when it
         differs from the weights' ``dtype`` — ``dtype="float32", compute_dtype="bfloat16"`` is the torch
         trainer's recipe on CUDA (fp32 master weights under bf16 autocast); None = ``dtype``. ``compile_decode``:
         the fast path's decode blocks go through ``torch.compile`` before graph capture (StaticDecoder).
         ``prefill_batch_tokens``: the fast path prefills requests admitted together (and with no cached
-        prefix) as one right-padded batch of at most this many positions."""
+        prefix) as one right-padded batch of at most this many positions. ``graph_sampling``: the fast path
+        samples a step whose rows are all plain (no top-k/top-p or nucleus, at most one alternative) inside its decode graph
+        (``StaticDecoder.decode_draw``; False = always ``sample_rows`` after the graph). ``decode_attention``:
+        the fast path's decode attention (``auto``, ``triton``, ``sdpa``: StaticDecoder's ``attention``)."""
         if threads:
             # Process-wide. On a crowded CPU one thread is often faster than two (no OpenMP spinning).
             torch.set_num_threads(threads)
@@ -152,9 +156,12 @@ class EmbeddedEngine:
             try:
                 self._static = StaticDecoder(self.model, self.config, slots=max_batch, max_len=self.max_model_len,
                                              compute_dtype=self.compute_dtype, use_graphs=cuda_graphs,
-                                             compile=compile_decode)
+                                             compile=compile_decode, attention=decode_attention)  # type: ignore[arg-type]
             except MemoryError as exc:
                 raise ConfigError(str(exc), parameter="max_batch") from None
+            except ValueError as exc:
+                raise ConfigError(str(exc), parameter="decode_attention", value=decode_attention) from None
+        self.graph_sampling = graph_sampling
         log.info("embedded engine: %s decode path, weights %s, compute %s", "fast" if self._static else "generic",
                  dtype, self.compute_dtype)
         self._lengths: list[int] = []
@@ -506,9 +513,13 @@ class EmbeddedEngine:
 
     def _decode(self, version: str) -> None:
         if self._static is not None:
-            logits = self._static.decode([r.out.token_ids[-1] for r in self._rows], self._lengths)  # [B, V]
+            last, rows = [r.out.token_ids[-1] for r in self._rows], [r.row for r in self._rows]
+            if self.graph_sampling and all(is_plain(r) for r in rows):
+                draws = self._static.decode_draw(last, self._lengths, rows)
+            else:
+                draws = sample_rows(self._static.decode(last, self._lengths), rows)  # [B, V] logits sampled eagerly
             self._lengths = [n + 1 for n in self._lengths]
-            for req, draw in zip(self._rows, sample_rows(logits, [r.row for r in self._rows]), strict=True):
+            for req, draw in zip(self._rows, draws, strict=True):
                 req.out.record(draw, version)
             return
         b = self._batch

@@ -126,6 +126,48 @@ def _full_mask(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.T
     return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)  # [B, V] back in vocab order
 
 
+def is_plain(row: RowParams) -> bool:
+    """Whether ``row``'s draw needs nothing but its logits, its temperature and one uniform number: no top-k/top-p,
+    at most one alternative (the protocol's default ``logprobs = 1``), no nucleus. Such rows are sampled by
+    :func:`draw_plain`, which has no data-dependent control flow and no host synchronisation, so a decode step's
+    CUDA graph can run it (``StaticDecoder.decode_draw``)."""
+    return row.top_p >= 1.0 and row.top_k <= 0 and row.num_logprobs <= 1 and not row.want_nucleus
+
+
+def plain_inputs(rows: list[RowParams]) -> tuple[list[float], list[float]]:
+    """Per row: the temperature (0.0 = greedy) and the uniform number of this draw, taken from the row's
+    generator exactly as :func:`sample_rows` takes it (one per token, none for greedy rows)."""
+    temps = [r.temperature if r.temperature >= GREEDY_EPS else 0.0 for r in rows]
+    u = [float(torch.rand((), generator=r.generator)) if r.temperature >= GREEDY_EPS else 0.0 for r in rows]
+    return temps, u
+
+
+def draw_plain(logits: torch.Tensor, temps: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """:func:`sample_rows`' arithmetic for plain rows (:func:`is_plain`) as tensor ops alone: ``logits`` [B, V],
+    ``temps`` [B] (float32 values; below ``GREEDY_EPS`` = greedy), ``u`` [B] float64 → ``[B, 5]`` float64 of
+    (token, logprob, rank, most likely id, its logprob) — exact, so one device-to-host copy returns a step's
+    draws. The same ops in the same order as ``sample_rows``, so the numbers are the same (tested)."""
+    logits = logits.float()  # [B, V]
+    greedy = temps < GREEDY_EPS  # [B]
+    t = torch.where(greedy, torch.ones_like(temps), temps).float()  # [B]
+    logp = torch.log_softmax(logits / t.unsqueeze(1), dim=-1)  # [B, V]
+    cdf = torch.cumsum(logp.exp().double(), dim=-1)  # [B, V]
+    drawn = torch.searchsorted(cdf, (u.double() * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)  # [B]
+    drawn = drawn.clamp(max=logits.shape[1] - 1)
+    tokens = torch.where(greedy, torch.argmax(logits, dim=-1), drawn)  # [B]
+    values = logp.gather(1, tokens.unsqueeze(1))  # [B, 1]
+    ranks = (logp > values).sum(dim=1) + 1  # [B]
+    top_v, top_i = torch.topk(logp, 1, dim=1)  # [B, 1] as sample_rows takes a row's one alternative
+    return torch.stack([tokens.double(), values.squeeze(1).double(), ranks.double(), top_i.squeeze(1).double(),
+                        top_v.squeeze(1).double()], dim=1)  # [B, 5]
+
+
+def plain_draws(packed: list[list[float]], rows: list[RowParams]) -> list[Draw]:
+    """``draw_plain``'s rows, moved to the host (``.tolist()``), as ``Draw``s of ``rows``."""
+    return [Draw(int(tok), lp, int(rank), [(int(top), top_lp)] if row.num_logprobs and top_lp > float("-inf") else [])
+            for (tok, lp, rank, top, top_lp), row in zip(packed, rows, strict=True)]
+
+
 def sample_rows(logits: torch.Tensor, rows: list[RowParams]) -> list[Draw]:
     """Sample one token per row of ``logits`` ``[B, V]`` under each row's parameters, on ``logits``' device.
 

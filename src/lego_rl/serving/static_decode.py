@@ -10,6 +10,16 @@ RoPE, grouped-query attention, gated SiLU MLP) as plain tensor code reading the 
 * **One decode step is one CUDA graph.** Captured lazily per (batch bucket, attended-length bucket): batch
   sizes round up to a power of two, the attended length to a power of two >= 128, so a step attends only to
   what the longest row needs and the set of graphs stays small. Between replays only the inputs change.
+* **A step's draw inside the graph.** ``decode_draw`` captures the sampler's arithmetic for plain rows
+  (``sampler.draw_plain``: no top-k/top-p, at most one alternative) after the forward, so a step is one graph replay and
+  one device-to-host copy of ``[b, 5]`` numbers instead of a replay, the sampler's ~20 eager launches and three
+  copies. The uniform numbers still come from each request's CPU generator (staged with the token ids: one
+  host-to-device copy per step), so a seed samples what ``sample_rows`` samples.
+* **Small batches decode attention through Triton** (``decode_attention``, CUDA, buckets of at most
+  ``TRITON_MAX_ROWS``): the new key/value write and a split attention over each row's own positions in two
+  launches, instead of two ``index_put``s and a masked SDPA call; such a graph no longer depends on the attended
+  length (one graph per batch bucket). ``attention="sdpa"``, larger buckets, and any device or shape the kernel
+  does not take use the SDPA path below.
 * **Attention kernels are chosen, not left to SDPA's dispatcher.** cuDNN attention is excluded (it rebuilds its
   graph whenever the shape changes: FIELD-NOTES.md). Prefill from position 0 is causal attention (FlashAttention
   for bf16, the trainer's kernel); decode and prefill after a cached prefix need a per-row length mask, which
@@ -30,17 +40,24 @@ o_proj, logit soft-capping — is refused by ``unsupported_reason`` and the engi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from lego_rl.serving import decode_attention
+from lego_rl.serving.sampler import Draw, RowParams, draw_plain, plain_draws, plain_inputs
 
 _FAMILIES = ("qwen3", "qwen2", "llama")
 _CAUSAL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 _MASKED_KERNELS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 MIN_LEN_BUCKET = 128
 """Smallest attended length a decode graph is captured for (a multiple of 8, as the masked kernel wants)."""
+TRITON_MAX_ROWS = 8
+"""Largest batch bucket that decodes through the Triton attention kernel. Its programs are (row, KV head, split)
+with the splits there for one row's sake; at 64 rows SDPA's kernel was faster (H200, 0.6B shape: a 4.66 ms
+graph against 3.69 ms, benchmarks/RESULTS.md)."""
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -115,11 +132,15 @@ class StaticDecoder:
     """A decoder forward over preallocated KV slots (see module docstring)."""
 
     def __init__(self, model: Any, config: Any, *, slots: int, max_len: int, compute_dtype: torch.dtype,
-                 use_graphs: bool, compile: bool = False) -> None:
+                 use_graphs: bool, compile: bool = False,
+                 attention: Literal["auto", "triton", "sdpa"] = "auto") -> None:
         """``compile``: run the decode step's per-layer blocks (everything but the KV write and attention)
         through ``torch.compile`` before the graphs capture them: Inductor fuses the norms, RoPE, casts and the
         SiLU gate into a few kernels per layer (a step is launch-bound). CUDA graphs only; compiling takes
-        tens of seconds on the first step of each of two batch shapes (1 row, then >= 2 rows, dynamic)."""
+        tens of seconds on the first step of each of two batch shapes (1 row, then >= 2 rows, dynamic).
+        ``attention``: the decode step's attention — ``triton`` (``decode_attention``; a ValueError where it
+        cannot run), ``sdpa`` (masked memory-efficient SDPA and separate KV writes), ``auto`` = triton where it
+        runs."""
         reason = unsupported_reason(model, config)
         if reason is not None:
             raise ValueError(f"the static decode path cannot run this model: {reason}")
@@ -192,10 +213,22 @@ class StaticDecoder:
             # each serves all layers (guards check shapes and dtypes, not which weight is passed).
             self._qkv_compiled = torch.compile(_qkv_block, fullgraph=True)
             self._rest_compiled = torch.compile(_rest_block, fullgraph=True)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: Any = None
-        self._ids = torch.zeros(slots, dtype=torch.long, device=self.device)  # [S] static decode inputs
-        self._pos = torch.zeros(slots, dtype=torch.long, device=self.device)  # [S]
+        why_not = decode_attention.unsupported_reason(self.device, self.n_heads, self.n_kv, self.head_dim)
+        if attention == "triton" and why_not is not None:
+            raise ValueError(f"attention='triton' cannot run here: {why_not}")
+        self.triton_attention = attention != "sdpa" and why_not is None
+        # Static decode inputs, staged on the host (pinned on CUDA) and sent with one copy per dtype per step:
+        # int64 rows (token ids, positions) and float64 rows (temperatures, uniform numbers).
+        pin = self.device.type == "cuda"
+        self._in_i = torch.zeros(2, slots, dtype=torch.long, device=self.device)  # [2, S]
+        self._in_f = torch.zeros(2, slots, dtype=torch.float64, device=self.device)  # [2, S]
+        self._host_i = torch.zeros(2, slots, dtype=torch.long, pin_memory=pin)  # [2, S]
+        self._host_f = torch.zeros(2, slots, dtype=torch.float64, pin_memory=pin)  # [2, S]
+        self._staged = torch.cuda.Event() if pin else None
+        self._ids, self._pos = self._in_i[0], self._in_i[1]  # [S] each
+        self._temps, self._u = self._in_f[0], self._in_f[1]  # [S] each
         self._rows = torch.arange(slots, device=self.device)  # [S]
 
     @staticmethod
@@ -261,10 +294,20 @@ class StaticDecoder:
         """``h`` [N, H] → fp32 logits [N, V]."""
         return self._lin(self._norm(h, self.final_norm), self.lm_head, self.lm_head_bias).float()  # [N, V]
 
-    def _decode_body(self, b: int, span: int) -> torch.Tensor:
-        """One token for rows 0..b-1 (inputs in ``_ids``/``_pos``), attending to ``span`` positions: [b, V]."""
+    def _decode_body(self, b: int, span: int, draw: bool = False) -> torch.Tensor:
+        """One token for rows 0..b-1 (inputs in ``_ids``/``_pos``), attending to ``span`` positions (0: through
+        the Triton kernel, which reads each row's own): [b, V] logits, or with ``draw`` the rows' draws ``[b, 5]``
+        (``draw_plain`` over ``_temps``/``_u``)."""
         ids, pos, rows = self._ids[:b], self._pos[:b], self._rows[:b]  # [b]
         h = F.embedding(ids, self.embed)  # [b, H]
+        if span == 0:
+            cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [b, 1, D]
+            for i, p in enumerate(self.layers):
+                q, k, v = self._qkv(p, h, cos, sin, fast=True)
+                out = decode_attention.decode_attention(q, k, v, self.k[i], self.v[i], pos, self.scale)
+                h = self._rest(p, h, out.reshape(b, self.n_heads * self.head_dim), fast=True)
+            logits = self._logits(h)  # [b, V]
+            return draw_plain(logits, self._temps[:b], self._u[:b]) if draw else logits
         group = self.n_heads // self.n_kv
         seen = torch.arange(span, device=self.device)[None, :] <= pos[:, None]  # [b, span]
         # Additive, in the attention dtype, built once per step (a boolean mask is converted in every layer).
@@ -280,40 +323,68 @@ class StaticDecoder:
                 out = F.scaled_dot_product_attention(qg, self.k[i, :b, :, :span], self.v[i, :b, :, :span],
                                                      attn_mask=mask, scale=self.scale)  # [b, Hkv, G, D]
                 h = self._rest(p, h, out.reshape(b, self.n_heads * self.head_dim), fast=True)
-        return self._logits(h)
+        logits = self._logits(h)  # [b, V]
+        return draw_plain(logits, self._temps[:b], self._u[:b]) if draw else logits
+
+    def _stage(self, ids: list[int], positions: list[int], bb: int, temps: list[float] | None = None,
+               u: list[float] | None = None) -> None:
+        """Copy a step's inputs to the static buffers (rows ``b..bb-1`` are padding: a dummy token at position 0
+        of a free slot, temperature 0, whose outputs are ignored)."""
+        b = len(ids)
+        if self._staged is not None:
+            self._staged.synchronize()  # the previous step's copy has read the pinned buffer
+        hi, hf = self._host_i.numpy(), self._host_f.numpy()
+        hi[0, :b], hi[1, :b], hi[:, b:bb] = ids, positions, 0
+        self._in_i[:, :bb].copy_(self._host_i[:, :bb], non_blocking=True)
+        if temps is not None and u is not None:
+            hf[0, :b], hf[1, :b], hf[:, b:bb] = temps, u, 0.0
+            self._in_f[:, :bb].copy_(self._host_f[:, :bb], non_blocking=True)
+        if self._staged is not None:
+            self._staged.record()
+
+    def _run(self, ids: list[int], positions: list[int], draw: bool, temps: list[float] | None = None,
+             u: list[float] | None = None) -> torch.Tensor:
+        b = len(ids)
+        bb = min(_bucket(b, 1), self.slots) if self.use_graphs else b
+        # The Triton kernel reads each row's own positions: its graphs do not depend on the attended length.
+        triton = self.triton_attention and bb <= TRITON_MAX_ROWS
+        span = 0 if triton else min(_bucket(max(positions) + 1, MIN_LEN_BUCKET), self.max_len)
+        self._stage(ids, positions, bb, temps, u)
+        if not self.use_graphs:
+            return self._decode_body(b, span, draw)
+        graph = self._graphs.get((bb, span, draw))
+        if graph is None:
+            graph = self._capture(bb, span, draw)
+        graph[0].replay()
+        return graph[1][:b]
 
     @torch.inference_mode()
     def decode(self, ids: list[int], positions: list[int]) -> torch.Tensor:
         """One token for each running row ``i`` (slot ``i``) at ``positions[i]``: fp32 logits [b, V]."""
-        b = len(ids)
-        bb = min(_bucket(b, 1), self.slots) if self.use_graphs else b
-        span = min(_bucket(max(positions) + 1, MIN_LEN_BUCKET), self.max_len)
-        self._ids[:b].copy_(torch.tensor(ids), non_blocking=True)
-        self._pos[:b].copy_(torch.tensor(positions), non_blocking=True)
-        if bb > b:  # padding rows decode a dummy token at position 0 of free slots; their output is ignored
-            self._ids[b:bb].zero_()
-            self._pos[b:bb].zero_()
-        if not self.use_graphs:
-            return self._decode_body(b, span)
-        graph = self._graphs.get((bb, span))
-        if graph is None:
-            graph = self._capture(bb, span)
-        graph[0].replay()
-        return graph[1][:b]
+        return self._run(ids, positions, draw=False)
 
-    def _capture(self, b: int, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    @torch.inference_mode()
+    def decode_draw(self, ids: list[int], positions: list[int], rows: list[RowParams]) -> list[Draw]:
+        """``decode`` and the draw of plain ``rows`` (``sampler.is_plain``) in one graph: each row's sampled
+        token, its logprob, rank and most likely alternative, after one device-to-host copy. Takes each row's
+        uniform number from its generator (``plain_inputs``)."""
+        return plain_draws(self._run(ids, positions, True, *plain_inputs(rows)).tolist(), rows)
+
+    def _capture(self, b: int, span: int, draw: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
+        # Warm-up outside the graph (kernel selection, lazy init). The Triton kernel writes the KV of position
+        # pos: these runs write what the replay writes again.
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph (kernel selection, lazy init)
-                self._decode_body(b, span)
+            for _ in range(2):
+                self._decode_body(b, span, draw)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._decode_body(b, span)
-        self._graphs[(b, span)] = (graph, out)
+            out = self._decode_body(b, span, draw)
+        self._graphs[(b, span, draw)] = (graph, out)
         return graph, out
 
     @torch.inference_mode()
