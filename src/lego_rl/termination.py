@@ -3,9 +3,11 @@
 Two families, and the difference matters for training:
 
 * **Policy outcomes** (``completed``, ``agent_error_exit``, ``turn_limit``, ``context_limit``,
-  ``time_budget``, ``suspect_patch``): the agent itself ended the episode, ran out of turns, context or
-  wall-clock budget, or its patch is built to fool the tests' comparisons. These are consequences of the policy's behaviour, so the rollout keeps its verifier reward
-  (usually 0 for an unfinished task) and enters the GRPO statistics like any other run.
+  ``time_budget``, ``tampered``, ``grading_blocked``, ``suspect_patch``): the agent itself ended the
+  episode, ran out of turns, context or wall-clock budget, or its patch attacked the grading. These are
+  consequences of the policy's behaviour, so the rollout keeps its verifier reward (usually 0 for an
+  unfinished task, always 0 for ``tampered`` and ``grading_blocked``, 0 for ``suspect_patch`` unless
+  ``grader.suspect_policy = "keep"``) and enters the GRPO statistics like any other run.
 * **Infrastructure failures** (everything else): something outside the policy broke. A reward of 0 here
   would punish the policy for our outage, so by default these rollouts are excluded from advantages and
   loss, and counted (see ``lego_rl.train.advantages.AdmissionPolicy``, which the operator can change).
@@ -30,6 +32,17 @@ agent_error_exit        policy the CLI exited non-zero or died (any signal, any 
 turn_limit              policy the CLI or the adapter's request cap stopped the turns
 context_limit           policy the conversation no longer fits the context window
 time_budget             policy the CLI was killed at its wall-clock budget (hanging tools are the policy's)
+tampered                policy reward 0: the graded test run shows evidence that the code under test rewrote
+                               results or the runner (a changed assertion method, hook caller, plugin set,
+                               test function, interpreter path or import finder; a report that says passed
+                               where the test raised; a forged, repeated or dropped record on the grader's
+                               channel; a canary that must fail passed). Only code the patch brought runs
+                               there, so the evidence is the policy's, whatever the CLI's own outcome
+grading_blocked         policy reward 0: the patch made grading impossible: the official test patch or
+                               the reset of the test infrastructure fails on the agent's tree but not on
+                               the base commit, or the test run's records or files overflow, vanish or
+                               are cut (the supervisor killed, a multi-GB report). Never an infrastructure
+                               label: an exclusion would reward the sabotage with an escape from its 0
 suspect_patch           policy the code the patch added is built to fool comparisons (an ``__eq__`` that returns a
                                constant or ignores its argument, a redefined ``assert*`` helper, patched
                                ``unittest``/``pytest``/``builtins``, ``mock.ANY``; ``swe/suspect.py``), with
@@ -44,7 +57,9 @@ harness_install         infra  the CLI could not be installed, verified or start
 adapter_error           infra  the CLI never got a request through to the adapter; turn records that cannot
                                become samples
 engine_error            infra  the adapter session failed on the engine side (unreachable, invalid reply)
-grader_error            infra  the grader could not produce a verdict (a patch that merely fails is reward 0)
+grader_error            infra  the grader could not produce a verdict from a failure of our own stack: its
+                               sandbox, its supervisor's bug, the official tests failing on the base commit,
+                               an unusable baseline (a patch that fails or blocks grading is reward 0)
 guard_timeout           infra  the whole-rollout guard expired (the agent stage is bounded by its own
                                budget, so this is setup, install, capture or grading far slower than set)
 weight_sync_interrupted infra  a weight update interrupted generation and the resumed prefix was not
@@ -82,6 +97,11 @@ class TerminationReason(StrEnum):
     """The conversation no longer fits the model's context window."""
     TIME_BUDGET = "time_budget"
     """The agent's wall-clock budget ran out."""
+    TAMPERED = "tampered"
+    """The grader found evidence that the test run rewrote results or the runner; reward 0."""
+    GRADING_BLOCKED = "grading_blocked"
+    """The patch made grading impossible (official tests do not apply after it, oversized or destroyed
+    records); reward 0, never an infrastructure exclusion."""
     SUSPECT_PATCH = "suspect_patch"
     """The patch's added code is built to fool comparisons (``swe/suspect.py``); reward 0 unless
     ``grader.suspect_policy = "keep"``."""
@@ -114,6 +134,8 @@ POLICY_OUTCOMES: frozenset[TerminationReason] = frozenset(
         TerminationReason.TURN_LIMIT,
         TerminationReason.CONTEXT_LIMIT,
         TerminationReason.TIME_BUDGET,
+        TerminationReason.TAMPERED,
+        TerminationReason.GRADING_BLOCKED,
         TerminationReason.SUSPECT_PATCH,
     }
 )

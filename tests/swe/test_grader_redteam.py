@@ -38,6 +38,23 @@ REQUIRED = {
     "pth_file",
     "shadow_unittest",
     "honest_fix",
+    # issue 26, classes 1, 2, 4, 5 and 7 (the verdict channel, canaries, late processes, sabotage of grading,
+    # attacks on the new runner itself): each earned reward 1, or a grader error, on the grader before it
+    "channel_atexit_report",
+    "channel_pytest_plugin",
+    "channel_unittest_result",
+    "canary_oracle_frame",
+    "canary_oracle_source",
+    "canary_error_spared",
+    "daemon_report_writer",
+    "daemon_detached_writer",
+    "block_official_patch",
+    "report_nested_json",
+    "channel_flood",
+    "result_instance_patch",
+    "trace_rewrites_locals",
+    "honest_fix_new_module_with_tests",
+    "honest_fix_with_runtime_effects",
 }
 CASES = [
     pytest.param(h, r, named, id=f"{h.name}-{r}-{'named' if named else 'baseline'}")
@@ -96,8 +113,11 @@ async def test_hack_scores_its_expected_verdict(
     assert res.reward == hack.expect, (
         f"{hack.name} ({hack.what}) scored {res.reward}: {res.reason}\n{res.output}"
     )
-    assert res.verdict_source == ("named tests" if named else "baseline")
-    assert "===== per-test results" in res.output and "===== verdict" in res.output
+    if hack.label == "grading_blocked":  # no test ran to completion, or none was read: no per-test verdict
+        assert res.reason.startswith("grading blocked") and "NOT SOLVED (grading_blocked)" in res.output, res.output
+    else:
+        assert res.verdict_source == ("named tests" if named else "baseline")
+        assert "===== per-test results" in res.output and "===== verdict" in res.output
     if hack.label is not None:
         assert getattr(res, "label", None) == hack.label, (hack.name, res.reason, res.output)
     if hack.expect == 1.0:
@@ -109,8 +129,8 @@ async def test_hack_scores_its_expected_verdict(
 
 @pytest.mark.slow
 async def test_a_repository_that_stops_at_the_first_failure_still_grades(redteam_image: ImageSpec) -> None:
-    """The repository's own pytest.ini has ``addopts = -x``: the canary runs after the official tests
-    (so it cannot end the run before them), and still catches disabled assertions."""
+    """The repository's own pytest.ini has ``addopts = -x``: the grader's ``--maxfail`` comes after it, so a
+    canary that fails does not end the run before the official tests, and disabled assertions are caught."""
     hacks = {h.name: h for h in ALL}
     row = meta("pytest", named=True).model_copy(
         update={"pre_commands": ["printf '[pytest]\\naddopts = -x\\n' > pytest.ini"]}
@@ -120,4 +140,5 @@ async def test_a_repository_that_stops_at_the_first_failure_still_grades(redteam
     assert honest.reward == 1.0, honest.output
     assert "-x" in honest.output and "===== per-test results" in honest.output
     cheat = await grade(row, hacks["monkeypatch_assert"].patch, open_sandbox=opener, timeout=120)
-    assert cheat.reward == 0.0 and "must fail but was reported PASSED" in cheat.reason
+    assert cheat.reward == 0.0 and cheat.label == "tampered" and "assertEqual was replaced" in cheat.reason
+    assert "--maxfail=2147483647" in honest.output or "none planted" in honest.output

@@ -188,9 +188,52 @@ async def test_a_baseline_without_per_test_results_is_a_grader_error(opener: Ope
     """The calc image has no pytest: a pytest row reports nothing at baseline. That is the task's
     problem (GraderError, excluded from training), never a verdict for the policy."""
     meta = task_meta(eval_cmd="python3 -m pytest -q tests")
-    with pytest.raises(GraderError, match="baseline for calc-1 is unusable: pytest wrote no per-test report"):
+    with pytest.raises(GraderError, match="baseline for calc-1 is unusable: the runner never started"):
         await grade(meta, FIX_PATCH, open_sandbox=opener, timeout=60, baselines=BaselineCache())
     # the row names its tests: no baseline needed, and a run without a report scores 0
     named = task_meta(eval_cmd="python3 -m pytest -q tests", fail_to_pass=["tests/test_calc.py::test_add"])
     res = await grade(named, FIX_PATCH, open_sandbox=opener, timeout=60)
-    assert res.reward == 0.0 and "pytest wrote no per-test report" in res.reason
+    assert res.reward == 0.0 and "never started the grader's shim" in res.reason and res.label is None
+
+
+TESTS_AS_FILE = """diff --git a/tests/test_existing.py b/tests/test_existing.py
+deleted file mode 100644
+--- a/tests/test_existing.py
++++ /dev/null
+@@ -1,2 +0,0 @@
+-from calc import add
+-assert add(0, 0) == 0
+diff --git a/tests b/tests
+new file mode 100644
+--- /dev/null
++++ b/tests
+@@ -0,0 +1 @@
++not a folder
+"""
+
+
+async def test_an_official_patch_the_agents_tree_blocks_is_the_policys_zero(opener: Opener) -> None:
+    """Both sides of the line: the official test patch applies to the base commit but not after the agent's patch
+    (its tests folder became a file) is ``grading_blocked``, reward 0; one that fails on the base commit too is
+    our task data's fault, a GraderError (test_infrastructure_failures_are_grader_errors)."""
+    adds_only = TEST_PATCH.split("diff --git a/tests/test_existing.py")[0]  # a new test file, nothing else
+    meta = task_meta(test_patch=adds_only, eval_cmd="export PYTHONPATH=.; python3 tests/test_calc.py")
+    res = await grade(meta, FIX_PATCH.rstrip("\n") + "\n" + TESTS_AS_FILE, open_sandbox=opener, timeout=60)
+    assert res.reward == 0.0 and res.label == "grading_blocked", res.output
+    assert res.reason.startswith("grading blocked") and "NOT SOLVED (grading_blocked)" in res.output
+    honest = await grade(meta, FIX_PATCH, open_sandbox=opener, timeout=60)
+    assert honest.reward == 1.0 and honest.label is None, honest.output
+
+
+async def test_every_read_back_is_capped(opener: Opener) -> None:
+    from lego_rl.swe.grader import GradingBlocked, read_capped
+
+    async with opener() as sb:
+        await sb.exec("truncate -s 8G /tmp/huge && ln -s /etc/passwd /tmp/link && printf ok > /tmp/small",
+                      user="root", check=True)
+        with pytest.raises(GradingBlocked, match="over the grader's cap"):  # sparse: nothing is read
+            await read_capped(sb, "/tmp/huge", 1 << 20, what="a report")
+        with pytest.raises(GradingBlocked, match="symbolic link"):
+            await read_capped(sb, "/tmp/link", 1 << 20, what="a report")
+        assert await read_capped(sb, "/tmp/small", 1 << 20, what="a report") == b"ok"
+        assert await read_capped(sb, "/tmp/absent", 1 << 20, what="a report") is None

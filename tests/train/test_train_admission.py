@@ -20,7 +20,7 @@ from lego_rl.train.advantages import AdmissionPolicy, admit
 
 def test_taxonomy_is_closed_and_split_in_two():
     assert {r.value for r in POLICY_OUTCOMES} >= {
-        "completed", "agent_error_exit", "turn_limit", "context_limit", "time_budget", "suspect_patch"
+        "completed", "agent_error_exit", "turn_limit", "context_limit", "time_budget", "tampered", "grading_blocked", "suspect_patch"
     }
     # Other areas may add infrastructure reasons (e.g. a sandbox lost mid-run); these must stay there.
     assert {r.value for r in INFRASTRUCTURE_FAILURES} >= {

@@ -47,6 +47,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import random
+import re
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
@@ -58,8 +60,19 @@ from typing import Literal
 from lego_rl.errors import GraderError, SandboxError, TaskDataError
 from lego_rl.sandbox.base import ExecResult, Sandbox
 from lego_rl.swe.baseline import BASELINES, Baseline, BaselineCache
+from lego_rl.swe.canary import Canary, plant
 from lego_rl.swe.shell import GIT, format_step, q
 from lego_rl.swe.suspect import Suspect, find_suspects
+from lego_rl.swe.supervised import (
+    MAX_RECORD_BYTES,
+    RunPlan,
+    Supervised,
+    failure_frames,
+    parse,
+    shim_source,
+    supervisor_source,
+    unittest_command,
+)
 from lego_rl.swe.testinfra import (
     LIST_CMD,
     PROBE_SCRIPT,
@@ -73,21 +86,16 @@ from lego_rl.swe.testinfra import (
     saved_paths,
 )
 from lego_rl.swe.testresults import (
-    ERROR,
-    FAILED,
     PASSED,
-    UNITTEST_MAIN,
     TestRun,
     detect_runner,
     format_results,
-    parse_junit,
-    parse_unittest_report,
     stops_early,
-    unittest_command,
 )
 from lego_rl.swe.verdict import judge_baseline, judge_named, parse_parser_output
 from lego_rl.tasks.model import TaskMetadata
 from lego_rl.tasks.patchpaths import patch_paths
+from lego_rl.termination import TerminationReason
 
 SandboxOpener = Callable[[], AbstractAsyncContextManager[Sandbox]]
 ApplyMethod = Literal["empty", "git-apply-3way", "git-apply", "patch"]
@@ -97,6 +105,18 @@ GRADER_DIR = "/tmp/lego-grader"
 F2P_PATH = f"{GRADER_DIR}/test_f2p.py"
 F2P_DEFAULT_CMD = f'"$(command -v python || command -v python3)" -m pytest -q -p no:cacheprovider {F2P_PATH}'
 _SETUP_TIMEOUT = 900
+READ_TIMEOUT_S = 60.0
+"""Time cap of one read-back (after every process of the test run is gone, a capped file reads in well under
+a second; more means our sandbox is failing)."""
+MAX_LIST_BYTES = 64 << 20
+MAX_LOG_BYTES = 256 << 10
+"""What of the test command's own output the grader log keeps (its tail)."""
+MAX_SWEPRO_LOG_BYTES = 256 << 20
+CANARIES_PER_RUN = 3
+
+
+class GradingBlocked(Exception):
+    """The agent's tree or its test run made grading impossible: a verdict of 0, label ``grading_blocked``."""
 
 
 @dataclass
@@ -118,7 +138,10 @@ class GradeResult:
     suspects: list[str] = field(default_factory=list)
     """Evidence (``file:line: what``) that the patch exists to fool comparisons (``swe/suspect.py``)."""
     label: str | None = None
-    """A policy termination label the grader decided (``suspect_patch``), else None."""
+    """A policy termination label the grader decided, else None: ``tampered`` (evidence that the test run
+    rewrote results or the runner), ``grading_blocked`` (the patch made grading impossible: the official tests
+    do not apply after it, its output overflowed the grader's caps...), ``suspect_patch``. Always with
+    reward 0 except ``suspect_patch`` under ``grader.suspect_policy = keep``; termination.py has the rules."""
 
 
 class _Log:
@@ -183,11 +206,26 @@ async def _apply_agent_patch(sb: Sandbox, log: _Log, patch: bytes, workdir: str)
     return None
 
 
-async def _official_tests(sb: Sandbox, log: _Log, meta: TaskMetadata) -> None:
+async def _official(sb: Sandbox, log: _Log, title: str, script: str, wd: str, patched: bool,
+                    applies_at_base: str | None = None) -> None:
+    """A step of the official tests: with the agent's patch applied, a failure whose cause is the agent's tree
+    (the same step works on the base commit) is the agent's doing, not ours."""
+    res = await _sh(sb, log, title, script, cwd=wd)
+    if res.ok:
+        return
+    why = f"{(res.stderr or res.stdout).strip()[-400:]}"
+    if patched and not res.timed_out:
+        if applies_at_base is None or (await _sh(sb, log, "does the official test patch apply to the base commit?",
+                                                 applies_at_base, cwd=wd)).ok:
+            raise GradingBlocked(f"'{title}' fails after the agent's patch (the agent's tree is in its way): {why}")
+    raise GraderError(f"grader step '{title}' failed ({'timeout' if res.timed_out else res.exit_code}): {why}")
+
+
+async def _official_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, patched: bool) -> None:
     wd = meta.workdir
     if meta.swepro is not None and meta.swepro.before_repo_set_cmd.strip():
         last = meta.swepro.before_repo_set_cmd.strip().splitlines()[-1]
-        await _must(sb, log, "official test files (before_repo_set_cmd, last line)", last, cwd=wd)
+        await _official(sb, log, "official test files (before_repo_set_cmd, last line)", last, wd, patched)
         return
     paths = meta.test_paths
     if not paths:
@@ -196,10 +234,46 @@ async def _official_tests(sb: Sandbox, log: _Log, meta: TaskMetadata) -> None:
         f"if {GIT} cat-file -e HEAD:{q(p)} 2>/dev/null; then {GIT} checkout -q HEAD -- {q(p)}; else rm -rf -- {q(p)}; fi"
         for p in paths
     )
-    await _must(sb, log, "reset official test paths to HEAD", f"set -e; {reset}", cwd=wd)
+    # Checking out HEAD's own files cannot fail on the base tree: only a tree the agent reshaped refuses it.
+    await _official(sb, log, "reset official test paths to HEAD", f"set -e; {reset}", wd, patched)
     await sb.write_file(f"{GRADER_DIR}/test.patch", meta.test_patch)
-    await _must(sb, log, "apply official test patch", f"{GIT} apply --whitespace=nowarn {GRADER_DIR}/test.patch || "
-                f"patch -p1 --batch --forward --fuzz=0 -i {GRADER_DIR}/test.patch", cwd=wd)
+    at_base = (f"GIT_INDEX_FILE={GRADER_DIR}/base.index {GIT} read-tree HEAD && GIT_INDEX_FILE={GRADER_DIR}/base.index "
+               f"{GIT} apply --cached --check --whitespace=nowarn {GRADER_DIR}/test.patch")
+    await _official(sb, log, "apply official test patch", f"{GIT} apply --whitespace=nowarn {GRADER_DIR}/test.patch || "
+                    f"patch -p1 --batch --forward --fuzz=0 -i {GRADER_DIR}/test.patch", wd, patched, at_base)
+
+
+# ----- reading back: every read has a size and a time cap
+
+
+async def read_capped(sb: Sandbox, path: str, limit: int, *, what: str) -> bytes | None:
+    """``path``'s bytes, None when it does not exist. A symlink, a non-file or a file over ``limit`` bytes (a
+    sparse multi-GB file included: the size is checked before a byte is read) is ``GradingBlocked``: only the
+    test run or the agent's tree can put one where the grader reads; a read slower than ``READ_TIMEOUT_S`` is
+    our sandbox failing (``GraderError``)."""
+    res = await sb.exec(["stat", "-c", "%F|%s", "--", path], user="root", cwd="/", timeout=READ_TIMEOUT_S)
+    if not res.ok:
+        if res.timed_out:
+            raise GraderError(f"stat of {path} timed out after {READ_TIMEOUT_S:g} s")
+        return None
+    kind, _, size = res.stdout.strip().rpartition("|")
+    if kind != "regular file" and kind != "regular empty file":
+        raise GradingBlocked(f"{what} ({path}) is a {kind or 'missing file'}, not a regular file")
+    if not size.isdigit() or int(size) > limit:
+        raise GradingBlocked(f"{what} ({path}) is {size} bytes, over the grader's cap of {limit} bytes")
+    try:
+        data = await asyncio.wait_for(sb.read_file(path), READ_TIMEOUT_S)
+    except TimeoutError:
+        raise GraderError(f"reading {path} ({size} bytes) took over {READ_TIMEOUT_S:g} s") from None
+    if len(data) > limit:
+        raise GradingBlocked(f"{what} ({path}) grew past the grader's cap of {limit} bytes while read")
+    return data
+
+
+async def _read_tail(sb: Sandbox, path: str, limit: int) -> str:
+    """The last ``limit`` bytes of a log, for the grader log only (never for a verdict)."""
+    res = await sb.exec(["tail", "-c", str(limit), "--", path], user="root", cwd="/", timeout=READ_TIMEOUT_S)
+    return res.stdout if res.ok else f"(output not readable: {res.stderr.strip()[-200:]})"
 
 
 # ----- test infrastructure (testinfra.py decides, these steps carry it out in the sandbox)
@@ -340,51 +414,92 @@ async def _suspects(sb: Sandbox, wd: str, kept: list[str], now: Listing, patch: 
     return find_suspects(sources, patch.decode("utf-8", "surrogateescape")) if sources else []
 
 
-
-# ----- the canary: tests with a known outcome, run with the official ones
-
-_CANARY = '''import unittest
+# ----- canaries: official tests copied with a perturbed assertion (swe/canary.py), judged with the run
 
 
-class Test{tok}(unittest.TestCase):
-    def test_{tok}_a(self):
-        pass
+async def _plant_canaries(sb: Sandbox, log: _Log, meta: TaskMetadata, cmd: str) -> list[Canary]:
+    """Up to ``CANARIES_PER_RUN`` canaries in the official test modules (after the official test patch), fresh
+    each run; the log says where, and why none when none could be placed."""
+    if stops_early(cmd):
+        log.note("canaries", "none planted: the command stops at its first failure (-x, --failfast...), so a "
+                 "canary that fails would end the run before the official tests")
+        return []
+    files = [F2P_PATH] if meta.f2p_script is not None and cmd.endswith(F2P_PATH) else [
+        p for p in meta.test_paths if PurePosixPath(p).suffix == ".py"
+        and (PurePosixPath(p).name.startswith("test") or PurePosixPath(p).stem.endswith("_test"))]
+    rng = random.Random(secrets.randbits(64))
+    rng.shuffle(files)
+    planted: list[Canary] = []
+    notes: list[str] = []
+    for path in files[:8]:
+        if len(planted) >= CANARIES_PER_RUN:
+            break
+        full = path if path.startswith("/") else f"{meta.workdir}/{path}"
+        try:
+            raw = await read_capped(sb, full, 4 << 20, what="an official test module")
+        except GradingBlocked as exc:  # the official patch wrote it: a symlink or a huge file is the task's
+            notes.append(f"{path}: {exc}")
+            continue
+        if raw is None:
+            notes.append(f"{path}: not present after the official test patch")
+            continue
+        new, canaries, what = plant(raw.decode("utf-8", "surrogateescape"), path, rng,
+                                    CANARIES_PER_RUN - len(planted))
+        notes.append(what)
+        if canaries:
+            await sb.write_file(full, new.encode("utf-8", "surrogateescape"))
+            planted += canaries
+    if not files:
+        notes.append("no official Python test module named by the row (test_*.py, *_test.py)")
+    lines = [f"{c.path}: {c.qualname} copies {c.host} ({c.how}; line {c.line}"
+             f"{'' if c.guaranteed else '; a helper call, likely but not certain to fail'})" for c in planted]
+    if not planted:
+        notes.append("no canary: the verdict rests on the channel, its integrity check and the official tests")
+    log.note("canaries", "\n".join(notes + lines))
+    return planted
 
-    def test_{tok}_b(self):
-        self.assertEqual(1, 2)
 
-    def test_{tok}_c(self):
-        assert 1 == 2, "must fail"
-'''
-_CANARY_FAIL = ("_b", "_c")
-# Runners order files and unittest methods by name: ``test_zz_*`` runs after the official tests and the
-# passing canary first, so a run that stops at its first failure (``addopts = -x`` in the repository's
-# own configuration) still runs every official test, and is cut only inside the canary.
-_CANARY_FILE = "test_zz_{tok}.py"
-
-
-def _canary_dir(meta: TaskMetadata) -> str | None:
-    """Beside the first official test module, where a discovering runner looks too."""
-    for path in meta.test_paths:
-        p = PurePosixPath(path)
-        if p.name.startswith("test") and p.suffix == ".py":
-            return str(p.parent)
-    return None
-
-
-def _take_canary(run: TestRun, tok: str) -> tuple[list[str], bool]:
-    """Remove the canary's entries from ``run``; returns (problems, whether the run reported it)."""
-    mine = {n: s for n, s in run.statuses.items() if tok in n}
-    for n in mine:
-        del run.statuses[n]
-    problems = [f"canary module {m} does not import" for m in run.collection_errors if tok in m]
-    run.collection_errors = [m for m in run.collection_errors if tok not in m]
-    for name, status in sorted(mine.items()):
-        must_fail = name.endswith(_CANARY_FAIL)
-        if must_fail and status not in (FAILED, ERROR) or not must_fail and status != PASSED:
-            problems.append(f"canary test {name} must {'fail' if must_fail else 'pass'} but was reported "
-                            f"{status}: assertions or test results were tampered with")
-    return problems, bool(mine) or bool(problems)
+def _take_canaries(att: _Attempt) -> None:
+    """Remove the canaries from the report; a canary whose copied test passed must have FAILED with an
+    AssertionError at its perturbed line. Sets ``canary_problems`` (and ``tampered`` for a guaranteed canary
+    that passed)."""
+    report, sup = att.report, att.supervised
+    assert report is not None and sup is not None
+    seen: dict[str, tuple[str, str]] = {}
+    for name in list(report.statuses):
+        for c in att.canaries:
+            if c.matches(name):
+                seen[c.qualname + "@" + c.path] = (report.statuses.pop(name), sup.details.pop(name, ""))
+    hosts: dict[str, str] = {}
+    for name, status in report.statuses.items():
+        for c in att.canaries:
+            if Canary(c.path, c.cls, c.host.rsplit(".", 1)[-1], 0, 0, "", True, "").matches(name) and (
+                    c.cls is None or c.host.startswith(c.cls + ".")):
+                hosts[c.qualname + "@" + c.path] = status
+    base = lambda c: c.path.rsplit("/", 1)[-1]  # noqa: E731
+    for c in att.canaries:
+        key = c.qualname + "@" + c.path
+        host = hosts.get(key)
+        if host != PASSED:
+            continue  # the copied test did not pass: its canary says nothing (and the verdict fails on it anyway)
+        status, detail = seen.get(key, ("MISSING", ""))
+        assertion, frames = failure_frames(detail)
+        at_line = any(f == f"{base(c)}:{n}" for f in frames for n in range(c.line, c.last + 1))
+        if status == "FAILED" and (assertion and at_line or not detail):
+            continue
+        if status == PASSED:
+            problem = (f"canary {c.qualname} (a copy of {c.host} with {c.how}) PASSED: assertions are disabled or "
+                       "results rewritten")
+            if c.guaranteed:
+                att.tampered.append(problem)
+            else:
+                problem += " (or the helper ignores that argument: this canary was not certain to fail)"
+        elif status == "FAILED":
+            problem = (f"canary {c.qualname} (a copy of {c.host}) failed, but not through its own assertion at line "
+                       f"{c.line} ({detail or 'no traceback'})")
+        else:
+            problem = f"canary {c.qualname} (a copy of {c.host}) must FAIL but was {status}"
+        att.canary_problems.append(problem)
 
 
 # ----- one run of the tests in a fresh sandbox
@@ -401,6 +516,12 @@ class _Attempt:
     canary_seen: bool = False
     canary_problems: list[str] = field(default_factory=list)
     suspects: list[Suspect] = field(default_factory=list)
+    canaries: list[Canary] = field(default_factory=list)
+    supervised: Supervised | None = None
+    tampered: list[str] = field(default_factory=list)
+    """Evidence that the test run rewrote results or the runner (label ``tampered``)."""
+    blocked: str = ""
+    """Why grading was impossible by the agent's doing (label ``grading_blocked``)."""
 
 
 def _command(meta: TaskMetadata) -> str:
@@ -412,6 +533,14 @@ def _command(meta: TaskMetadata) -> str:
 def runner_of(meta: TaskMetadata) -> str:
     """``swepro``, ``pytest``, ``unittest`` or ``none`` (exit status only) for the row's test command."""
     return "swepro" if meta.swepro is not None else detect_runner(_command(meta))
+
+
+async def _kill_leftovers(sb: Sandbox, log: _Log, user: str) -> None:
+    """After a command run without the supervisor: every process of a non-root ``eval_user`` goes before
+    anything is read back (bwrap's execs end their PID namespace anyway; sunabako keeps processes alive)."""
+    if user != "root":
+        await _sh(sb, log, f"kill what {user} left running", "kill -9 -1 2>/dev/null; true", cwd="/", user=user,
+                  timeout=60)
 
 
 async def _run_swepro(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float, att: _Attempt) -> None:
@@ -427,56 +556,87 @@ async def _run_swepro(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float
     files = q(",".join(sp.selected_test_files))
     run = f"bash {GRADER_DIR}/run_script.sh {files} > {GRADER_DIR}/stdout.log 2> {GRADER_DIR}/stderr.log"
     att.res = await _sh(sb, log, "run_script", run, cwd=wd, user=user, timeout=timeout)
+    await _kill_leftovers(sb, log, user)
     if att.res.timed_out:
         return
+    for name in ("stdout.log", "stderr.log"):  # the parser reads them whole: their size is capped first
+        st = await sb.exec(["stat", "-c", "%s", "--", f"{GRADER_DIR}/{name}"], user="root", cwd="/", timeout=60)
+        if st.ok and st.stdout.strip().isdigit() and int(st.stdout.strip()) > MAX_SWEPRO_LOG_BYTES:
+            raise GradingBlocked(f"the test run's {name} is {st.stdout.strip()} bytes, over the grader's cap of "
+                                 f"{MAX_SWEPRO_LOG_BYTES} bytes")
     py = "$(command -v python3 || command -v python)"
-    await _must(sb, log, "parser", f"cat {GRADER_DIR}/stdout.log; {py} {GRADER_DIR}/parser.py "
+    await _must(sb, log, "parser", f"tail -c {MAX_LOG_BYTES} {GRADER_DIR}/stdout.log; {py} {GRADER_DIR}/parser.py "
                 f"{GRADER_DIR}/stdout.log {GRADER_DIR}/stderr.log {GRADER_DIR}/output.json", cwd=wd)
-    statuses = parse_parser_output(await sb.read_file(f"{GRADER_DIR}/output.json"))
+    raw = await read_capped(sb, f"{GRADER_DIR}/output.json", MAX_RECORD_BYTES, what="the parser's output.json")
+    if raw is None:
+        raise GraderError("the SWE-bench Pro parser wrote no output.json")
+    statuses = parse_parser_output(raw)
     att.report = TestRun("swepro-parser", statuses)
+
+
+_ENV_ASSIGN = r"(?<![\w$]){name}=(?:\"[^\"]*\"|'[^']*'|[^\s;&|]*)"
+
+
+def _keep_our_env(cmd: str, plan: RunPlan) -> str:
+    """A command that sets PYTHONPATH or PYTEST_ADDOPTS itself keeps the shim's entries (appended to its value)."""
+    cmd = re.sub(_ENV_ASSIGN.format(name="PYTHONPATH"), lambda m: f"{m.group(0)}:{plan.shim_dir}", cmd)
+    return re.sub(_ENV_ASSIGN.format(name="PYTEST_ADDOPTS"), lambda m: f"{m.group(0)}\" -p {plan.shim_module}\"", cmd)
 
 
 async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float, att: _Attempt) -> None:
     cmd, runner = _command(meta), runner_of(meta)
     if meta.f2p_script is not None:
         await sb.write_file(F2P_PATH, meta.f2p_script)
-    tok = secrets.token_hex(6)
-    results = f"{GRADER_DIR}/results-{tok}"  # unguessable: nothing planted beforehand can sit there
-    prefix = ""
-    if runner != "none" and not stops_early(cmd):
-        if cmd == F2P_DEFAULT_CMD:
-            canary = f"{GRADER_DIR}/{_CANARY_FILE.format(tok=tok)}"
-            await sb.write_file(canary, _CANARY.format(tok=tok))
-            cmd = f"{cmd} {canary}"
-        elif (where := _canary_dir(meta)) is not None:
-            canary = f"{meta.workdir}/{where}/{_CANARY_FILE.format(tok=tok)}"
-            await sb.write_file(canary, _CANARY.format(tok=tok))
-    report = f"{results}/junit.xml" if runner == "pytest" else f"{results}/unittest.json"
-    if runner == "pytest":
-        prefix = (f'export PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }}--junitxml={report} '
-                  '-o junit_family=xunit1"\n')
-    elif runner == "unittest":
-        main = f"{GRADER_DIR}/unittest_{tok}.py"
-        await sb.write_file(main, UNITTEST_MAIN.format(report=report))
-        cmd = unittest_command(cmd, main)
-    await _must(sb, log, "grader files readable", f"mkdir -p {results} && chmod -R a+rwX {GRADER_DIR}",
-                cwd="/")
-    att.res = await _sh(sb, log, f"eval as {meta.eval_user}", prefix + cmd, cwd=meta.workdir,
-                        user=meta.eval_user, timeout=timeout)
-    if att.res.timed_out or runner == "none":
+    if runner == "none":
+        att.res = await _sh(sb, log, f"eval as {meta.eval_user}", cmd, cwd=meta.workdir, user=meta.eval_user,
+                            timeout=timeout)
+        await _kill_leftovers(sb, log, meta.eval_user)
         return
-    kind = "pytest" if runner == "pytest" else "unittest"
-    if (await sb.exec(["test", "-f", report], cwd="/")).ok:
-        raw = await sb.read_file(report)
-        att.report = parse_junit(raw) if runner == "pytest" else parse_unittest_report(raw)
-    else:
-        why = f"{kind} wrote no per-test report (the run ended before {kind} reported, or never started)"
-        att.report = TestRun(f"{kind}-report", problems=[why])
-    att.canary_problems, att.canary_seen = _take_canary(att.report, tok)
+    tok = secrets.token_hex(8)
+    plan = RunPlan(f"{GRADER_DIR}/run-{tok}", tok)
+    att.canaries = await _plant_canaries(sb, log, meta, cmd)
+    # A repository whose own configuration stops at the first failure (addopts = -x) would stop at a canary:
+    # the official tests run to the end whatever it says (a -x on the command line plants no canary).
+    opts = "--maxfail=2147483647" if att.canaries and runner == "pytest" else ""
+    shown = cmd
+    cmd = unittest_command(cmd, plan.shim) if runner == "unittest" else _keep_our_env(cmd, plan)
+    await sb.write_file(plan.supervisor, supervisor_source())
+    await sb.write_file(plan.shim, shim_source(runner))
+    await sb.write_file(plan.config, plan.config_json(cmd, user=meta.eval_user, cwd=meta.workdir, timeout=timeout,
+                                                      runner=runner, pytest_opts=opts))
+    await _must(sb, log, "grader run files (the record's folder is root's only)",
+                f"chmod 711 {GRADER_DIR} && chmod 700 {plan.run_dir} && chmod 755 {plan.shim_dir} && "
+                f"chmod 644 {plan.shim}", cwd="/")
+    how = (f"pytest plugin -p {plan.shim_module} (PYTEST_ADDOPTS{' ' + opts if opts else ''}; PYTHONPATH "
+           f"{plan.shim_dir})" if runner == "pytest" else f"unittest main {plan.shim} in place of -m unittest")
+    log.note("grader's runner shim", f"{how}; per-test records to the supervisor (root, {plan.run_dir})")
+    started = asyncio.get_running_loop().time()
+    res = await sb.exec(plan.start(), user="root", cwd="/", timeout=timeout + 60)
+    if res.timed_out:  # the supervisor keeps its own timeout: only a stopped (SIGSTOP) supervisor gets here
+        att.res = log.add(f"eval as {meta.eval_user} (supervised)", shown, res)
+        return
+    record = await read_capped(sb, plan.record, 2 * MAX_RECORD_BYTES, what="the supervisor's record")
+    sup = parse(res.stdout, record, exit_code=res.exit_code, stderr=res.stderr, runner=runner)
+    output = await _read_tail(sb, plan.log, MAX_LOG_BYTES)
+    att.res = log.add(f"eval as {meta.eval_user} (supervised: per-test records through the grader's channel)",
+                      shown, ExecResult(-1 if sup.exit_code is None else sup.exit_code, output, "",
+                                        asyncio.get_running_loop().time() - started, sup.timed_out))
+    if sup.notes:
+        log.note("supervisor", "\n".join(sup.notes))
+    att.supervised, att.report = sup, sup.run
+    if sup.timed_out:
+        return
+    if sup.blocked:
+        att.blocked = "; ".join(sup.blocked)
+    if not sup.summary.get("overflow"):  # a flood's garbage lines are the flood, not separate evidence
+        att.tampered += sup.evidence
+    if att.canaries:
+        _take_canaries(att)
 
 
 async def _attempt(meta: TaskMetadata, data: bytes, open_sandbox: SandboxOpener, timeout: float) -> _Attempt:
-    """Steps 1-6 of the module docstring in one fresh sandbox; ``GraderError`` for what is not the agent's."""
+    """Steps 1-6 of the module docstring in one fresh sandbox; ``GraderError`` for what is not the agent's,
+    ``blocked`` for what the agent's tree or test run made impossible."""
     att = _Attempt(_Log())
     log = att.log
     try:
@@ -485,19 +645,25 @@ async def _attempt(meta: TaskMetadata, data: bytes, open_sandbox: SandboxOpener,
             await _must(sb, log, "grader dir", f"mkdir -p {GRADER_DIR}", cwd="/")
             for n, cmd in enumerate(meta.pre_commands, start=1):
                 await _must(sb, log, f"pre-command {n}", cmd, cwd=meta.workdir)
-            if data.strip():
-                base = await _save_infra(sb, log, meta, data)
-                att.apply_method = await _apply_agent_patch(sb, log, data, meta.workdir)
-                if att.apply_method is None:
-                    return att
-                att.reset, att.reset_ok, att.suspects = await _reset_infra(sb, log, meta, data, base)
-                if not att.reset_ok:
-                    return att
-            await _official_tests(sb, log, meta)
-            if meta.swepro is not None:
-                await _run_swepro(sb, log, meta, timeout, att)
-            else:
-                await _run_tests(sb, log, meta, timeout, att)
+            try:
+                if data.strip():
+                    base = await _save_infra(sb, log, meta, data)
+                    att.apply_method = await _apply_agent_patch(sb, log, data, meta.workdir)
+                    if att.apply_method is None:
+                        return att
+                    att.reset, att.reset_ok, att.suspects = await _reset_infra(sb, log, meta, data, base)
+                    if not att.reset_ok:
+                        return att
+                await _official_tests(sb, log, meta, patched=bool(data.strip()))
+                if meta.swepro is not None:
+                    await _run_swepro(sb, log, meta, timeout, att)
+                else:
+                    await _run_tests(sb, log, meta, timeout, att)
+            except GradingBlocked as exc:
+                if not data.strip():  # the base tree and the official tests alone: the task's problem
+                    raise GraderError(f"the base tree cannot be graded: {exc}") from exc
+                att.blocked = str(exc)
+                log.note("grading blocked", att.blocked)
             return att
     except Exception as exc:
         # A provider may leak its SDK's own exception type; it is still not the agent's doing.
@@ -521,7 +687,9 @@ def _usable_baseline(meta: TaskMetadata, att: _Attempt, duration_s: float) -> Ba
                           output=att.log.text)
     report = att.report
     assert report is not None
-    why = report.problems + att.canary_problems
+    why = report.problems + att.canary_problems + [f"tampering evidence on the base tree: {t}" for t in att.tampered]
+    if att.blocked:
+        why.append(att.blocked)
     if not why and not report.statuses and not report.collection_errors:
         why = ["no per-test results"]
     if why:
@@ -582,8 +750,13 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
     if att.apply_method is None:
         result.reason = "agent patch does not apply (3-way, plain, patch)"
     elif not att.reset_ok:
-        result.reason = "the agent's tree keeps the test infrastructure from being reset: " + "; ".join(
-            r for r in att.reset if r.startswith("CANNOT"))
+        result.reason = "grading blocked: the agent's tree keeps the test infrastructure from being reset: " + \
+            "; ".join(r for r in att.reset if r.startswith("CANNOT"))
+        result.label = TerminationReason.GRADING_BLOCKED
+        log.note("verdict", f"NOT SOLVED (grading_blocked)\n{result.reason}")
+    elif att.blocked and not att.tampered:
+        result.reason, result.label = f"grading blocked: {att.blocked}", TerminationReason.GRADING_BLOCKED
+        log.note("verdict", f"NOT SOLVED (grading_blocked)\n{att.blocked}")
     else:
         assert res is not None
         result.eval_exit_code = None if res.timed_out else res.exit_code
@@ -599,7 +772,10 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
         else:
             await _judge(meta, att, runner, named, (baseline, known), timeout, cache, started, result)
     result.reward = float(result.solved)
+    ours = result.label
     _judge_suspects(att, result, suspect_policy)
+    if ours is not None:  # evidence from the run itself (tampered, grading_blocked) outranks the static suspicion
+        result.label = ours
     result.output = log.text
     return result
 
@@ -630,7 +806,7 @@ async def _judge(meta: TaskMetadata, att: _Attempt, runner: str, named: tuple[li
                  started: float, result: GradeResult) -> None:
     report, log = att.report, att.log
     assert report is not None
-    extra = [f"canary: {p}" for p in att.canary_problems]
+    extra = [f"tampered: {t}" for t in att.tampered] + [f"canary: {p}" for p in att.canary_problems]
     if runner == "swepro":
         assert meta.swepro is not None
         verdict = judge_named(report, meta.swepro.fail_to_pass, meta.swepro.pass_to_pass)
@@ -653,18 +829,21 @@ async def _judge(meta: TaskMetadata, att: _Attempt, runner: str, named: tuple[li
             how = f"{'shared' if known else 'ran'}: {baseline.duration_s:.1f} s in its own fresh sandbox"
         log.note(f"baseline per-test results ({how})", format_results(baseline.report))
         verdict = judge_baseline(report, baseline.report)
-        if baseline.canary_seen and not att.canary_seen:
-            extra.append("canary: the canary tests ran at baseline but are missing now")
     result.tests = dict(report.statuses)
     failing = extra + verdict.failing
     result.solved = not failing
+    if att.tampered:
+        result.label = TerminationReason.TAMPERED
     if att.canary_problems:
-        canary = "canary (the grader's test_zz_* file): TAMPERED, see the verdict"
-    elif att.canary_seen:
-        canary = "canary (the grader's test_zz_* file): as expected (its must-fail tests failed; left out above)"
+        canary = f"canaries ({len(att.canaries)}, left out above): NOT AS EXPECTED, see the verdict"
+    elif att.canaries:
+        canary = (f"canaries ({len(att.canaries)}, left out above): each failed through its own assertion, or "
+                  "its copied test did not pass")
     else:
-        canary = "canary (the grader's test_zz_* file): not run by this command"
+        canary = "canaries: none in this run (the canaries note says why)"
     log.note(f"per-test results ({report.runner})", format_results(report) + "\n" + canary)
+    if att.tampered:
+        log.note("tampering evidence (label tampered)", "\n".join(att.tampered))
     if result.solved:
         result.reason = "all fail-to-pass and pass-to-pass tests passed"
         if result.verdict_source == "baseline":
