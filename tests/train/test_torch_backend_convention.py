@@ -15,6 +15,7 @@ from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.train.batching import MicroBatch
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
+from support.numerics import forward_tolerance
 
 PROMPT = [1, 10, 72, 105, 300, 12]
 TOP_P = 0.9
@@ -53,8 +54,9 @@ async def test_recomputation_under_top_p_matches_the_engine(engine: EmbeddedEngi
     [truncated] = backend.compute_logprobs([mb], temperature=1.0, top_p=TOP_P)
     [plain] = backend.compute_logprobs([mb], temperature=1.0)
     diff = (truncated[len(PROMPT):] - sampled).abs()  # [n_out]
-    # Kernel-order noise, except a token at the nucleus edge that rounding moves in or out (RESULTS.md).
-    assert diff.median().item() < 1e-5 and diff.max().item() < 1e-3, diff
+    # Kernel-order noise (decode against the trainer's full forward: forward_tolerance), except a token at the
+    # nucleus edge that rounding moves in or out, renormalising by that token's probability (RESULTS.md).
+    assert diff.median().item() < forward_tolerance(1.0) and diff.max().item() < 1e-3, diff
     # The untruncated softmax is a different distribution: every sampled token's logprob is lower by the
     # nucleus's missing mass, which is what TIS/MIS and the consistency metrics would have seen.
     gap = sampled - plain[len(PROMPT):]  # [n_out]
