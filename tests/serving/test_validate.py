@@ -109,7 +109,7 @@ def test_nucleus() -> None:
     r = parse(full, want_nucleus=True)
     assert r.nucleus is not None and r.nucleus[1].ids == [7, 1] and r.nucleus[1].probs == [0.6, 0.4]
     missing_sampled = mutated(lambda c: c.update(sampling_mask=[[5], [1], [9]], sampling_mask_probs=[[1.0], [1.0], [1.0]]))
-    with pytest.raises(InvalidReply, match="lacks the sampled id"):
+    with pytest.raises(InvalidReply, match="does not contain the sampled token"):
         parse(missing_sampled, want_nucleus=True)
 
 

@@ -65,7 +65,7 @@ def test_weight_versions_are_per_token_with_minus_one_on_context():
         ({"routed_experts": routes(2, 0)}, {}, "routed_experts covers 2 positions, output has 1"),
         ({"prompt_routed_experts": routes(1, 0)}, {}, "prompt has 4"),
         ({"weight_versions": [1, 2]}, {}, "2 weight versions for 1 output ids"),
-        ({"logprobs": [-0.1, -0.2]}, {}, "2 logprobs for 1 output ids"),
+        ({"logprobs": [-0.1, -0.2]}, {}, "2 logprobs for 1 output tokens"),
         ({"logprobs": [math.nan]}, {}, "not a finite value"),
         ({"logprobs": [0.5]}, {}, "not a finite value <= 0"),
         ({"logprobs": [math.nextafter(LOGPROB_TOLERANCE, 1)]}, {}, f"up to {LOGPROB_TOLERANCE} allowed"),

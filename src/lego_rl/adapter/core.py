@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import os
 import secrets
 import time
@@ -52,9 +51,10 @@ from typing import Any, Protocol, TypeVar
 
 from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopKind
 from lego_rl.adapter.sessions import Session
-from lego_rl.adapter.stops import find_stop, keep_prefix
+from lego_rl.adapter.stops import StopMatch, find_stop, keep_prefix
 from lego_rl.chat.messages import Message
 from lego_rl.chat.parsers import (
+    ParsedTurn,
     ToolParserStyle,
     merge_assistant_runs,
     new_call_id,
@@ -64,7 +64,8 @@ from lego_rl.chat.parsers import (
 from lego_rl.chat.prefix import ChainState, PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer, RenderError
 from lego_rl.errors import ProtocolError, ProviderError
-from lego_rl.serving.protocol import LOGPROB_TOLERANCE, GenerateResult, SamplingParams
+from lego_rl.serving.output_checks import check_output
+from lego_rl.serving.protocol import GenerateResult, SamplingParams
 from lego_rl.trajectory.records import TurnRecord
 
 log = logging.getLogger(__name__)
@@ -221,29 +222,76 @@ class AdapterCore:
 
     async def _run_turn(self, session: Session, req: CanonicalRequest) -> CanonicalResponse:
         clock = _Clock()
-        # Checked again once the chain is ours: a request that waited behind the failing turn is refused.
+        messages = self._admit(session, req)
+        chain = session.chain(req.side_label)
+        floor = self.too_long(session, messages, req)
+        if floor is not None:
+            return self._refuse_unrendered(session, req, floor)
+        plan = await self._plan(session, req, chain, messages, clock)
+        repeat_of = self._repeat_of(session, req, chain, plan)
+        remaining = self.window(session) - len(plan.prompt_ids)
+        cap = self._output_cap(session, req)
+        if remaining <= 0 or cap <= 0:
+            if remaining <= 0:
+                session.termination = "context_limit"
+            return self._no_call(
+                session, req, plan, clock, "context_limit" if remaining <= 0 else "max_tokens", repeat_of
+            )
+        params = self._sampling_params(req, min(cap, remaining))
+        result, versions = await self._generate(session, plan, params, clock)
+        turn = self._read_output(req, result, versions)
+        if turn.stop == "max_tokens" and params.max_tokens == remaining:
+            session.termination = "context_limit"  # the window, not the cap, cut this output short
+        self._commit(session, req, chain, plan, clock, turn, repeat_of)
+        return CanonicalResponse(
+            id=_response_id(req),
+            model=req.model or self.model_name,
+            text=turn.parsed.text,
+            reasoning=turn.parsed.reasoning,
+            tool_calls=turn.parsed.tool_calls,
+            stop=turn.stop,
+            stop_sequence=turn.matched.sequence if turn.matched and turn.stop == "stop_sequence" else None,
+            prompt_tokens=len(plan.prompt_ids),
+            completion_tokens=len(turn.result.output_ids),
+            parse_failures=turn.parsed.parse_failures,
+        )
+
+    def _admit(self, session: Session, req: CanonicalRequest) -> list[Message]:
+        """Admit the request on its session (checked again once the chain is ours: a request that waited
+        behind the failing turn is refused); its messages, split assistant items folded, tool results in call
+        order."""
         self.refuse_if_failed(session)
         session.admit_request()
         self._notice_model(session, req)
         messages = restore_tool_order(merge_assistant_runs(req.messages))
         if not messages:
             raise ProtocolError("the request has no messages", param="messages")
-        chain = session.chain(req.side_label)
-        floor = self.too_long(session, messages, req)
-        if floor is not None:
-            # The same answer as a window used up after rendering (a context_limit stop, no engine call), so every
-            # CLI ends the way it does on a full window; nothing is recorded: no ids were made, none to train.
-            session.termination = "context_limit"
-            log.warning("adapter: session %s: request text alone is at least %d tokens, over the context window; "
-                        "answered with a context_limit stop before rendering", session.id, floor)
-            return CanonicalResponse(id=_response_id(req), model=req.model or self.model_name, stop="context_limit",
-                                     prompt_tokens=floor, context_window=self.window(session))
+        return messages
+
+    def _refuse_unrendered(self, session: Session, req: CanonicalRequest, floor: int) -> CanonicalResponse:
+        """The answer to a request whose text alone is over the window: the same as a window used up after
+        rendering (a context_limit stop, no engine call), so every CLI ends the way it does on a full window;
+        nothing is recorded: no ids were made, none to train."""
+        session.termination = "context_limit"
+        log.warning("adapter: session %s: request text alone is at least %d tokens, over the context window; "
+                    "answered with a context_limit stop before rendering", session.id, floor)
+        return CanonicalResponse(id=_response_id(req), model=req.model or self.model_name, stop="context_limit",
+                                 prompt_tokens=floor, context_window=self.window(session))
+
+    async def _plan(self, session: Session, req: CanonicalRequest, chain: ChainState, messages: list[Message],
+                    clock: _Clock) -> PromptPlan:
+        """The turn's prompt (bridged or rendered), on the render pool; a template that cannot render it is the
+        client's error."""
         try:
             plan = await self.in_render_pool(self.bridge.plan, chain, messages, req.tools,
                                              self.template_kwargs(session, req))
         except RenderError as exc:
             raise ProtocolError(f"cannot render this request with the model's chat template: {exc}") from exc
         clock.render_s = clock.elapsed()
+        return plan
+
+    def _repeat_of(self, session: Session, req: CanonicalRequest, chain: ChainState, plan: PromptPlan) -> int | None:
+        """The answered turn this request repeats (None when new), logged: it is answered and recorded again."""
         repeat_of = _repeated_turn(chain, plan)
         if repeat_of is not None:
             log.warning(
@@ -251,31 +299,29 @@ class AdapterCore:
                 "e.g. a stream retry); answered and recorded with repeat_of=%d",
                 session.id, repeat_of, req.side_label or "main", repeat_of,
             )
+        return repeat_of
 
-        window = self.window(session)
-        remaining = window - len(plan.prompt_ids)
+    def _output_cap(self, session: Session, req: CanonicalRequest) -> int:
+        """Output tokens this call may sample before the window is counted: the adapter's cap, the session's,
+        and the client's ``max_tokens``, the smallest."""
         cap = min(self.max_response_tokens, session.max_response_tokens or self.max_response_tokens)
-        if req.max_tokens is not None:
-            if req.max_tokens > cap and "output_cap" not in session.notices:
-                # The client will word a cut at our cap with its own number ("exceeded the 128000 output
-                # token maximum" in Claude Code): say once which cap applies and how to tell the client.
-                session.notices.add("output_cap")
-                log.warning(
-                    "adapter: session %s: the client asked for up to %d output tokens, this adapter caps a "
-                    "reply at %d; a client that reports the limit itself names its own number (tell it the "
-                    "cap, e.g. CLAUDE_CODE_MAX_OUTPUT_TOKENS=%d for Claude Code)",
-                    session.id, req.max_tokens, cap, cap,
-                )
-            cap = min(cap, req.max_tokens)
-        if remaining <= 0 or cap <= 0:
-            if remaining <= 0:
-                session.termination = "context_limit"
-            return self._no_call(
-                session, req, plan, clock, "context_limit" if remaining <= 0 else "max_tokens", repeat_of
+        if req.max_tokens is None:
+            return cap
+        if req.max_tokens > cap and "output_cap" not in session.notices:
+            # The client will word a cut at our cap with its own number ("exceeded the 128000 output
+            # token maximum" in Claude Code): say once which cap applies and how to tell the client.
+            session.notices.add("output_cap")
+            log.warning(
+                "adapter: session %s: the client asked for up to %d output tokens, this adapter caps a "
+                "reply at %d; a client that reports the limit itself names its own number (tell it the "
+                "cap, e.g. CLAUDE_CODE_MAX_OUTPUT_TOKENS=%d for Claude Code)",
+                session.id, req.max_tokens, cap, cap,
             )
+        return min(cap, req.max_tokens)
 
-        params = self._sampling_params(req, min(cap, remaining))
-        result, versions = await self._generate(session, plan, params, clock)
+    def _read_output(self, req: CanonicalRequest, result: GenerateResult, versions: list[int]) -> _Output:
+        """The sampled output cut at the client's first stop sequence, its reasoning and tool calls parsed, and
+        the stop it ends with."""
         prefix = _CALL_PREFIX.get(req.protocol, "call_")
         visible_ids = self.renderer.strip_end_of_message(result.output_ids)
         visible = self.renderer.decode(visible_ids)
@@ -291,11 +337,13 @@ class AdapterCore:
             stop = "stop_sequence"
         elif result.finish_reason == "length":
             stop = "max_tokens"
-            if params.max_tokens == remaining:  # the window, not the cap, cut this output short
-                session.termination = "context_limit"
+        return _Output(result=result, versions=versions, parsed=parsed, matched=matched, stop=stop)
 
-        record = self._record(session, req, plan, clock, stop, result=result, versions=versions)
-        record.parse_failures, record.tool_calls = parsed.parse_failures, len(parsed.tool_calls)
+    def _commit(self, session: Session, req: CanonicalRequest, chain: ChainState, plan: PromptPlan,
+                clock: _Clock, turn: _Output, repeat_of: int | None) -> None:
+        """Record the turn on the session and remember it on its chain for the next turn's bridge."""
+        record = self._record(session, req, plan, clock, turn.stop, result=turn.result, versions=turn.versions)
+        record.parse_failures, record.tool_calls = turn.parsed.parse_failures, len(turn.parsed.tool_calls)
         record.repeat_of = repeat_of
         session.records.append(record)
         # The chain node shares the record's id lists: long sessions keep one copy of each prompt.
@@ -306,22 +354,10 @@ class AdapterCore:
             chain,
             plan,
             record.output_ids,
-            stopped=result.finish_reason == "stop",
-            reply_text=parsed.text,
-            reply_calls=parsed.tool_calls,
+            stopped=turn.result.finish_reason == "stop",
+            reply_text=turn.parsed.text,
+            reply_calls=turn.parsed.tool_calls,
             turn=record.turn,
-        )
-        return CanonicalResponse(
-            id=_response_id(req),
-            model=req.model or self.model_name,
-            text=parsed.text,
-            reasoning=parsed.reasoning,
-            tool_calls=parsed.tool_calls,
-            stop=stop,
-            stop_sequence=matched.sequence if matched is not None and stop == "stop_sequence" else None,
-            prompt_tokens=len(plan.prompt_ids),
-            completion_tokens=len(result.output_ids),
-            parse_failures=parsed.parse_failures,
         )
 
     def _notice_model(self, session: Session, req: CanonicalRequest) -> None:
@@ -375,42 +411,24 @@ class AdapterCore:
         )
 
     def _validate(self, result: GenerateResult, params: SamplingParams) -> None:
-        """Refuse a reply we could not train on (the serving client checks too; this is the last gate)."""
+        """Refuse a reply we could not train on (the serving client checks too; this is the last gate, with the
+        same checks: ``serving.output_checks``)."""
         n = len(result.output_ids)
         if n == 0:
             raise ProviderError("engine returned no output tokens")
-        if len(result.logprobs) != n:
-            raise ProviderError(f"engine returned {len(result.logprobs)} logprobs for {n} output tokens")
         if n > params.max_tokens:
             raise ProviderError(f"engine returned {n} tokens, more than max_tokens={params.max_tokens}")
-        bad = next((i for i, lp in enumerate(result.logprobs) if not _valid_logprob(lp)), None)
-        if bad is not None:
-            raise ProviderError(
-                f"engine returned an invalid logprob {result.logprobs[bad]!r} at position {bad} "
-                f"(must be finite and <= 0, rounding up to {LOGPROB_TOLERANCE} allowed)"
-            )
-        if self.sampling.nucleus and (result.nucleus is None or len(result.nucleus) != n):
-            got = "none" if result.nucleus is None else f"{len(result.nucleus)} entries"
-            raise ProviderError(f"engine returned no usable nucleus ({got} for {n} output tokens)")
-        if self.sampling.routed_experts and (
-            result.routed_experts is None or len(result.routed_experts) != n
-        ):
-            got = "none" if result.routed_experts is None else f"{len(result.routed_experts)} entries"
-            raise ProviderError(f"engine returned no usable routed_experts ({got} for {n} output tokens)")
-        vocab = self.renderer.vocab_size
-        wrong = next((t for t in result.output_ids if not 0 <= t < vocab), None)
-        if wrong is not None:
-            raise ProviderError(f"engine returned token id {wrong} outside the vocabulary (size {vocab})")
+        if self.sampling.nucleus and result.nucleus is None:
+            raise ProviderError(f"engine returned no usable nucleus (none for {n} output tokens)")
+        if self.sampling.routed_experts and result.routed_experts is None:
+            raise ProviderError(f"engine returned no usable routed_experts (none for {n} output tokens)")
+        nucleus = result.nucleus if self.sampling.nucleus else None
+        check_output(result.output_ids, result.logprobs, vocab_size=self.renderer.vocab_size,
+                     nucleus=None if nucleus is None else ([e.ids for e in nucleus], [e.probs for e in nucleus]),
+                     routed_experts=result.routed_experts if self.sampling.routed_experts else None)
 
-    def _no_call(
-        self,
-        session: Session,
-        req: CanonicalRequest,
-        plan: PromptPlan,
-        clock: _Clock,
-        stop: StopKind,
-        repeat_of: int | None,
-    ) -> CanonicalResponse:
+    def _no_call(self, session: Session, req: CanonicalRequest, plan: PromptPlan, clock: _Clock, stop: StopKind,
+                 repeat_of: int | None) -> CanonicalResponse:
         """Answer without calling the engine: the context window (or the output cap) is used up."""
         record = self._record(session, req, plan, clock, stop)
         record.repeat_of = repeat_of
@@ -472,6 +490,17 @@ class _ChainLock:
     users: int = 0
 
 
+@dataclass
+class _Output:
+    """One sampled output as the turn answers it: cut at a stop sequence (``matched``), parsed, its stop."""
+
+    result: GenerateResult
+    versions: list[int]
+    parsed: ParsedTurn
+    matched: StopMatch | None
+    stop: StopKind
+
+
 def _repeated_turn(chain: ChainState, plan: PromptPlan) -> int | None:
     """The latest answered turn of ``chain`` whose request was exactly this one (None when none was).
 
@@ -496,10 +525,6 @@ class _Clock:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
-
-
-def _valid_logprob(value: float) -> bool:
-    return math.isfinite(value) and value <= LOGPROB_TOLERANCE
 
 
 def _versions(result: GenerateResult) -> list[int]:

@@ -49,6 +49,7 @@ from typing import Literal, Protocol
 import torch
 from pydantic import BaseModel
 
+from lego_rl.runstore.publish import publish_dir, staging
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.engine import EmbeddedEngine
 
@@ -165,10 +166,7 @@ def write_checkpoint(source: WeightSource, target: Path) -> int:
         seen.add(key)
     if not tensors:
         raise ValueError(f"the trainer exported no weights for version {source.weight_version}")
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    with staging(target) as tmp:  # hidden: the cleanup of old versions ("v*") never sees it
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        publish_dir(tmp, target, existing="replace", what="weight-sync folder")
     return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -1,14 +1,15 @@
 """Turn a raw ``/inference/v1/generate`` reply into a ``GenerateResult``, or refuse it.
 
 Pure functions, no I/O. Every check raises a typed ``InvalidReply`` subclass; nothing is patched:
-a missing logprob is never filled in, a short list is never padded.
+a missing logprob is never filled in, a short list is never padded. This module checks the wire's shapes and
+types; what makes the output itself trainable (finite logprobs, ids in the vocabulary, a consistent nucleus) is
+``serving.output_checks``', which the adapter and the trajectory run too.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import math
 from typing import Any
 
 from lego_rl.serving.errors import (
@@ -21,7 +22,8 @@ from lego_rl.serving.errors import (
     TokenOutOfVocab,
     UnsupportedExtra,
 )
-from lego_rl.serving.protocol import LOGPROB_TOLERANCE, GenerateResult, NucleusEntry, WeightVersionSpan
+from lego_rl.serving.output_checks import check_count, check_logprobs, check_nucleus, check_token_ids
+from lego_rl.serving.protocol import GenerateResult, NucleusEntry, WeightVersionSpan
 
 INITIAL_VERSION_LABEL = "default"
 """vLLM's label for the weights it started with; lego maps it to version 0."""
@@ -69,10 +71,10 @@ def parse_reply(
         raise InvalidReply(f"finish_reason {finish!r} is not one of {sorted(_FINISH)}", **ctx)
     if not ids and finish != "abort":
         raise EmptyChoice(f"choice has no output ids but finish_reason {finish!r}", **ctx)
-    for pos, tok in enumerate(ids):
-        if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0 or (vocab_size and tok >= vocab_size):
-            raise TokenOutOfVocab(f"output id {tok!r} at position {pos} is outside the vocabulary "
-                                  f"[0, {vocab_size if vocab_size else '?'})", **ctx)
+    bad = next((pos for pos, tok in enumerate(ids) if not isinstance(tok, int) or isinstance(tok, bool)), None)
+    if bad is not None:
+        raise TokenOutOfVocab(f"output id {ids[bad]!r} at position {bad} is not a token id", **ctx)
+    check_token_ids(ids, vocab_size, **ctx)
     logprobs = _logprobs(choice, ids, ctx)
     return GenerateResult(
         output_ids=ids,
@@ -92,9 +94,9 @@ def _logprobs(choice: dict[str, Any], ids: list[int], ctx: dict[str, Any]) -> li
         if not ids:
             return []
         raise MissingLogprobs("reply has no logprobs.content", **ctx)
-    if not isinstance(content, list) or len(content) != len(ids):
-        n = len(content) if isinstance(content, list) else type(content).__name__
-        raise LogprobCountMismatch(f"{n} logprob entries for {len(ids)} output ids", **ctx)
+    if not isinstance(content, list):
+        raise LogprobCountMismatch(f"logprobs.content is {type(content).__name__}, not a list", **ctx)
+    check_count(len(ids), len(content), "logprob entries", **ctx)
     out: list[float] = []
     for pos, (entry, tok) in enumerate(zip(content, ids, strict=True)):
         if not isinstance(entry, dict) or "logprob" not in entry or entry["logprob"] is None:
@@ -105,12 +107,9 @@ def _logprobs(choice: dict[str, Any], ids: list[int], ctx: dict[str, Any]) -> li
         value = entry["logprob"]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise NonFiniteLogprob(f"logprob at position {pos} is {value!r}, not a number", **ctx)
-        value = float(value)
-        if not math.isfinite(value) or value > LOGPROB_TOLERANCE:
-            raise NonFiniteLogprob(f"logprob at position {pos} is {value!r} (must be finite and <= 0, "
-                                   f"rounding up to {LOGPROB_TOLERANCE} allowed)", **ctx)
-        out.append(min(value, 0.0))  # rounding above 0 is clamped: a probability is at most 1
-    return out
+        out.append(float(value))
+    check_logprobs(out, **ctx)
+    return [min(value, 0.0) for value in out]  # rounding above 0 is clamped: a probability is at most 1
 
 
 def _versions(spans: Any, n: int, ctx: dict[str, Any]) -> list[WeightVersionSpan]:
@@ -144,18 +143,22 @@ def _nucleus(choice: dict[str, Any], ids: list[int], vocab: int | None, ctx: dic
     if probs is None:
         raise UnsupportedExtra("nucleus requested but the reply has no sampling_mask_probs "
                                "(only lego's embedded engine returns sampler probabilities)", **ctx)
-    if not (isinstance(mask, list) and isinstance(probs, list) and len(mask) == len(probs) == len(ids)):
-        raise LogprobCountMismatch(f"sampling mask/probs lengths do not match {len(ids)} output ids", **ctx)
-    out: list[NucleusEntry] = []
-    for pos, (m, p, tok) in enumerate(zip(mask, probs, ids, strict=True)):
-        if not isinstance(m, list) or not isinstance(p, list) or len(m) != len(p) or tok not in m:
-            raise InvalidReply(f"nucleus at position {pos} is malformed or lacks the sampled id {tok}", **ctx)
-        if any(not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 for x in p):
-            raise NonFiniteLogprob(f"nucleus probabilities at position {pos} are not finite and >= 0", **ctx)
-        if vocab and any(not 0 <= x < vocab for x in m):
-            raise TokenOutOfVocab(f"nucleus at position {pos} holds an id outside [0, {vocab})", **ctx)
-        out.append(NucleusEntry(ids=m, probs=[float(x) for x in p]))
-    return out
+    if not (isinstance(mask, list) and isinstance(probs, list)):
+        raise InvalidReply("sampling_mask and sampling_mask_probs must be lists", **ctx)
+    for pos, (m, p) in enumerate(zip(mask, probs, strict=False)):
+        if not (isinstance(m, list) and isinstance(p, list) and all(_is_int(x) for x in m)
+                and all(_is_number(x) for x in p)):
+            raise InvalidReply(f"nucleus at position {pos} is not a list of ids and a list of numbers", **ctx)
+    check_nucleus(ids, mask, probs, vocab, **ctx)
+    return [NucleusEntry(ids=m, probs=[float(x) for x in p]) for m, p in zip(mask, probs, strict=True)]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _experts(choice: dict[str, Any], prompt_len: int, n: int, ctx: dict[str, Any]) -> dict[str, Any]:
