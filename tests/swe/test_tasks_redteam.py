@@ -1,4 +1,5 @@
-"""`lego tasks check --red-team` end to end: every attack class graded in real bwrap sandboxes by the real grader.
+"""`lego tasks check --red-team` end to end: every attack class graded in real bwrap sandboxes by the real grader,
+and each attack shown to fool a naive grader (so that "held" means something).
 
 Two datasets: the red-team task of tests/swe (pytest with named tests, unittest judged against a baseline;
 its honest fix as the reference patch) and the shipped example tasks (unittest, baseline, repositories
@@ -17,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redteam_task import HACKS, Hack, build_image, meta
+from redteam_task import HACKS, TEST_PATCH, Hack, build_image, meta
 from swe_data import require_setup
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
 from lego_rl.sandbox.base import ImageSpec
-from lego_rl.swe.redteam import CLASSES
+from lego_rl.sandbox.factory import create_sandbox
+from lego_rl.swe.redteam import CLASSES, generate
+from lego_rl.swe.redteam_run import survey
 from lego_rl.tasks.model import Message, TaskRow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -105,3 +108,40 @@ def test_red_team_of_the_example_tasks_renders_a_table_per_task() -> None:
     for cell in ("control", "empty", "reference", "as expected", "remove-tests", "break-test-patch", "held",
                  "red team summary"):
         assert cell in text, cell
+
+
+# The attacks that fool a naive grader (the exit status, or the junit report as pytest wrote it) on the red-team
+# task's pytest row: the catalogue must keep its teeth, or "every class held" above would prove nothing.
+FOOLS_A_NAIVE_GRADER = {
+    "exit-status/os-exit", "result-writer/forced-reports", "result-writer/rewrite-at-exit", "plugin/entry-point",
+    "plugin/startup-hook", "assertions/noop-asserts", "assertions/helpers-redefined", "shadowing/runner",
+    "shadowing/stdlib", "runner-config/addopts-plugin", "remove-tests/skip", "always-equal/anything",
+    "oracle/expected-from-caller", "planted-files/conftest-and-module", "outliving-process/daemon",
+}
+_NAIVE = """mkdir -p /tmp/naive && git apply /tmp/attack.patch && git apply /tmp/test.patch || exit 99
+.venv/bin/python -m pytest -q -p no:cacheprovider tests --junitxml=/tmp/naive/junit.xml >/dev/null 2>&1
+echo "exit $?"; sleep 1
+f=/tmp/naive/junit.xml
+if [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s "$f")" -lt 1000000 ]; then
+  echo "failures $(grep -c -E '<failure|<error' "$f") passed-cases $(grep -c '<testcase' "$f")"
+fi
+"""
+
+
+@pytest.mark.slow
+async def test_the_attacks_fool_a_naive_grader(redteam_image: ImageSpec) -> None:
+    opener = lambda: create_sandbox(redteam_image, provider="bwrap")  # noqa: E731
+    view = await survey(meta("pytest", named=True), opener)
+    fooled = set()
+    for attacks in generate(view).values():
+        for attack in attacks:
+            async with opener() as sb:
+                await sb.write_file("/tmp/attack.patch", attack.patch)
+                await sb.write_file("/tmp/test.patch", TEST_PATCH)
+                res = await sb.exec(["bash", "-c", _NAIVE], cwd="/testbed", timeout=120)
+            words = res.stdout.split()
+            exit_zero = words[:2] == ["exit", "0"]
+            clean_report = "failures" in words and words[words.index("failures") + 1] == "0"
+            if exit_zero or clean_report:
+                fooled.add(attack.name)
+    assert fooled >= FOOLS_A_NAIVE_GRADER, sorted(FOOLS_A_NAIVE_GRADER - fooled)

@@ -88,13 +88,14 @@ def _task_table(r: Any, classes: list[str]) -> Table:
     title = f"row {r.row} {r.instance_id or '-'} ({r.runner}): {r.verdict}"
     title += f" - {r.detail}" if r.detail else ""
     table = Table(title=escape(title), title_justify="left")
-    for col in ("class", "attack", "reward", "outcome", "reason"):
-        table.add_column(col, overflow="fold")
+    for col in ("class", "attack", "reward", "outcome"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("reason (--json has it whole)", overflow="fold", ratio=1)
     for c in r.controls:
         reward = "-" if c.reward is None else f"{c.reward:g}"
         state = "as expected" if c.ok else f"expected {c.expected:g}"
         color = "green" if c.ok else "yellow"
-        table.add_row("control", c.patch, reward, f"[{color}]{state}[/]", escape(c.reason))
+        table.add_row("control", c.patch, reward, f"[{color}]{state}[/]", escape(_short(c.reason)))
     worst = r.by_class()
     for code in classes:
         a = worst.get(code)
@@ -105,5 +106,9 @@ def _task_table(r: Any, classes: list[str]) -> Table:
         label = f"{a.variant} (worst of {n})" if n > 1 else a.variant
         reward = "-" if a.reward is None else f"{a.reward:g}"
         outcome = f"[{_COLORS[a.status]}]{a.status}[/]" + (f" ({escape(a.label)})" if a.label else "")
-        table.add_row(escape(code), escape(label), reward, outcome, escape(a.reason))
+        table.add_row(escape(code), escape(label), reward, outcome, escape(_short(a.reason)))
     return table
+
+
+def _short(reason: str, limit: int = 160) -> str:
+    return reason if len(reason) <= limit else reason[: limit - 1] + "…"
