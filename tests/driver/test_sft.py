@@ -137,11 +137,11 @@ def test_sft_lowers_the_loss_writes_the_run_and_grpo_starts_from_its_checkpoint(
     after = demo_logprob(Path(summary["checkpoint"]), samples)
     assert after > before + 1.0, (before, after)
 
-    # TensorBoard: the same names and values as the metrics rows.
+    # TensorBoard: the metrics rows' values, under their declared group.
     acc = EventAccumulator(str(root / "tensorboard"))
     acc.Reload()
     for name in ("loss", "grad_norm", "lr", "tokens"):
-        points = acc.Scalars(name)
+        points = acc.Scalars(f"train/{name}")
         assert [p.step for p in points] == list(range(12))
         assert [p.value for p in points] == pytest.approx([r.values[name] for r in rows], rel=1e-6)
 
@@ -153,7 +153,7 @@ def test_sft_lowers_the_loss_writes_the_run_and_grpo_starts_from_its_checkpoint(
     assert len(rl) == 1 and "reward_mean" in rl[0].values
     acc = EventAccumulator(str(toy / "runs" / "rl" / "tensorboard"))
     acc.Reload()
-    [point] = acc.Scalars("reward_mean")
+    [point] = acc.Scalars("rollout/reward_mean")
     assert point.step == 0 and point.value == pytest.approx(rl[0].values["reward_mean"])
 
 

@@ -106,3 +106,13 @@ def test_every_name_a_policy_loss_reports_is_declared_for_train(cfg: LossConfig)
 def test_every_name_the_sft_loss_reports_is_declared_for_sft() -> None:
     out = SftLoss()(_inputs())
     mc.declared_values(mc.SFT, {**out.metrics, mc.LOSS: 0.0, mc.GRAD_NORM: 0.0, mc.LR: 0.0, mc.TOKENS: 0.0})
+
+
+def test_sinks_file_each_value_under_its_group_and_a_distribution_under_one_tag() -> None:
+    assert mc.tag(mc.LOSS) == "train/loss" and mc.tag(mc.TIME_STEP_S) == "timing/time_step_s"
+    assert mc.tag(mc.CONSISTENCY["k3_kl"]) == "consistency/k3_kl"
+    family = mc.CONSISTENCY_BY_SPLIT["k3_kl"]
+    assert mc.tag(family, family.key("full")) == "consistency/full/k3_kl"
+    assert mc.tag(mc.TOKENS_AGE, "tokens_age/3") == mc.tag(mc.TOKENS_AGE) == "staleness/tokens_age"
+    single = [mc.tag(m) for m in mc.METRICS if not m.is_family]
+    assert len(single) == len(set(single))

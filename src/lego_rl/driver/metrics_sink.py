@@ -1,8 +1,10 @@
 """TensorBoard scalars of a run, written into ``RUN_ROOT/tensorboard/`` from its metrics rows.
 
-The run store's ``metrics.jsonl`` stays the record; TensorBoard is a view of it. Each ``StepMetrics`` row
-becomes one scalar per value under the *same name* (``loss``, ``reward_mean``, ``grad_norm``...) at
-``global_step = row.step``, plus ``terminations/<reason>`` counts. Two ways in:
+The run store's ``metrics.jsonl`` stays the record; TensorBoard is a view of it, written through the metric
+declarations (``runstore.metric_catalog``): each value of a ``StepMetrics`` row becomes a scalar under its
+group (``train/loss``, ``rollout/reward_mean``, ``timing/time_step_s``, ``consistency/k3_kl``...) at
+``global_step = row.step``; a distribution (tokens per age) becomes one histogram (``staleness/tokens_age``),
+not one tag per member; termination counts are ``rollout/terminations/<reason>``. Two ways in:
 
 * ``write(row)``: the caller hands each row over as it writes it (the SFT runner);
 * ``follow(path)`` then ``drain()``: rows are read back from ``metrics.jsonl`` as it grows (the GRPO loop,
@@ -21,6 +23,7 @@ from typing import Any
 
 from lego_rl.errors import ConfigError
 from lego_rl.runstore import JsonlFollower, RunLayout, StepMetrics, follow_metrics
+from lego_rl.runstore import metric_catalog as mc
 
 TENSORBOARD_DIR = "tensorboard"
 
@@ -51,12 +54,32 @@ class TensorBoardSink:
     def write(self, row: StepMetrics) -> None:
         if self._writer is None:
             raise RuntimeError("TensorBoardSink.write before start()")
+        at = {"global_step": row.step, "walltime": row.finished_at}
+        histograms: dict[mc.Metric, dict[str, float]] = {}
         for name, value in row.values.items():
-            self._writer.add_scalar(name, value, global_step=row.step, walltime=row.finished_at)
+            metric = mc.declaration(name)
+            if metric is None:
+                raise mc.UndeclaredMetric(name, mc.TRAIN, None)
+            if metric.kind is mc.DISTRIBUTION:
+                histograms.setdefault(metric, {})[str(metric.member(name))] = value
+            else:
+                self._writer.add_scalar(mc.tag(metric, name), value, **at)
+        for metric, counts in histograms.items():
+            self._histogram(mc.tag(metric), {int(k): v for k, v in counts.items()}, at)
         for reason, count in row.terminations.items():
-            self._writer.add_scalar(f"terminations/{reason.value}", count, global_step=row.step,
-                                    walltime=row.finished_at)
+            self._writer.add_scalar(f"rollout/terminations/{reason.value}", count, **at)
         self._writer.flush()
+
+    def _histogram(self, tag: str, counts: dict[int, float], at: dict[str, Any]) -> None:
+        """Integer values with their counts as one histogram: a bucket per value, edges half-way between."""
+        values = sorted(counts)
+        n = sum(counts.values())
+        if n <= 0:
+            return
+        self._writer.add_histogram_raw(
+            tag, min=values[0], max=values[-1], num=n, sum=sum(v * c for v, c in counts.items()),
+            sum_squares=sum(v * v * c for v, c in counts.items()), bucket_limits=[v + 0.5 for v in values],
+            bucket_counts=[counts[v] for v in values], **at)
 
     def follow(self, path: Path) -> None:
         """Tail ``path`` (metrics.jsonl) from its current end: rows already there were written before."""

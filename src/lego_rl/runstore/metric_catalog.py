@@ -299,6 +299,16 @@ def read_family(values: Mapping[str, float], family: Metric) -> dict[str, float]
     return out
 
 
+def tag(metric: Metric, name: str | None = None) -> str:
+    """Where a sink files a value (TensorBoard, W&B): under its group (``train/loss``, ``timing/time_step_s``;
+    ``consistency/...`` names already are). ``name`` is a family member's name; a distribution is filed as
+    one histogram under the family's stem (``staleness/tokens_age``), never one tag per member."""
+    if metric.kind is DISTRIBUTION:
+        name = _PLACEHOLDER.split(metric, maxsplit=1)[0].rstrip("/")
+    name = name if name is not None else str(metric)
+    return name if name.startswith(metric.group + "/") else f"{metric.group}/{name}"
+
+
 def written_by(run_kind: RunKind) -> list[Metric]:
     """The declarations a run kind writes."""
     return [m for m in METRICS if run_kind in m.written_by]
