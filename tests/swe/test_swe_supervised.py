@@ -169,6 +169,11 @@ for o in gc.get_objects():
 """, "a pytest plugin was registered from repository code"),
     # A trace function from the repository: it could skip lines or rewrite locals.
     "tracer": ("import sys\nsys.settrace(lambda *a: None)\n", "sys.settrace holds a function from the repository"),
+    # The shim's own send, called by the code under test for a test that never ran.
+    "ghost_result": ("""import sys
+shim = next(m for n, m in sys.modules.items() if n.startswith("lego_shim_"))
+shim.send("T", "tests/test_a.py::test_ghost", "PASSED", "")
+""", "'tests/test_a.py::test_ghost', which the runner never collected"),
     # Records written straight to the channel, next to the shim's own.
     "forged_records": ("""import os, stat
 for fd in range(3, 1024):

@@ -18,25 +18,32 @@ Order of steps, all as root unless noted, in a fresh sandbox of the task's image
    rewrote or weakened an official test gets the official version back, and an agent that wrote its
    own file at an official test path does not make its (correct) patch unappliable. SWE-bench Pro
    rows use the last line of ``before_repo_set_cmd`` (which checks the official test files out) here;
-5. a canary test file beside the official tests (tests that must fail and one that must pass, under
-   a random name): if the run reports a must-fail canary as passed, the agent's code has disabled
-   assertions or rewritten results, and the verdict is 0;
-6. the tests as ``eval_user`` with the grader timeout, and the verdict from their per-test report
-   (``testresults``; never from the exit status where the runner reports per test):
+5. canaries: copies of official tests, each with one assertion perturbed so it must fail, planted in
+   the official test modules and classes under fresh names (``canary``); each must FAIL through its own
+   assertion whenever its copied test passed;
+6. the tests as ``eval_user`` with the grader timeout under the grader's supervisor (``supervised``,
+   ``insandbox``): each test's outcome leaves the test process through a channel as it finishes, sealed
+   by the supervisor, checked at the end against a snapshot of the runner taken before any repository
+   code ran; every process the command left is killed before anything is read back. The verdict comes
+   from the per-test records (never from the exit status where the runner reports per test):
 
    * SWE-bench Pro: the run script + the instance's parser; every fail-to-pass and pass-to-pass
      test ``PASSED``;
-   * pytest (junit XML injected through ``PYTEST_ADDOPTS``) or ``unittest -v``: the tests the row
-     names (``fail_to_pass``/``pass_to_pass`` metadata) must pass; a row that names none is judged
-     against a *baseline*, the same run with no agent patch in another fresh sandbox, run beside
-     the candidate and shared by the task's grades (``swe/baseline.py``): the tests that failed
+   * pytest (the grader's ``-p`` plugin) or ``python -m unittest`` (the grader's main in its place): the
+     tests the row names (``fail_to_pass``/``pass_to_pass`` metadata) must pass; a row that names none
+     is judged against a *baseline*, the same run with no agent patch in another fresh sandbox, run
+     beside the candidate and shared by the task's grades (``swe/baseline.py``): the tests that failed
      there pass and no other test regresses;
    * any other command: its exit status, with the test infrastructure reset as the only defence
      (``verdict_source == "exit-status"``, and the log says so).
 
-Reward is 1 only on success. Anything the grader itself cannot do (create the sandbox, reset paths,
-apply the *official* patch, run the parser, get a usable baseline) raises ``GraderError``: an
-infrastructure failure that the rollout excludes from training, never a silent reward of 0.
+Reward is 1 only on success. Evidence that the test run rewrote results or the runner is reward 0 with the
+policy label ``tampered``; a patch that makes grading impossible (the official tests do not apply after
+it but do on the base commit, the reset cannot restore its tree, its run floods, cuts or destroys the
+record, a file read back is over its cap) is reward 0 with ``grading_blocked``. Only what the grader's own
+stack cannot do (create the sandbox, apply the *official* patch to the base commit, run the parser, get a
+usable baseline, a bug of the supervisor) raises ``GraderError``: an infrastructure failure that the
+rollout excludes from training, never a silent reward of 0.
 ``GradeResult.output`` keeps every step's complete output and the per-test outcomes.
 docs/grading.md explains the rules and their reasons.
 """

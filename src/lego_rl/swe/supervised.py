@@ -8,10 +8,12 @@ What the host trusts, in order:
   existed, so no test process can have written before it;
 * the record file's lines, each sealed with an HMAC of that key and the line's index: a line another process
   adds, changes or moves fails its seal (``evidence``: tampered), a record cut short has no summary;
-* inside the record, the runner's own lines (``S`` start, ``T`` one per test, ``C`` collection error, ``X``
-  evidence from the end-of-run integrity check, ``E`` end): consecutive sequence numbers from 0, one start,
-  one end whose test count matches; anything else is evidence of a forged, repeated or dropped record.
-  Nothing after ``E`` counts.
+* inside the record, the runner's own lines (``S`` start, ``N``/``M`` the tests collected and their count,
+  ``P`` one phase or result of a test as it is reported, ``T`` one per test as it finishes, ``C`` collection
+  error, ``X`` evidence from the end-of-run integrity check, ``E`` end): consecutive sequence numbers from 0,
+  one start, one collection, one end whose test count matches, results only for collected tests; anything
+  else is evidence of a forged, repeated or dropped record. A test's status is the worst of its records
+  (a forged pass never hides a failure). Nothing after ``E`` counts (and anything there is evidence).
 """
 
 from __future__ import annotations
@@ -201,9 +203,24 @@ def parse(stdout: str, record: bytes | None, *, exit_code: int | None, stderr: s
     return out
 
 
+def _put(out: Supervised, name: str, status: str, detail: str) -> None:
+    run = out.run
+    if name.startswith(_FAILED_IMPORT):
+        if status != PASSED and name.split(".", 3)[-1] not in run.collection_errors:
+            run.collection_errors.append(name.split(".", 3)[-1])
+        return
+    prev = run.statuses.get(name)
+    run.statuses[name] = status if prev in (None, PASSED) else prev  # a result never improves by a second one
+    if detail and detail not in out.details.get(name, ""):
+        out.details[name] = (out.details.get(name, "") + " " + detail).strip()
+
+
 def _read_runner(lines: list[bytes], out: Supervised) -> None:
     run = out.run
     expected, started, ended, tests, after = 0, False, False, 0, 0
+    collected: set[str] = set()
+    listed: int | None = None
+    named: list[str] = []
     for raw in lines:
         if ended:
             after += 1
@@ -228,19 +245,24 @@ def _read_runner(lines: list[bytes], out: Supervised) -> None:
                 out.notes.append(f"repository modules imported before the grader's shim: {args[2][:500]}")
         elif not started:
             out.evidence.append(f"a {kind!r} record before the runner's start record")
-        elif kind == "T" and len(args) >= 2:
+        elif kind in ("T", "P") and len(args) >= 2:
             name, status = args[0], args[1]
             if status not in _STATUSES:
                 out.evidence.append(f"test {name!r} reported with an unknown status {status!r}")
                 continue
-            tests += 1
-            if name.startswith(_FAILED_IMPORT):
-                run.collection_errors.append(name.split(".", 3)[-1])
-                continue
-            prev = run.statuses.get(name)
-            run.statuses[name] = status if prev in (None, PASSED) else prev
-            if len(args) > 2 and args[2]:
-                out.details[name] = (out.details.get(name, "") + " " + args[2]).strip()
+            tests += kind == "T"
+            named.append(name)
+            _put(out, name, status, args[2] if len(args) > 2 else "")
+        elif kind == "N":
+            if listed is not None:
+                out.evidence.append("tests listed after the runner's collection was complete")
+            collected.update(args)
+        elif kind == "M" and args:
+            if listed is not None:
+                out.evidence.append("a second collection record on the grader's channel")
+            listed = len(collected)
+            if args[0] != str(listed):
+                out.evidence.append(f"the collection record counts {args[0]} tests but {listed} were listed")
         elif kind == "C" and args:
             run.collection_errors.append(args[0])
         elif kind == "X" and args:
@@ -252,7 +274,12 @@ def _read_runner(lines: list[bytes], out: Supervised) -> None:
         else:
             out.evidence.append(f"an unknown record {kind!r} on the grader's channel")
     if after:
-        out.notes.append(f"{after} record(s) written after the runner's end record were ignored")
+        # The shim writes nothing after its end record, so another writer did: evidence, and never counted.
+        out.evidence.append(f"{after} record(s) on the grader's channel after the runner's end record "
+                            "(ignored for the verdict)")
+    if listed is not None:
+        strays = sorted({n for n in named if n not in collected and not _fixture_error(n)})
+        out.evidence += [f"a result for {n!r}, which the runner never collected" for n in strays[:20]]
     if len(out.evidence) > MAX_EVIDENCE:
         out.evidence[MAX_EVIDENCE:] = [f"(+{len(out.evidence) - MAX_EVIDENCE} more like these)"]
     out.complete = ended
@@ -262,6 +289,12 @@ def _read_runner(lines: list[bytes], out: Supervised) -> None:
     elif not ended:
         run.problems.append("the test run ended before the runner's final record (os._exit, a crash, a kill "
                             "or the timeout)")
+
+
+def _fixture_error(name: str) -> bool:
+    """unittest reports a failing setUpClass/setUpModule as ``setUpClass (test_x.Case)``, never collected."""
+    return name.startswith(("setUpClass (", "setUpModule (", "tearDownClass (", "tearDownModule (")) or \
+        name.startswith(_FAILED_IMPORT)
 
 
 def failure_frames(detail: str) -> tuple[bool, set[str]]:

@@ -86,6 +86,8 @@ def pytest_runtest_logreport(report):
                 report.nodeid, when, name))
     if status not in ("FAILED", "ERROR"):
         detail = ""
+    # Sent now, phase by phase: what was recorded cannot be changed later, only added to (worst wins).
+    send("P", report.nodeid, status, when + "=" + detail if detail else "")
     _STATE["phases"].setdefault(report.nodeid, []).append((when, status, detail))
 
 
@@ -134,6 +136,11 @@ def _function(item):
     """The plain function a test item runs (a bound method is made anew at each access: its __func__)."""
     fn = _getattr(item, "obj", None)
     return _getattr(fn, "__func__", fn)
+
+
+@_hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    send_collected([item.nodeid for item in session.items])
 
 
 @_hookimpl

@@ -30,6 +30,7 @@ class _Result(_unittest.TextTestResult):
         detail = ""
         if err is not None:
             detail = ("A;" if issubclass(err[0], AssertionError) else "E;") + frames_of(err[2])
+        send("P", name, status, detail)  # now: what was recorded cannot be changed later (worst wins)
         if prev is None or _ORDER[status] > _ORDER[prev[0]]:
             self._lego[name] = (status, detail or (prev[1] if prev else ""))
         if not _isinstance(test, _unittest.TestCase) or _getattr(test, "_lego_started", False) is not True:
@@ -94,8 +95,23 @@ def _check_instance(result):
                 _PROBLEMS.append(problem)
 
 
+def _ids(test):
+    try:
+        children = list(test)
+    except TypeError:
+        return [test.id()]
+    out = []
+    for child in children:
+        out += _ids(child)
+    return out
+
+
 class _Runner(_unittest.TextTestRunner):
     resultclass = _Result
+
+    def run(self, test):
+        send_collected(_ids(test))
+        return super(_Runner, self).run(test)
 
 
 def _own():
