@@ -31,6 +31,8 @@ def test_hand_computed_figures() -> None:
     s = consistency_stats(rollout, trainer)
     # Δ = [-0.1, 0, -0.2]; centred a = [1, 0, -1], b = [1.0, 0.1, -1.1]: r = 2.1 / sqrt(2 * 2.22).
     assert s.tokens == 3
+    # The statistics run in fp64; the only error is the fp32 rounding of the inputs (<= eps/2 * 3.2 = 1.9e-7
+    # each, 4.8e-8 for -3.2): 1e-6 bounds it in the differences and r, and k3 ~ d^2/2 moves by d * 4e-7 < 1e-7.
     assert s.pearson == pytest.approx(2.1 / math.sqrt(2 * 2.22), abs=1e-6)
     assert s.mean_abs_diff == pytest.approx(0.1, abs=1e-6)
     assert s.max_abs_diff == pytest.approx(0.2, abs=1e-6)
@@ -95,6 +97,8 @@ def test_template_drift_in_one_kind_is_told_apart_from_noise() -> None:
     report = consistency_report(torch.cat(rollout), torch.cat(trainer), torch.cat(masks), kinds)
     b, f = report.by_kind["bridged"], report.by_kind["full"]
     assert b.tokens == 80 + 120 + 96 and f.tokens == 40 + 40
+    # Thresholds on the seeded synthetic noise (sigma 2e-6, the same on every machine), not on rounding: its
+    # max over 296 tokens is ~3.5 sigma, its mean far below 1e-4.
     assert b.max_abs_diff < 1e-5 and b.k3_kl < 1e-10
     assert f.mean_abs_diff == pytest.approx(0.3, abs=1e-4) and f.k3_kl > 0.03
     assert report.overall.tokens == b.tokens + f.tokens
