@@ -16,6 +16,7 @@ from lego_rl.driver.metrics_sink import TensorBoardSink
 from lego_rl.driver.sft import SftRunner, load_demonstrations
 from lego_rl.errors import ConfigError
 from lego_rl.runstore import RunDir, RunLayout, follow_metrics, latest_checkpoint
+from lego_rl.runstore import metric_catalog as mc
 
 @dataclass
 class SftSummary:
@@ -76,7 +77,7 @@ class SftSession:
         finally:
             self.sink.close()
             self.run_dir.close()
-        losses = [row.values.get("loss") for row in follow_metrics(self.run_dir.layout.metrics).read()]
+        losses = [mc.read(row.values, mc.LOSS) for row in follow_metrics(self.run_dir.layout.metrics).read()]
         latest = latest_checkpoint(self.run_dir.layout.checkpoints)
         ckpt = str(latest.path) if latest is not None else None
         return SftSummary(status=status, run_root=str(self.run_dir.root), steps_done=runner.next_step,
