@@ -391,7 +391,8 @@ async def _reset_infra(sb: Sandbox, log: _Log, meta: TaskMetadata, patch: bytes,
     now = await _listing(sb, log, wd, "files-patched")
     plan = plan_reset(base.listing, now, base.ctx)
     for path in plan.judge:
-        if path in base.saved:
+        # read only what is small enough to be a configuration file; anything larger goes back unread
+        if path in base.saved and max(int(now[path][3] or 0), int(base.listing[path][3] or 0)) <= _SUSPECT_BYTES:
             before = (await sb.read_file(f"{INFRA_BASE}/{path}")).decode("utf-8", "replace")
             after = (await sb.read_file(f"{wd}/{path}")).decode("utf-8", "replace")
             if not changes_tool_config(before, after):
