@@ -199,19 +199,32 @@ def check(
     score 0, the reference patch 1). Exit codes: 0 every task sound; 1 some task hackable (a class earned reward
     or turned its 0 into a grader error), already passing, or its reference lost reward; 2 bad usage; 3 no
     such finding but some task could not be red-teamed (run again)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from lego_rl.swe.dataset_check import CheckOptions, write_valid
 
+    rows, mapping = _check_rows(data, images_json, ids)
+    options = CheckOptions(provider=provider, provider_options=_key_values(provider_option or []),
+                           images=mapping, timeout=timeout, repeat=repeat)
+    if red_team or attacks:
+        raise typer.Exit(_red_team(rows, data, options, concurrency, attacks, red_team, output, write_valid_to,
+                                   as_json))
+    result = _check_with_progress(rows, data, options, output, concurrency, as_json)
+    written = write_valid(write_valid_to, rows, result.verdicts) if write_valid_to is not None else None
+    summary = result.summary() | {"output": str(output) if output else None,
+                                  "valid_written": str(write_valid_to) if written is not None else None}
+    if as_json:
+        out.print_json(json.dumps({"summary": summary, "rows": [v.model_dump() for v in result.verdicts]}))
+    else:
+        _print_check(result.verdicts, summary)
+        if written is not None:
+            out.print(escape(f"{written} valid rows written to {write_valid_to}"), highlight=False)
+    raise typer.Exit(EXIT_INFRA if result.count("error") else EXIT_FAILED if result.count("invalid") else EXIT_OK)
+
+
+def _check_rows(data: Path, images_json: Path | None, ids: list[str] | None) -> tuple[list[Any], Any]:
+    """The rows to check (``--ids`` in the order given) and the images mapping; a bad input is a usage error."""
     from lego_rl.errors import TaskDataError
     from lego_rl.images import load_images_json
-    from lego_rl.swe.check import REASONS
-    from lego_rl.swe.dataset_check import (
-        MALFORMED,
-        CheckOptions,
-        RowVerdict,
-        check_dataset,
-        read_dataset,
-        write_valid,
-    )
+    from lego_rl.swe.dataset_check import read_dataset
 
     try:
         rows = read_dataset(data)
@@ -227,16 +240,21 @@ def check(
         rows = [by_id[i] for i in wanted]
     if not rows:
         raise _fail(f"{data}: no task rows")
-    options = CheckOptions(provider=provider, provider_options=_key_values(provider_option or []),
-                           images=mapping, timeout=timeout, repeat=repeat)
-    if red_team or attacks:
-        raise typer.Exit(_red_team(rows, data, options, concurrency, attacks, red_team, output, write_valid_to,
-                                   as_json))
+    return rows, mapping
+
+
+def _check_with_progress(rows: list[Any], data: Path, options: Any, output: Path | None, concurrency: int,
+                         as_json: bool) -> Any:
+    """``swe.dataset_check.check_dataset`` with a progress bar and a line per row that is not valid."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lego_rl.swe.dataset_check import RowVerdict, check_dataset
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[tally]}"), console=err, disable=as_json) as bar:
         tally: dict[str, int] = {"valid": 0, "invalid": 0, "error": 0, "reused": 0}
-        job = bar.add_task(escape(f"checking {data.name} ({provider}, {concurrency} at once)"), total=len(rows),
-                           tally="")
+        job = bar.add_task(escape(f"checking {data.name} ({options.provider}, {concurrency} at once)"),
+                           total=len(rows), tally="")
 
         def step(v: RowVerdict, reused: bool) -> None:
             tally[v.status] += 1
@@ -249,50 +267,46 @@ def check(
                                   f"{escape(', '.join(v.reasons) or v.detail)}", highlight=False)
 
         try:
-            result = asyncio.run(check_dataset(rows, dataset_dir=data.resolve().parent, options=options,
-                                               output=output, concurrency=concurrency, on_verdict=step))
+            return asyncio.run(check_dataset(rows, dataset_dir=data.resolve().parent, options=options,
+                                             output=output, concurrency=concurrency, on_verdict=step))
         except FileExistsError as exc:
             raise _fail(str(exc)) from None
-    written = None
-    if write_valid_to is not None:
-        written = write_valid(write_valid_to, rows, result.verdicts)
-    summary = result.summary() | {"output": str(output) if output else None,
-                                  "valid_written": str(write_valid_to) if written is not None else None}
-    if as_json:
-        out.print_json(json.dumps({"summary": summary, "rows": [v.model_dump() for v in result.verdicts]}))
-    else:
-        table = Table(title="lego tasks check", title_justify="left")
-        for col in ("row", "task", "unmodified", "reference", "repeat", "time (setup+base+ref+again)", "verdict"):
-            table.add_column(col, overflow="fold")
-        for v in result.verdicts:
-            c = v.check or {}
-            color = {"valid": "green", "invalid": "yellow", "error": "red"}[v.status]
-            timing = " + ".join(f"{c[k]:.1f}" for k in ("workspace_s", "baseline_s", "reference_s", "repeat_s")
-                                if c.get(k) is not None)
-            table.add_row(str(v.row), escape(v.instance_id or "-"), escape(c.get("baseline_reason") or "-"),
-                          escape(c.get("reference", "-")), escape(c.get("repeat", "-")), timing,
-                          f"[{color}]{v.status}[/] {escape(', '.join(v.reasons))}"
-                          + (f"\n{escape(v.detail)}" if v.detail and v.status != "valid" else ""))
-        out.print(table)
-        totals = Table(title="summary", title_justify="left")
-        for col in ("rows", "valid", "invalid", "error", "reused", "rows/min", "sandbox s", "setup s", "tests s"):
-            totals.add_column(col)
-        cost = summary["cost_s"]
-        totals.add_row(*(str(summary[k]) for k in ("rows", "valid", "invalid", "error", "reused")),
-                       str(summary["rows_per_min"] or "-"), *(f"{cost[k]:.1f}" for k in ("sandbox", "setup", "tests")))
-        out.print(totals)
-        if summary["reasons"]:
-            reasons = Table(title="reasons", title_justify="left")
-            for col in ("reason", "rows", "meaning"):
-                reasons.add_column(col, overflow="fold")
-            for reason, n in summary["reasons"].items():
-                meaning = "the row does not parse, or names a missing file" if reason == MALFORMED else REASONS.get(
-                    reason, "")
-                reasons.add_row(escape(reason), str(n), escape(meaning))
-            out.print(reasons)
-        if written is not None:
-            out.print(escape(f"{written} valid rows written to {write_valid_to}"), highlight=False)
-    raise typer.Exit(EXIT_INFRA if result.count("error") else EXIT_FAILED if result.count("invalid") else EXIT_OK)
+
+
+def _print_check(verdicts: list[Any], summary: dict[str, Any]) -> None:
+    """The per-row table, the totals and the reasons with their meaning."""
+    from lego_rl.swe.check import REASONS
+    from lego_rl.swe.dataset_check import MALFORMED
+
+    table = Table(title="lego tasks check", title_justify="left")
+    for col in ("row", "task", "unmodified", "reference", "repeat", "time (setup+base+ref+again)", "verdict"):
+        table.add_column(col, overflow="fold")
+    for v in verdicts:
+        c = v.check or {}
+        color = {"valid": "green", "invalid": "yellow", "error": "red"}[v.status]
+        timing = " + ".join(f"{c[k]:.1f}" for k in ("workspace_s", "baseline_s", "reference_s", "repeat_s")
+                            if c.get(k) is not None)
+        table.add_row(str(v.row), escape(v.instance_id or "-"), escape(c.get("baseline_reason") or "-"),
+                      escape(c.get("reference", "-")), escape(c.get("repeat", "-")), timing,
+                      f"[{color}]{v.status}[/] {escape(', '.join(v.reasons))}"
+                      + (f"\n{escape(v.detail)}" if v.detail and v.status != "valid" else ""))
+    out.print(table)
+    totals = Table(title="summary", title_justify="left")
+    for col in ("rows", "valid", "invalid", "error", "reused", "rows/min", "sandbox s", "setup s", "tests s"):
+        totals.add_column(col)
+    cost = summary["cost_s"]
+    totals.add_row(*(str(summary[k]) for k in ("rows", "valid", "invalid", "error", "reused")),
+                   str(summary["rows_per_min"] or "-"), *(f"{cost[k]:.1f}" for k in ("sandbox", "setup", "tests")))
+    out.print(totals)
+    if summary["reasons"]:
+        reasons = Table(title="reasons", title_justify="left")
+        for col in ("reason", "rows", "meaning"):
+            reasons.add_column(col, overflow="fold")
+        for reason, n in summary["reasons"].items():
+            meaning = "the row does not parse, or names a missing file" if reason == MALFORMED else REASONS.get(
+                reason, "")
+            reasons.add_row(escape(reason), str(n), escape(meaning))
+        out.print(reasons)
 
 
 def _red_team(rows: list[Any], data: Path, options: Any, concurrency: int, attacks: list[str] | None,
