@@ -242,7 +242,7 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma-separated phases to skip: breakdown, throughput, parity "
                     "(parity-bf16: only its fp32 rows); "
                     "breakdown rows: breakdown-sdpa, breakdown-triton, breakdown-compiled; or throughput "
-                    "variants: baseline, old, batched, draw, new, trainer-before, trainer, compiled")
+                    "variants: baseline, old, batched, draw, nolook, new, trainer-before, trainer, compiled")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (fast=True there has no graphs)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -270,7 +270,9 @@ def main() -> None:
                  "fast", "batched", True, {"dtype": "bfloat16", "fast": True, **before}),
                 ("fast bf16, draw in the graph, SDPA decode attention", "fast", "draw", True,
                  {"dtype": "bfloat16", "fast": True, "decode_attention": "sdpa"}),
-                ("fast bf16, draw in the graph, Triton decode attention (default)", "fast", "new", True,
+                ("fast bf16, draw in the graph, Triton decode attention, no look-ahead", "fast", "nolook", True,
+                 {"dtype": "bfloat16", "fast": True, "lookahead": False}),
+                ("fast bf16, draw in the graph, Triton decode attention, look-ahead (default)", "fast", "new", True,
                  {"dtype": "bfloat16", "fast": True}),
                 ("fast fp32 weights + bf16 compute, trainer recipe (before issue 31)", "fast", "trainer-before", True,
                  {"dtype": "float32", "compute_dtype": "bfloat16", "fast": True, **before}),

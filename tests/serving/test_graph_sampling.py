@@ -1,7 +1,8 @@
 """Sampling inside the decode graph (issue 31): ``draw_plain`` — the sampler's arithmetic for rows without
 top-k/top-p or nucleus and at most one alternative, as tensor ops alone — gives ``sample_rows``' tokens, logprobs and ranks
 exactly, consumes each row's generator as ``sample_rows`` does, and the engine's fast path that uses it
-(``StaticDecoder.decode_draw``) samples what it sampled before. CPU, real tiny model; the graphs themselves
+(``StaticDecoder.decode_draw``, and with the next step queued before a step is read: ``launch_draw``) samples
+what it sampled before, rows finishing by length and by a stop token mid-burst. CPU, real tiny model; the graphs themselves
 and the Triton decode attention run on the H200 (``test_static_decode_gpu.py``)."""
 
 from __future__ import annotations
@@ -52,22 +53,34 @@ def test_only_untruncated_rows_without_extras_are_plain() -> None:
 
 
 async def generate_all(engine: EmbeddedEngine, top_p: float) -> list[tuple[object, ...]]:
+    """Four requests finishing at different steps: by length (5, 8, 11, 40 tokens) and, for the last, by a stop
+    token drawn somewhere in its 40 (a burst's look-ahead step then runs past a finished row)."""
     await engine.start()
     try:
         outs = await asyncio.gather(*(engine.generate(
-            list(range(3 + 4 * i, 12 + 5 * i)), SamplingParams(max_tokens=5 + 3 * i, temperature=[1.0, 0.0, 0.8][i],
-                                                               top_p=top_p, seed=40 + i),
-            request_id=f"q{i}", ignore_eos=True) for i in range(3)))
+            list(range(3 + 4 * i, 12 + 5 * i)),
+            SamplingParams(max_tokens=[5, 8, 11, 40][i], temperature=[1.0, 0.0, 0.8, 1.0][i], top_p=top_p,
+                           seed=40 + i, stop_token_ids=list(range(0, 1884, 3)) if i == 3 else []),
+            request_id=f"q{i}", ignore_eos=True) for i in range(4)))
     finally:
         await engine.stop()
-    return [(o.token_ids, o.logprobs, o.ranks, o.top) for o in outs]
+    return [(o.token_ids, o.logprobs, o.ranks, o.top, o.finish_reason) for o in outs]
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9], ids=["plain-in-graph", "truncated-falls-back"])
 async def test_engine_samples_the_same_with_and_without_graph_sampling(tiny_model: Path, top_p: float) -> None:
-    with_draw = await generate_all(EmbeddedEngine(tiny_model, max_batch=3, fast=True), top_p)
-    without = await generate_all(EmbeddedEngine(tiny_model, max_batch=3, fast=True, graph_sampling=False), top_p)
-    assert with_draw == without
+    ahead = await generate_all(EmbeddedEngine(tiny_model, max_batch=4, fast=True), top_p)
+    in_graph = await generate_all(EmbeddedEngine(tiny_model, max_batch=4, fast=True, lookahead=False), top_p)
+    without = await generate_all(EmbeddedEngine(tiny_model, max_batch=4, fast=True, graph_sampling=False), top_p)
+    assert in_graph == without
+    # The look-ahead step of a burst still decodes a row that finished on the step before, so the rows after it run
+    # that step in a batch one larger than without look-ahead: the same tokens, logprobs to batch-size rounding.
+    for a, b in zip(ahead, in_graph, strict=True):
+        assert (a[0], a[2], a[4]) == (b[0], b[2], b[4])
+        assert [[t for t, _ in top] for top in a[3]] == [[t for t, _ in top] for top in b[3]]  # type: ignore[attr-defined]
+        assert max(abs(x - y) for x, y in zip(a[1], b[1], strict=True)) < 1e-5  # type: ignore[call-overload]
+    if top_p == 1.0:
+        assert ahead[3][4] == "stop" and len(ahead[3][0]) < 40  # type: ignore[arg-type]  # the stop token case ran
 
 
 def test_triton_attention_is_refused_off_cuda(tiny_model: Path) -> None:

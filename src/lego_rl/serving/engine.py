@@ -88,7 +88,7 @@ class EmbeddedEngine:
                  return_routed_experts: bool = False, fast: bool | None = None,
                  compute_dtype: str | None = None, cuda_graphs: bool = True, compile_decode: bool = False,
                  prefill_batch_tokens: int = 16384, graph_sampling: bool = True,
-                 decode_attention: str = "auto") -> None:
+                 decode_attention: str = "auto", lookahead: bool = True) -> None:
         """``fast``: decode on ``StaticDecoder`` (None: whenever the device is CUDA and the model fits it; True:
         required, a ConfigError says why not). ``compute_dtype``: the dtype of matmuls and attention when it
         differs from the weights' ``dtype`` — ``dtype="float32", compute_dtype="bfloat16"`` is the torch
@@ -98,7 +98,10 @@ class EmbeddedEngine:
         prefix) as one right-padded batch of at most this many positions. ``graph_sampling``: the fast path
         samples a step whose rows are all plain (no top-k/top-p or nucleus, at most one alternative) inside its decode graph
         (``StaticDecoder.decode_draw``; False = always ``sample_rows`` after the graph). ``decode_attention``:
-        the fast path's decode attention (``auto``, ``triton``, ``sdpa``: StaticDecoder's ``attention``)."""
+        the fast path's decode attention (``auto``, ``triton``, ``sdpa``: StaticDecoder's ``attention``).
+        ``lookahead``: within a burst of such in-graph draws, queue the next step before reading this one (its
+        input tokens are the draws the graph left on the device), so the host's work per step overlaps the GPU's;
+        a row that finished meanwhile ignores the look-ahead step's draw (``_decode_ahead``)."""
         if threads:
             # Process-wide. On a crowded CPU one thread is often faster than two (no OpenMP spinning).
             torch.set_num_threads(threads)
@@ -162,6 +165,7 @@ class EmbeddedEngine:
             except ValueError as exc:
                 raise ConfigError(str(exc), parameter="decode_attention", value=decode_attention) from None
         self.graph_sampling = graph_sampling
+        self.lookahead = lookahead
         log.info("embedded engine: %s decode path, weights %s, compute %s", "fast" if self._static else "generic",
                  dtype, self.compute_dtype)
         self._lengths: list[int] = []
@@ -494,8 +498,41 @@ class EmbeddedEngine:
                 self._rows.append(req)
         steps = 1
         while steps < self.burst and self._keep_decoding():
-            self._decode(version)
+            if self._may_look_ahead():
+                steps += self._decode_ahead(version, self.burst - steps)
+            else:
+                self._decode(version)
+                steps += 1
+        return steps
+
+    def _may_look_ahead(self) -> bool:
+        return (self.lookahead and self.graph_sampling and self._static is not None
+                and all(is_plain(r.row) for r in self._rows))
+
+    def _decode_ahead(self, version: str, budget: int) -> int:
+        """Up to ``budget`` decode steps with the draw in the graph, each queued before the previous one is read
+        (``StaticDecoder.launch_draw``). A look-ahead step is queued only while every row is still running and
+        its positions fit the cache; a row that finished on the step before takes no draw from it (it then
+        holds one uniform number fewer in its discarded generator and one KV position past its length, never
+        read). Returns the steps whose draws were read."""
+        assert self._static is not None
+        rows = [r.row for r in self._rows]
+        pending: Any = self._static.launch_draw([r.out.token_ids[-1] for r in self._rows], self._lengths, rows)
+        ahead = [n + 1 for n in self._lengths]  # the queued step's positions + 1: the next step's positions
+        steps = 0
+        while pending is not None:
+            queued = None
+            if (steps + 1 < budget and max(ahead) < self.max_model_len and not self._waiting and not self._paused
+                    and not self._interrupt and all(self._done_reason(r) is None for r in self._rows)):
+                queued = self._static.launch_draw(None, ahead, rows)
+                ahead = [n + 1 for n in ahead]
+            draws = pending()
             steps += 1
+            for i, (req, draw) in enumerate(zip(self._rows, draws, strict=True)):
+                if self._done_reason(req) is None:
+                    req.out.record(draw, version)
+                    self._lengths[i] += 1
+            pending = queued
         return steps
 
     def _forward(self, ids: torch.Tensor, cache: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -14,7 +14,8 @@ RoPE, grouped-query attention, gated SiLU MLP) as plain tensor code reading the 
   (``sampler.draw_plain``: no top-k/top-p, at most one alternative) after the forward, so a step is one graph replay and
   one device-to-host copy of ``[b, 5]`` numbers instead of a replay, the sampler's ~20 eager launches and three
   copies. The uniform numbers still come from each request's CPU generator (staged with the token ids: one
-  host-to-device copy per step), so a seed samples what ``sample_rows`` samples.
+  host-to-device copy per step), so a seed samples what ``sample_rows`` samples. The drawn tokens are also
+  written to the next step's input buffer, so ``launch_draw`` can queue step n + 1 before step n is read.
 * **Small batches decode attention through Triton** (``decode_attention``, CUDA, buckets of at most
   ``TRITON_MAX_ROWS``): the new key/value write and a split attention over each row's own positions in two
   launches, instead of two ``index_put``s and a masked SDPA call; such a graph no longer depends on the attended
@@ -40,6 +41,7 @@ o_proj, logit soft-capping — is refused by ``unsupported_reason`` and the engi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -227,6 +229,10 @@ class StaticDecoder:
         self._host_i = torch.zeros(2, slots, dtype=torch.long, pin_memory=pin)  # [2, S]
         self._host_f = torch.zeros(2, slots, dtype=torch.float64, pin_memory=pin)  # [2, S]
         self._staged = torch.cuda.Event() if pin else None
+        # A launched step's draws come back through one of two pinned buffers (``launch_draw``: the next step may
+        # be launched before this one is read).
+        self._host_out = torch.zeros(2, slots, 5, dtype=torch.float64, pin_memory=pin)  # [2, S, 5]
+        self._flip = 0
         self._ids, self._pos = self._in_i[0], self._in_i[1]  # [S] each
         self._temps, self._u = self._in_f[0], self._in_f[1]  # [S] each
         self._rows = torch.arange(slots, device=self.device)  # [S]
@@ -306,8 +312,7 @@ class StaticDecoder:
                 q, k, v = self._qkv(p, h, cos, sin, fast=True)
                 out = decode_attention.decode_attention(q, k, v, self.k[i], self.v[i], pos, self.scale)
                 h = self._rest(p, h, out.reshape(b, self.n_heads * self.head_dim), fast=True)
-            logits = self._logits(h)  # [b, V]
-            return draw_plain(logits, self._temps[:b], self._u[:b]) if draw else logits
+            return self._out(self._logits(h), b, draw)
         group = self.n_heads // self.n_kv
         seen = torch.arange(span, device=self.device)[None, :] <= pos[:, None]  # [b, span]
         # Additive, in the attention dtype, built once per step (a boolean mask is converted in every layer).
@@ -323,28 +328,41 @@ class StaticDecoder:
                 out = F.scaled_dot_product_attention(qg, self.k[i, :b, :, :span], self.v[i, :b, :, :span],
                                                      attn_mask=mask, scale=self.scale)  # [b, Hkv, G, D]
                 h = self._rest(p, h, out.reshape(b, self.n_heads * self.head_dim), fast=True)
-        logits = self._logits(h)  # [b, V]
-        return draw_plain(logits, self._temps[:b], self._u[:b]) if draw else logits
+        return self._out(self._logits(h), b, draw)
 
-    def _stage(self, ids: list[int], positions: list[int], bb: int, temps: list[float] | None = None,
+    def _out(self, logits: torch.Tensor, b: int, draw: bool) -> torch.Tensor:
+        """A step's result: ``logits`` [b, V], or the rows' draws [b, 5] — whose tokens are also written to
+        ``_ids`` as the next step's inputs, so a step can be launched before the host has read this one."""
+        if not draw:
+            return logits
+        packed = draw_plain(logits, self._temps[:b], self._u[:b])  # [b, 5]
+        self._ids[:b].copy_(packed[:, 0].long())
+        return packed
+
+    def _stage(self, ids: list[int] | None, positions: list[int], bb: int, temps: list[float] | None = None,
                u: list[float] | None = None) -> None:
         """Copy a step's inputs to the static buffers (rows ``b..bb-1`` are padding: a dummy token at position 0
-        of a free slot, temperature 0, whose outputs are ignored)."""
-        b = len(ids)
+        of a free slot, temperature 0, whose outputs are ignored). ``ids`` None: the previous step's draws,
+        which its graph left in ``_ids``."""
+        b = len(positions)
         if self._staged is not None:
             self._staged.synchronize()  # the previous step's copy has read the pinned buffer
         hi, hf = self._host_i.numpy(), self._host_f.numpy()
-        hi[0, :b], hi[1, :b], hi[:, b:bb] = ids, positions, 0
-        self._in_i[:, :bb].copy_(self._host_i[:, :bb], non_blocking=True)
+        hi[1, :b], hi[:, b:bb] = positions, 0
+        if ids is None:
+            self._in_i[1, :bb].copy_(self._host_i[1, :bb], non_blocking=True)
+        else:
+            hi[0, :b] = ids
+            self._in_i[:, :bb].copy_(self._host_i[:, :bb], non_blocking=True)
         if temps is not None and u is not None:
             hf[0, :b], hf[1, :b], hf[:, b:bb] = temps, u, 0.0
             self._in_f[:, :bb].copy_(self._host_f[:, :bb], non_blocking=True)
         if self._staged is not None:
             self._staged.record()
 
-    def _run(self, ids: list[int], positions: list[int], draw: bool, temps: list[float] | None = None,
+    def _run(self, ids: list[int] | None, positions: list[int], draw: bool, temps: list[float] | None = None,
              u: list[float] | None = None) -> torch.Tensor:
-        b = len(ids)
+        b = len(positions)
         bb = min(_bucket(b, 1), self.slots) if self.use_graphs else b
         # The Triton kernel reads each row's own positions: its graphs do not depend on the attended length.
         triton = self.triton_attention and bb <= TRITON_MAX_ROWS
@@ -370,14 +388,39 @@ class StaticDecoder:
         uniform number from its generator (``plain_inputs``)."""
         return plain_draws(self._run(ids, positions, True, *plain_inputs(rows)).tolist(), rows)
 
+    @torch.inference_mode()
+    def launch_draw(self, ids: list[int] | None, positions: list[int], rows: list[RowParams]
+                    ) -> Callable[[], list[Draw]]:
+        """``decode_draw`` without waiting: queues the step and returns the function that waits for its draws.
+        ``ids`` None decodes the tokens the previous step drew (still on the device), so the next step can be
+        queued before this one is read. Each row's uniform number is taken from its generator now."""
+        packed = self._run(ids, positions, True, *plain_inputs(rows))  # [b, 5] on the device
+        b = len(positions)
+        if self._staged is None:  # CPU: computed already
+            ready = packed.tolist()
+            return lambda: plain_draws(ready, rows)
+        buf = self._host_out[self._flip, :b]  # [b, 5] pinned
+        self._flip ^= 1
+        buf.copy_(packed, non_blocking=True)  # before the next replay overwrites the graph's output
+        done = torch.cuda.Event()
+        done.record()
+
+        def collect() -> list[Draw]:
+            done.synchronize()
+            return plain_draws(buf.tolist(), rows)
+
+        return collect
+
     def _capture(self, b: int, span: int, draw: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # Warm-up outside the graph (kernel selection, lazy init). They write the KV of each row's position, as the
+        # replay does again; a draw also writes its tokens to ``_ids``, which the replay must not see: restored.
+        inputs = self._ids.clone()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        # Warm-up outside the graph (kernel selection, lazy init). The Triton kernel writes the KV of position
-        # pos: these runs write what the replay writes again.
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self._decode_body(b, span, draw)
+                self._ids.copy_(inputs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
