@@ -12,6 +12,11 @@ from pydantic import ValidationError
 from lego_rl.train.backend import LossInputs
 from lego_rl.train.losses import LossConfig, make_loss
 
+# Tolerances in this file: hand-computed (fp64) expectations against a handful of fp32 ops on a few tokens
+# with values of order 1, or two fp32 formulas of the same few values; no matmul kernel or thread split is
+# involved. abs=1e-6 is ~8 fp32 ulps at 1 (the inputs' own rounding, e.g. log r, is one or two); abs=1e-7 is
+# used where the value is near 0 and built from the same rounded inputs on both sides.
+
 
 def inputs(
     ratios: list[float],

@@ -22,6 +22,7 @@ from lego_rl.serving.tiny_model import MOE_SHAPE, ensure_tiny_model
 from lego_rl.train.backend import TrainerBackend
 from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
+from support.numerics import forward_tolerance
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
 
@@ -64,13 +65,15 @@ def test_moe_logprobs_equal_the_torch_backend_free_and_replayed(
         moe_model: Path, vocab: int, replaying: tuple[MegatronBackend, TorchBackend]) -> None:
     step = routed(fixed_step(vocab), seed=0)
     free_m, free_t = megatron(moe_model), torch_backend(moe_model)
+    # Two implementations of the same fp32 forward: forward noise at |logit| / T (MoE tiny model: |logit| < 7).
     for kw in ({"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}):
+        tol = forward_tolerance(kw["temperature"])
         assert max_diff(free_m.compute_logprobs(step.micro_batches, **kw),  # type: ignore[arg-type]
-                        free_t.compute_logprobs(step.micro_batches, **kw)) < 1e-4, kw  # type: ignore[arg-type]
+                        free_t.compute_logprobs(step.micro_batches, **kw)) < tol, kw  # type: ignore[arg-type]
     mega, ref = replaying
     a = mega.compute_logprobs(step.micro_batches, temperature=1.0)
     b = ref.compute_logprobs(step.micro_batches, temperature=1.0)
-    assert max_diff(a, b) < 1e-4
+    assert max_diff(a, b) < forward_tolerance(1.0)
     # Random routes are far from the routers' own choice: replay must show in the numbers.
     assert max_diff(a, free_m.compute_logprobs(step.micro_batches, temperature=1.0)) > 0.05
 

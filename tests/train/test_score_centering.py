@@ -21,6 +21,7 @@ from lego_rl.train.batching import plan_steps
 from lego_rl.train.losses import LossConfig, make_loss
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
 from lego_rl.trajectory.sample import Sample
+from support.numerics import forward_tolerance
 from support.toy_run import scrub_config_env, write_toy_run
 
 TOP_P = 0.9
@@ -104,11 +105,14 @@ async def test_engine_nucleus_gives_zero_correction_and_a_step(engine: EmbeddedE
     mb = step.micro_batches[0]
     trained = mb.loss_mask > 0  # [T]
     diff = (old[0] - mb.rollout_logprobs)[trained].abs()  # [n_trained]
-    assert diff.max().item() < 1e-4, diff  # the replayed nucleus: the engine's exact distribution
+    # The replayed nucleus: the engine's exact distribution, up to decode-vs-full-forward fp32 noise.
+    assert diff.max().item() < forward_tolerance(1.0), diff
     before = {k: v.clone() for k, v in backend.model.state_dict().items()}
     res = backend.train_step(step, make_loss(LossConfig(use_score_centering=True)), old_logprobs=old,
                              temperature=1.0, top_p=TOP_P)
-    assert abs(res.metrics["sc_correction"]) < 1e-5, res.metrics
+    # Built from the engine's and the trainer's probabilities of the same nuclei: their forward noise at most
+    # (a nucleus that is not replayed moves it by the missing mass, 1e-2 and more).
+    assert abs(res.metrics["sc_correction"]) < forward_tolerance(1.0), res.metrics
     assert any(not torch.equal(before[k], v) for k, v in backend.model.state_dict().items())
     # Control: a sampler whose probabilities differ from the trainer's leaves a correction the loss sees.
     stale = mb.nucleus_probs.clone()  # [T, K]
@@ -141,8 +145,9 @@ def test_lego_train_runs_score_centering_through_the_loop(toy: Path) -> None:
     trained = [r for r in rows if "sc_correction" in r.values]
     assert trained, [r.values for r in rows]  # at least one step had a non-zero advantage and trained
     for r in trained:
-        assert abs(r.values["sc_correction"]) < 1e-4, r.values
-        assert r.values["consistency/mean_abs_diff"] < 1e-4, r.values
+        # fp32 engine and trainer on CPU: forward noise only (as above).
+        assert abs(r.values["sc_correction"]) < forward_tolerance(1.0), r.values
+        assert r.values["consistency/mean_abs_diff"] < forward_tolerance(1.0), r.values
 
 
 def test_lego_train_refuses_score_centering_without_the_nucleus(toy: Path) -> None:

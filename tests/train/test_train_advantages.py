@@ -18,7 +18,8 @@ from lego_rl.train.advantages import grpo_advantages, rollout_mean_log_ratio
 def test_unequal_fork_counts_count_each_run_once():
     samples = rollout("a", 0, 1.0, segments=20) + rollout("b", 0, 0.0, segments=1)
     adv = grpo_advantages(samples)
-    # Population std of {1, 0} is 0.5: +-1, whatever the number of segments.
+    # Population std of {1, 0} is 0.5: +-1, whatever the number of segments; the std's eps (1e-6) moves
+    # that by 0.5e-6 / 0.5 = 2e-6, hence 1e-5 (no rounding beyond fp32 ulps of 1 in play).
     assert adv.per_rollout == pytest.approx({"a": 1.0, "b": -1.0}, abs=1e-5)
     assert adv.per_sample.tolist() == pytest.approx([1.0] * 20 + [-1.0], abs=1e-5)
     assert (adv.stats.rollouts, adv.stats.samples) == (2, 21)
@@ -73,7 +74,7 @@ def test_group_advantages_sum_to_zero_over_distinct_rollouts(spec):
     adv = grpo_advantages(samples)
     for group in {g for g, _, _ in spec}:
         values = [adv.per_rollout[f"r{k}"] for k, (g, _, _) in enumerate(spec) if g == group]
-        assert abs(sum(values)) < 1e-6
+        assert abs(sum(values)) < 1e-6  # a mean-centred group of a few values of order 1: ulps of 1
     for s, a in zip(samples, adv.per_sample, strict=True):  # broadcast: every segment has its run's value
         assert a == adv.per_rollout[s.rollout_id]
     assert np.isfinite(adv.per_sample).all()

@@ -76,5 +76,6 @@ def test_rollouts_never_straddle_steps_and_step_loss_is_the_mean_of_rollout_mean
         r = len(step.rollout_ids)
         for slot, (weighted, raw) in per_token_loss.items():
             # weighted sum == rollout's mean over its trained tokens / rollouts in the step
+            # fp32 sums of the same weighted terms in another grouping (per micro-batch): ulps of the total.
             assert weighted == pytest.approx(raw / step.rollout_token_counts[slot] / r, rel=1e-5, abs=1e-6)
     assert sorted(seen) == list(range(len(samples)))  # every segment trained, once
