@@ -40,10 +40,9 @@
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import logging
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -55,7 +54,7 @@ from pydantic import Field, model_validator
 from lego_rl.errors import ConfigError, TrainerOutOfMemory
 from lego_rl.runstore.files import write_new
 from lego_rl.serving.weights import load_checkpoint_into, load_model
-from lego_rl.train.backend import LossFn, LossInputs, OptimizerSettings, StepResult
+from lego_rl.train.backend import LossFn, OptimizerSettings, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 from lego_rl.train.head_logprobs import DEFAULT_CHUNK, HeadOutputs, head_logprobs
 from lego_rl.train.routing_replay import RouteReplay
@@ -63,10 +62,23 @@ from lego_rl.train import varlen_attention
 from lego_rl.train.checkpoint import (
     EXTRA_STATE,
     TRAINER_STATE,
+    copy_side_files,
+    extra_state_json,
     publish_checkpoint,
     read_marker,
-    rng_state,
-    set_rng_state,
+    restore_trainer_state,
+    trainer_state,
+)
+from lego_rl.train.step import (
+    StepTotals,
+    add_metrics,
+    apply_update,
+    check_grad_norm,
+    check_step,
+    make_optimizer,
+    segment_starts,
+    step_metrics,
+    sum_parts,
 )
 
 _MODEL_SIDE_FILES = (
@@ -145,19 +157,6 @@ def out_of_memory_message(
             f"segment(s), the longest {longest} ({first}); the step was not applied. To fit it: " + "; ".join(hints))
 
 
-def _segment_starts(mb: MicroBatch) -> torch.Tensor:
-    """[T] bool, True at each segment's first token (it has no prediction)."""
-    starts = torch.zeros(mb.num_tokens, dtype=torch.bool)  # [T]
-    starts[mb.cu_seqlens[:-1].long()] = True
-    return starts
-
-
-def _rollout_sums(values: torch.Tensor, mb: MicroBatch, n_rollouts: int) -> torch.Tensor:
-    """[R] detached sum over each rollout's trained tokens in ``mb`` of ``values`` [T]."""
-    v = values.detach().float().cpu() * mb.loss_mask  # [T]
-    return torch.zeros(n_rollouts).index_add(0, mb.rollout_slots, v)  # [R]
-
-
 def _disable_dropout(model: torch.nn.Module) -> None:
     """Dropout off everywhere: the PPO/GSPO ratio compares two evaluations of one deterministic function
     (old and new logprobs); with dropout on, the ratio would be noise even before any update."""
@@ -219,21 +218,8 @@ class TorchBackend:
                 except ValueError as exc:
                     raise ConfigError(f"{self.model_dir}: {exc}", parameter="rollout.use_rollout_routing_replay",
                                       value=True) from None
-        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": settings.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=settings.lr,
-            betas=settings.adam_betas,
-            eps=settings.adam_eps,
-        )
-        warmup = settings.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.optimizer, self.scheduler = make_optimizer(
+            [p for p in self.model.parameters() if p.requires_grad], settings)
         self._version = 0
         self._chunked = settings.logprob_chunk_tokens > 0 and self._probe_chunking()
 
@@ -377,7 +363,7 @@ class TorchBackend:
             out = head_logprobs(head, hidden, ids[1:], temperature=temperature, top_p=top_p, top_k=top_k,
                                 with_entropy=with_entropy, nucleus_ids=nuc_ids, nucleus_valid=nuc_valid,
                                 chunk=chunk, checkpoint_chunks=self._chunked)
-        starts = _segment_starts(mb).to(self.device)  # [T] a segment's first token has no prediction
+        starts = segment_starts(mb).to(self.device)  # [T] a segment's first token has no prediction
         lp = torch.cat([out.logprobs.new_zeros(1), out.logprobs])  # [T] aligned with input_ids
         lp = torch.where(starts, torch.zeros_like(lp), lp)  # [T]
         entropy = None
@@ -464,42 +450,6 @@ class TorchBackend:
 
     # ------------------------------------------------------------------------------------ training
 
-    def _check_step(self, step: OptimizerStep, old_logprobs: Sequence[torch.Tensor]) -> None:
-        if not step.micro_batches:
-            raise ValueError(f"optimizer step over rollouts {step.rollout_ids} has no micro-batches")
-        if len(old_logprobs) != len(step.micro_batches):
-            raise ValueError(
-                f"{len(old_logprobs)} old_logprobs tensors for {len(step.micro_batches)} micro-batches"
-            )
-        for i, (mb, old) in enumerate(zip(step.micro_batches, old_logprobs, strict=True)):
-            if tuple(old.shape) != (mb.num_tokens,):
-                raise ValueError(
-                    f"old_logprobs[{i}] has shape {tuple(old.shape)} but micro-batch {i} has "
-                    f"{mb.num_tokens} tokens"
-                )
-
-    def _log_ratio_elsewhere(
-        self, step: OptimizerStep, old_logprobs: Sequence[torch.Tensor], temperature: float, top_p: float = 1.0,
-        top_k: int = -1,
-    ) -> list[torch.Tensor]:
-        """Per micro-batch ``[R]``: sum of ``current - old`` over its rollouts' tokens in the *other*
-        micro-batches (GSPO's sequence ratio). Computed exactly with a no-grad forward of the micro-batches
-        whose rollouts span several; zeros for the rest (nothing elsewhere to add)."""
-        r = len(step.rollout_ids)
-        spans: dict[int, set[int]] = {}
-        for i, mb in enumerate(step.micro_batches):
-            for slot in mb.rollout_slots[mb.loss_mask > 0].unique().tolist():
-                spans.setdefault(slot, set()).add(i)
-        shared = {i for members in spans.values() if len(members) > 1 for i in members}
-        sums = [torch.zeros(r) for _ in step.micro_batches]  # [R] each
-        order = sorted(shared)
-        current = self.compute_logprobs([step.micro_batches[i] for i in order], temperature=temperature,
-                                        top_p=top_p, top_k=top_k) if order else []  # [T_i] each
-        for i, lp in zip(order, current, strict=True):
-            sums[i] = _rollout_sums(lp - old_logprobs[i], step.micro_batches[i], r)  # [R]
-        total = torch.stack(sums).sum(0)  # [R]
-        return [total - s for s in sums]  # [R] each
-
     def train_step(
         self,
         step: OptimizerStep,
@@ -510,18 +460,9 @@ class TorchBackend:
         top_p: float = 1.0,
         top_k: int = -1,
     ) -> StepResult:
-        self._check_step(step, old_logprobs)
-        r = len(step.rollout_ids)
-        counts = torch.tensor(step.rollout_token_counts, dtype=torch.float32)  # [R]
-        is_sums = [
-            _rollout_sums(old - mb.rollout_logprobs, mb, r)
-            for mb, old in zip(step.micro_batches, old_logprobs, strict=True)
-        ]  # [R] each
-        is_total = torch.stack(is_sums).sum(0)  # [R]
-        if getattr(loss_fn, "needs_rollout_log_ratio", True):
-            elsewhere = self._log_ratio_elsewhere(step, old_logprobs, temperature, top_p, top_k)
-        else:
-            elsewhere = [torch.zeros(r) for _ in step.micro_batches]
+        check_step(step, old_logprobs)
+        totals = StepTotals.of(step, old_logprobs, loss_fn, functools.partial(
+            self.compute_logprobs, temperature=temperature, top_p=top_p, top_k=top_k))
         dev = self.device
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
@@ -537,24 +478,9 @@ class TorchBackend:
                     with torch.no_grad():
                         ref, _ = self._token_logprobs(self.reference, mb, temperature, with_entropy=False,
                                                       top_p=top_p, top_k=top_k)  # [T]
-                inp = LossInputs(
-                    logprobs=scored.logprobs,  # [T]
-                    old_logprobs=old_logprobs[i].to(dev),
-                    rollout_logprobs=mb.rollout_logprobs.to(dev),
-                    advantages=mb.advantages.to(dev),
-                    loss_mask=mb.loss_mask.to(dev),
-                    token_weights=mb.token_weights.to(dev),
-                    rollout_slots=mb.rollout_slots.to(dev),
-                    rollout_token_counts=counts.to(dev),
-                    rollout_log_ratio_elsewhere=elsewhere[i].to(dev),
-                    rollout_is_log_ratio_elsewhere=(is_total - is_sums[i]).to(dev),
-                    ref_logprobs=ref,
-                    entropy=scored.entropy,  # [T]
-                    nucleus_candidate_logprobs=scored.candidate_logprobs,  # [T, K] when the nucleus was captured
-                    nucleus_sampler_probs=None if mb.nucleus_probs is None else mb.nucleus_probs.to(dev),  # [T, K]
-                    nucleus_valid=None if mb.nucleus_valid is None else mb.nucleus_valid.to(dev),  # [T, K]
-                )
-                out = loss_fn(inp)
+                out = loss_fn(totals.loss_inputs(
+                    i, mb, dev, logprobs=scored.logprobs, old_logprobs=old_logprobs[i], entropy=scored.entropy,
+                    ref_logprobs=ref, nucleus_candidate_logprobs=scored.candidate_logprobs, nucleus=True))
                 # Gradients add up over micro-batches (the token weights carry 1/(N_r R)); FSDP averages over
                 # ranks, so each rank's share is scaled by the world size to keep the sum.
                 scale = 0.0 if slot is None else float(self.world)
@@ -562,38 +488,20 @@ class TorchBackend:
             if slot is None:
                 continue
             loss_sum += float(out.loss.detach())
-            for key, value in out.metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + value
+            add_metrics(metrics, out.metrics)
         if self.world > 1:
             parts: list[tuple[float, dict[str, float]]] = [(0.0, {}) for _ in range(self.world)]
             dist.all_gather_object(parts, (loss_sum, metrics))
-            loss_sum, metrics = 0.0, {}
-            for part_loss, part in parts:
-                loss_sum += part_loss
-                for key, value in part.items():
-                    metrics[key] = metrics.get(key, 0.0) + value
+            loss_sum, metrics = sum_parts(parts)
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.settings.max_grad_norm if self.settings.max_grad_norm is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if not torch.isfinite(torch.tensor(grad_norm)):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(
-                f"gradient norm is {grad_norm} at weight version {self._version}; the step "
-                "was not applied (check the batch's logprobs and advantages)"
-            )
-        lr = float(self.scheduler.get_last_lr()[0])
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        check_grad_norm(grad_norm, self._version, self.optimizer)
+        lr = apply_update(self.optimizer, self.scheduler)
         self._version += 1
-        metrics.update(
-            loss=loss_sum,
-            grad_norm=grad_norm,
-            lr=lr,
-            tokens=float(sum(int(mb.loss_mask.sum()) for mb in step.micro_batches)),
-        )
-        return StepResult(metrics=metrics, weight_version=self._version)
+        return StepResult(metrics=step_metrics(metrics, step, loss=loss_sum, grad_norm=grad_norm, lr=lr),
+                          weight_version=self._version)
 
     # ------------------------------------------------------------------------------------ weights
 
@@ -605,12 +513,7 @@ class TorchBackend:
             yield name, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
 
     def save_checkpoint(self, path: Path, *, extra_state: dict[str, Any]) -> None:
-        try:
-            extra_json = json.dumps(extra_state, indent=2, sort_keys=True) + "\n"
-        except TypeError as exc:
-            raise ValueError(
-                f"extra_state must be JSON-serialisable (the loop's cursor and step): {exc}"
-            ) from exc
+        extra_json = extra_state_json(extra_state)
         model_state: dict[str, Any] | None = None
         if self.world > 1:
             # Sharded: gather full tensors to rank 0 (CPU), which writes the same files a single process does;
@@ -628,18 +531,11 @@ class TorchBackend:
                                                                                   options=opts)}
         else:
             optimizer_state = self.optimizer.state_dict()
-        state = {
-            "optimizer": optimizer_state,
-            "scheduler": self.scheduler.state_dict(),
-            "weight_version": self._version,
-            "rng": rng_state(),
-        }
+        state = trainer_state(optimizer_state, self.scheduler, self._version)
 
         def fill(tmp: Path) -> None:
             self.model.save_pretrained(str(tmp), safe_serialization=True, state_dict=model_state)
-            for name in _MODEL_SIDE_FILES:
-                if (self.model_dir / name).is_file() and not (tmp / name).exists():
-                    shutil.copy2(self.model_dir / name, tmp / name)
+            copy_side_files(self.model_dir, tmp, _MODEL_SIDE_FILES)
             write_new(tmp / TRAINER_STATE, lambda fh: torch.save(state, fh), what="trainer state")
             write_new(tmp / EXTRA_STATE, extra_json, what="extra state")
 
@@ -675,8 +571,5 @@ class TorchBackend:
         else:
             load_checkpoint_into(self.model, path)
             self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self._version = int(state["weight_version"])
-        set_rng_state(state["rng"])
-        extra: dict[str, Any] = json.loads((path / EXTRA_STATE).read_text())
+        self._version, extra = restore_trainer_state(path, state, self.scheduler)
         return extra
