@@ -61,3 +61,20 @@ def rollout_options(data: Path | None, vllm_url: list[str] | None, harness: str 
     if harness is not None:
         typed["agent.default_harness"] = (harness, "--harness")
     return typed
+
+
+def refuse_config_errors(r: ResolvedConfig, *, hint: str) -> None:
+    """``compose.preflight``'s errors, each with the explicit keys it names and their sources, then exit 2
+    (``hint`` closes the list); nothing when the config is fit to start."""
+    from lego_rl.cli.console import EXIT_USAGE, err, fail
+    from lego_rl.compose.preflight import preflight_errors
+
+    errors = preflight_errors(r)
+    if not errors:
+        return
+    for f in errors:
+        given = ", ".join(f"{key} from {r.source(key)}" for key in f.keys if r.is_explicit(key))
+        fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
+    err.print(hint, markup=False)
+    raise typer.Exit(EXIT_USAGE)
+

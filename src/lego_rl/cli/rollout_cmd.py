@@ -17,12 +17,13 @@ from rich.table import Table
 from rich.text import Text
 
 from lego_rl.cli.console import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, escape, fail, out
-from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load, rollout_options
-from lego_rl.config.checks import run_checks
+from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load, refuse_config_errors, rollout_options
 from lego_rl.errors import ConfigError, GraderError, TaskDataError
 from lego_rl.runstore.events import Baseline
 
 if TYPE_CHECKING:
+    from lego_rl.compose.rollout_check import CheckReport
+    from lego_rl.compose.sessions.check_session import RolloutCheckSession
     from lego_rl.rollout.generate import RolloutResult
 
 
@@ -122,20 +123,9 @@ def rollout_check(
     as_json: JsonOpt = False,
 ) -> None:
     """Run real rollouts (CLI in a sandbox, adapter, engine, grader) over a dataset, without training."""
-    typed = rollout_options(data, vllm_url, harness)
     try:
-        r = load(config, overrides, typed)
-        from lego_rl.compose.engine_checks import ENGINE_CHECKS
-        from lego_rl.compose.harnesses import harness_inventory
-
-        findings = run_checks(r, harnesses=harness_inventory(r), extra=ENGINE_CHECKS)
-        errors = [f for f in findings if f.severity == "error"]
-        if errors:
-            for f in errors:
-                given = ", ".join(f"{key} from {r.source(key)}" for key in f.keys if r.is_explicit(key))
-                fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
-            err.print("run `lego validate` for the full picture")
-            raise typer.Exit(EXIT_USAGE)
+        r = load(config, overrides, rollout_options(data, vllm_url, harness))
+        refuse_config_errors(r, hint="run `lego validate` for the full picture")
         from lego_rl.compose.sessions.check_session import RolloutCheckSession
 
         session = RolloutCheckSession(r, ids=ids)
@@ -143,40 +133,9 @@ def rollout_check(
         fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
     if baseline:
-        try:
-            on_result = None if as_json else _print_baseline
-            passing = asyncio.run(_until_sigterm(session.baseline(on_result=on_result)))
-        except asyncio.CancelledError:
-            session.run_dir.close()
-            fail("stopped by SIGTERM during the baseline", label="baseline")
-            raise typer.Exit(EXIT_SIGTERM) from None
-        except GraderError as exc:
-            session.run_dir.close()
-            fail(f"the grader could not decide: {exc}", label="baseline")
-            raise typer.Exit(EXIT_INFRA) from None
-        if passing:
-            session.run_dir.close()
-            fail(f"already solved without any change, nothing rolled out: {', '.join(passing)}", label="baseline")
-            raise typer.Exit(EXIT_NOTHING_RAN)
-    total = len(session.rows) * samples
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, disable=as_json, transient=False) as bar:
-        task = bar.add_task("rollouts", total=total)
-
-        def on_progress(event: str, spec: object, result: RolloutResult | None) -> None:
-            if event == "finished" and result is not None:
-                bar.advance(task)
-                bar.update(task, description=escape(f"rollouts  {result.instance_id}#{result.index}: "
-                                                    f"{result.termination.value}"))
-
-        try:
-            work = session.run(samples=samples, harness=harness, concurrency=concurrency, output=output,
-                               progress=on_progress)
-            report = asyncio.run(_until_sigterm(work))
-        except asyncio.CancelledError:
-            fail(f"stopped by SIGTERM; sandboxes cleaned up, outcomes so far saved under "
-                 f"{session.run_dir.root}", label="rollout-check")
-            raise typer.Exit(EXIT_SIGTERM) from None
+        _baseline_or_exit(session, as_json=as_json)
+    report = _roll_out(session, samples=samples, harness=harness, concurrency=concurrency, output=output,
+                       as_json=as_json)
     if as_json:
         out.print_json(json.dumps({"rewarded": report.rewarded, "rollouts": len(report.results),
                                    "terminations": dict(report.terminations), "run_root": str(session.run_dir.root),
@@ -187,6 +146,47 @@ def rollout_check(
         out.print(f"{report.rewarded}/{len(report.results)} rewarded; {counts}. Artifacts: {session.run_dir.root}",
                   markup=False, highlight=False)
     raise typer.Exit(exit_code(report.results))
+
+
+def _baseline_or_exit(session: RolloutCheckSession, *, as_json: bool) -> None:
+    """Grade every unmodified task first; exit when one already passes, the grader fails, or SIGTERM comes."""
+    try:
+        passing = asyncio.run(_until_sigterm(session.baseline(on_result=None if as_json else _print_baseline)))
+    except asyncio.CancelledError:
+        session.run_dir.close()
+        fail("stopped by SIGTERM during the baseline", label="baseline")
+        raise typer.Exit(EXIT_SIGTERM) from None
+    except GraderError as exc:
+        session.run_dir.close()
+        fail(f"the grader could not decide: {exc}", label="baseline")
+        raise typer.Exit(EXIT_INFRA) from None
+    if passing:
+        session.run_dir.close()
+        fail(f"already solved without any change, nothing rolled out: {', '.join(passing)}", label="baseline")
+        raise typer.Exit(EXIT_NOTHING_RAN)
+
+
+def _roll_out(session: RolloutCheckSession, *, samples: int, harness: str | None, concurrency: int,
+              output: Path | None, as_json: bool) -> CheckReport:
+    """The session's rollouts under a progress bar (on stderr, none with ``--json``); SIGTERM exits."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, disable=as_json, transient=False) as bar:
+        task = bar.add_task("rollouts", total=len(session.rows) * samples)
+
+        def on_progress(event: str, spec: object, result: RolloutResult | None) -> None:
+            if event == "finished" and result is not None:
+                bar.advance(task)
+                bar.update(task, description=escape(f"rollouts  {result.instance_id}#{result.index}: "
+                                                    f"{result.termination.value}"))
+
+        try:
+            work = session.run(samples=samples, harness=harness, concurrency=concurrency, output=output,
+                               progress=on_progress)
+            return asyncio.run(_until_sigterm(work))
+        except asyncio.CancelledError:
+            fail(f"stopped by SIGTERM; sandboxes cleaned up, outcomes so far saved under "
+                 f"{session.run_dir.root}", label="rollout-check")
+            raise typer.Exit(EXIT_SIGTERM) from None
 
 
 rollout_check.__doc__ = f"""{rollout_check.__doc__}

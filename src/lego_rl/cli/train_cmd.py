@@ -14,10 +14,8 @@ from rich.live import Live
 from rich.text import Text
 
 from lego_rl.cli.console import EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, fail, out
-from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load
-from lego_rl.config.checks import run_checks
+from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load, refuse_config_errors
 from lego_rl.errors import ConfigError, LegoError, TaskDataError
-from lego_rl.runstore import checkpoints_after, latest_checkpoint
 
 if TYPE_CHECKING:
     from lego_rl.driver.loop import LoopProgress
@@ -147,23 +145,6 @@ async def _drive(session: TrainSession | SftSession, *, live: Live | None,
             loop.remove_signal_handler(sig)
 
 
-def _refuse_checkpoints_past_latest(checkpoints: Path) -> None:
-    """A resume from a ``latest`` that an operator pointed back (a roll back) would retrain the steps after it and
-    then fail mid-run on saving over their checkpoints, which are never overwritten: refuse before anything
-    starts, naming them, so that the operator moves them away (and keeps them) first."""
-    latest = latest_checkpoint(checkpoints)
-    if latest is None:
-        return
-    newer = checkpoints_after(checkpoints, latest.step)
-    if newer:
-        name = latest.path.name
-        raise ConfigError(
-            f"{checkpoints / 'latest'} names {name}, but {', '.join(newer)} (newer) exist in {checkpoints}: "
-            f"resuming would retrain those steps and cannot overwrite their checkpoints; to roll back to {name}, "
-            "move them out of checkpoints/ first (or start a new run with model.checkpoint set to the one you "
-            "want)", parameter="train.resume", value=name)
-
-
 def train(
     config: ConfigOpt = None,
     overrides: SetOpt = None,
@@ -201,6 +182,22 @@ def train(
 
     The config is validated first (as `lego validate` does); a failing check starts nothing.
     """  # noqa: E501 (one line per paragraph: rich wraps help text itself)
+    typed = _overrides(data=data, environment=environment, steps=steps, run_root=run_root, resume=resume,
+                       vllm_url=vllm_url, sft=sft)
+    session = _open(config, overrides, typed)
+    if session is None:  # a torchrun rank other than 0: it followed rank 0 to the end
+        raise typer.Exit(EXIT_OK)
+    summary = _run(session, as_json=as_json)
+    if as_json:
+        out.print_json(json.dumps(summary.as_dict()))
+    else:
+        out.print(_summary_line(summary), markup=False, highlight=False)
+    raise typer.Exit(EXIT_OK if summary.status == "completed" else EXIT_STOPPED)
+
+
+def _overrides(*, data: Path | None, environment: str | None, steps: int | None, run_root: Path | None,
+               resume: bool, vllm_url: list[str] | None, sft: Path | None) -> dict[str, tuple[Any, str]]:
+    """The command's options as typed config overrides (``--steps`` counts SFT steps with ``--sft``)."""
     typed: dict[str, tuple[Any, str]] = {}
     if data is not None:
         typed["rollout.prompt_data"] = (str(data), "--data")
@@ -217,79 +214,66 @@ def train(
     if vllm_url:
         typed["serving.backend"] = ("vllm", "--vllm-url")
         typed["serving.urls"] = (list(vllm_url), "--vllm-url")
+    return typed
+
+
+def _open(config: Path | None, overrides: list[str] | None,
+          typed: dict[str, tuple[Any, str]]) -> TrainSession | SftSession | None:
+    """Resolve, refuse a config that fails a check, open the session (``compose.sessions.train``); exit 2 on
+    unusable settings or data."""
     try:
         r = load(config, overrides, typed)
-        from lego_rl.compose.engine_checks import ENGINE_CHECKS
-        from lego_rl.compose.harnesses import harness_inventory
+        refuse_config_errors(r, hint="nothing was started; run `lego validate` for the full picture")
+        from lego_rl.compose.sessions.train import open_training
 
-        findings = run_checks(r, harnesses=harness_inventory(r), extra=ENGINE_CHECKS)
-        errors = [f for f in findings if f.severity == "error"]
-        if errors:
-            for f in errors:
-                given = ", ".join(f"{key} from {r.source(key)}" for key in f.keys if r.is_explicit(key))
-                fail(f"{f.message} — {f.fix}" + (f" ({given})" if given else ""), label="config")
-            err.print("nothing was started; run `lego validate` for the full picture", markup=False)
-            raise typer.Exit(EXIT_USAGE)
-        if r.config.train.resume:
-            _refuse_checkpoints_past_latest(Path(r.config.paths.run_root or "runs/unnamed") / "checkpoints")
-        from lego_rl.compose.train_session import TrainSession, follow_rank_zero_session, start_ranks
-
-        explicit_dp = r.config.train.data_parallel if r.is_explicit("train.data_parallel") else None
-        if start_ranks(r.config, data_parallel=explicit_dp) > 0:  # torchrun: this rank follows rank 0's trainer calls, nothing else
-            follow_rank_zero_session(r.config)
-            raise typer.Exit(EXIT_OK)
-        session: TrainSession | SftSession
-        if r.config.train.sft_data:
-            from lego_rl.compose.sft_session import SftSession
-
-            session = SftSession(r)
-        else:
-            session = TrainSession(r)
+        return open_training(r)
     except (ConfigError, TaskDataError) as exc:
         fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
+
+
+def _run(session: TrainSession | SftSession, *, as_json: bool) -> TrainSummary | SftSummary:
+    """Drive the session with the view the terminal takes; a failure or a stop exits with its code."""
     from lego_rl.driver.loop import TrainingError
-    from lego_rl.compose.train_session import TrainSummary
     from lego_rl.serving.errors import EngineFailed, EngineUnavailable
 
+    root = session.run_dir.root
     try:
         if as_json:
-            summary = asyncio.run(_drive(session, live=None))
-        elif not err.is_terminal:
-            summary = asyncio.run(_drive(session, live=None, lines=LineLog()))
-        else:
-            starting = ("placing the trainer ranks and the engines on the Ray cluster..."
-                        if r.config.cluster.mode == "ray" else "starting the engine and the trainer...")
-            with Live(Text(starting), console=err, refresh_per_second=4,
-                      transient=False) as live:
-                summary = asyncio.run(_drive(session, live=live))
+            return asyncio.run(_drive(session, live=None))
+        if not err.is_terminal:
+            return asyncio.run(_drive(session, live=None, lines=LineLog()))
+        starting = ("placing the trainer ranks and the engines on the Ray cluster..."
+                    if session.r.config.cluster.mode == "ray" else "starting the engine and the trainer...")
+        with Live(Text(starting), console=err, refresh_per_second=4, transient=False) as live:
+            return asyncio.run(_drive(session, live=live))
     except (ConfigError, TaskDataError) as exc:
         fail(exc)
         raise typer.Exit(EXIT_USAGE) from None
     except (TrainingError, EngineUnavailable, EngineFailed) as exc:
-        fail(f"{exc} (run directory: {session.run_dir.root})", label="training failed")
-        _json_outcome(as_json, "failed", exc, session.run_dir.root, EXIT_INFRA)
+        fail(f"{exc} (run directory: {root})", label="training failed")
+        _json_outcome(as_json, "failed", exc, root, EXIT_INFRA)
         raise typer.Exit(EXIT_INFRA) from None
     except asyncio.CancelledError:
-        fail(f"cancelled; the newest checkpoint in {session.run_dir.root / 'checkpoints'} is where a resume starts",
-             label="stopped")
-        _json_outcome(as_json, "stopped", None, session.run_dir.root, EXIT_STOPPED)
+        fail(f"cancelled; the newest checkpoint in {root / 'checkpoints'} is where a resume starts", label="stopped")
+        _json_outcome(as_json, "stopped", None, root, EXIT_STOPPED)
         raise typer.Exit(EXIT_STOPPED) from None
     except LegoError as exc:
         fail(exc, label="training failed")
-        _json_outcome(as_json, "failed", exc, session.run_dir.root, EXIT_INFRA)
+        _json_outcome(as_json, "failed", exc, root, EXIT_INFRA)
         raise typer.Exit(EXIT_INFRA) from None
-    if as_json:
-        out.print_json(json.dumps(summary.as_dict()))
-    elif not isinstance(summary, TrainSummary):  # SFT
-        out.print(f"SFT {summary.status}: {summary.steps_done}/{summary.sft_steps} steps, loss "
-                  f"{_num(summary.first_loss)} -> {_num(summary.last_loss)}. Checkpoint (model.checkpoint of the "
-                  f"GRPO run): {summary.checkpoint}", markup=False, highlight=False)
-    else:
-        out.print(f"{summary.status}: {summary.steps_done}/{summary.num_rollout} steps, reward "
-                  f"{_num(summary.last_reward_mean)}, weight version {summary.weight_version}. "
-                  f"Run directory: {summary.run_root}", markup=False, highlight=False)
-    raise typer.Exit(EXIT_OK if summary.status == "completed" else EXIT_STOPPED)
+
+
+def _summary_line(summary: TrainSummary | SftSummary) -> str:
+    from lego_rl.compose.train_session import TrainSummary
+
+    if not isinstance(summary, TrainSummary):  # SFT
+        return (f"SFT {summary.status}: {summary.steps_done}/{summary.sft_steps} steps, loss "
+                f"{_num(summary.first_loss)} -> {_num(summary.last_loss)}. Checkpoint (model.checkpoint of the "
+                f"GRPO run): {summary.checkpoint}")
+    return (f"{summary.status}: {summary.steps_done}/{summary.num_rollout} steps, reward "
+            f"{_num(summary.last_reward_mean)}, weight version {summary.weight_version}. "
+            f"Run directory: {summary.run_root}")
 
 
 train.__doc__ = f"""{inspect.cleandoc(train.__doc__ or "")}
