@@ -12,7 +12,8 @@ run directory); what moves onto the cluster are the two heavy pieces, placed by 
   reduced: rank 0 has the whole answer). The other ranks return nothing, so nothing large travels back twice.
 * **Engine replicas** (``EngineReplica``): one actor per replica, each the embedded engine behind its
   vLLM-shaped HTTP routes, bound to its node's address. The driver's ``ServingClient`` and adapter reach them
-  like any vLLM URLs (``serving_config``), with the usual sticky routing of sessions to replicas.
+  like any vLLM URLs (``compose.ray_run.serving_on_replicas``), with the usual sticky routing of sessions to
+  replicas.
 * **Weight sync** (``RayWeightSync``): every rank exports (the FSDP all-gathers are collectives); rank 0's full
   tensors become one object in Ray's object store on rank 0's node, and each replica pulls it to its own node
   and copies it in place with ``EmbeddedWeightSync`` (same pause / drain / resume semantics as one process).
