@@ -19,6 +19,7 @@ from lego_rl.chat.render import ChatRenderer
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.logprobs import teacher_forced_logprobs
 from lego_rl.serving.server import EmbeddedServer
+from support.numerics import forward_tolerance
 
 pytestmark = pytest.mark.slow
 
@@ -50,9 +51,10 @@ async def test_two_turns_on_the_embedded_engine(tiny_model_dir: Path, renderer: 
         # probability (2.4e-4 seen once in a full run); the captured nucleus is what the trainer replays too.
         again = teacher_forced_logprobs(model, rec.prompt_ids + rec.output_ids, len(rec.prompt_ids), 1.0, top_p=0.9,
                                         nucleus_ids=rec.nucleus_ids)
-        torch.testing.assert_close(torch.tensor(rec.logprobs), again, atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(rec.logprobs), again, atol=forward_tolerance(1.0), rtol=0)
         free = teacher_forced_logprobs(model, rec.prompt_ids + rec.output_ids, len(rec.prompt_ids), 1.0, top_p=0.9)
-        assert float((torch.tensor(rec.logprobs) - free).abs().median()) < 1e-4  # and without it, nearly always
+        # And without it, nearly always: the median ignores the rare edge token.
+        assert float((torch.tensor(rec.logprobs) - free).abs().median()) < forward_tolerance(1.0)
         assert rec.nucleus_ids is not None and all(
             t in ids for t, ids in zip(rec.output_ids, rec.nucleus_ids, strict=True)
         )

@@ -23,6 +23,7 @@ import torch
 from lego_rl.errors import ConfigError
 from lego_rl.serving.tiny_model import MOE_SHAPE, ensure_tiny_model
 from lego_rl.train.losses import LossConfig, make_loss
+from support.numerics import forward_tolerance
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (the `megatron` extra)")
 
@@ -123,10 +124,12 @@ def test_ep2_logprobs_and_step_equal_one_process(moe_model: Path, vocab: int,
     step = fixed_step(vocab, **STEP)  # type: ignore[arg-type]
     one = one_process(moe_model)
     plain = one.compute_logprobs(step.micro_batches, temperature=0.7)
-    assert max_diff(got["plain"], plain) < 1e-5
+    # The ranks run each expert on other token counts (other matmul shapes): forward noise at |logit| / T
+    # (the MoE tiny model's logits are below 7, as the dense one's).
+    assert max_diff(got["plain"], plain) < forward_tolerance(0.7)
     assert [t.shape for t in got["plain"]] == [t.shape for t in plain]  # the padding is cut off again
     nucleus = one.compute_logprobs(step.micro_batches, temperature=0.7, top_p=0.9, top_k=50)
-    assert max_diff(got["nucleus"], nucleus) < 1e-5
+    assert max_diff(got["nucleus"], nucleus) < forward_tolerance(0.7)
     before = {n: t.clone() for n, t in one.export_weights()}
     result = one.train_step(step, make_loss(LossConfig(algorithm="gspo")), old_logprobs=plain, temperature=0.7)
     for key in ("loss", "grad_norm", "tokens"):
@@ -151,7 +154,7 @@ def test_ep2_over_four_ranks(moe_model: Path, vocab: int, tmp_path: Path, pp: in
     step = fixed_step(vocab, **STEP)  # type: ignore[arg-type]
     one = one_process(moe_model, reference_model=True)
     plain = one.compute_logprobs(step.micro_batches, temperature=0.7)
-    assert max_diff(got["plain"], plain) < 1e-5
+    assert max_diff(got["plain"], plain) < forward_tolerance(0.7)  # other expert batch shapes, as above
     before = {n: t.clone() for n, t in one.export_weights()}
     result = one.train_step(step, make_loss(LossConfig(algorithm="gspo", kl_coef=0.1)), old_logprobs=plain,
                             temperature=0.7)
@@ -194,7 +197,7 @@ def test_ep2_replays_routes_like_one_process(moe_model: Path, vocab: int,
     step = routed(fixed_step(vocab, **STEP), seed=0)  # type: ignore[arg-type]
     one = one_process(moe_model, routing_replay=True)
     replayed = one.compute_logprobs(step.micro_batches, temperature=1.0)
-    assert max_diff(got["replayed"], replayed) < 1e-5
+    assert max_diff(got["replayed"], replayed) < forward_tolerance(1.0)  # other expert batch shapes, as above
     free = one_process(moe_model).compute_logprobs(step.micro_batches, temperature=1.0)
     assert max_diff(got["replayed"], free) > 0.05  # random routes: replay shows in the numbers
     # A step under replay (padding positions have no route: they take experts 0..k-1 and train nothing).
