@@ -278,7 +278,8 @@ class _Rollout:
         return session
 
     async def _stages(self) -> tuple[TerminationReason, str]:
-        s = self.ctx.settings
+        """The rollout's stages in order, each failure mapped to its stage's termination reason (``stage``);
+        the reason and detail of a rollout that got as far as grading."""
         async with contextlib.AsyncExitStack() as stack:
             # Saved on the way out, before the sandbox itself closes (the stack unwinds in reverse).
             stack.push_async_callback(self._cleanup_finished)
@@ -287,90 +288,128 @@ class _Rollout:
                 self.harness = self.ctx.harness_for(self.harness_name)
                 self.harness_options = self.harness.adapter_options()
             async with self.stage("sandbox_setup", TerminationReason.SANDBOX_SETUP):
-                self.session = self._open_session()
-                assert self.ctx.boot is not None
-                async with self.ctx.boot:
-                    inner = await stack.enter_async_context(self.ctx.opener(self.spec.row, s.agent_sandbox)())
-                sb = RecordingSandbox(inner, "agent")
-                self.sandboxes.append(sb)
-                stack.push_async_callback(self._save_sandbox_artifacts, sb)
-                stack.push_async_callback(self._salvage, sb)  # before the command log: its commands are in it
-                stack.push_async_callback(self._cleanup_started)
-                await prepare_workspace(sb, workdir=self.meta.workdir, problem_statement=self.meta.problem_statement,
-                                        pre_commands=self.meta.pre_commands, agent_user=s.agent_user)
-                snapshot = self.snapshot = await take_snapshot(sb, self.meta.workdir)
+                sb = await self._agent_sandbox(stack)
             async with self.stage("harness_install", TerminationReason.HARNESS_INSTALL):
-                await self.harness.install(sb, self.ctx.toolchain)
-                version = await self.harness.verify(sb, s.agent_user)
-                self.ctx.run.events.emit(HarnessReady(rollout_id=self.rid, harness=self.harness_name,
-                                                      version=version))
+                await self._install_harness(sb)
             async with self.stage("agent", TerminationReason.SANDBOX_LOST):
-                request = self.request = RunRequest(
-                    session_id=self.session.id, base_url=self.ctx.adapter_url, model=s.model_name,
-                    prompt=s.prompt_template.format(problem=self.meta.problem_statement, workdir=self.meta.workdir,
-                                                    problem_file=DEFAULT_PROBLEM_PATH),
-                    workdir=self.meta.workdir, time_budget_s=s.agent_time_budget_s, max_turns=s.max_turns,
-                    max_context_tokens=s.max_context_tokens, max_response_tokens=s.max_response_tokens,
-                    user=s.agent_user, artifacts_dir=self.folder,
-                )
-                started = time.monotonic()
-                try:
-                    self.outcome = await self.harness.run(sb, request)
-                except SandboxLimitExceeded as exc:
-                    # Its own processes ran the sandbox over a limit (a tool call can: a memory hog): a death
-                    # of the CLI like any other, judged by when it happened, not an outage.
-                    self.over_limit = exc
-                    self.outcome = HarnessOutcome(harness=self.harness_name, exit_code=None, crashed=True,
-                                                  duration_s=time.monotonic() - started, detail=str(exc))
-                # Facts only: the termination reason is decided once, in rollout_finished.
-                self.ctx.run.events.emit(AgentExited(
-                    rollout_id=self.rid, cli_s=round(self.outcome.duration_s, 3), exit_code=self.outcome.exit_code,
-                    detail=self.outcome.detail[:300],
-                ))
-                await self._save_cli_files(sb)
-            reason, detail = self._policy_outcome()
-            died = self.outcome is not None and self.outcome.crashed and self.over_limit is None
-            if died and not await _alive(sb):
-                reason, detail = TerminationReason.SANDBOX_LOST, f"the agent sandbox died during the run: {detail}"
+                await self._run_agent(sb)
+            reason, detail = await self._judge_run(sb)
             if is_infrastructure_failure(reason):
                 return reason, detail  # the patch is still taken, by _salvage, while the sandbox answers
             async with self.stage("patch", TerminationReason.SANDBOX_LOST):
-                self._patch_tried = True
-                try:
-                    if self.over_limit is not None:
-                        raise self.over_limit  # that sandbox is gone: nothing left to capture
-                    self.patch = await capture_patch(sb, snapshot)
-                except SandboxError as exc:
-                    if isinstance(exc, SandboxLost) or (not isinstance(exc, SandboxLimitExceeded)
-                                                        and not await _alive(sb)):
-                        raise
-                    # The sandbox answers, so the workspace itself defeats the capture (a FIFO git cannot
-                    # add, files too big to hash in time, deleted borrowed objects), or the agent's own
-                    # processes ran it over its limits: the policy's doing, graded as if it had changed
-                    # nothing rather than excluded as an outage.
-                    if exc is not self.over_limit:  # else the CLI's death already says why
-                        reason, detail = (TerminationReason.AGENT_ERROR_EXIT,
-                                          f"the agent's workspace could not be captured as a patch: {exc}")
-                    self.patch = b""
-                    self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name=RolloutFiles.PATCH,
-                                                              error=f"{type(exc).__name__}: {exc}"))
-                else:
-                    self.save(RolloutFiles.PATCH, self.patch)
+                reason, detail = await self._capture_patch(sb, reason, detail)
         async with self.stage("grading", TerminationReason.GRADER_ERROR):
-            try:
-                self.grade_result = await grade(self.meta, self.patch or b"",
-                                                open_sandbox=self.ctx.opener(self.spec.row, s.grader_sandbox),
-                                                timeout=s.grader_timeout_s, suspect_policy=s.suspect_policy)
-            except GraderError as exc:
-                self.save(RolloutFiles.GRADER_LOG, getattr(exc, "output", "") or str(exc))
-                raise
-            self.save(RolloutFiles.GRADER_LOG, self.grade_result.output)
+            await self._grade()
+        assert self.grade_result is not None
         # The verdict's reason ("tests passed", "tests timed out after 180 s") belongs in the outcome: a
         # grader timeout is a verdict of 0 for the policy (its patch may hang the tests), not an outage. A
         # verdict with a label of its own (tampered, grading_blocked) names the rollout's end: a policy outcome.
         if self.grade_result.label is not None:
             reason = parse_termination(self.grade_result.label)
         return reason, "; ".join(part for part in (detail, f"grader: {self.grade_result.reason}") if part)
+
+    async def _agent_sandbox(self, stack: contextlib.AsyncExitStack) -> RecordingSandbox:
+        """Open the adapter session and the agent's sandbox (closed by ``stack``, its artifacts saved first),
+        prepare the workspace and snapshot it."""
+        s = self.ctx.settings
+        self.session = self._open_session()
+        assert self.ctx.boot is not None
+        async with self.ctx.boot:
+            inner = await stack.enter_async_context(self.ctx.opener(self.spec.row, s.agent_sandbox)())
+        sb = RecordingSandbox(inner, "agent")
+        self.sandboxes.append(sb)
+        stack.push_async_callback(self._save_sandbox_artifacts, sb)
+        stack.push_async_callback(self._salvage, sb)  # before the command log: its commands are in it
+        stack.push_async_callback(self._cleanup_started)
+        await prepare_workspace(sb, workdir=self.meta.workdir, problem_statement=self.meta.problem_statement,
+                                pre_commands=self.meta.pre_commands, agent_user=s.agent_user)
+        self.snapshot = await take_snapshot(sb, self.meta.workdir)
+        return sb
+
+    async def _install_harness(self, sb: RecordingSandbox) -> None:
+        """Install the harness's CLI into the sandbox (offline) and check it runs."""
+        s = self.ctx.settings
+        assert self.harness is not None
+        await self.harness.install(sb, self.ctx.toolchain)
+        version = await self.harness.verify(sb, s.agent_user)
+        self.ctx.run.events.emit(HarnessReady(rollout_id=self.rid, harness=self.harness_name,
+                                              version=version))
+
+    async def _run_agent(self, sb: RecordingSandbox) -> None:
+        """Run the CLI against the adapter session within its budget; its outcome and files are kept."""
+        s = self.ctx.settings
+        assert self.harness is not None and self.session is not None
+        request = self.request = RunRequest(
+            session_id=self.session.id, base_url=self.ctx.adapter_url, model=s.model_name,
+            prompt=s.prompt_template.format(problem=self.meta.problem_statement, workdir=self.meta.workdir,
+                                            problem_file=DEFAULT_PROBLEM_PATH),
+            workdir=self.meta.workdir, time_budget_s=s.agent_time_budget_s, max_turns=s.max_turns,
+            max_context_tokens=s.max_context_tokens, max_response_tokens=s.max_response_tokens,
+            user=s.agent_user, artifacts_dir=self.folder,
+        )
+        started = time.monotonic()
+        try:
+            self.outcome = await self.harness.run(sb, request)
+        except SandboxLimitExceeded as exc:
+            # Its own processes ran the sandbox over a limit (a tool call can: a memory hog): a death
+            # of the CLI like any other, judged by when it happened, not an outage.
+            self.over_limit = exc
+            self.outcome = HarnessOutcome(harness=self.harness_name, exit_code=None, crashed=True,
+                                          duration_s=time.monotonic() - started, detail=str(exc))
+        # Facts only: the termination reason is decided once, in rollout_finished.
+        self.ctx.run.events.emit(AgentExited(
+            rollout_id=self.rid, cli_s=round(self.outcome.duration_s, 3), exit_code=self.outcome.exit_code,
+            detail=self.outcome.detail[:300],
+        ))
+        await self._save_cli_files(sb)
+
+    async def _judge_run(self, sb: RecordingSandbox) -> tuple[TerminationReason, str]:
+        """The run's termination from the CLI's outcome; a crash with the sandbox gone is the sandbox's."""
+        reason, detail = self._policy_outcome()
+        died = self.outcome is not None and self.outcome.crashed and self.over_limit is None
+        if died and not await _alive(sb):
+            reason, detail = TerminationReason.SANDBOX_LOST, f"the agent sandbox died during the run: {detail}"
+        return reason, detail
+
+    async def _capture_patch(self, sb: RecordingSandbox, reason: TerminationReason,
+                             detail: str) -> tuple[TerminationReason, str]:
+        """Capture the workspace's change as the patch to grade; a workspace that defeats the capture is the
+        policy's doing (an empty patch), a lost sandbox an outage (raised)."""
+        assert self.snapshot is not None
+        self._patch_tried = True
+        try:
+            if self.over_limit is not None:
+                raise self.over_limit  # that sandbox is gone: nothing left to capture
+            self.patch = await capture_patch(sb, self.snapshot)
+        except SandboxError as exc:
+            if isinstance(exc, SandboxLost) or (not isinstance(exc, SandboxLimitExceeded)
+                                                and not await _alive(sb)):
+                raise
+            # The sandbox answers, so the workspace itself defeats the capture (a FIFO git cannot
+            # add, files too big to hash in time, deleted borrowed objects), or the agent's own
+            # processes ran it over its limits: the policy's doing, graded as if it had changed
+            # nothing rather than excluded as an outage.
+            if exc is not self.over_limit:  # else the CLI's death already says why
+                reason, detail = (TerminationReason.AGENT_ERROR_EXIT,
+                                  f"the agent's workspace could not be captured as a patch: {exc}")
+            self.patch = b""
+            self.ctx.run.events.emit(ArtifactNotSaved(rollout_id=self.rid, name=RolloutFiles.PATCH,
+                                                      error=f"{type(exc).__name__}: {exc}"))
+        else:
+            self.save(RolloutFiles.PATCH, self.patch)
+        return reason, detail
+
+    async def _grade(self) -> None:
+        """Grade the patch in a fresh grader sandbox; the grader's output is saved either way."""
+        s = self.ctx.settings
+        try:
+            self.grade_result = await grade(self.meta, self.patch or b"",
+                                            open_sandbox=self.ctx.opener(self.spec.row, s.grader_sandbox),
+                                            timeout=s.grader_timeout_s, suspect_policy=s.suspect_policy)
+        except GraderError as exc:
+            self.save(RolloutFiles.GRADER_LOG, getattr(exc, "output", "") or str(exc))
+            raise
+        self.save(RolloutFiles.GRADER_LOG, self.grade_result.output)
 
     def _policy_outcome(self) -> tuple[TerminationReason, str]:
         """Termination from the CLI's outcome and the adapter session, most telling first."""
