@@ -5,7 +5,8 @@
 The task is synthetic: /testbed holds ``--files`` Python modules (``grader_bench.build_image``), a unittest suite
 of 20 passing tests, and pytest installed in the image (copied from this environment: pure Python, the rootfs's
 Python is the same 3.11); the official test patch adds 2 failing tests and the graded patch is the fix. One task,
-graded in fresh bwrap sandboxes, these ways (medians of ``--runs``, interleaved so that load hits all alike):
+graded in fresh bwrap sandboxes, these ways (``--runs`` rounds, each grading every way back to back; times are
+medians, ratios the median of the rounds' ratios, so that a shared box's load hits both sides of a ratio alike):
 
 * **exit status, unittest** (baseline of the unittest ratios): the same tests through a script the grader cannot
   read per test (``python3 tests/run.py``), so only the exit status decides;
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import shutil
 import statistics
@@ -132,11 +134,19 @@ async def main(files: int, runs: int) -> None:
             "full, unittest baseline (warm)": (row(unit, None), warm),
         }
         opener = Timed(spec)
+        async with opener.open() as sb:  # one exec's round trip on this box, for the overhead's breakdown
+            rts = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                await sb.exec(["true"], cwd="/")
+                rts.append(time.perf_counter() - t0)
+        exec_rt = statistics.median(rts)
         await grade(row(unit, None), FIX, open_sandbox=opener.open, baselines=warm)  # fills the warm cache
         times: dict[str, list[float]] = {name: [] for name in ways}
         overhead: dict[str, list[float]] = {name: [] for name in ways}
         in_steps: dict[str, list[float]] = {name: [] for name in ways}
         last: dict[str, list[tuple[str, float]]] = {}
+        execs: dict[str, int] = {}
         for _ in range(runs):
             for name, (meta, cache) in ways.items():
                 opener.sandbox_s = 0.0
@@ -149,15 +159,22 @@ async def main(files: int, runs: int) -> None:
                 overhead[name].append(wall - opener.sandbox_s - run_and_apply)
                 in_steps[name].append(sum(s for title, s in steps(res.output) if not _NOT_OVERHEAD.match(title)))
                 last[name] = steps(res.output)
-        print(f"{files} files, {runs} runs each (median), bwrap; grader commit: {grader_commit()}")
+                execs[name] = len(last[name])
+        load = Path("/proc/loadavg").read_text().split()[:3]
+        print(f"{files} files, {runs} runs each (median), bwrap, {os.cpu_count()} CPUs, load average "
+              f"{' '.join(load)}; grader commit: {grader_commit()}; one exec round trip {exec_rt * 1000:.0f} ms")
         base = {"unittest": statistics.median(times["exit status, unittest"]),
                 "pytest": statistics.median(times["exit status, pytest"])}
         for name in ways:
             med = statistics.median(times[name])
-            ref = base["pytest" if "pytest" in name else "unittest"]
-            print(f"  {name:32} {med:6.2f} s  {med / ref:4.2f}x exit status   reset + integrity "
+            twin = "exit status, " + ("pytest" if "pytest" in name else "unittest")
+            # each round grades every way back to back: its ratio sees the same load, so the median of the
+            # rounds' ratios is steadier on a shared box than the ratio of the medians
+            ratio = statistics.median(t / r for t, r in zip(times[name], times[twin], strict=True))
+            print(f"  {name:32} {med:6.2f} s  {ratio:4.2f}x exit status (ratio of medians "
+                  f"{med / base['pytest' if 'pytest' in name else 'unittest']:4.2f}x)   reset + integrity "
                   f"{statistics.median(overhead[name]):5.2f} s (max {max(overhead[name]):.2f}; in logged "
-                  f"steps {statistics.median(in_steps[name]):.2f} s)")
+                  f"steps {statistics.median(in_steps[name]):.2f} s; {execs[name]} logged steps)")
         print("slowest integrity steps of the last full pytest grade:")
         for title, s in sorted((x for x in last["full, pytest named"] if not _NOT_OVERHEAD.match(x[0])),
                                key=lambda x: -x[1])[:6]:
