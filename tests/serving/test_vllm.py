@@ -20,6 +20,7 @@ from lego_rl.serving.logprobs import teacher_forced_logprobs
 from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.server import free_port
 from lego_rl.serving.vllm_launch import VllmServer, vllm_python
+from support.numerics import forward_tolerance
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -119,7 +120,8 @@ async def test_logprob_convention_matches_trainer(vllm_url: str, tiny_model: Pat
                                                             ignore_eos=True))
             ours = teacher_forced_logprobs(model, PROMPTS[3] + r.output_ids, len(PROMPTS[3]), temp)
             delta = (ours - torch.tensor(r.logprobs)).abs().max().item()
-            assert delta < 1e-4, (temp, delta)
+            # vLLM's fp32 CPU kernels against HF's forward: forward noise at |logit| / T.
+            assert delta < forward_tolerance(temp), (temp, delta)
 
 
 async def test_greedy_agrees_with_embedded_engine(vllm_url: str, engine_url: str, vocab_size: int) -> None:
@@ -130,4 +132,4 @@ async def test_greedy_agrees_with_embedded_engine(vllm_url: str, engine_url: str
             a, b = await asyncio.gather(v.generate(prompt, greedy), e.generate(prompt, greedy))
             assert a.output_ids == b.output_ids, prompt
             delta = max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True))
-            assert delta < 1e-4, (prompt, delta)
+            assert delta < forward_tolerance(0.0), (prompt, delta)  # two engines' kernels: forward noise
