@@ -51,6 +51,7 @@ docs/grading.md explains the rules and their reasons.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
@@ -582,6 +583,19 @@ async def _run_swepro(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float
     att.report = TestRun("swepro-parser", statuses)
 
 
+async def _install_run_files(sb: Sandbox, log: _Log, plan: RunPlan, files: dict[str, bytes]) -> None:
+    """The supervised run's files in one exec (each exec costs ~0.1 s): the record's folder is root's only,
+    the shim's folder readable by eval_user."""
+    parts = [f"set -e; umask 022; chmod 711 {GRADER_DIR}; mkdir -m 700 {q(plan.run_dir)}; mkdir -m 755 {q(plan.shim_dir)}"]
+    parts += [f"printf %s {q(base64.b64encode(data).decode())} | base64 -d > {q(path)}" for path, data in files.items()]
+    parts.append(f"chmod 600 {q(plan.config)} {q(plan.supervisor)}; chmod 644 {q(plan.shim)}")
+    res = await sb.exec(["bash", "-c", "; ".join(parts)], user="root", cwd="/", timeout=_SETUP_TIMEOUT)
+    log.note(f"grader run files: exit {res.exit_code}", "\n".join(f"{path} ({len(data)} bytes)"
+                                                              for path, data in files.items()))
+    if not res.ok:
+        raise GraderError(f"writing the grader's run files failed: {(res.stderr or res.stdout).strip()[-400:]}")
+
+
 _ENV_ASSIGN = r"(?<![\w$]){name}=(?:\"[^\"]*\"|'[^']*'|[^\s;&|]*)"
 
 
@@ -608,13 +622,10 @@ async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float,
     opts = "--maxfail=2147483647" if att.canaries and runner == "pytest" else ""
     shown = cmd
     cmd = unittest_command(cmd, plan.shim) if runner == "unittest" else _keep_our_env(cmd, plan)
-    await sb.write_file(plan.supervisor, supervisor_source())
-    await sb.write_file(plan.shim, shim_source(runner))
-    await sb.write_file(plan.config, plan.config_json(cmd, user=meta.eval_user, cwd=meta.workdir, timeout=timeout,
-                                                      runner=runner, pytest_opts=opts))
-    await _must(sb, log, "grader run files (the record's folder is root's only)",
-                f"chmod 711 {GRADER_DIR} && chmod 700 {plan.run_dir} && chmod 755 {plan.shim_dir} && "
-                f"chmod 644 {plan.shim}", cwd="/")
+    config = plan.config_json(cmd, user=meta.eval_user, cwd=meta.workdir, timeout=timeout, runner=runner,
+                              pytest_opts=opts)
+    await _install_run_files(sb, log, plan, {plan.supervisor: supervisor_source().encode(),
+                                             plan.shim: shim_source(runner).encode(), plan.config: config})
     how = (f"pytest plugin -p {plan.shim_module} (PYTEST_ADDOPTS{' ' + opts if opts else ''}; PYTHONPATH "
            f"{plan.shim_dir})" if runner == "pytest" else f"unittest main {plan.shim} in place of -m unittest")
     log.note("grader's runner shim", f"{how}; per-test records to the supervisor (root, {plan.run_dir})")
@@ -780,10 +791,9 @@ async def grade(meta: TaskMetadata, patch: bytes | str, *, open_sandbox: Sandbox
         else:
             await _judge(meta, att, runner, named, (baseline, known), timeout, cache, started, result)
     result.reward = float(result.solved)
-    ours = result.label
+    # Both reward 0: a patch with suspect constructs is labelled suspect_patch even when its run also showed
+    # tampering (the evidence stays in the log), so the per-step suspect count sees every such patch.
     _judge_suspects(att, result, suspect_policy)
-    if ours is not None:  # evidence from the run itself (tampered, grading_blocked) outranks the static suspicion
-        result.label = ours
     result.output = log.text
     return result
 

@@ -80,7 +80,7 @@ def _descendants(me):
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 1:
+        if len(fields) > 1 and fields[0] not in (b"Z", b"X"):  # a zombie is already dead
             children.setdefault(int(fields[1]), []).append(int(name))
     found, stack = [], [me]
     while stack:
@@ -100,33 +100,45 @@ def _reap():
             return
 
 
+def _kill_uid(uid):
+    """Every process of ``uid`` (not root): signalled as that uid, which needs no capability (a sandbox's root
+    may lack CAP_KILL for other uids), and reaches orphans that were not reparented to us."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            try:
+                os.setgroups([])
+            except OSError:
+                pass  # a user namespace that denies setgroups: the uid alone decides what kill(-1) reaches
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
 def kill_everything(uid, deadline_s=5.0):
-    """Kill every process the command left; returns how many were signalled."""
-    me, killed = os.getpid(), set()
+    """Kill every process the command left; returns how many of its descendants were signalled."""
+    if uid != 0:
+        _kill_uid(uid)
+    me, killed, refused = os.getpid(), set(), set()
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        pids = _descendants(me)
+        pids = [p for p in _descendants(me) if p not in refused]
         if not pids:
             break
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.add(pid)
-            except OSError:
+            except ProcessLookupError:
                 pass
+            except OSError:
+                refused.add(pid)
         _reap()
         time.sleep(0.005)
     if uid != 0:
-        # Orphans that were not reparented to us (no subreaper): every process of eval_user's uid.
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.setgroups([])
-                os.setuid(uid)
-                os.kill(-1, signal.SIGKILL)
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
+        _kill_uid(uid)  # what forked while the first pass ran
     _reap()
     return len(killed)
 
