@@ -22,7 +22,7 @@ from lego_rl.rollout.generate import RolloutContext, RolloutResult
 from lego_rl.compose.harnesses import harness_factory
 from lego_rl.rollout.settings import RolloutSettings
 from lego_rl.compose.stack import Stack
-from lego_rl.runstore import RunDir, write_new
+from lego_rl.runstore import RolloutFiles, RunDir, write_new
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.sandbox.egress import parse_allow, parse_endpoint, url_endpoint
 from lego_rl.swe.task_sandbox import RunProviders, SandboxTarget
@@ -149,7 +149,7 @@ def save_report(report: CheckReport, output: Path) -> Path:
     output.mkdir(parents=True, exist_ok=True)
     samples = [s for res in report.results for s in res.samples]
     if samples:
-        save_samples(samples, output / "samples.jsonl")
-    write_new(output / "outcomes.jsonl", "".join(json.dumps(res.summary()) + "\n" for res in report.results),
+        save_samples(samples, output / RolloutFiles.SAMPLES)
+    write_new(output / RolloutFiles.REPORT_OUTCOMES, "".join(json.dumps(res.summary()) + "\n" for res in report.results),
               what="rollout outcomes")
     return output

@@ -84,6 +84,9 @@ class RolloutFiles:
     """The CLI's own event log as the harness captured it."""
     TURNS_GLOB = "*.turns.jsonl"
     """Every session's turn records in the folder."""
+    REPORT_OUTCOMES = "outcomes.jsonl"
+    """In a rollout-check's report folder (beside ``SAMPLES`` of every rollout): each rollout's summary, one a
+    line."""
 
     @staticmethod
     def turns(session_id: str) -> str:
