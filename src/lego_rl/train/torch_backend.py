@@ -274,11 +274,6 @@ class TorchBackend:
     @property
     def weight_version(self) -> int:
         return self._version
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        """The dtype of the forward's matmuls and attention: bf16 under CUDA autocast, else fp32."""
-        return torch.bfloat16 if self.device.type == "cuda" and self.settings.precision == "bf16" else torch.float32
-
 
     @property
     def optimizer_steps(self) -> int:
@@ -292,6 +287,11 @@ class TorchBackend:
         for name, p in self.model.named_parameters():
             if p.requires_grad:
                 yield name, p.to_local() if hasattr(p, "to_local") else p
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the forward's matmuls and attention: bf16 under CUDA autocast, else fp32."""
+        return torch.bfloat16 if self.device.type == "cuda" and self.settings.precision == "bf16" else torch.float32
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.compute_dtype == torch.bfloat16:
