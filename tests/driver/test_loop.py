@@ -234,7 +234,9 @@ async def test_checkpoint_resume_continues_with_the_same_prompts(tmp_path: Path,
     prompts_of = lambda calls: [p for p, s in calls]  # noqa: E731
     assert prompts_of(first.calls) + prompts_of(second.calls) == prompts_of(straight.calls)
     assert all(s.rollout_id.startswith("r1-") for _, s in second.calls)  # artifact names never reused
-    for k, v in params(ref).items():  # same data, same SGD: same weights
+    # Same data, same SGD, same shapes and kernels in one process: the weights agree to rounding of the last
+    # update at most (a lost or repeated step moves them by ~lr = 1e-3).
+    for k, v in params(ref).items():
         torch.testing.assert_close(params(b)[k], v, rtol=1e-5, atol=1e-6)
 
 

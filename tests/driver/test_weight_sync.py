@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from support.model_weights import ModelWeights
+from support.numerics import forward_tolerance
 import torch
 
 from lego_rl.driver.weight_sync import EmbeddedWeightSync, RouteWeightSync, write_checkpoint
@@ -26,6 +27,9 @@ from lego_rl.serving.server import EmbeddedServer
 from lego_rl.serving.tiny_model import ensure_tiny_model
 
 PROMPT = [1, 10, 72, 105, 300, 12]
+# Engine decode against a teacher-forced HF forward of the same fp32 weights: two paths through the whole
+# forward, so ulps at the logits' magnitude (tests/support/numerics.py); new or stale weights are off by ~1e-1.
+FWD = forward_tolerance(1.0)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +73,7 @@ async def test_sync_in_place_then_engine_logprobs_equal_the_trainers(engine: Emb
     assert report.version == 1 and engine.version == "1" and report.bytes > 0
     assert set(before.versions) == {"default"} and set(after.versions) == {"1"}
     assert after.logprobs != before.logprobs
-    assert max_delta(trainer.model, PROMPT, after) < 1e-4  # fp32 CPU: the engine now is the trainer's model
+    assert max_delta(trainer.model, PROMPT, after) < FWD  # fp32 CPU: the engine now is the trainer's model
 
 
 async def test_prefix_cache_of_old_weights_is_never_reused(engine: EmbeddedEngine) -> None:
@@ -85,7 +89,7 @@ async def test_prefix_cache_of_old_weights_is_never_reused(engine: EmbeddedEngin
     hits = engine.prefix_cache.hits
     second = await engine.generate(turn2, sp, request_id="t2", ignore_eos=True)
     assert engine.prefix_cache.hits == hits  # nothing cached under the old weights was looked up
-    assert max_delta(trainer.model, turn2, second) < 1e-4
+    assert max_delta(trainer.model, turn2, second) < FWD
     assert control.logprobs != second.logprobs
 
 
@@ -106,9 +110,9 @@ async def test_a_request_in_flight_finishes_on_the_old_weights(engine: EmbeddedE
     done, arrived = await long, await late
     assert done.finish_reason == "length" and len(done.token_ids) == 300
     assert set(done.versions) == {"default"}  # the whole turn on the old weights, tagged so
-    assert max_delta(old, PROMPT, done) < 1e-4
+    assert max_delta(old, PROMPT, done) < FWD
     assert set(arrived.versions) == {"1"}  # queued during the sync, ran wholly on the new weights
-    assert max_delta(trainer.model, PROMPT, arrived) < 1e-4
+    assert max_delta(trainer.model, PROMPT, arrived) < FWD
     assert report.drain_seconds > 0
 
 
@@ -132,8 +136,8 @@ async def test_keep_pause_recomputes_frozen_rows_under_new_weights(tiny_model: P
     old_lp = teacher_forced_logprobs(old, ids, len(PROMPT), 1.0)[:split]
     new_lp = teacher_forced_logprobs(trainer.model, ids, len(PROMPT), 1.0)[split:]
     got = torch.tensor(r.logprobs)
-    assert float((old_lp - got[:split]).abs().max()) < 1e-4
-    assert float((new_lp - got[split:]).abs().max()) < 1e-4
+    assert float((old_lp - got[:split]).abs().max()) < FWD
+    assert float((new_lp - got[split:]).abs().max()) < FWD
 
 
 class BadWeights(ModelWeights):
@@ -161,7 +165,7 @@ async def test_bad_exports_are_refused_by_name_and_lose_nothing(engine: Embedded
         await EmbeddedWeightSync(engine).push(BadWeights(trainer.model, 1, at=0, spoil="name"))
     same = await engine.generate(PROMPT, sp, request_id="same", ignore_eos=True)
     assert set(same.versions) == {"default"} and same.token_ids == before.token_ids
-    assert max(abs(a - b) for a, b in zip(same.logprobs, before.logprobs, strict=True)) < 1e-5  # old weights
+    assert max(abs(a - b) for a, b in zip(same.logprobs, before.logprobs, strict=True)) < 1e-5  # old weights: same engine, shapes and kernels
     # Refused half-way: the weights are a mix, so the engine stays paused until a complete push.
     with pytest.raises(WeightUpdateRejected, match=r"q_norm.weight. has shape \(1,\), the model.s is \(64,\)") as info:
         await EmbeddedWeightSync(engine).push(BadWeights(trainer.model, 1, at=5, spoil="shape"))
@@ -173,7 +177,7 @@ async def test_bad_exports_are_refused_by_name_and_lose_nothing(engine: Embedded
     assert not waiting.done()  # queued, not lost
     await EmbeddedWeightSync(engine).push(trainer)
     out = await asyncio.wait_for(waiting, 30)
-    assert set(out.versions) == {"1"} and max_delta(trainer.model, PROMPT, out) < 1e-4
+    assert set(out.versions) == {"1"} and max_delta(trainer.model, PROMPT, out) < FWD
 
 
 async def test_route_sync_to_the_embedded_server(tiny_model: Path, tmp_path: Path) -> None:
@@ -188,7 +192,7 @@ async def test_route_sync_to_the_embedded_server(tiny_model: Path, tmp_path: Pat
             assert report.version == trainer.weight_version == await c.weight_version()
             assert {s.version for s in r.weight_versions} == {trainer.weight_version}
             ours = teacher_forced_logprobs(trainer.model, PROMPT + r.output_ids, len(PROMPT), 1.0)
-            assert float((ours - torch.tensor(r.logprobs)).abs().max()) < 1e-4
+            assert float((ours - torch.tensor(r.logprobs)).abs().max()) < FWD
     assert [p.name for p in (tmp_path / "stage").iterdir()] == ["v2"]  # older staged versions are removed
 
 
@@ -251,8 +255,8 @@ async def test_keep_in_flight_sync_does_not_wait_and_splits_the_turn_by_version(
     got = torch.tensor(done.logprobs)
     old_lp = teacher_forced_logprobs(old, ids, len(PROMPT), 1.0)[:split]
     new_lp = teacher_forced_logprobs(trainer.model, ids, len(PROMPT), 1.0)[split:]
-    assert float((old_lp - got[:split]).abs().max()) < 1e-4
-    assert float((new_lp - got[split:]).abs().max()) < 1e-4
+    assert float((old_lp - got[:split]).abs().max()) < FWD
+    assert float((new_lp - got[split:]).abs().max()) < FWD
     assert report.drain_seconds < 1.0
 
 
@@ -274,4 +278,4 @@ async def test_route_sync_reaches_every_replica_and_keeps_sessions_sticky(tiny_m
             r = await c.generate(PROMPT, sp, session_id=s)
             assert {w.version for w in r.weight_versions} == {1}
             ours = teacher_forced_logprobs(trainer.model, PROMPT + r.output_ids, len(PROMPT), 1.0)
-            assert float((ours - torch.tensor(r.logprobs)).abs().max()) < 1e-4
+            assert float((ours - torch.tensor(r.logprobs)).abs().max()) < FWD

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from support.model_weights import ModelWeights
+from support.numerics import forward_tolerance
 
 from lego_rl.driver.weight_sync import RouteWeightSync
 from lego_rl.serving.client import ServingClient
@@ -30,6 +31,9 @@ from lego_rl.serving.vllm_launch import VllmServer, vllm_python
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPT = [1, 10, 72, 105, 300, 12]
+# vLLM's CPU kernels against a teacher-forced HF forward of the same fp32 weights: two paths through the whole
+# forward, so ulps at the logits' magnitude (tests/support/numerics.py); stale weights are off by ~1e-1.
+FWD = forward_tolerance(1.0)
 P95 = SamplingParams(max_tokens=64, temperature=1.0, top_p=0.95, seed=3, ignore_eos=True)
 
 
@@ -70,7 +74,7 @@ async def test_sync_to_vllm_then_logprobs_equal_the_trainers(vllm_url: str, tiny
     trainer = ModelWeights(hf_model(tiny_model))
     async with ServingClient([vllm_url], vocab_size=vocab_size) as c:
         before = await c.generate(PROMPT, P95)
-        assert delta(trainer.model, PROMPT, before) < 1e-4  # the convention holds at top_p=0.95 on vLLM
+        assert delta(trainer.model, PROMPT, before) < FWD  # the convention holds at top_p=0.95 on vLLM
         assert delta(trainer.model, PROMPT, before, top_p=1.0) > 1e-3  # and the untruncated softmax is not it
         first = await c.generate(PROMPT, P95.model_copy(update={"max_tokens": 32}))
         turn2 = PROMPT + first.output_ids + [7, 8, 9]  # the next turn: vLLM's prefix cache holds its start
@@ -80,9 +84,9 @@ async def test_sync_to_vllm_then_logprobs_equal_the_trainers(vllm_url: str, tiny
         after = await c.generate(PROMPT, P95)
         second = await c.generate(turn2, P95)
     assert {s.version for s in after.weight_versions} == {1} == {s.version for s in second.weight_versions}
-    assert delta(trainer.model, PROMPT, after) < 1e-4
-    # KV of the old weights cached for turn2's prefix would show here as errors far above 1e-4.
-    assert delta(trainer.model, turn2, second) < 1e-4
+    assert delta(trainer.model, PROMPT, after) < FWD
+    # KV of the old weights cached for turn2's prefix would show here as errors far above FWD.
+    assert delta(trainer.model, turn2, second) < FWD
 
 
 async def test_a_request_in_flight_finishes_on_the_old_weights(vllm_url: str, tiny_model: Path, tmp_path: Path,
@@ -104,7 +108,7 @@ async def test_a_request_in_flight_finishes_on_the_old_weights(vllm_url: str, ti
     # 1500 tokens at top_p=0.95: a rare nucleus-boundary id (probability ~1e-4) that kernel rounding moves in or
     # out shifts one renormalisation by about its probability; new weights would be off by ~1e-1 everywhere.
     diffs = deltas(old, PROMPT, done)
-    assert float(diffs.quantile(0.99)) < 1e-4 and float(diffs.max()) < 1e-3
+    assert float(diffs.quantile(0.99)) < FWD and float(diffs.max()) < 1e-3
     assert float(deltas(trainer.model, PROMPT, done).mean()) > 1e-2
     assert {s.version for s in late.weight_versions} == {trainer.weight_version}
-    assert delta(trainer.model, PROMPT, late) < 1e-4
+    assert delta(trainer.model, PROMPT, late) < FWD
