@@ -18,7 +18,8 @@ from lego_rl.driver.sft import SftSettings
 def loop_settings(c: LegoConfig) -> LoopSettings:
     """What ``driver.loop.TrainLoop`` (and its scheduler) reads: ``rollout.*`` sampling and slot keys,
     ``train.*`` step, refill, checkpoint and evaluation keys."""
-    r, t = c.rollout, c.train
+    r = c.rollout
+    t = c.train
     return LoopSettings(
         num_rollout=t.num_rollout, batch_size=r.batch_size, samples_per_prompt=r.samples_per_prompt,
         micro_batch_tokens=t.micro_batch_tokens, concurrency=r.concurrency, max_staleness=r.max_staleness,
