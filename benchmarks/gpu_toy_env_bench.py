@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import contextlib
 import shutil
 import sys
@@ -40,7 +41,9 @@ from train_backend_bench import H200_BF16_FLOPS, build_model  # noqa: E402
 
 from lego_rl.chat.render import ChatRenderer  # noqa: E402
 from lego_rl.driver.environments import Sampler  # noqa: E402
-from lego_rl.driver.loop import LoopSettings, Prompt, TrainLoop  # noqa: E402
+from lego_rl.compose.projection import loop_settings  # noqa: E402
+from lego_rl.config.schema import LegoConfig  # noqa: E402
+from lego_rl.driver.loop import Prompt, TrainLoop  # noqa: E402
 from lego_rl.driver.toy_env import FirstLetterEnv, make_rows  # noqa: E402
 from lego_rl.compose.train_session import env_rollout_fn  # noqa: E402
 from lego_rl.driver.weight_sync import EmbeddedWeightSync  # noqa: E402
@@ -143,7 +146,8 @@ async def run(model: Path, tmp: Path, label: str, sdpa: str, precision: str, a: 
     dtype, compute = ENGINE_PRECISION[precision] if device == "cuda" else ("float32", None)
     # Built directly, not through its entry point: the GPU machine runs from a source tree without dist-info.
     env = FirstLetterEnv(max_tokens=a.max_tokens)
-    settings = LoopSettings(num_rollout=a.steps, batch_size=a.prompts, samples_per_prompt=a.samples,
+    # A default config's projection (the one default of every key), with what this benchmark studies.
+    settings = dataclasses.replace(loop_settings(LegoConfig()), num_rollout=a.steps, batch_size=a.prompts, samples_per_prompt=a.samples,
                             micro_batch_tokens=a.micro_batch_tokens, concurrency=a.prompts * a.samples,
                             max_staleness=1, seed=0, top_p=1.0)
     with only_sdpa(sdpa):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import csv
 import sys
 import tempfile
@@ -31,7 +32,9 @@ from lego_rl.driver.weight_sync import EmbeddedWeightSync  # noqa: E402
 from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
 from lego_rl.driver.environments import Sampler, load_environment  # noqa: E402
-from lego_rl.driver.loop import LoopSettings, Prompt, TrainLoop  # noqa: E402
+from lego_rl.compose.projection import loop_settings  # noqa: E402
+from lego_rl.config.schema import LegoConfig  # noqa: E402
+from lego_rl.driver.loop import Prompt, TrainLoop  # noqa: E402
 from lego_rl.driver.toy_env import make_rows  # noqa: E402
 from lego_rl.compose.train_session import env_rollout_fn  # noqa: E402
 from lego_rl.runstore import RunDir  # noqa: E402
@@ -52,7 +55,8 @@ async def one_run(tmp: Path, name: str, *, seed: int, steps: int, lr: float, let
                   loss: object) -> tuple[list[float], float]:
     tiny = ensure_tiny_model()
     env = load_environment("first_letter", {"max_tokens": 4})
-    settings = LoopSettings(num_rollout=steps, batch_size=4, samples_per_prompt=8, micro_batch_tokens=4096,
+    # A default config's projection (the one default of every key), with what this benchmark studies.
+    settings = dataclasses.replace(loop_settings(LegoConfig()), top_p=1.0, num_rollout=steps, batch_size=4, samples_per_prompt=8, micro_batch_tokens=4096,
                             concurrency=32, max_staleness=1, seed=seed)
     t0 = time.monotonic()
     async with EmbeddedServer(tiny, port=0, device="cpu", dtype="float32", max_batch=32) as srv:

@@ -16,13 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.loop_settings import default_loop_settings
 import torch
 
 from lego_rl.errors import ConfigError
 from lego_rl.monitor.snapshot import build
 from lego_rl.monitor.state import RunState
 from lego_rl.monitor.views import tasks as tasks_view
-from lego_rl.driver.loop import LoopSettings, Prompt, RolloutSlot, TrainingError, TrainLoop
+from lego_rl.driver.loop import Prompt, RolloutSlot, TrainingError, TrainLoop
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore import RunDir, read_events
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted
@@ -78,7 +79,7 @@ def make_loop(tmp_path: Path, tiny: Path, rollouts: ScriptedRollouts, *, name: s
     base: dict[str, object] = dict(num_rollout=2, batch_size=2, samples_per_prompt=4, micro_batch_tokens=64,
                                    concurrency=3, max_staleness=1)
     base.update(kw)
-    settings = LoopSettings(**base)  # type: ignore[arg-type]
+    settings = default_loop_settings(top_p=1.0, **base)  # untruncated: scripted rollouts carry no nucleus
     run = RunDir.open(tmp_path / name, config={"test": True}, resume=resume)
     return TrainLoop(settings, backend=TorchBackend(tiny, TorchTrainSettings(lr=1e-3, weight_decay=0.0, max_grad_norm=None, device="cpu")),
                      loss_fn=make_loss(LossConfig()),

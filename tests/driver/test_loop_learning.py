@@ -20,11 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support.loop_settings import default_loop_settings
 import torch
 
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.driver.environments import Sampler, load_environment
-from lego_rl.driver.loop import LoopSettings, Prompt, TrainLoop
+from lego_rl.driver.loop import Prompt, TrainLoop
 from lego_rl.driver.toy_env import make_rows
 from lego_rl.driver.weight_sync import EmbeddedWeightSync
 from lego_rl.compose.train_session import env_rollout_fn
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.slow
 STEPS = 8
 LR = 1e-2
 GRPO = make_loss(LossConfig())
-SETTINGS = LoopSettings(num_rollout=STEPS, batch_size=4, samples_per_prompt=8, micro_batch_tokens=4096,
+SETTINGS = default_loop_settings(top_p=1.0, num_rollout=STEPS, batch_size=4, samples_per_prompt=8, micro_batch_tokens=4096,
                         concurrency=32, max_staleness=1, temperature=1.0)
 
 

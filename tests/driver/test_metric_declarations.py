@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from support.loop_settings import default_loop_settings, default_sft_settings
 
-from lego_rl.driver.loop import LoopSettings, Prompt, RolloutSlot, TrainLoop
-from lego_rl.driver.sft import Demonstration, SftRunner, SftSettings
+from lego_rl.driver.loop import Prompt, RolloutSlot, TrainLoop
+from lego_rl.driver.sft import Demonstration, SftRunner
 from lego_rl.monitor.snapshot import build
 from lego_rl.monitor.state import RunState
 from lego_rl.rollout.generate import RolloutResult
@@ -69,7 +70,7 @@ def _always(kind: mc.RunKind) -> set[str]:
 
 async def test_the_loop_writes_what_is_declared_and_the_monitor_shows_its_policy_lag(tmp_path: Path,
                                                                                       tiny: Path) -> None:
-    settings = LoopSettings(num_rollout=3, batch_size=2, samples_per_prompt=4, micro_batch_tokens=64,
+    settings = default_loop_settings(top_p=1.0, num_rollout=3, batch_size=2, samples_per_prompt=4, micro_batch_tokens=64,
                             concurrency=8, max_staleness=1)
     run = RunDir.open(tmp_path / "run", config={"rollout": {"max_staleness": {"value": 1, "source": "test"}}})
     loop = TrainLoop(settings, backend=_backend(tiny), loss_fn=make_loss(LossConfig()), rollout_fn=half_solved,
@@ -92,7 +93,7 @@ async def test_the_loop_writes_what_is_declared_and_the_monitor_shows_its_policy
 async def test_sft_writes_what_is_declared_for_sft(tmp_path: Path, tiny: Path) -> None:
     demos = [Demonstration(f"d{i}", [_sample(f"d{i}", i, 1.0)], [i + 1]) for i in range(3)]
     run = RunDir.open(tmp_path / "sft", config={})
-    runner = SftRunner(SftSettings(steps=2, batch_size=2, micro_batch_tokens=64), backend=_backend(tiny),
+    runner = SftRunner(default_sft_settings(steps=2, batch_size=2, micro_batch_tokens=64), backend=_backend(tiny),
                        demos=demos, run=run)
     assert await runner.run() == "completed"
     run.close()

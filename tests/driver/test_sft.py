@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.loop_settings import default_sft_settings
 import torch
 from typer.testing import CliRunner
 
@@ -257,7 +258,7 @@ class CheckpointOnlyBackendDouble:
 
 
 def sft_runner(tmp_path: Path, backend: CheckpointOnlyBackendDouble, *, resume: bool = False, steps: int = 4):  # type: ignore[no-untyped-def]
-    from lego_rl.driver.sft import SftRunner, SftSettings
+    from lego_rl.driver.sft import SftRunner
     from lego_rl.runstore import RunDir
 
     demos_file = tmp_path / "d.jsonl"
@@ -265,7 +266,7 @@ def sft_runner(tmp_path: Path, backend: CheckpointOnlyBackendDouble, *, resume: 
         write_demos(demos_file, demo_samples(3))
     demos = load_demonstrations(demos_file, micro_batch_tokens=4096)
     run = RunDir.open(tmp_path / "run", config={}, resume=resume)
-    return SftRunner(SftSettings(steps=steps, batch_size=2, micro_batch_tokens=4096, seed=1), backend=backend,
+    return SftRunner(default_sft_settings(steps=steps, batch_size=2, micro_batch_tokens=4096, seed=1), backend=backend,
                      demos=demos, run=run)
 
 

@@ -106,28 +106,30 @@ class LoopSettings:
     max_staleness: int
     """Policies a trained rollout may lag behind the step that trains it (0: synchronous;
     ``rollout.max_staleness``, whose one default is the config's)."""
-    global_batch_size: int | None = None
+    global_batch_size: int | None
     """Rollouts per optimizer step; None = every rollout of the step in one optimizer step."""
-    # The defaults below are the neutral values (no truncation, feature off) a test or benchmark gets when it
-    # builds settings by hand; a run's values always come from the config's projection.
-    temperature: float = 1.0
-    top_p: float = 1.0
+    # No defaults: every value comes from the config's projection (compose.projection.loop_settings), which
+    # holds the one default of each quantity. Tests and benchmarks that build a loop by hand start from that
+    # projection of a default config (tests/support/loop_settings.py) and override what they study.
+    temperature: float
+    top_p: float
     """The sampler's truncation: the trainer scores tokens under the same distribution (serving.protocol)."""
-    top_k: int = -1
-    partial_rollouts: Literal["off", "keep", "drop"] = "off"
+    top_k: int
+    partial_rollouts: Literal["off", "keep", "drop"]
     """off: a rollout is as old as the policy it started on (stale ones cancelled); keep/drop: rollouts run on
     across updates, and their sampled tokens older than ``max_staleness`` policies are trained (keep) or
     masked out (drop)."""
-    max_refills: int = 2
-    oversample_zero_variance: bool = False
-    retire_zero_variance_after: int = 0
+    max_refills: int
+    oversample_zero_variance: bool
+    retire_zero_variance_after: int
     """Retire a task after this many zero-variance groups in a row (0: never; ``driver.task_signal``)."""
-    checkpoint_every: int = 0
-    eval_every: int = 0
-    eval_samples: int = 4
-    infra_failure_policy: Literal["exclude", "zero_reward"] = "exclude"
-    seed: int = 0
+    checkpoint_every: int
+    eval_every: int
+    eval_samples: int
+    infra_failure_policy: Literal["exclude", "zero_reward"]
+    seed: int
     solved_reward: float = 1.0
+    """The reward a solved rollout earns: graders give 0 or 1. Not a config key, so its one default is here."""
 
     def check(self, *, has_eval_rows: bool) -> None:
         """Refuse settings the loop cannot run (called before anything is started)."""

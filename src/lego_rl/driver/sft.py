@@ -131,8 +131,9 @@ class SftSettings:
     steps: int
     batch_size: int
     micro_batch_tokens: int
-    checkpoint_every: int = 0
-    seed: int = 0
+    checkpoint_every: int
+    seed: int
+    # No defaults: compose.projection.sft_settings projects them from the config, which holds the one default.
 
 
 @dataclass
