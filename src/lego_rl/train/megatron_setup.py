@@ -55,7 +55,7 @@ def require_megatron() -> None:
 
 
 class MegatronTrainSettings(OptimizerSettings):
-    """What the Megatron backend needs; ``orchestrate`` projects ``train.*`` onto it once (gradient
+    """What the Megatron backend needs; ``compose.train_session`` projects ``train.*`` onto it once (gradient
     checkpointing: Megatron full recomputation, one layer per unit)."""
 
     gradient_checkpointing: bool | None = False  # type: ignore[assignment]

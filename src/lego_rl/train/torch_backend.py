@@ -96,7 +96,7 @@ _log = logging.getLogger(__name__)
 
 
 class TorchTrainSettings(OptimizerSettings):
-    """What the torch backend needs; ``orchestrate`` projects ``train.*`` onto it once."""
+    """What the torch backend needs; ``compose.train_session`` projects ``train.*`` onto it once."""
 
     device: str | None = None
     """``cuda``, ``cuda:1``, ``cpu``; None = the first CUDA device if there is one, else CPU."""
