@@ -53,6 +53,11 @@ class ConfigError(LegoError):
         return f"{self.where}: {msg}" if self.where else msg
 
 
+class RunDirLocked(ConfigError):
+    """Another live process holds the run directory's lock (``runstore.lock``): nothing was started. The
+    message names the holder (pid, host, since when); ``lego train`` exits with its own code for it."""
+
+
 class TaskDataError(LegoError):
     """A task row or dataset file cannot be used; ``row`` is 1-based when known."""
 

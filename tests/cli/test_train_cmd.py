@@ -261,3 +261,23 @@ def test_resume_behind_newer_checkpoints_is_refused_before_anything_starts(toy: 
         fh.write(json.dumps({"id": "bad", "letter": "ab"}) + "\n")
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume"])
     assert res.exit_code == 2 and "(newer)" not in said(res) and "letter must be one ASCII letter" in said(res)
+
+
+def test_resume_while_another_process_trains_the_run_is_refused_naming_it(toy: Path) -> None:
+    """Two ``lego train --resume`` on one run directory: the second exits 4 with one line naming the holder
+    (pid, host, since when) and starts nothing."""
+    root = toy / "runs" / "toy"
+    root.mkdir(parents=True)
+    (root / "events.jsonl").write_text('{"kind":"run_started","ts":1.0,"root":"runs/toy"}\n')
+    hold = ("import sys, time\nfrom lego_rl.runstore.lock import RunLock\nRunLock.acquire(__import__('pathlib')"
+            ".Path(sys.argv[1]))\nprint('locked', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume"])
+        assert res.exit_code == 4, res.output
+        assert f"is in use by pid {proc.pid} on " in said(res) and "Traceback" not in res.output
+        assert not (root / "config.resume-1.json").exists()
+    finally:
+        proc.kill()
+        proc.wait()

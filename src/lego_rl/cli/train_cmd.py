@@ -15,7 +15,7 @@ from rich.text import Text
 
 from lego_rl.cli.console import EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, fail, out
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load, refuse_config_errors
-from lego_rl.errors import ConfigError, LegoError, TaskDataError
+from lego_rl.errors import ConfigError, LegoError, RunDirLocked, TaskDataError
 
 if TYPE_CHECKING:
     from lego_rl.driver.loop import LoopProgress
@@ -26,12 +26,16 @@ if TYPE_CHECKING:
 EXIT_STOPPED = 130
 """Stopped by Ctrl-C or SIGTERM; the run directory holds a checkpoint to resume from."""
 
+EXIT_LOCKED = 4
+"""Another live process holds the run directory (``RUN_ROOT/run.lock``): nothing was started."""
+
 EXIT_CODES = (
     "Exit codes:\n"
     f"{EXIT_OK}  every step of train.num_rollout ran; the final checkpoint is in RUN_ROOT/checkpoints;\n"
     f"{EXIT_USAGE}  the configuration or the data is unusable: nothing was started (the findings are printed);\n"
     f"{EXIT_INFRA}  the engine or the rollouts failed (a dead engine, every rollout of a step failed): see the "
     "message and RUN_ROOT/events.jsonl, fix it, then resume from the last checkpoint;\n"
+    f"{EXIT_LOCKED}  another live process trains RUN_ROOT (it is named): nothing was started;\n"
     f"{EXIT_STOPPED}  stopped by Ctrl-C or SIGTERM: the step in flight was abandoned and the last completed step "
     "checkpointed; continue with --resume."
 )
@@ -220,13 +224,16 @@ def _overrides(*, data: Path | None, environment: str | None, steps: int | None,
 def _open(config: Path | None, overrides: list[str] | None,
           typed: dict[str, tuple[Any, str]]) -> TrainSession | SftSession | None:
     """Resolve, refuse a config that fails a check, open the session (``compose.sessions.train``); exit 2 on
-    unusable settings or data."""
+    unusable settings or data, 4 when another process holds the run directory."""
     try:
         r = load(config, overrides, typed)
         refuse_config_errors(r, hint="nothing was started; run `lego validate` for the full picture")
         from lego_rl.compose.sessions.train import open_training
 
         return open_training(r)
+    except RunDirLocked as exc:
+        fail(exc, label="run directory in use")
+        raise typer.Exit(EXIT_LOCKED) from None
     except (ConfigError, TaskDataError) as exc:
         fail(exc)
         raise typer.Exit(EXIT_USAGE) from None

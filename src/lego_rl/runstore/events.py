@@ -46,6 +46,16 @@ class RunResumed(_Event):
     root: str
 
 
+class StaleLockTaken(_Event):
+    """The run directory's lock file still named a holder that died without releasing it (kill -9, a crash):
+    this process took the lock over. The dead holder is named here."""
+
+    kind: Literal["stale_lock_taken"] = "stale_lock_taken"
+    previous_pid: int
+    previous_host: str
+    previous_since: float
+
+
 class LogRepaired(_Event):
     """The log ended in a torn line (a crash mid-write) when it was reopened for appending. The fragment
     was cut off so that new events start on their own line; its text is kept here."""
@@ -283,6 +293,7 @@ RunEvent = Annotated[
     RunStarted
     | RunResumed
     | LogRepaired
+    | StaleLockTaken
     | ServingReady
     | Baseline
     | RolloutCheckFinished

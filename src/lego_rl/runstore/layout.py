@@ -2,6 +2,7 @@
 
 Layout under ``RUN_ROOT``::
 
+    run.lock                 held (flock) by the one process writing the run; names it (runstore.lock)
     config.json              resolved configuration with each value's source (config.resume-N.json on resume)
     events.jsonl             append-only event log, one typed event per line (``RUN_LOG``; runstore.events)
     metrics.jsonl            one row per optimizer step (runstore.metrics; written by the trainer)
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +33,12 @@ from typing import Any
 
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.checkpoints import set_aside_abandoned
-from lego_rl.runstore.events import RunResumed, RunStarted, StepsAbandoned
+from lego_rl.runstore.events import RunResumed, RunStarted, StaleLockTaken, StepsAbandoned
 from lego_rl.runstore.files import write_new
+from lego_rl.runstore.lock import RunLock
 from lego_rl.runstore.log import EventLog, MetricsLog
+
+log = logging.getLogger(__name__)
 
 _SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 _HASHED = re.compile(r"-h[0-9a-f]{12}(\.[A-Za-z0-9]{1,10})?\Z")
@@ -165,8 +170,9 @@ class RunLayout:
 class RunDir:
     """A run's directory, opened for writing."""
 
-    def __init__(self, layout: RunLayout) -> None:
+    def __init__(self, layout: RunLayout, lock: RunLock | None = None) -> None:
         self.layout = layout
+        self.lock = lock
         self.root = layout.root
         self.artifacts = layout.artifacts
         self.events = EventLog(layout.events)
@@ -182,26 +188,40 @@ class RunDir:
         artifacts: Path | None = None,
         run_log: Path | None = None,
     ) -> RunDir:
-        """Create (or, with ``resume``, reopen) a run directory and record the resolved config."""
+        """Create (or, with ``resume``, reopen) a run directory, lock it for this process (``runstore.lock``)
+        and record the resolved config.
+
+        :raises RunDirLocked: another live process has the directory open (it is named).
+        """
         layout = RunLayout(root, artifacts, run_log)
-        if layout.holds_run() and not resume:
-            what = layout.events if layout.events.exists() else layout.config()
-            raise ConfigError(
-                f"{what} already exists: logs are never overwritten. Use a new RUN_ROOT (or a new "
-                "RUN_LOG), or resume the run",
-                parameter="paths.run_root",
-                value=str(root),
-            )
         if resume and not layout.holds_run():
             raise ConfigError(f"nothing to resume in {root}", parameter="train.resume", value=str(root))
         root.mkdir(parents=True, exist_ok=True)
-        n = 0
-        if resume:
-            n = 1
-            while layout.config(n).exists():
-                n += 1
-        write_new(layout.config(n), json.dumps(config, indent=2, default=str), what="run config")
-        run = cls(layout)
+        lock = RunLock.acquire(root)  # before anything is read or written: the holder would be racing us
+        try:
+            if layout.holds_run() and not resume:
+                what = layout.events if layout.events.exists() else layout.config()
+                raise ConfigError(
+                    f"{what} already exists: logs are never overwritten. Use a new RUN_ROOT (or a new "
+                    "RUN_LOG), or resume the run",
+                    parameter="paths.run_root",
+                    value=str(root),
+                )
+            n = 0
+            if resume:
+                n = 1
+                while layout.config(n).exists():
+                    n += 1
+            write_new(layout.config(n), json.dumps(config, indent=2, default=str), what="run config")
+        except BaseException:
+            lock.release()
+            raise
+        run = cls(layout, lock)
+        if lock.previous is not None:
+            p = lock.previous
+            log.warning("%s: the previous holder of its lock, %s, died without releasing it; taken over",
+                        root, p.describe())
+            run.events.emit(StaleLockTaken(previous_pid=p.pid, previous_host=p.host, previous_since=p.since))
         run.events.emit(RunResumed(root=str(root)) if resume else RunStarted(root=str(root)))
         return run
 
@@ -236,3 +256,5 @@ class RunDir:
         self.events.close()
         if self._metrics is not None:
             self._metrics.close()
+        if self.lock is not None:
+            self.lock.release()
