@@ -281,3 +281,39 @@ def test_resume_while_another_process_trains_the_run_is_refused_naming_it(toy: P
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_resume_with_a_changed_lr_is_refused_naming_both_values(toy: Path) -> None:
+    """``--resume --set train.lr=...`` on a run trained at another lr: exit 2 naming the key, both values and
+    ``--override``; nothing is started (no new config file)."""
+    from lego_rl.cli.options import load
+    from lego_rl.config.resolve import config_json
+
+    root = toy / "runs" / "toy"
+    root.mkdir(parents=True)
+    first = load(Path("lego.toml"), ["train.lr=3e-4"], {})
+    (root / "config.json").write_text(json.dumps(config_json(first), default=str))
+    (root / "events.jsonl").write_text('{"kind":"run_started","ts":1.0,"root":"runs/toy"}\n')
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--set", "train.lr=3e-3"])
+    assert res.exit_code == 2, res.output
+    assert "train.lr = 0.003" in said(res) and "trained with 0.0003" in said(res)
+    assert "--override train.lr" in said(res) and not (root / "config.resume-1.json").exists()
+
+
+@pytest.mark.slow
+def test_resume_with_override_trains_at_the_new_lr_records_and_marks_it(toy: Path) -> None:
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--steps", "2", "--set", "train.lr=3e-4", "--json"])
+    assert res.exit_code == 0, res.output
+    root = toy / "runs" / "toy"
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--steps", "5", "--set", "train.lr=3e-3",
+                              "--override", "train.lr", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = list(follow_metrics(root / "metrics.jsonl").read())
+    lrs = [(r.step, r.values.get("lr")) for r in rows]  # a step whose groups all tied trains nothing: no lr
+    assert [s for s, _ in lrs] == [0, 1, 2, 3, 4], lrs
+    assert all(lr in (None, 3e-4) for s, lr in lrs[:2]) and all(lr in (None, 3e-3) for s, lr in lrs[2:]), lrs
+    assert any(lr is not None for _, lr in lrs[2:]), lrs
+    recorded = json.loads((root / "config.resume-1.json").read_text())
+    assert recorded["train"]["lr"]["value"] == 3e-3 and recorded["train"]["resume_override"]["value"] == ["train.lr"]
+    marks = [e for e in read_events(root / "events.jsonl") if e.kind == "resume_override"]
+    assert [(m.step, m.key, m.before, m.after) for m in marks] == [(2, "train.lr", 3e-4, 3e-3)]

@@ -469,3 +469,25 @@ def test_out_of_memory_while_scoring_does_not_suggest_what_is_already_on(tiny_mo
         backend.compute_logprobs(step.micro_batches, temperature=1.0)
     assert "gradient_checkpointing" not in str(caught.value)
     assert "train.micro_batch_tokens" in str(caught.value)
+
+
+def test_a_resume_trains_at_the_configured_lr_not_the_checkpoint_s(tiny_model, vocab, tmp_path):
+    """``--resume --set train.lr=... --override train.lr``: the restored optimizer and scheduler state must not
+    win over the new learning rate (they did: the record said 3e-3, the run trained at 3e-4)."""
+    first = TorchBackend(tiny_model, settings(lr=3e-4, warmup_steps=4, weight_decay=0.01))
+    lrs = [train(first, one_step(k, vocab)).metrics["lr"] for k in range(2)]
+    assert lrs == pytest.approx([0.75e-4, 1.5e-4])
+    first.save_checkpoint(tmp_path / "step-1", extra_state={"step": 1})
+
+    same = TorchBackend(tiny_model, settings(lr=3e-4, warmup_steps=4, weight_decay=0.01))
+    same.load_checkpoint(tmp_path / "step-1")
+    assert train(same, one_step(2, vocab)).metrics["lr"] == pytest.approx(2.25e-4)  # unchanged: as before
+
+    changed = TorchBackend(tiny_model, settings(lr=3e-3, warmup_steps=4, weight_decay=0.02))
+    changed.load_checkpoint(tmp_path / "step-1")
+    # The warm-up continues where it was (step 2 of 4), at the new peak; the weight decay is the new one too.
+    assert [g["lr"] for g in changed.optimizer.param_groups] == pytest.approx([2.25e-3, 2.25e-3])
+    assert [g["weight_decay"] for g in changed.optimizer.param_groups] == [0.02, 0.0]
+    assert any(changed.optimizer.state.values())  # the moments were kept
+    rows = [train(changed, one_step(k, vocab)).metrics["lr"] for k in (2, 3)]
+    assert rows == pytest.approx([2.25e-3, 3e-3])

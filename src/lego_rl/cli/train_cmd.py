@@ -168,6 +168,11 @@ def train(
     sft: Annotated[Path | None, typer.Option("--sft", help="Supervised fine-tuning on these demonstrations "
                                              "(Samples as JSON lines) instead of GRPO; sets train.sft_data. "
                                              "--steps then counts SFT steps (train.sft_steps).")] = None,
+    override: Annotated[list[str] | None, typer.Option("--override", help="With --resume: let this key that "
+                                                        "shapes training (train.lr, model.*, the data, the "
+                                                        "environment...) change from the run's last launch; "
+                                                        "without it such a change is refused (repeatable; sets "
+                                                        "train.resume_override).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Train the policy with GRPO: roll out, score, update, sync the engines, repeat.
@@ -182,12 +187,14 @@ def train(
 
     lego train -c lego.toml --run-root runs/exp1 --resume  (continue after a stop)
 
+    lego train -c lego.toml --run-root runs/exp1 --resume --set train.lr=1e-5 --override train.lr  (continue at a new learning rate)
+
     lego train -c lego.toml --sft demos.jsonl --steps 30 --run-root runs/sft1  (supervised warm start; then --set model.checkpoint=runs/sft1/checkpoints/step-000029)
 
     The config is validated first (as `lego validate` does); a failing check starts nothing.
     """  # noqa: E501 (one line per paragraph: rich wraps help text itself)
     typed = _overrides(data=data, environment=environment, steps=steps, run_root=run_root, resume=resume,
-                       vllm_url=vllm_url, sft=sft)
+                       vllm_url=vllm_url, sft=sft, override=override)
     session = _open(config, overrides, typed)
     if session is None:  # a torchrun rank other than 0: it followed rank 0 to the end
         raise typer.Exit(EXIT_OK)
@@ -200,7 +207,8 @@ def train(
 
 
 def _overrides(*, data: Path | None, environment: str | None, steps: int | None, run_root: Path | None,
-               resume: bool, vllm_url: list[str] | None, sft: Path | None) -> dict[str, tuple[Any, str]]:
+               resume: bool, vllm_url: list[str] | None, sft: Path | None,
+               override: list[str] | None = None) -> dict[str, tuple[Any, str]]:
     """The command's options as typed config overrides (``--steps`` counts SFT steps with ``--sft``)."""
     typed: dict[str, tuple[Any, str]] = {}
     if data is not None:
@@ -213,6 +221,8 @@ def _overrides(*, data: Path | None, environment: str | None, steps: int | None,
         typed["train.sft_steps" if sft is not None else "train.num_rollout"] = (steps, "--steps")
     if run_root is not None:
         typed["paths.run_root"] = (str(run_root), "--run-root")
+    if override:
+        typed["train.resume_override"] = (list(override), "--override")
     if resume:
         typed["train.resume"] = (True, "--resume")
     if vllm_url:

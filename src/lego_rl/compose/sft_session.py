@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from lego_rl.compose.projection import sft_settings
 from lego_rl.compose.stack import model_dir
-from lego_rl.compose.train_session import BACKENDS, BackendFactory
+from lego_rl.compose.train_session import BACKENDS, BackendFactory, mark_overrides, overridden_on_resume
 from lego_rl.config.resolve import ResolvedConfig, config_json
 from lego_rl.driver.metrics_sink import TensorBoardSink
 from lego_rl.driver.sft import SftRunner, load_demonstrations
@@ -50,6 +50,7 @@ class SftSession:
 
         root = Path(c.paths.run_root or "runs/unnamed")
         self.sink = TensorBoardSink(RunLayout(root))  # before the run directory: a missing package starts nothing
+        self.overridden = overridden_on_resume(r, root)
         self.run_dir = RunDir.open(root, config=config_json(r), resume=c.train.resume,
                                    artifacts=Path(c.paths.artifacts) if c.paths.artifacts else None,
                                    run_log=Path(c.paths.run_log) if c.paths.run_log else None)
@@ -68,6 +69,7 @@ class SftSession:
             runner = SftRunner(self.settings, backend=backend, demos=self.demos, run=self.run_dir)
             if c.train.resume:
                 runner.resume()
+                mark_overrides(self.run_dir, self.overridden, runner.next_step)
             self.sink.start(runner.next_step)
             runner.on_step = self.sink.write
             self.runner = runner

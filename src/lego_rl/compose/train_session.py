@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lego_rl.config.dataset_scan import row_keys
 from lego_rl.config.resolve import ResolvedConfig, config_json
+from lego_rl.config.resume_keys import Change, changes_on_resume
 from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError, TaskDataError
 from lego_rl.harness.toolchain import Toolchain
@@ -39,7 +40,13 @@ from lego_rl.compose.stack import Engines, model_dir, serving_engines, serving_s
 from lego_rl.driver.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
 from lego_rl.runstore import RunDir, RunLayout, latest_checkpoint
-from lego_rl.runstore.events import RolloutFinished, RolloutStarted, ServingReady, TrainingFinished
+from lego_rl.runstore.events import (
+    ResumeOverride,
+    RolloutFinished,
+    RolloutStarted,
+    ServingReady,
+    TrainingFinished,
+)
 from lego_rl.serving.errors import EngineFailed, EngineUnavailable, InvalidReply
 from lego_rl.swe.task_sandbox import RunProviders
 from lego_rl.termination import TerminationReason, is_infrastructure_failure
@@ -64,6 +71,23 @@ def loss_config(c: LegoConfig) -> LossConfig:
                       is_correction=t.is_correction, is_level=t.is_level, is_low=t.is_low, is_high=t.is_high,
                       kl_coef=t.kl_coef, use_score_centering=t.use_score_centering,
                       loss_agg=t.loss_agg)
+
+
+def overridden_on_resume(r: ResolvedConfig, root: Path) -> list[Change]:
+    """The keys shaping training that this resume changes because ``train.resume_override`` names them
+    (any other change was refused by ``config.checks.resume_changes``). Call it before the run directory is
+    opened: opening records the new launch's config, which is then the newest."""
+    c = r.config
+    if not c.train.resume or not c.train.resume_override:
+        return []
+    return [ch for ch in changes_on_resume(root, config_json(r)) if ch.key in c.train.resume_override]
+
+
+def mark_overrides(run: RunDir, changes: list[Change], step: int) -> None:
+    """One ``resume_override`` event per overridden key, naming the first step it applies to."""
+    for ch in changes:
+        run.events.emit(ResumeOverride(step=step, key=ch.key, before=ch.before, after=ch.after,
+                                       recorded_in=ch.recorded_in))
 
 
 def torch_settings(c: LegoConfig) -> TorchTrainSettings:
@@ -332,6 +356,7 @@ class TrainSession:
         self.settings.check(has_eval_rows=bool(self.eval_prompts))
         root = Path(c.paths.run_root or "runs/unnamed")
         self.sink = TensorBoardSink(RunLayout(root))  # before the run directory: a missing package starts nothing
+        self.overridden = overridden_on_resume(r, root)
         self.run_dir = RunDir.open(
             root, config=config_json(r), resume=c.train.resume,
             artifacts=Path(c.paths.artifacts) if c.paths.artifacts else None,
@@ -372,6 +397,7 @@ class TrainSession:
                          sync=sync)
         if self.r.config.train.resume:
             loop.resume()
+            mark_overrides(self.run_dir, self.overridden, loop.next_step)
         self.loop = loop
         if self._stop_early:
             loop.request_stop()

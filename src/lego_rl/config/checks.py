@@ -619,6 +619,33 @@ def run_root(r: ResolvedConfig) -> Iterator[Finding]:
                     "point RUN_ROOT at the run to continue, or unset train.resume", "train.resume")
 
 
+@check
+def resume_changes(r: ResolvedConfig) -> Iterator[Finding]:
+    """A resume that changes a key shaping training (``config.resume_keys.SHAPING_KEYS``) is refused unless
+    ``train.resume_override`` names it; an override that names a key outside the list is refused too."""
+    from lego_rl.config.resolve import config_json
+    from lego_rl.config.resume_keys import SHAPING_KEYS, changes_on_resume
+
+    c = r.config
+    for key in c.train.resume_override:
+        if key not in SHAPING_KEYS:
+            hint = did_you_mean(key, list(SHAPING_KEYS), "")
+            yield error("resume_override_unknown", f"train.resume_override names {key!r}, which is not a key that "
+                        f"shapes training{hint}; other keys change freely on resume",
+                        "drop it from --override (config/resume_keys.py lists the keys)", "train.resume_override")
+    if not c.train.resume or not c.paths.run_root:
+        return
+    for ch in changes_on_resume(Path(c.paths.run_root), config_json(r)):
+        if ch.key in c.train.resume_override:
+            continue
+        yield error("resume_changed", f"{ch.key} = {ch.after!r} (from {r.source(ch.key)}) but the run was trained "
+                    f"with {ch.before!r} ({ch.recorded_in}); it shapes training ({SHAPING_KEYS[ch.key]}), and the "
+                    "checkpoint's state was made with the old value",
+                    f"set {ch.key} back to {ch.before!r}, or pass --override {ch.key} to train on with the new "
+                    "value from the next step (recorded, and marked by a resume_override event), or start a new "
+                    "run from the checkpoint (model.checkpoint)", ch.key)
+
+
 def run_checks(
     r: ResolvedConfig, *, harnesses: HarnessInventory, extra: list[Check] | None = None
 ) -> list[Finding]:

@@ -283,6 +283,11 @@ class TrainConfig(Section):
     """What infrastructure-failed rollouts do: excluded from statistics and loss, or kept with reward 0."""
     resume: bool = False
     """Continue the run already in paths.run_root instead of refusing to touch it."""
+    resume_override: list[str] = Field(default_factory=list)
+    """Keys a resume may change from the run's newest launch (`lego train --resume --override KEY`). A resume
+    that changes a key shaping training (config/resume_keys.py lists them: loss, optimizer, model, data,
+    environment, sampling, reward) is refused unless it is named here; named, the new value takes effect
+    (the optimizer's restored learning rate included) and a `resume_override` event marks the step."""
     audit: bool = False
     """Record the chain for `lego audit`: every trainer rank's steps (audit/rank-<r>.jsonl: tokens and logprobs as
     the loss reads them, optimizer steps, parameter fingerprints) and the embedded engine's served tokens

@@ -12,7 +12,7 @@ field instead and keep reading the old one.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -54,6 +54,20 @@ class StaleLockTaken(_Event):
     previous_pid: int
     previous_host: str
     previous_since: float
+
+
+class ResumeOverride(_Event):
+    """A resume changed a key that shapes training because the operator named it (``--override KEY``): the
+    new value applies from ``step`` on (config/resume_keys.py lists such keys)."""
+
+    kind: Literal["resume_override"] = "resume_override"
+    step: int
+    """The first step trained with the new value."""
+    key: str
+    before: Any
+    after: Any
+    recorded_in: str
+    """The config file of the launch that had ``before``."""
 
 
 class LogRepaired(_Event):
@@ -294,6 +308,7 @@ RunEvent = Annotated[
     | RunResumed
     | LogRepaired
     | StaleLockTaken
+    | ResumeOverride
     | ServingReady
     | Baseline
     | RolloutCheckFinished

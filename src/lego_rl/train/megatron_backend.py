@@ -60,7 +60,7 @@ from lego_rl.train.megatron_setup import (
     MegatronTrainSettings,
     require_megatron,
 )
-from lego_rl.train.step import apply_update, check_grad_norm, make_optimizer, step_metrics
+from lego_rl.train.step import apply_update, check_grad_norm, make_optimizer, rebase_optimizer, step_metrics
 
 __all__ = ["MEGATRON_EXTRA_HINT", "MegatronBackend", "MegatronTrainSettings", "require_megatron"]
 
@@ -136,4 +136,5 @@ class MegatronBackend:
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         self._version, extra = megatron_checkpoint.load_checkpoint(self.parts, path, optimizer=self.optimizer,
                                                                    scheduler=self.scheduler)
+        rebase_optimizer(self.optimizer, self.scheduler, self.settings)  # the config's lr, not the saved one
         return extra

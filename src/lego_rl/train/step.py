@@ -157,6 +157,23 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], settings: OptimizerSett
     return optimizer, scheduler
 
 
+def rebase_optimizer(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
+                     settings: OptimizerSettings) -> None:
+    """After a checkpoint's optimizer and scheduler state were loaded: the configured hyperparameters win over
+    the restored ones. ``load_state_dict`` brings back the saved run's lr, weight decay, betas and eps with the
+    moments, and the scheduler its base lr, so a resume at a new ``train.lr`` would otherwise train at the old
+    one while its config file said the new one. The moments and the scheduler's step count are kept; the lr
+    becomes the configured peak times the warm-up factor at that step. A no-op when nothing changed (a resume
+    may change these keys only with ``--override``: config/resume_keys.py)."""
+    decays = [settings.weight_decay, 0.0]  # make_optimizer's groups: matrices, then norms and biases
+    for group, decay in zip(optimizer.param_groups, decays, strict=False):
+        group.update(initial_lr=settings.lr, weight_decay=decay, betas=settings.adam_betas, eps=settings.adam_eps)
+    scheduler.base_lrs = [settings.lr for _ in optimizer.param_groups]
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=False):
+        group["lr"] = settings.lr * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reports
+
+
 def check_grad_norm(grad_norm: float, version: int, optimizer: torch.optim.Optimizer) -> None:
     """Refuse a non-finite gradient norm: the gradients are dropped and nothing is applied."""
     if not torch.isfinite(torch.tensor(grad_norm)):

@@ -76,6 +76,7 @@ from lego_rl.train.step import (
     check_grad_norm,
     check_step,
     make_optimizer,
+    rebase_optimizer,
     segment_starts,
     step_metrics,
     sum_parts,
@@ -572,4 +573,5 @@ class TorchBackend:
             load_checkpoint_into(self.model, path)
             self.optimizer.load_state_dict(state["optimizer"])
         self._version, extra = restore_trainer_state(path, state, self.scheduler)
+        rebase_optimizer(self.optimizer, self.scheduler, self.settings)  # the config's lr, not the saved one
         return extra
