@@ -33,7 +33,7 @@ from lego_rl.train.consistency import consistency_report  # noqa: E402
 from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
 from lego_rl.trajectory.sample import Sample  # noqa: E402
-from support.gpu_qwen3 import VOCAB, save_random_qwen3  # noqa: E402
+from support.gpu_qwen3 import VOCAB, random_rollouts, save_random_qwen3  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +43,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def samples(seed: int, n: int = 8) -> tuple[list[Sample], list[float]]:
     """``n`` one-segment rollouts of 40–500 tokens, advantages of both signs."""
-    rng = random.Random(seed)
-    out, adv = [], []
-    for r in range(n):
-        ctx, ans = rng.randint(20, 250), rng.randint(20, 250)
-        out.append(Sample(rollout_id=f"r{r}", group_index=r // 4, index=r % 4, segment=0, num_segments=1,
-                          tokens=[rng.randrange(VOCAB) for _ in range(ctx + ans)], loss_mask=[0] * ctx + [1] * ans,
-                          rollout_logprobs=[0.0] * ctx + [-rng.uniform(8.0, 14.0) for _ in range(ans)]))
-        adv.append([1.0, -1.0, 0.5, -0.5][r % 4])
-    return out, adv
+    return random_rollouts(seed, n, max_part=250, logprob_range=(8.0, 14.0))
 
 
 def reference_logprobs(model_dir: Path, seqs: list[list[int]]) -> list[torch.Tensor]:

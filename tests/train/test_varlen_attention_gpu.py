@@ -9,7 +9,6 @@ block-diagonal mask) up to bf16 kernel noise: logprobs, the loss and the update.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from lego_rl.train.batching import plan_steps  # noqa: E402
 from lego_rl.train.losses import LossConfig, make_loss  # noqa: E402
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings  # noqa: E402
 from lego_rl.trajectory.sample import Sample  # noqa: E402
-from support.gpu_qwen3 import VOCAB, save_random_qwen3  # noqa: E402
+from support.gpu_qwen3 import VOCAB, random_rollouts, save_random_qwen3  # noqa: E402
 from support.numerics import rounding_tolerance, ulp_tolerance  # noqa: E402
 
 LR = 1e-4
@@ -38,15 +37,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def samples(seed: int, n: int = 12) -> tuple[list[Sample], list[float]]:
     """``n`` one-segment rollouts of 40–600 tokens (prompt then trained answer), advantages of both signs."""
-    rng = random.Random(seed)
-    out, adv = [], []
-    for r in range(n):
-        ctx, ans = rng.randint(20, 300), rng.randint(20, 300)
-        out.append(Sample(rollout_id=f"r{r}", group_index=r // 4, index=r % 4, segment=0, num_segments=1,
-                          tokens=[rng.randrange(VOCAB) for _ in range(ctx + ans)], loss_mask=[0] * ctx + [1] * ans,
-                          rollout_logprobs=[0.0] * ctx + [-rng.uniform(5.0, 15.0) for _ in range(ans)]))
-        adv.append([1.0, -1.0, 0.5, -0.5][r % 4])
-    return out, adv
+    return random_rollouts(seed, n, max_part=300, logprob_range=(5.0, 15.0))
 
 def backend(model_dir: Path, mode: str) -> TorchBackend:
     b = TorchBackend(model_dir, TorchTrainSettings(lr=LR, device="cuda", packed_attention=mode))  # type: ignore[arg-type]
