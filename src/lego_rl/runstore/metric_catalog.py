@@ -182,7 +182,7 @@ REFILLS = _declare("refills", "rollouts", COUNTER, "rollout", "infrastructure fa
 REWARD_MEAN = _declare("reward_mean", "reward", GAUGE, "rollout", "mean reward of the step's admitted rollouts",
                        when="some admitted rollout has a reward")
 SOLVE_RATE = _declare("solve_rate", "fraction", GAUGE, "rollout", "admitted rollouts with reward >= "
-                      "train.solved_reward", when="some admitted rollout has a reward")
+                      "the solved reward (1: graders give 0 or 1)", when="some admitted rollout has a reward")
 SAMPLED_TOKENS = _declare("sampled_tokens", "tokens", COUNTER, "rollout", "loss-masked tokens the step's "
                           "rollouts sampled")
 ZERO_ADVANTAGE_GROUPS = _declare("zero_advantage_groups", "groups", COUNTER, "rollout", "trained groups whose "
