@@ -208,6 +208,9 @@ def test_serving_precision_picks_the_trainer_recipe_on_cuda_only_by_default() ->
     assert engine_precision("cuda", "bfloat16", "trainer") == ("float32", "bfloat16")
     assert engine_precision("cpu", "auto", "auto") == ("float32", None)
     assert engine_precision("cpu", "auto", "trainer") == ("float32", None)
+    # an fp32 trainer: "trainer" precision samples in fp32 too (it used to stay bf16 whatever train.precision said)
+    assert engine_precision("cuda", "auto", "trainer", trainer_precision="fp32") == ("float32", None)
+    assert engine_precision("cuda", "auto", "auto", trainer_precision="fp32") == ("float32", None)
 
 
 async def test_compute_dtype_on_the_generic_path_runs_under_autocast(tiny_model: Path) -> None:

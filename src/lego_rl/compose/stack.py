@@ -91,7 +91,8 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
                 import torch
 
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            dtype, compute = engine_precision(device, cfg.model.dtype, cfg.serving.precision)
+            dtype, compute = engine_precision(device, cfg.model.dtype, cfg.serving.precision,
+                                              trainer_precision=cfg.train.precision)
             engine = EmbeddedServer(directory, host=cfg.serving.host, port=cfg.serving.port, device=device,
                                     dtype=dtype, compute_dtype=compute, max_batch=cfg.serving.max_batch_size,
                                     max_model_len=cfg.model.max_context_tokens,

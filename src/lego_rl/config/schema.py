@@ -60,7 +60,8 @@ class ServingConfig(Section):
     """Requests the embedded engine decodes together."""
     precision: Literal["auto", "weights", "trainer"] = "auto"
     """How the embedded engine computes. `weights`: everything in `model.dtype`. `trainer`: fp32 weights with
-    matmuls and attention in bf16 on CUDA, exactly the torch trainer's autocast recipe, so rollout and trainer
+    matmuls and attention in bf16 on CUDA, exactly the torch trainer's autocast recipe (fp32 throughout when
+    `train.precision = "fp32"`), so rollout and trainer
     logprobs agree (RESULTS.md: mean |Δ| 0.003 against 0.008 for pure bf16; fp32 on CPU). `auto`: `trainer`
     on CUDA when `model.dtype` is auto, else `weights`."""
     tool_call_parser: str = "qwen3_coder"

@@ -53,15 +53,20 @@ INITIAL_VERSION = "default"
 """The label of the weights loaded at start (vLLM's label; the client maps it to version 0)."""
 
 
-def engine_precision(device: str, model_dtype: str, precision: str) -> tuple[str, str | None]:
-    """``(dtype, compute_dtype)`` for the engine from ``model.dtype`` and ``serving.precision`` (schema.py).
+def engine_precision(device: str, model_dtype: str, precision: str,
+                     trainer_precision: str = "bf16") -> tuple[str, str | None]:
+    """``(dtype, compute_dtype)`` for the engine from ``model.dtype``, ``serving.precision`` and the trainer's
+    ``train.precision`` (schema.py).
 
-    ``trainer`` is the torch trainer's recipe: fp32 weights, bf16 matmuls and attention on CUDA (its autocast),
-    fp32 throughout on CPU. ``weights`` computes in the model dtype (``auto``: bf16 on CUDA, fp32 on CPU).
-    ``auto`` is ``trainer`` on CUDA unless a model dtype was chosen explicitly.
+    ``trainer`` is the torch trainer's recipe: fp32 weights with bf16 matmuls and attention on CUDA (its
+    autocast) when ``train.precision`` is bf16, fp32 throughout when it is fp32 or on CPU. ``weights`` computes
+    in the model dtype (``auto``: bf16 on CUDA, fp32 on CPU). ``auto`` is ``trainer`` on CUDA unless a model
+    dtype was chosen explicitly.
     """
     if precision == "trainer" or (precision == "auto" and device.startswith("cuda") and model_dtype == "auto"):
-        return "float32", ("bfloat16" if device.startswith("cuda") else None)
+        # The trainer in fp32 samples nothing in bf16: "trainer" must mean what the trainer computes.
+        autocast = device.startswith("cuda") and trainer_precision == "bf16"
+        return "float32", ("bfloat16" if autocast else None)
     if model_dtype == "auto":
         return ("bfloat16" if device.startswith("cuda") else "float32"), None
     return model_dtype, None
