@@ -20,7 +20,7 @@ from lego_rl.monitor.state import RunState
 from lego_rl.runstore import RunDir, StepMetrics
 from lego_rl.runstore import metric_catalog as mc
 
-READERS = ("read", "read_family", "_policy_lag", "_read")
+READERS = ("read", "read_family", "declarations_in", "_policy_lag", "_read")
 """The calls a metrics row's ``values`` may be handed to in a reader (``_policy_lag`` and the audit's ``_read``
 read through ``read``)."""
 

@@ -103,20 +103,28 @@ def report(
         ),
     ],
     compare_with: CompareOpt = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the --html file when it exists (else: refused, exit 2).")
+    ] = False,
     config: ConfigOpt = None,
     overrides: SetOpt = None,
 ) -> None:
-    """Write the run's views as one offline HTML file: curves, termination stacks, timing, the task grid,
-    consistency over steps. No network is needed to open it."""
-    from lego_rl.monitor.report import write_report
+    """Write the run's views as one offline HTML file: reward, training and consistency curves, termination
+    mix and stage timing over steps, the task grid, policy lag, rollouts opened up. RUN_DIR may also be a
+    multi-stage parent (the main job's runs/main-*/ with demos/, sft/, grpo/): one part per stage. No network
+    is needed to open it."""
+    from lego_rl.monitor.report import NoRun, write_report
 
     _check_dir(run_dir, "RUN_DIR")
     if compare_with is not None:
         _check_dir(compare_with, "--compare")
     cfg: MonitorConfig = _monitor_config(config, overrides)
     try:
-        path = write_report(run_dir, html, kl_warn=cfg.kl_warn, other=compare_with)
-    except OSError as exc:  # an existing report (never overwritten), a folder that cannot be written
+        path = write_report(run_dir, html, kl_warn=cfg.kl_warn, other=compare_with, force=force)
+    except NoRun as exc:
+        fail(f"RUN_DIR: {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    except OSError as exc:  # an existing report without --force, a folder that cannot be written
         fail(f"--html {html}: {exc}")
         raise typer.Exit(EXIT_USAGE) from None
     out.print(f"wrote {path} ({path.stat().st_size:,} bytes)")

@@ -299,6 +299,20 @@ def read_family(values: Mapping[str, float], family: Metric) -> dict[str, float]
     return out
 
 
+def declarations_in(values: Mapping[str, float]) -> tuple[list[Metric], list[str]]:
+    """The declarations covering a row's names (each once, in catalog order) and the names none covers: what
+    a view that shows everything a row holds (the HTML report's other metrics) iterates, instead of names."""
+    found: set[Metric] = set()
+    unknown = []
+    for name in values:
+        m = declaration(name)
+        if m is None:
+            unknown.append(name)
+        else:
+            found.add(m)
+    return [m for m in METRICS if m in found], unknown
+
+
 def tag(metric: Metric, name: str | None = None) -> str:
     """Where a sink files a value (TensorBoard, W&B): under its group (``train/loss``, ``timing/time_step_s``;
     ``consistency/...`` names already are). ``name`` is a family member's name; a distribution is filed as
