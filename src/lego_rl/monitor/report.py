@@ -242,7 +242,11 @@ def _consistency(s: Snapshot) -> str:
         f"k3 KL per step by turn kind (dashed: monitor.kl_warn = {c.kl_warn:g})", by_kind("k3_kl"), log=True,
         hline=c.kl_warn,
     )
-    pearson = line_chart("Pearson (rollout vs trainer log-probs) per step by turn kind", by_kind("pearson"))
+    # Pearson sits at 0.99999...: 1 - Pearson on a log scale tells such steps apart (lower is closer)
+    pearson = line_chart(
+        "1 - Pearson (rollout vs trainer log-probs) per step by turn kind, lower is closer",
+        {k: [(x, 1.0 - y) for x, y in v] for k, v in by_kind("pearson").items()}, log=True,
+    )
     diffs = "".join(
         line_chart(f"{field} (nats) per step by turn kind", by_kind(field), log=True, small=True)
         for field in ("mean_abs_diff", "p99_abs_diff", "max_abs_diff")

@@ -17,7 +17,7 @@ from lego_rl.monitor.state import Rollout, RunState
 from lego_rl.runstore import RolloutFiles
 
 DRILL_ROLLOUTS = 12
-LISTED_ROLLOUTS = 100
+LISTED_ROLLOUTS = 30
 TURNS_SHOWN = 24
 TRANSCRIPT_LINES = 20
 PATCH_CHARS = 3000
@@ -148,9 +148,9 @@ def rollouts(state: RunState) -> str:
         f"<td>{r.turns}</td></tr>"
         for r in listed
     )
-    head = (f"<p>{len(done):,} finished rollouts; the latest {len(listed)} listed, newest first.</p>"
-            '<table><tr><th class="l">rollout</th><th class="l">task</th><th class="l">harness</th><th>step</th>'
-            '<th class="l">termination</th><th>reward</th><th>turns</th></tr>' + table + "</table>")
+    head = (f"<details><summary>{len(done):,} finished rollouts; the latest {len(listed)} listed, newest "
+            'first</summary><table><tr><th class="l">rollout</th><th class="l">task</th><th class="l">harness</th><th>step</th>'
+            '<th class="l">termination</th><th>reward</th><th>turns</th></tr>' + table + "</table></details>")
     opened = []
     for r in picked(state):
         d = detail(state, r.rollout_id)

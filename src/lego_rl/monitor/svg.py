@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from html import escape
 
 PALETTE = (
@@ -36,9 +37,14 @@ LEGEND_CHARS = 32
 LEGEND_ROW = 16
 
 
+def y_ticks(h: float) -> int:
+    return max(2, min(5, int((h - T - B) // (FONT * 2.5))))
+
+
 @dataclass(frozen=True)
 class _Frame:
-    """A chart's geometry: size, legend width, data ranges, and whether y is log10."""
+    """A chart's geometry: size, legend width, data ranges, and whether y is log10; the left margin is as
+    wide as the longest y tick label needs."""
 
     w: float
     h: float
@@ -47,9 +53,14 @@ class _Frame:
     ys: tuple[float, float]
     log: bool
 
+    @cached_property
+    def left(self) -> float:
+        labels = _labels(_ticks(*self.ys, y_ticks(self.h)), self.log)
+        return max(L, max(len(s) for s in labels) * CHAR_W + 12)
+
     def sx(self, v: float) -> float:
         x0, x1 = self.xs
-        return L + (v - x0) / ((x1 - x0) or 1) * (self.w - L - self.r)
+        return self.left + (v - x0) / ((x1 - x0) or 1) * (self.w - self.left - self.r)
 
     def sy(self, v: float) -> float:
         y0, y1 = self.ys
@@ -69,12 +80,22 @@ def _ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> list[f
     return [start + i * step for i in range(int((hi - start) / step + 1e-9) + 1)]
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: float, digits: int = 6) -> str:
     if v == 0:
         return "0"
     if abs(v) >= 10000 or abs(v) < 0.01:
-        return f"{v:.1e}"
-    return f"{v:g}"
+        return f"{v:.{max(1, digits - 5)}e}"
+    return f"{v:.{digits}g}"
+
+
+def _labels(values: Sequence[float], log: bool) -> list[str]:
+    """Tick labels with as few digits as keep neighbours apart (0.99998 and 0.99999 are not both "1")."""
+    shown = [10**v for v in values] if log else list(values)
+    for digits in range(3, 13):
+        labels = [_fmt(v, digits) for v in shown]
+        if len(set(labels)) == len(labels):
+            return labels
+    return labels
 
 
 def _legend_width(names: Sequence[str]) -> float:
@@ -94,23 +115,23 @@ def _open(title: str, f: _Frame, x_label: str, integer_x: bool) -> list[str]:
             f'height="{f.h:.0f}" role="img" aria-label="{escape(title)}" font-size="{FONT}">'
             f"<title>{escape(title)}</title>"
         ),
-        f'<text x="{L}" y="{T - 8}" font-weight="bold">{escape(title)}</text>',
-        f'<rect x="{L}" y="{T}" width="{f.w - L - f.r:.0f}" height="{f.h - T - B:.0f}" fill="#fff" stroke="#ccc"/>',
+        f'<text x="{f.left:.0f}" y="{T - 8}" font-weight="bold">{escape(title)}</text>',
+        f'<rect x="{f.left:.0f}" y="{T}" width="{f.w - f.left - f.r:.0f}" height="{f.h - T - B:.0f}" '
+        'fill="#fff" stroke="#ccc"/>',
     ]
-    y_ticks = max(2, min(5, int((f.h - T - B) // (FONT * 2.5))))
-    for v in _ticks(*f.ys, y_ticks):
+    ys = _ticks(*f.ys, y_ticks(f.h))
+    for v, label in zip(ys, _labels(ys, f.log), strict=True):
         y = f.sy(v)
-        label = f"{10**v:.3g}" if f.log else _fmt(v)
         out.append(
-            f'<line x1="{L}" x2="{f.w - f.r:.0f}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-            f'<text x="{L - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>'
+            f'<line x1="{f.left:.0f}" x2="{f.w - f.r:.0f}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+            f'<text x="{f.left - 6:.0f}" y="{y + 4:.1f}" text-anchor="end">{label}</text>'
         )
     labels = [_fmt(v) for v in _ticks(*f.xs, 8, integer=integer_x)]
     widest = max((len(s) for s in labels), default=1) * CHAR_W + 12
-    x_ticks = max(1, min(8, int((f.w - L - f.r) // widest)))
+    x_ticks = max(1, min(8, int((f.w - f.left - f.r) // widest)))
     for v in _ticks(*f.xs, x_ticks, integer=integer_x):
         out.append(f'<text x="{f.sx(v):.1f}" y="{f.h - B + 16:.0f}" text-anchor="middle">{_fmt(v)}</text>')
-    out.append(f'<text x="{(L + f.w - f.r) / 2:.0f}" y="{f.h - 4:.0f}" text-anchor="middle">{escape(x_label)}</text>')
+    out.append(f'<text x="{(f.left + f.w - f.r) / 2:.0f}" y="{f.h - 4:.0f}" text-anchor="middle">{escape(x_label)}</text>')
     return out
 
 
@@ -151,8 +172,9 @@ def line_chart(
     lo, hi = min(xs_all), max(xs_all)
     xs = (lo, hi) if hi > lo else ((lo - 0.5, lo + 0.5) if integer_x else (lo, lo + 1))
     ys = y_range or (min(ys_all), max(ys_all))
-    if ys[1] <= ys[0]:
-        ys = (ys[0] - 0.5, ys[0] + 0.5)
+    if ys[1] <= ys[0]:  # a constant: centred, on a scale of its own size (lr 1e-6 is not drawn at 0)
+        pad = abs(ys[0]) * 0.1 or 0.5
+        ys = (ys[0] - pad, ys[0] + pad)
     r = _legend_width(list(pts))
     f = _Frame(W / 2 if small else W, _height(H * 0.8 if small else H, len(pts)), r, xs, ys, log)
     out = _open(title, f, x_label, integer_x)
@@ -165,7 +187,7 @@ def line_chart(
     if limit is not None:
         y = f.sy(limit)
         out.append(
-            f'<line x1="{L}" x2="{f.w - f.r:.0f}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" '
+            f'<line x1="{f.left:.0f}" x2="{f.w - f.r:.0f}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" '
             'stroke-dasharray="6 4"/>'
         )
     out += _legend(f, list(pts), colours)
@@ -192,7 +214,7 @@ def stacked_bars(
     names = list(layers)
     f = _Frame(W, _height(H, len(names)), _legend_width(names), (min(xs) - 0.5, max(xs) + 0.5), (0.0, top), False)
     out = _open(title, f, x_label, True)
-    bw = max(1.0, (f.w - L - f.r) / (max(xs) - min(xs) + 1) * 0.8)
+    bw = max(1.0, (f.w - f.left - f.r) / (max(xs) - min(xs) + 1) * 0.8)
     cols = [(colours or {}).get(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(names)]
     for i, x in enumerate(xs):
         base = 0.0
