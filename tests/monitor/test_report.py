@@ -21,7 +21,8 @@ from lego_rl.cli.main import app
 
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 runner = CliRunner()
-SECTIONS = ("overview", "terminations", "timing", "tasks", "consistency", "pipeline", "behaviour")
+SECTIONS = ("overview", "training", "rewards", "terminations", "timing", "tasks", "consistency", "staleness",
+            "pipeline", "behaviour", "rollouts", "metrics")
 
 
 def _report(run: Path, out: Path, *extra: str) -> str:
@@ -41,10 +42,12 @@ def test_the_report_holds_every_view_and_fetches_nothing(tmp_path: Path) -> None
     assert "<script" not in html and "<link" not in html and "@import" not in html and "<img" not in html
     # the task grid draws one cell per finished rollout
     events = (TOY / "events.jsonl").read_text()
-    assert html.count('height="8" fill="#') == events.count('"kind":"rollout_finished"')
+    grid = re.search(r'<svg[^>]*aria-label="task grid".*?</svg>', html, flags=re.DOTALL)
+    assert grid is not None
+    assert grid.group(0).count("<rect ") == events.count('"kind":"rollout_finished"')
 
 
-def test_run_text_is_escaped_and_an_existing_report_is_never_overwritten(
+def test_run_text_is_escaped_and_an_existing_report_is_replaced_only_with_force(
     tmp_path: Path, copy_run: Callable[[Path], Path]
 ) -> None:
     run = copy_run(CHECK)
@@ -53,15 +56,30 @@ def test_run_text_is_escaped_and_an_existing_report_is_never_overwritten(
     out = tmp_path / "r.html"
     html = _report(run, out)
     assert "<b>evil</b>" not in html and "&lt;b&gt;evil&lt;/b&gt;&amp;task" in html
-    before = out.read_bytes()
+    out.write_text("an older report", encoding="utf-8")
     res = runner.invoke(app, ["report", str(run), "--html", str(out)])
-    assert res.exit_code == 2 and "already exists; it is never overwritten" in " ".join(res.output.split())
-    assert out.read_bytes() == before
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"{out} already exists: give --force to replace it" in said
+    assert out.read_text(encoding="utf-8") == "an older report"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".r.html")]  # no temp file left behind
+    replaced = _report(run, out, "--force")
+    assert replaced.startswith("<!DOCTYPE html>") and "&lt;b&gt;evil&lt;/b&gt;&amp;task" in replaced
+
+
+def test_a_directory_holding_no_run_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "r.html"
+    res = runner.invoke(app, ["report", str(tmp_path / "empty"), "--html", str(out)])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"{tmp_path / 'empty'} holds no run" in said
+    assert not out.exists()
 
 
 def test_compare_section(tmp_path: Path, copy_run: Callable[[Path], Path]) -> None:
     html = _report(TOY, tmp_path / "c.html", "--compare", str(copy_run(TOY)))
     assert '<section id="compare">' in html and "24 tasks in both: 0 up, 0 down" in html
+    for title in ("reward mean per step", "solve rate per step", "loss per step", "entropy per step"):
+        assert f'aria-label="{title}"' in html
 
 
 def _pixels(png: bytes) -> Counter[tuple[int, int, int]]:

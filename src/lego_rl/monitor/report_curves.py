@@ -196,8 +196,9 @@ def termination_mix(steps: Sequence[int], counts: Sequence[dict[str, int]], reas
     )
 
 
-def stage_timing(state: RunState) -> str:
-    """p50 seconds of each stage per step, every rollout under the step that trained it."""
+def stage_series(state: RunState) -> dict[str, list[tuple[float, float]]]:
+    """stage → (step, p50 seconds) per step, every rollout under the step whose figures include it (the
+    asynchronous scheduler may train a rollout in a later step than the one open when it started)."""
     merged: dict[str, dict[int, list[float]]] = {}
     for r in state.rollouts.values():
         step = r.counted_in if r.counted_in is not None else r.step
@@ -207,10 +208,14 @@ def stage_timing(state: RunState) -> str:
             if status != "interrupted":  # a stage cut short says nothing about how long it takes
                 merged.setdefault(stage, {}).setdefault(step, []).append(seconds)
     order = {name: i for i, name in enumerate(STAGE_ORDER)}
-    per_stage = {
+    return {
         stage: [(float(step), quantile(sorted(times), 0.5)) for step, times in sorted(by_step.items())]
         for stage, by_step in sorted(merged.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))
     }
+
+
+def stage_timing(state: RunState) -> str:
+    per_stage = stage_series(state)
     if not per_stage:
         return ""
     return line_chart("stage p50 seconds per step (all harnesses)", per_stage, log=True)
