@@ -163,7 +163,7 @@ def test_a_rollout_check_run_shows_its_rewarded_rollout_opened_up(tmp_path: Path
     ids = re.findall(r'<section id="([a-z-]+)">', html)
     assert ids == ["overview", "rollouts", "terminations", "timing", "tasks", "behaviour"]
     assert "rollouts outside training steps</td><td class=\"\">1; rewarded 1, solved 1, reward mean 1.000" in html
-    drill = html[html.index('<details class="rollout"'):]
+    drill = html[html.index('<details class="rollout" id="rollout-lego-example-median-s0" open>'):]
     assert "lego-example-median-s0: lego-example-median on claude_code, completed, reward 1.0, 2 turns" in drill
     assert "<h4>turns and tool calls</h4>" in drill and "<td class=\"l\">Bash</td>" in drill
     assert "tool_use Bash" in drill  # the CLI transcript's excerpt

@@ -81,7 +81,8 @@ def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[:n] + f"… [{len(text) - n} more characters]"
 
 
-def _one(state: RunState, r: Rollout, d: RolloutDetail) -> str:
+def _one(state: RunState, r: Rollout, d: RolloutDetail, *, first: bool) -> str:
+    """One rollout opened up (``first``: shown unfolded, the rest fold to their summary line)."""
     b = d.rollout
     summary = (f"{escape(b.rollout_id)}: {escape(b.instance_id)} on {escape(b.harness)}, "
                f"{escape(b.termination or 'in flight')}, reward {b.reward if b.reward is not None else '-'}, "
@@ -101,7 +102,8 @@ def _one(state: RunState, r: Rollout, d: RolloutDetail) -> str:
     )
     transcript = d.transcript[-TRANSCRIPT_LINES:]
     parts = [
-        f'<details class="rollout" id="rollout-{escape(b.rollout_id)}"><summary>{summary}</summary>',
+        f'<details class="rollout" id="rollout-{escape(b.rollout_id)}"{" open" if first else ""}>'
+        f"<summary>{summary}</summary>",
         "<h4>timeline</h4><pre>" + escape("\n".join(d.timeline)) + "</pre>",
         "<h4>turns and tool calls</h4>" + turns_html,
         "<h4>transcript (last lines of the CLI's event log)</h4>"
@@ -151,10 +153,10 @@ def rollouts(state: RunState) -> str:
     head = (f"<details><summary>{len(done):,} finished rollouts; the latest {len(listed)} listed, newest "
             'first</summary><table><tr><th class="l">rollout</th><th class="l">task</th><th class="l">harness</th><th>step</th>'
             '<th class="l">termination</th><th>reward</th><th>turns</th></tr>' + table + "</table></details>")
-    opened = []
+    opened: list[str] = []
     for r in picked(state):
         d = detail(state, r.rollout_id)
         if d is not None:
-            opened.append(_one(state, r, d))
+            opened.append(_one(state, r, d, first=not opened))
     return (head + f"<h3>drill-down: {len(opened)} rollouts (the latest of each termination reason and the "
             "latest solved; every rollout of a run outside training steps)</h3>" + "".join(opened))

@@ -8,7 +8,7 @@ entry count needs, and ticks are spaced for their labels."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from html import escape
@@ -198,7 +198,7 @@ def line_chart(
 def stacked_bars(
     title: str,
     xs: Sequence[int],
-    layers: dict[str, Sequence[float]],
+    layers: Mapping[str, Sequence[float]],
     *,
     x_label: str = "step",
     colours: dict[str, str] | None = None,
