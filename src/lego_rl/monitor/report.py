@@ -53,7 +53,7 @@ th{background:#f4f4f4} td.l,th.l{text-align:left} .warn{background:#fde2e2} .not
 .note-warn{color:#a60} .note-info{color:#666} .empty{color:#888;font-style:italic} nav a{margin-right:10px}
 pre{background:#f7f7f7;padding:6px;overflow:auto;max-height:240px} td.ok{color:#2a7d2a} td.bad{color:#b00}
 svg{max-width:none;flex:none} .charts{display:flex;flex-wrap:wrap;gap:8px} .grid{overflow-x:auto}
-details.rollout{border:1px solid #ddd;padding:4px 8px;margin:6px 0} summary{cursor:pointer}
+td.t{max-width:440px;overflow-wrap:anywhere;text-align:left} details.rollout{border:1px solid #ddd;padding:4px 8px;margin:6px 0} summary{cursor:pointer}
 section.stage{border-left:4px solid #1f77b4;padding-left:12px;margin-top:40px}
 """
 

@@ -90,7 +90,7 @@ def _one(state: RunState, r: Rollout, d: RolloutDetail, *, first: bool) -> str:
     turns = "".join(
         f"<tr><td>{t.turn}</td><td class=\"l\">{escape(t.kind)}</td><td class=\"l\">{escape(t.render_mode)}</td>"
         f"<td>{t.output_tokens}</td><td>{t.tool_calls}</td><td class=\"l\">{escape(', '.join(t.tools))}</td>"
-        f"<td class=\"l\">{escape(t.finish_reason)}</td><td class=\"l\">{escape(_cut(t.text, TEXT_CHARS))}</td></tr>"
+        f"<td class=\"l\">{escape(t.finish_reason)}</td><td class=\"l t\">{escape(_cut(t.text, TEXT_CHARS))}</td></tr>"
         for t in d.turns[:TURNS_SHOWN]
     )
     more_turns = len(d.turns) - TURNS_SHOWN
