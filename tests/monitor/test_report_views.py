@@ -270,3 +270,38 @@ def test_the_report_reads_in_time_proportional_to_the_run(tmp_path: Path) -> Non
     t0 = time.process_time()
     _report(run, tmp_path / "r.html")
     assert time.process_time() - t0 < 5.0
+
+
+@pytest.mark.parametrize("kind", [mc.TRAIN, mc.SFT])
+def test_every_metric_a_run_can_write_is_drawn(tmp_path: Path, kind: mc.RunKind) -> None:
+    """A row holding every metric declared for the run kind (a member of each family) leaves nothing undrawn:
+    each name is a legend entry, or (consistency, tokens by age...) its field titles a chart and its member a
+    legend."""
+    run = RunDir.open(tmp_path / "all", config={})
+    values: dict[str, float] = {}
+    for i, m in enumerate(mc.written_by(kind)):
+        members = [m.key(c) for c in (m.choices or ("0", "1"))] if m.is_family else [str(m)]
+        values.update({name: 0.5 + i / 100 for name in members})
+    for step in range(2):
+        run.metrics.append(StepMetrics(step=step, started_at=float(step), finished_at=step + 0.5,
+                                       values=mc.declared_values(kind, values)))
+    run.close()
+    html = _report(tmp_path / "all", tmp_path / "all.html")
+    assert f"<p>{kind.value} run," in html
+    legends = set(re.findall(r"<title>([^<]+)</title>[^<]+</text>", html))
+    titles = set(re.findall(r'aria-label="([^"]+)"', html))
+    for m in mc.written_by(kind):
+        if m in mc.CONSISTENCY.values() or m in mc.CONSISTENCY_BY_SPLIT.values():
+            field = str(m).rsplit("/", 1)[1]
+            shown_as = {"k3_kl": "k3 KL", "pearson": "Pearson", "tokens": "tokens compared"}.get(field, field)
+            assert any(t.startswith(shown_as) or f" {shown_as} " in t for t in titles), m
+            assert {"overall", *mc.CONSISTENCY_SPLITS} <= legends
+        elif m is mc.TOKENS_AGE:
+            assert {"age 0", "age 1"} <= legends
+        elif m in (mc.REWARD_MEAN, mc.SOLVE_RATE):
+            assert {"reward mean", "solve rate"} <= legends
+        elif m in (mc.TIME_ROLLOUT_S, mc.TIME_TRAIN_S, mc.TIME_SYNC_S):
+            assert {"rollouts", "train", "sync"} & legends
+        else:
+            assert str(m) in legends, m
+    assert "undeclared names" not in html

@@ -250,7 +250,7 @@ def _consistency(s: Snapshot) -> str:
     diffs = "".join(
         line_chart(f"{field} (nats) per step by turn kind", by_kind(field), log=True, small=True)
         for field in ("mean_abs_diff", "p99_abs_diff", "max_abs_diff")
-    )
+    ) + line_chart("tokens compared per step by turn kind", by_kind("tokens"), small=True)
     charts = chart + pearson + f'<div class="charts">{diffs}</div>'
     rows = [
         [
@@ -358,8 +358,11 @@ def _kind(state: RunState) -> str:
     """The run's kind as the report names it: an SFT run writes steps like a training run, and is told apart
     by the figures only SFT declares."""
     sft_only = [m for m in mc.written_by(mc.SFT) if mc.TRAIN not in m.written_by]
-    if any(curves.series(curves.rows(state), m) for m in sft_only):
+    data = curves.rows(state)
+    if any(curves.series(data, m) for m in sft_only):
         return mc.RunKind.SFT.value
+    if state.kind == "empty" and data:  # metrics rows and no step events (a cut or lost events.jsonl)
+        return mc.RunKind.TRAIN.value
     return state.kind
 
 

@@ -139,8 +139,10 @@ def reward_spread(state: RunState) -> str:
     """Per step: the spread of rewards inside each group (a group of equal rewards carries no GRPO signal)."""
     groups = _groups(state)
     steps = sorted(groups)
+    counts_chart = _chart(rows(state), GROUP_COUNTS)
     if not steps:
-        return '<p class="empty">no rewarded rollouts in training steps</p>'
+        return (_grid([counts_chart]) + '<p class="empty">no rewarded rollouts in training steps: no spread '
+                "inside groups to draw</p>")
     mean_std, max_std = [], []
     kinds: dict[str, list[float]] = {"rewards spread (signal)": [], "equal: all solved": [],
                                      "equal: none solved": [], "equal: other": []}
@@ -166,7 +168,7 @@ def reward_spread(state: RunState) -> str:
     charts = [
         line_chart("reward std inside a group (from rollout_finished)",
                    {"mean over groups": mean_std, "largest group": max_std}, small=True),
-        _chart(rows(state), GROUP_COUNTS),
+        counts_chart,
     ]
     last = steps[-1]
     table = "".join(
