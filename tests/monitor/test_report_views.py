@@ -305,3 +305,6 @@ def test_every_metric_a_run_can_write_is_drawn(tmp_path: Path, kind: mc.RunKind)
         else:
             assert str(m) in legends, m
     assert "undeclared names" not in html
+    if CHROMIUM is not None and kind is mc.TRAIN:  # every chart there is: no label over another or cut off
+        m = _measure(tmp_path / "all.html")
+        assert m["overlaps"] == [] and m["outside"] == [] and all(abs(s - 1.0) < 0.01 for s in m["scale"])

@@ -45,7 +45,7 @@ GROUP_COUNTS = Chart("group counts the trainer recorded", (
     mc.ZERO_ADVANTAGE_GROUPS, mc.ALL_SOLVED_GROUPS, mc.ALL_FAILED_GROUPS, mc.ZERO_VARIANCE_GROUPS,
     mc.REPLACED_GROUPS, mc.STALE_GROUPS))
 POLICY_LAG = Chart("policy lag (steps)", (mc.POLICY_LAG_MEAN, mc.POLICY_LAG_MAX))
-CROSSED = Chart("rollouts / turns across weight versions, tokens dropped as stale", (
+CROSSED = Chart("crossed weight versions, stale tokens dropped", (
     mc.ROLLOUTS_CROSSED_VERSION, mc.TURNS_CROSSED_VERSION, mc.TOKENS_DROPPED_STALE))
 SHOWN_ELSEWHERE: frozenset[mc.Metric] = frozenset({
     mc.REWARD_MEAN, mc.SOLVE_RATE,  # overview curves

@@ -98,6 +98,12 @@ def _labels(values: Sequence[float], log: bool) -> list[str]:
     return labels
 
 
+def _cut(text: str, width: float) -> str:
+    """``text`` cut to what fits in ``width`` px (the whole of it is the chart's tooltip and label)."""
+    n = int(width // CHAR_W)
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def _legend_width(names: Sequence[str]) -> float:
     longest = max((min(len(n), LEGEND_CHARS) for n in names), default=0)
     return 26 + longest * CHAR_W + 8
@@ -115,7 +121,7 @@ def _open(title: str, f: _Frame, x_label: str, integer_x: bool) -> list[str]:
             f'height="{f.h:.0f}" role="img" aria-label="{escape(title)}" font-size="{FONT}">'
             f"<title>{escape(title)}</title>"
         ),
-        f'<text x="{f.left:.0f}" y="{T - 8}" font-weight="bold">{escape(title)}</text>',
+        f'<text x="{f.left:.0f}" y="{T - 8}" font-weight="bold">{escape(_cut(title, f.w - f.left))}</text>',
         f'<rect x="{f.left:.0f}" y="{T}" width="{f.w - f.left - f.r:.0f}" height="{f.h - T - B:.0f}" '
         'fill="#fff" stroke="#ccc"/>',
     ]
