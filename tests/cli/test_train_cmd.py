@@ -241,6 +241,57 @@ def test_roll_back_then_resume_sets_the_abandoned_steps_aside(toy: Path) -> None
     assert any("steps 1, 2 recorded before were abandoned" in n.text for n in state.notes())
 
 
+@pytest.mark.slow
+def test_kill_9_before_any_checkpoint_then_resume_sets_the_orphaned_steps_aside(toy: Path) -> None:
+    """kill -9 with the default train.checkpoint_every = 0 leaves steps in metrics.jsonl and no checkpoint. The
+    resume starts again from the initial weights: the rows of the killed run move whole to
+    metrics.abandoned-1.jsonl and a steps_abandoned event (resumed_from None) marks them, so no step is in
+    metrics.jsonl twice; the dead holder of the lock is named at the step the resume continues with."""
+    lego = str(Path(sys.executable).with_name("lego"))
+    proc = subprocess.Popen([lego, "train", "-c", "lego.toml", "--steps", "50", "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=toy)
+    root = toy / "runs" / "toy"
+    metrics = root / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert not (root / "checkpoints" / "latest").exists()
+    before = metrics.read_bytes()
+    killed = [r.step for r in follow_metrics(metrics).read()]
+    assert killed[:2] == [0, 1], killed
+    begun = {e.step for e in read_events(root / "events.jsonl") if e.kind == "step_started"}  # one was in flight
+
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--steps", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = list(follow_metrics(metrics).read())
+    assert [r.step for r in rows] == [0, 1]  # each step once: the killed run's rows are not mixed in
+    assert (root / "metrics.abandoned-1.jsonl").read_bytes() == before
+    events = read_events(root / "events.jsonl")
+    marks = [(e.step, e.resumed_from, e.steps, e.metrics_set_aside) for e in events if isinstance(e, StepsAbandoned)]
+    assert marks == [(0, None, sorted(begun), "metrics.abandoned-1.jsonl")] and set(killed) <= begun
+    stale = [(e.previous_pid, e.step) for e in events if e.kind == "stale_lock_taken"]
+    assert stale == [(proc.pid, 0)]
+    state = RunState(root)
+    state.refresh()
+    assert sorted(state.steps) == [0, 1] and state.steps[1].metrics == rows[1]
+    assert any("resumed without a checkpoint (from the initial weights)" in n.text for n in state.notes())
+
+
+def test_resume_with_checkpoints_but_no_latest_pointer_is_refused_naming_them(toy: Path) -> None:
+    """A process that died between writing a checkpoint and publishing ``latest``: a resume would start from
+    the initial weights and later fail saving over that checkpoint, so it is refused up front."""
+    root = toy / "runs" / "toy"
+    (root / "checkpoints" / "step-000000").mkdir(parents=True)
+    (root / "events.jsonl").write_text('{"kind":"run_started","ts":1.0,"root":"runs/toy"}\n')
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume"])
+    assert res.exit_code == 2, res.output
+    assert "holds step-000000 but no `latest` pointer" in said(res) and "Traceback" not in res.output
+    assert (root / "events.jsonl").read_text().count("\n") == 1  # nothing was started
+
+
 def test_resume_behind_newer_checkpoints_is_refused_before_anything_starts(toy: Path) -> None:
     """A roll back done by pointing ``latest`` at an older checkpoint: the resume would retrain the newer steps and
     fail mid-run saving over their (never overwritten) checkpoints, so it is refused up front, naming them."""
