@@ -136,6 +136,43 @@ def test_trains_the_toy_environment_and_writes_the_run_directory(toy: Path) -> N
 
 
 @pytest.mark.slow
+def test_two_runs_on_one_host_each_get_a_free_engine_port_and_record_it(toy: Path) -> None:
+    """Two ``lego train`` at once in two run directories, serving.port left at its default: each engine listens
+    on a port of its own (they collided on a fixed 18100 with a traceback), and each run's serving_ready event
+    names the URL it got."""
+    lego = str(Path(sys.executable).with_name("lego"))
+    first = subprocess.Popen([lego, "train", "-c", "lego.toml", "--steps", "3", "--run-root", "runs/a"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=toy)
+    events = toy / "runs" / "a" / "events.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (events.exists() and "serving_ready" in events.read_text()):
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.1)
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--steps", "1", "--run-root", "runs/b", "--json"])
+    _, stderr = first.communicate(timeout=300)
+    assert res.exit_code == 0 and first.returncode == 0, (res.output, stderr)
+    urls = [[e.serving for e in read_events(toy / "runs" / name / "events.jsonl") if e.kind == "serving_ready"]
+            for name in ("a", "b")]
+    assert [len(u) for u in urls] == [1, 1] and urls[0] != urls[1], urls
+    assert all(u[0][0].startswith("http://127.0.0.1:") and not u[0][0].endswith(":0") for u in urls), urls
+
+
+def test_a_taken_engine_port_is_one_line_and_exit_2(toy: Path) -> None:
+    """An explicit serving.port another process listens on: one line naming the address and the key, no
+    traceback, exit 2, before the model loads."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res = runner.invoke(app, ["train", "-c", "lego.toml", "--set", f"serving.port={port}"])
+    assert res.exit_code == 2, res.output
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in said(res), res.output
+    assert "serving.port" in said(res) and "Traceback" not in res.output
+
+
+@pytest.mark.slow
 def test_progress_to_a_file_is_whole_lines_one_per_phase(toy: Path) -> None:
     """stderr that is no terminal (a log file, as under nohup or make run): one newline-ended line per step and
     phase, no cursor-control codes, the last one the run's end without an ETA; the summary on its own line."""

@@ -52,8 +52,10 @@ class ServingConfig(Section):
     """Base URLs of the vLLM replicas (backend=vllm). Sessions stick to one replica."""
     host: str = "127.0.0.1"
     """Listening address of the embedded engine."""
-    port: int = Field(default=18100, ge=0, le=65535)
-    """Listening port of the embedded engine (0 = pick a free port)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """Listening port of the embedded engine. 0 (the default): a free port the kernel picks, so runs on one
+    host never collide; the run's `serving_ready` event records the URL it got. A fixed port another process
+    holds stops the launch with one line naming this key."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device of the embedded engine."""
     max_batch_size: int = Field(default=8, ge=1)
