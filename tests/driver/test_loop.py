@@ -471,3 +471,27 @@ async def test_zero_variance_groups_per_task_are_counted_and_retire_the_task(tmp
     loop = resumed
     assert resumed.resume() == 5 and resumed.signal.retired == ["p0"] and resumed.stream.retired == {"p0"}
     assert await resumed.run() == "completed" and drawn_retired == []
+
+
+async def test_zero_advantage_control_trains_the_same_steps_on_zero_advantages(tmp_path: Path, tiny: Path) -> None:
+    """``control = "zero_advantage"``: a batch with signal still takes its optimizer step (the same decision as
+    training: trained = 1, a new weight version, a sync), but the loss sees every advantage as 0, so with no
+    KL and no weight decay (make_loop) the parameters do not move (AdamW's update of a zero gradient is 0);
+    the same batch in a training run moves them. The rows and the events say the run is a control."""
+    control = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), name="control", control="zero_advantage")
+    before = params(control)
+    row = await control.run_step(0)
+    assert row.values["trained"] == 1.0 and control.backend.weight_version == 1
+    assert row.values["control_zero_advantage"] == 1.0 and row.values["grad_norm"] == 0.0
+    assert row.values["zero_advantage_groups"] == 0.0  # the real advantages had signal: it is the control's
+    assert same(before, params(control))
+    control.run_dir.close()
+    kinds = [(e.kind, getattr(e, "step", None)) for e in read_events(control.run_dir.layout.events)]
+    assert kinds[:2] == [("run_started", None), ("control_arm", 0)], kinds
+
+    grpo = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), name="grpo")
+    row = await grpo.run_step(0)
+    assert "control_zero_advantage" not in row.values and row.values["grad_norm"] > 0.0
+    assert not same(before, params(grpo))
+    grpo.run_dir.close()
+    assert "control_arm" not in {e.kind for e in read_events(grpo.run_dir.layout.events)}

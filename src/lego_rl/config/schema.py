@@ -284,6 +284,11 @@ class TrainConfig(Section):
     exactly instead of a short failure's prefix outweighing a long success's. grpo only."""
     infra_failure_policy: InfraFailurePolicy = "exclude"
     """What infrastructure-failed rollouts do: excluded from statistics and loss, or kept with reward 0."""
+    control: Literal["none", "zero_advantage"] = "none"
+    """`zero_advantage`: the control arm of an experiment. The loss sees every advantage as 0; everything else
+    is the training run's (rollouts, rewards, which steps take an optimizer step, the KL term, weight decay,
+    the weight sync), so a rise the control lacks is the policy gradient's doing. Each metrics row then has
+    `control_zero_advantage` = 1 and a `control_arm` event marks each launch."""
     resume: bool = False
     """Continue the run already in paths.run_root instead of refusing to touch it."""
     resume_override: list[str] = Field(default_factory=list)

@@ -192,6 +192,16 @@ class RolloutFinished(_RolloutEvent):
     """For ``internal_error``: where the bug is."""
 
 
+class ControlArm(_Event):
+    """This launch is the control arm of an experiment (``train.control``): from ``step`` on, the loss sees
+    every advantage as 0 while everything else runs as in training."""
+
+    kind: Literal["control_arm"] = "control_arm"
+    step: int
+    """The first step this launch trains."""
+    control: Literal["zero_advantage"]
+
+
 class StepStarted(_Event):
     """A training step began drawing rollouts; ``weight_version`` is what the engines serve for it."""
 
@@ -333,6 +343,7 @@ RunEvent = Annotated[
     | SessionCloseFailed
     | ArtifactNotSaved
     | RolloutFinished
+    | ControlArm
     | StepStarted
     | RolloutRefilled
     | GroupReplaced
