@@ -22,7 +22,10 @@ from lego_rl.cli.main import app
 from lego_rl.monitor.state import RunState
 from lego_rl.compose import train_session
 from lego_rl.runstore import read_events
-from lego_rl.runstore.events import StepsAbandoned
+from lego_rl.driver.toy_env import score
+from lego_rl.runstore import RunLayout
+from lego_rl.runstore.env_rollouts import env_rollouts
+from lego_rl.runstore.events import RolloutFinished, StepsAbandoned
 from lego_rl.runstore.log import follow_metrics
 from support.toy_run import scrub_config_env, write_toy_run
 
@@ -129,10 +132,19 @@ def test_trains_the_toy_environment_and_writes_the_run_directory(toy: Path) -> N
     assert [r.step for r in rows] == [0, 1]
     assert all("reward_mean" in r.values and "time_rollout_s" in r.values for r in rows)
     assert (root / "checkpoints" / "latest").read_text().strip() == "step-000001"
-    kinds = [e.kind for e in read_events(root / "events.jsonl")]
+    events = read_events(root / "events.jsonl")
+    kinds = [e.kind for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "training_finished"
     assert kinds.count("rollout_finished") >= 16 and "serving_ready" in kinds
     assert json.loads((root / "config.json").read_text())
+    # Every rollout's answer and the environment's metadata are in the run directory, as the reward was read.
+    finished = {e.rollout_id: e for e in events if isinstance(e, RolloutFinished)}
+    kept = {r.rollout_id: r for r in env_rollouts(RunLayout(root))}
+    assert set(kept) == set(finished)
+    for rid, rec in kept.items():
+        [c] = rec.completions
+        assert rec.reward == finished[rid].reward == score("a", c.text) and rec.metadata == {"answer": c.text}
+        assert 1 <= c.output_tokens <= 4 and c.finish_reason in ("stop", "length")
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ Layout under ``RUN_ROOT``::
                              names the newest complete one (written only after the backend returned)
     sandboxes/<rollout_id>/  per-rollout artifacts, saved *before* sandbox cleanup (``SUNABAKO_ARTIFACTS``):
                              CLI logs, sandbox commands, patch, grader output, turn records, outcome.json
-                             and the rollout's training samples (samples.jsonl); ``RolloutFiles`` names them
+                             and the rollout's training samples (samples.jsonl); an environment rollout's
+                             completions and metadata (env-rollout.json); ``RolloutFiles`` names them
 
 Samples live with their rollout, not in a folder of their own: a rollout's samples, turn records and
 outcome are read together, and a run that rolls out without training has no steps to file them under.
@@ -85,6 +86,8 @@ class RolloutFiles:
     """The rollout's summary: termination, reward, timings."""
     SAMPLES = "samples.jsonl"
     """The rollout's training samples, one ``Sample`` per line."""
+    ENV_ROLLOUT = "env-rollout.json"
+    """An environment rollout's completions (text, bounded) and metadata (``runstore.env_rollouts``)."""
     CLI_EVENTS = "cli-events.jsonl"
     """The CLI's own event log as the harness captured it."""
     TURNS_GLOB = "*.turns.jsonl"
