@@ -276,6 +276,39 @@ async def test_stop_abandons_the_step_in_flight_and_checkpoints_the_last_complet
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
 
+async def test_a_second_signal_during_the_cleanup_still_leaves_the_checkpoint(tmp_path: Path, tiny: Path) -> None:
+    """Ctrl-C, then Ctrl-C again while the cancelled rollouts are still cleaning up (a sandbox takes its time to
+    go): the second one cancels ``run()`` at once, and the checkpoint of the last completed step is already
+    there, so the resume continues from it instead of from the initial weights."""
+    reached = asyncio.Event()
+    cleaning = asyncio.Event()
+
+    class SlowCleanup(ScriptedRollouts):
+        async def __call__(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+            if slot.group_index >= 2:  # step 0's batch finishes; later rollouts hang, then clean up slowly
+                reached.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cleaning.set()
+                    await asyncio.sleep(3600)  # the cleanup the second signal interrupts
+                    raise
+            return await super().__call__(prompt, slot)
+
+    loop = make_loop(tmp_path, tiny, SlowCleanup(alternate), num_rollout=5)
+    task = asyncio.create_task(loop.run())
+    await asyncio.wait_for(reached.wait(), 60)
+    loop.request_stop()  # the first signal
+    await asyncio.wait_for(cleaning.wait(), 60)
+    task.cancel()  # the second signal (train_cmd._drive cancels the session's task)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 60)
+    assert (loop.run_dir.layout.checkpoints / "latest").read_text().strip() == "step-000000"
+    loop.run_dir.close()
+    again = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), resume=True, resume_index=1)
+    assert again.resume() == 0 and again.next_step == 1
+
+
 async def test_evaluation_reports_pass_at_1_over_k_samples(tmp_path: Path, tiny: Path) -> None:
     def graded(prompt: Prompt, slot: RolloutSlot) -> Outcome:
         if slot.rollout_id.startswith("eval"):

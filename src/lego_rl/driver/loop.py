@@ -23,9 +23,10 @@ before the step trains them (0: the synchronous loop, through the same code). On
    steps; held-out pass@1 every ``train.eval_every`` steps.
 
 Stopping: ``request_stop()`` (the CLI calls it on Ctrl-C / SIGTERM) abandons the batch being waited for,
-cancels every rollout in flight (each cleans up its sandbox and session) and saves a checkpoint of the last
-*completed* step with the data cursor and the prompts drawn but not trained as they were then, so a resume
-draws those prompts again first and trains no rollout twice.
+saves a checkpoint of the last *completed* step with the data cursor and the prompts drawn but not trained as
+they were then (so a resume draws those prompts again first and trains no rollout twice), then cancels every
+rollout in flight (each cleans up its sandbox and session). The checkpoint comes first so that a second
+signal, which cancels the cleanup, still leaves it.
 """
 
 from __future__ import annotations
@@ -697,6 +698,11 @@ class TrainLoop:
         await asyncio.gather(task, return_exceptions=True)
         return True, None
 
+    def _checkpoint_last(self, last_done: int) -> None:
+        """A checkpoint of the last completed step unless it has one (none before the first step completes)."""
+        if last_done >= 0 and self._last_checkpoint_step != last_done:
+            self.save_checkpoint(last_done)
+
     async def run(self) -> Literal["completed", "stopped"]:
         """Steps ``next_step`` .. ``num_rollout - 1``; a final checkpoint; ``completed`` or ``stopped``."""
         last_done = self.next_step - 1
@@ -727,6 +733,11 @@ class TrainLoop:
                         break
                 if self.s.checkpoint_every and (step + 1) % self.s.checkpoint_every == 0:
                     self.save_checkpoint(step)
+            if self.stop_requested:
+                # Before the rollouts in flight are cancelled and cleaned up (their sandboxes destroyed, which
+                # takes a while): a second Ctrl-C during that cleanup still leaves this checkpoint to resume
+                # from. Its data state was fixed when the step completed (``_commit``), not by the cleanup.
+                self._checkpoint_last(last_done)
         except BaseException as exc:
             self.progress.phase = "failed"
             self.run_dir.events.emit(TrainingFinished(status="failed", steps_done=last_done + 1,
@@ -736,8 +747,7 @@ class TrainLoop:
             if sched is not None:
                 # Both sides stop: every rollout in flight is cancelled and has cleaned up before we return.
                 await sched.close()
-        if last_done >= 0 and self._last_checkpoint_step != last_done:
-            self.save_checkpoint(last_done)
+        self._checkpoint_last(last_done)
         status: Literal["completed", "stopped"] = "stopped" if self.stop_requested else "completed"
         self.progress.phase = status
         self.run_dir.events.emit(TrainingFinished(status=status, steps_done=last_done + 1))
