@@ -17,8 +17,8 @@ Protocol, on one task row (``--task``, default lego-example-median), everything 
    the task each: ``grpo`` (the product's loss from train.*) and ``control``, the same run with
    ``train.control = "zero_advantage"`` (the product's switch: the loss sees every advantage as 0).
    Everything else (rollouts, sampling, optimizer, weight sync) is identical, so a rise in the grpo arm that
-   the control lacks is the policy gradient's doing. The solve rate per step is that step's reward mean over its ``--group`` rollouts (the
-   on-policy rate; reward is 1 exactly when the hidden tests pass).
+   the control lacks is the policy gradient's doing. The solve rate per step is that step's reward mean over
+   its ``--group`` rollouts (the on-policy rate; reward is 1 exactly when the hidden tests pass).
 
 Output: the SFT rounds (steps, loss, solve rate), per seed and arm the solve rate per step, and per arm the
 gain (mean of the last 3 steps minus the SFT'd rate) with mean and spread over seeds, grpo minus control in
