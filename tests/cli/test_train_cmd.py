@@ -302,7 +302,7 @@ def test_kill_9_before_any_checkpoint_then_resume_sets_the_orphaned_steps_aside(
     root = toy / "runs" / "toy"
     metrics = root / "metrics.jsonl"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
@@ -310,7 +310,7 @@ def test_kill_9_before_any_checkpoint_then_resume_sets_the_orphaned_steps_aside(
     assert not (root / "checkpoints" / "latest").exists()
     before = metrics.read_bytes()
     killed = [r.step for r in follow_metrics(metrics).read()]
-    assert killed[:2] == [0, 1], killed
+    assert killed[:1] == [0], killed
     begun = {e.step for e in read_events(root / "events.jsonl") if e.kind == "step_started"}  # one was in flight
 
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--steps", "2", "--json"])
