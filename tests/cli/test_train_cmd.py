@@ -79,6 +79,19 @@ def test_environment_training_needs_no_harness_plugin(toy: Path) -> None:
     assert "harness 'nosuch' (the default harness) is not installed" in found[0]["message"]
 
 
+def test_validate_does_not_refuse_an_environment_run_for_a_sandbox_it_never_opens(toy: Path) -> None:
+    """The issue's case: an environment-only config naming sunabako (without its memory mode) failed `lego
+    validate` on sunabako_memory although an environment run opens no sandbox; coding-agent training on the
+    same settings is still refused."""
+    sunabako = "sandbox.provider=\"sunabako\""
+    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", sunabako])
+    assert res.exit_code == 0 and json.loads(res.stdout)["findings"] == [], res.output
+    tasks = REPO / "examples" / "tasks"
+    agent = ["--set", "train.environment=\"\"", "--set", f"rollout.prompt_data=\"{tasks / 'tasks.jsonl'}\""]
+    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", sunabako, *agent])
+    assert res.exit_code == 1 and "sunabako_memory" in {f["code"] for f in json.loads(res.stdout)["findings"]}
+
+
 def test_missing_data_is_refused(toy: Path) -> None:
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--data", "nowhere.jsonl"])
     assert res.exit_code == 2 and "nowhere.jsonl, which does not exist" in said(res)
@@ -149,9 +162,9 @@ def test_trains_the_toy_environment_and_writes_the_run_directory(toy: Path) -> N
 
 @pytest.mark.slow
 def test_two_runs_on_one_host_each_get_a_free_engine_port_and_record_it(toy: Path) -> None:
-    """Two ``lego train`` at once in two run directories, serving.port left at its default: each engine listens
-    on a port of its own (they collided on a fixed 18100 with a traceback), and each run's serving_ready event
-    names the URL it got."""
+    """Two ``lego train`` at once in two run directories, serving.port left at its default: each engine
+    listens on a port of its own (they collided on a fixed 18100 with a traceback), and each run's
+    serving_ready event names the URL it got."""
     lego = str(Path(sys.executable).with_name("lego"))
     first = subprocess.Popen([lego, "train", "-c", "lego.toml", "--steps", "3", "--run-root", "runs/a"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=toy)
@@ -163,8 +176,8 @@ def test_two_runs_on_one_host_each_get_a_free_engine_port_and_record_it(toy: Pat
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--steps", "1", "--run-root", "runs/b", "--json"])
     _, stderr = first.communicate(timeout=300)
     assert res.exit_code == 0 and first.returncode == 0, (res.output, stderr)
-    urls = [[e.serving for e in read_events(toy / "runs" / name / "events.jsonl") if e.kind == "serving_ready"]
-            for name in ("a", "b")]
+    urls = [[e.serving for e in read_events(toy / "runs" / name / "events.jsonl")
+             if e.kind == "serving_ready"] for name in ("a", "b")]
     assert [len(u) for u in urls] == [1, 1] and urls[0] != urls[1], urls
     assert all(u[0][0].startswith("http://127.0.0.1:") and not u[0][0].endswith(":0") for u in urls), urls
 
@@ -292,8 +305,8 @@ def test_roll_back_then_resume_sets_the_abandoned_steps_aside(toy: Path) -> None
 
 @pytest.mark.slow
 def test_kill_9_before_any_checkpoint_then_resume_sets_the_orphaned_steps_aside(toy: Path) -> None:
-    """kill -9 with the default train.checkpoint_every = 0 leaves steps in metrics.jsonl and no checkpoint. The
-    resume starts again from the initial weights: the rows of the killed run move whole to
+    """kill -9 with the default train.checkpoint_every = 0 leaves steps in metrics.jsonl and no checkpoint.
+    The resume starts again from the initial weights: the rows of the killed run move whole to
     metrics.abandoned-1.jsonl and a steps_abandoned event (resumed_from None) marks them, so no step is in
     metrics.jsonl twice; the dead holder of the lock is named at the step the resume continues with."""
     lego = str(Path(sys.executable).with_name("lego"))
@@ -311,7 +324,8 @@ def test_kill_9_before_any_checkpoint_then_resume_sets_the_orphaned_steps_aside(
     before = metrics.read_bytes()
     killed = [r.step for r in follow_metrics(metrics).read()]
     assert killed[:1] == [0], killed
-    begun = {e.step for e in read_events(root / "events.jsonl") if e.kind == "step_started"}  # one was in flight
+    # The next step was in flight: begun, never finished.
+    begun = {e.step for e in read_events(root / "events.jsonl") if e.kind == "step_started"}
 
     res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--steps", "2", "--json"])
     assert res.exit_code == 0, res.output
@@ -319,7 +333,8 @@ def test_kill_9_before_any_checkpoint_then_resume_sets_the_orphaned_steps_aside(
     assert [r.step for r in rows] == [0, 1]  # each step once: the killed run's rows are not mixed in
     assert (root / "metrics.abandoned-1.jsonl").read_bytes() == before
     events = read_events(root / "events.jsonl")
-    marks = [(e.step, e.resumed_from, e.steps, e.metrics_set_aside) for e in events if isinstance(e, StepsAbandoned)]
+    marks = [(e.step, e.resumed_from, e.steps, e.metrics_set_aside)
+             for e in events if isinstance(e, StepsAbandoned)]
     assert marks == [(0, None, sorted(begun), "metrics.abandoned-1.jsonl")] and set(killed) <= begun
     stale = [(e.previous_pid, e.step) for e in events if e.kind == "stale_lock_taken"]
     assert stale == [(proc.pid, 0)]

@@ -180,12 +180,14 @@ SANDBOX_TRIPS = [
 
 @pytest.mark.parametrize(("overrides", "code"), SANDBOX_TRIPS)
 @pytest.mark.parametrize("run", ["environment", "sft"])
-def test_sandbox_checks_apply_only_to_runs_that_open_sandboxes(base_toml: Path, overrides: list[str], code: str,
-                                                                run: str) -> None:
-    """An environment run or SFT opens no sandbox: a sandbox setting that fails coding-agent training (sunabako
-    without its memory mode, a guard shorter than the agent's budget...) is no reason to refuse it."""
+def test_sandbox_checks_apply_only_to_runs_that_open_sandboxes(base_toml: Path, overrides: list[str],
+                                                                code: str, run: str) -> None:
+    """An environment run or SFT opens no sandbox: a sandbox setting that fails coding-agent training
+    (sunabako without its memory mode, a guard shorter than the agent's budget...) is no reason to refuse
+    it."""
     assert code in codes(base_toml, *overrides)  # the coding-agent run on the same settings is refused
-    skip = ["train.environment=\"first_letter\""] if run == "environment" else ["train.sft_data=\"tasks.jsonl\""]
+    skip = (["train.environment=\"first_letter\""] if run == "environment"
+            else ["train.sft_data=\"tasks.jsonl\""])
     assert code not in codes(base_toml, *overrides, *skip), run
 
 

@@ -276,9 +276,10 @@ async def test_stop_abandons_the_step_in_flight_and_checkpoints_the_last_complet
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
 
-async def test_a_second_signal_during_the_cleanup_still_leaves_the_checkpoint(tmp_path: Path, tiny: Path) -> None:
-    """Ctrl-C, then Ctrl-C again while the cancelled rollouts are still cleaning up (a sandbox takes its time to
-    go): the second one cancels ``run()`` at once, and the checkpoint of the last completed step is already
+async def test_a_second_signal_during_the_cleanup_still_leaves_the_checkpoint(tmp_path: Path,
+                                                                              tiny: Path) -> None:
+    """Ctrl-C, then Ctrl-C again while the cancelled rollouts are still cleaning up (a sandbox takes its time
+    to go): the second one cancels ``run()`` at once, and the checkpoint of the last completed step is already
     there, so the resume continues from it instead of from the initial weights."""
     reached = asyncio.Event()
     cleaning = asyncio.Event()
@@ -506,11 +507,13 @@ async def test_zero_variance_groups_per_task_are_counted_and_retire_the_task(tmp
     assert await resumed.run() == "completed" and drawn_retired == []
 
 
-async def test_zero_advantage_control_trains_the_same_steps_on_zero_advantages(tmp_path: Path, tiny: Path) -> None:
-    """``control = "zero_advantage"``: a batch with signal still takes its optimizer step (the same decision as
-    training: trained = 1, a new weight version, a sync), but the loss sees every advantage as 0, so with no
-    KL and no weight decay (make_loop) the parameters do not move (AdamW's update of a zero gradient is 0);
-    the same batch in a training run moves them. The rows and the events say the run is a control."""
+async def test_zero_advantage_control_trains_the_same_steps_on_zero_advantages(tmp_path: Path,
+                                                                              tiny: Path) -> None:
+    """``control = "zero_advantage"``: a batch with signal still takes its optimizer step (the same decision
+    as training: trained = 1, a new weight version, a sync), but the loss sees every advantage as 0, so
+    with no KL and no weight decay (make_loop) the parameters do not move (AdamW's update of a zero
+    gradient is 0); the same batch in a training run moves them. The rows and the events say the run is a
+    control."""
     control = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), name="control", control="zero_advantage")
     before = params(control)
     row = await control.run_step(0)

@@ -151,8 +151,9 @@ class Verbose(FirstLetterEnv):
 
     async def rollout(self, row, sampler):  # type: ignore[no-untyped-def]
         def answer(text: str, finish: str) -> Completion:
-            return Completion(prompt_ids=[1, 2], output_ids=[3] * 7, logprobs=[-0.5] * 7, weight_versions=[0] * 7,
-                              finish_reason=finish, text=text)  # type: ignore[arg-type]
+            return Completion(prompt_ids=[1, 2], output_ids=[3] * 7, logprobs=[-0.5] * 7,
+                              weight_versions=[0] * 7, finish_reason=finish,  # type: ignore[arg-type]
+                              text=text)
 
         long = "apple " * 1000  # 6,000 characters: its two ends are kept
         turns = [answer(long, "length")] + [answer(f"turn {k}", "stop") for k in range(1, 20)]

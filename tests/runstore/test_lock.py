@@ -64,7 +64,8 @@ def test_second_process_is_refused_naming_the_holder_and_a_killed_holder_release
     second.wait()
     kinds = [(e.kind, getattr(e, "previous_pid", None), getattr(e, "step", None))
              for e in read_events(root / "events.jsonl")]
-    assert kinds == [("run_started", None, None), ("stale_lock_taken", first.pid, 3), ("run_resumed", None, None)]
+    assert kinds == [("run_started", None, None), ("stale_lock_taken", first.pid, 3),
+                     ("run_resumed", None, None)]
 
 
 def test_clean_close_names_nobody_and_releases(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """A folder where `lego train` runs the built-in ``first_letter`` toy environment, for tests and benchmarks.
 
-``write_toy_run`` writes the data rows (toy.jsonl) and a lego.toml: the embedded engine on the CPU (at a free
-port: serving.port's default), bwrap named as the sandbox provider (the toy environment starts no sandbox),
-the rows as rollout data, the environment set, a run root of ``runs/toy``. Each caller overrides only the keys its case is about
-(``rollout={"max_staleness": 0}``, ``train={"backend": "megatron"}``); a value of None drops a default key.
+``write_toy_run`` writes the data rows (toy.jsonl) and a lego.toml: the embedded engine on the CPU (at a
+free port: serving.port's default), bwrap named as the sandbox provider (the toy environment starts no
+sandbox), the rows as rollout data, the environment set, a run root of ``runs/toy``. Each caller overrides
+only the keys its case is about (``rollout={"max_staleness": 0}``, ``train={"backend": "megatron"}``); a
+value of None drops a default key.
 
 ``scrub_config_env`` removes the environment variables the config layers read (``lego config env``): a
 variable left by the shell or another test would outrank the file and change what the test runs.

@@ -104,8 +104,8 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
             try:
                 await stack.enter_async_context(engine)
             except ListenFailed as exc:
-                raise ConfigError(f"the embedded engine {exc}; another process (another run?) holds that port: "
-                                  "pick another serving.port, or 0 (the default) for a free one",
+                raise ConfigError(f"the embedded engine {exc}; another process (another run?) holds that "
+                                  "port: pick another serving.port, or 0 (the default) for a free one",
                                   parameter="serving.port", value=cfg.serving.port) from None
             urls = [engine.url]  # the port it got: recorded in the run's serving_ready event
             embedded = engine.engine

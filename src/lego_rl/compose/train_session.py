@@ -238,8 +238,9 @@ def weight_sync_for(engines: Engines, staging: Path, *, in_flight: InFlight = "w
 
 
 def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn:
-    """Rollouts of an environment, logged like agent rollouts (``rollout_started`` / ``rollout_finished``), each
-    with its completions' text and the environment's metadata in its artifact folder (``runstore.env_rollouts``).
+    """Rollouts of an environment, logged like agent rollouts (``rollout_started`` / ``rollout_finished``),
+    each with its completions' text and the environment's metadata in its artifact folder
+    (``runstore.env_rollouts``).
 
     An engine that fails or answers badly is an ``engine_error`` (refilled); any other exception from the
     environment is an ``internal_error`` with its traceback in the log.
@@ -273,8 +274,8 @@ def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn
         folder = _keep_env_rollout(run, EnvRolloutRecord.of(
             rollout_id=slot.rollout_id, environment=env.name, instance_id=prompt.id, termination=reason,
             reward=reward, detail=detail, metadata=outcome.metadata if outcome is not None else None,
-            completions=[EnvCompletionRecord.of(c.text, finish_reason=c.finish_reason, output_tokens=len(c.output_ids))
-                         for c in completions]))
+            completions=[EnvCompletionRecord.of(c.text, finish_reason=c.finish_reason,
+                                                output_tokens=len(c.output_ids)) for c in completions]))
         run.events.emit(RolloutFinished(rollout_id=slot.rollout_id, termination=reason, reward=reward,
                                         detail=detail[:500], infrastructure_failure=is_infrastructure_failure(reason),
                                         timings={"rollout": round(elapsed, 4)}, traceback=trace))

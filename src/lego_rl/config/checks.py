@@ -25,7 +25,8 @@ from lego_rl.config.schema import HARNESS, REASONING_PARSERS, SECTIONS, TOOL_CAL
 from lego_rl.config.unwired import UNWIRED
 from lego_rl.errors import ConfigError
 
-__all__ = ["CHECKS", "Finding", "HarnessInventory", "Severity", "error", "opens_sandboxes", "run_checks", "warning"]
+__all__ = ["CHECKS", "Finding", "HarnessInventory", "Severity", "error", "opens_sandboxes", "run_checks",
+           "warning"]
 
 Check = Callable[[ResolvedConfig], Iterator[Finding]]
 CHECKS: list[Check] = []
@@ -50,9 +51,10 @@ class HarnessInventory:
 
 def opens_sandboxes(r: ResolvedConfig) -> bool:
     """Whether ``lego train`` with this config opens sandboxes and runs coding CLIs and graders in them. An
-    environment (``train.environment``) samples and scores text in-process, and SFT (``train.sft_data``) trains
-    on recorded demonstrations: neither opens one, so the checks of sandboxes, CLIs and graders (providers,
-    memory, disk, time budgets, cluster.json, toolchain files) say nothing about such a run and are skipped."""
+    environment (``train.environment``) samples and scores text in-process, and SFT (``train.sft_data``)
+    trains on recorded demonstrations: neither opens one, so the checks of sandboxes, CLIs and graders
+    (providers, memory, disk, time budgets, cluster.json, toolchain files) say nothing about such a run and
+    are skipped."""
     t = r.config.train
     return not (t.environment or t.sft_data)
 

@@ -699,7 +699,7 @@ class TrainLoop:
         return True, None
 
     def _checkpoint_last(self, last_done: int) -> None:
-        """A checkpoint of the last completed step unless it has one (none before the first step completes)."""
+        """A checkpoint of the last completed step unless it has one (none before a step completed)."""
         if last_done >= 0 and self._last_checkpoint_step != last_done:
             self.save_checkpoint(last_done)
 

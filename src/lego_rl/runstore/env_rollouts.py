@@ -1,13 +1,14 @@
 """What an environment rollout leaves in the run directory: its completions' text and the environment's
-metadata, bounded, so that a collapse (empty answers, one repeated word, answers cut at the token limit) can be
-diagnosed from the run directory and shown by the monitor, not only guessed from a falling reward.
+metadata, bounded, so that a collapse (empty answers, one repeated word, answers cut at the token limit) can
+be diagnosed from the run directory and shown by the monitor, not only guessed from a falling reward.
 
 A coding-agent rollout saves its transcript, patch and grader log in its artifact folder
 (``RunLayout.rollout``); an environment rollout has none of those, so it writes one file there,
 ``RolloutFiles.ENV_ROLLOUT``: an ``EnvRolloutRecord``. Its size is bounded whatever the environment returns:
 each completion's text keeps its first and last ``TEXT_KEEP`` characters, at most ``MAX_COMPLETIONS``
-completions are kept, and the metadata's JSON at most ``METADATA_CHARS`` characters. Every cut is said in the
-record (``text_chars``, ``completions_total``, ``metadata_cut``), so a reader never takes a part for the whole.
+completions are kept, and the metadata's JSON at most ``METADATA_CHARS`` characters. Every cut is said in
+the record (``text_chars``, ``completions_total``, ``metadata_cut``), so a reader never takes a part for the
+whole.
 
 Writers: ``compose.train_session.env_rollout_fn``. Readers: ``read_env_rollout`` (one rollout) and
 ``env_rollouts`` (every one of a run), for the monitor and for scripts.
@@ -56,7 +57,8 @@ class EnvCompletionRecord(BaseModel):
 
     @classmethod
     def of(cls, text: str, *, finish_reason: str, output_tokens: int) -> EnvCompletionRecord:
-        return cls(text=_cut(text), text_chars=len(text), finish_reason=finish_reason, output_tokens=output_tokens)
+        return cls(text=_cut(text), text_chars=len(text), finish_reason=finish_reason,
+                   output_tokens=output_tokens)
 
 
 class EnvRolloutRecord(BaseModel):
@@ -83,8 +85,8 @@ class EnvRolloutRecord(BaseModel):
 
     @classmethod
     def of(cls, *, rollout_id: str, environment: str, instance_id: str, termination: TerminationReason,
-           reward: float | None, completions: Sequence[EnvCompletionRecord], metadata: Mapping[str, Any] | None,
-           detail: str = "") -> EnvRolloutRecord:
+           reward: float | None, completions: Sequence[EnvCompletionRecord],
+           metadata: Mapping[str, Any] | None, detail: str = "") -> EnvRolloutRecord:
         """The bounded record of a rollout (``completions`` already bounded one by one)."""
         dumped = json.dumps(dict(metadata or {}), default=str, ensure_ascii=False)
         whole = len(dumped) <= METADATA_CHARS
@@ -96,7 +98,7 @@ class EnvRolloutRecord(BaseModel):
 
 
 def write_env_rollout(folder: Path, record: EnvRolloutRecord) -> Path:
-    """Write ``record`` into the rollout's artifact folder (created by ``RunDir.rollout_dir``); never overwrites."""
+    """Write ``record`` into the rollout's folder (made by ``RunDir.rollout_dir``); never overwrites."""
     path = folder / RolloutFiles.ENV_ROLLOUT
     write_new(path, record.model_dump_json(indent=1), what="environment rollout record")
     return path
@@ -115,7 +117,11 @@ def read_env_rollout(layout: RunLayout, rollout_id: str) -> EnvRolloutRecord | N
     try:
         return EnvRolloutRecord.model_validate_json(text)
     except ValidationError as exc:
-        raise ValueError(f"{path} is not an environment rollout record: {exc.errors()[0]['msg']}") from None
+        raise _not_a_record(path, exc) from None
+
+
+def _not_a_record(path: Path, exc: ValidationError) -> ValueError:
+    return ValueError(f"{path} is not an environment rollout record: {exc.errors()[0]['msg']}")
 
 
 def env_rollouts(layout: RunLayout) -> Iterator[EnvRolloutRecord]:
@@ -126,4 +132,4 @@ def env_rollouts(layout: RunLayout) -> Iterator[EnvRolloutRecord]:
         try:
             yield EnvRolloutRecord.model_validate_json(path.read_text(encoding="utf-8"))
         except ValidationError as exc:
-            raise ValueError(f"{path} is not an environment rollout record: {exc.errors()[0]['msg']}") from None
+            raise _not_a_record(path, exc) from None

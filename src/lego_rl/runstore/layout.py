@@ -230,8 +230,8 @@ class RunDir:
         return run
 
     def _next_step(self) -> int | None:
-        """The step training continues with: the one after the newest checkpoint's, 0 without one; None when the
-        ``latest`` pointer is broken (the resume itself refuses it, naming the pointer)."""
+        """The step training continues with: the one after the newest checkpoint's, 0 without one; None when
+        the ``latest`` pointer is broken (the resume itself refuses it, naming the pointer)."""
         try:
             latest = latest_checkpoint(self.layout.checkpoints)
         except ConfigError:
@@ -249,7 +249,7 @@ class RunDir:
         """A resume from step ``step``'s checkpoint (None: from no checkpoint, the initial weights, after a
         kill -9 or a second Ctrl-C before any checkpoint was saved): the later steps this run recorded or
         began are abandoned. Their metrics rows move aside (``set_aside_abandoned``) and a ``steps_abandoned``
-        event marks their events; the abandoned steps, oldest first (none: nothing happened after ``step``)."""
+        event marks their events. The abandoned steps, oldest first (none: nothing happened after it)."""
         if self._metrics is not None:  # its handle would keep appending to the file moved aside
             self._metrics.close()
             self._metrics = None

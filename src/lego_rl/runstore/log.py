@@ -221,9 +221,9 @@ def read_events(path: Path) -> list[RunEvent]:
 
 
 def started_steps_after(path: Path, step: int) -> set[int]:
-    """The steps after ``step`` that the log says were begun (``step_started``). Reads the raw lines and parses
-    only those naming that kind: a resume calls this once over a log of maybe a million rollout events, and a
-    bad line elsewhere is the monitor's to report, not a reason to refuse the resume."""
+    """The steps after ``step`` that the log says were begun (``step_started``). Reads the raw lines and
+    parses only those naming that kind: a resume calls this once over a log of maybe a million rollout
+    events, and a bad line elsewhere is the monitor's to report, not a reason to refuse the resume."""
     found: set[int] = set()
     try:
         fh = path.open("rb")

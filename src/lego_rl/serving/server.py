@@ -294,9 +294,9 @@ class EmbeddedServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> str:
-        """Load the model and listen; the URL. A fixed ``port`` that cannot be bound is a ``ListenFailed``, found
-        before the model loads (a probe) and again by the bind itself (taken meanwhile). Port 0 lets the kernel
-        pick a free port at the bind, so two engines on one host never race for one."""
+        """Load the model and listen; the URL. A fixed ``port`` that cannot be bound is a ``ListenFailed``,
+        found before the model loads (a probe) and again by the bind itself (taken meanwhile). Port 0 lets the
+        kernel pick a free port at the bind, so two engines on one host never race for one."""
         if self.port:
             _probe_listen(self.host, self.port)
         loop = asyncio.get_running_loop()
