@@ -14,12 +14,11 @@ Protocol, on one task row (``--task``, default lego-example-median), everything 
    model.checkpoint pointed at it). Stops when the rate is inside [--band-low, --band-high], above it, or after
    ``--sft-rounds`` rounds; the rate and where it landed are printed either way.
 3. Per seed, two ``TrainSession`` runs from that checkpoint, ``--steps`` GRPO steps of ``--group`` rollouts of
-   the task each: ``grpo`` (the product's loss from train.*) and ``control``, the same loss with every
-   advantage forced to zero. The control is a benchmark-only loss passed through the public
-   ``TrainSession(backends=...)`` factory hook, not a product switch: everything else (rollouts, sampling,
-   optimizer, weight sync) is identical, so a rise in the grpo arm that the control lacks is the policy
-   gradient's doing. The solve rate per step is that step's reward mean over its ``--group`` rollouts (the
-   on-policy rate; reward is 1 exactly when the hidden tests pass).
+   the task each: ``grpo`` (the product's loss from train.*) and ``control``, the same run with
+   ``train.control = "zero_advantage"`` (the product's switch: the loss sees every advantage as 0).
+   Everything else (rollouts, sampling, optimizer, weight sync) is identical, so a rise in the grpo arm that
+   the control lacks is the policy gradient's doing. The solve rate per step is that step's reward mean over
+   its ``--group`` rollouts (the on-policy rate; reward is 1 exactly when the hidden tests pass).
 
 Output: the SFT rounds (steps, loss, solve rate), per seed and arm the solve rate per step, and per arm the
 gain (mean of the last 3 steps minus the SFT'd rate) with mean and spread over seeds, grpo minus control in
@@ -46,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,29 +54,10 @@ REPO = Path(__file__).resolve().parents[1]
 NETNS_MARK = "LEGO_LEARNING_BENCH_NETNS"
 
 from lego_rl.cli.options import load  # noqa: E402
-from lego_rl.config.schema import LegoConfig  # noqa: E402
-from lego_rl.compose.train_session import BACKENDS, BackendFactory, TrainSession  # noqa: E402
+from lego_rl.compose.train_session import TrainSession  # noqa: E402
 from lego_rl.runstore import RunLayout, follow_metrics  # noqa: E402
-from lego_rl.train.backend import LossFn, LossInputs, LossOutput, TrainerBackend  # noqa: E402
 
 ARMS = ("grpo", "control")
-
-
-def zero_advantage_backends() -> dict[str, BackendFactory]:
-    """The control's trainer: the configured backend and loss, but the loss sees every advantage as 0."""
-
-    def wrap(factory: BackendFactory) -> BackendFactory:
-        def make(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:
-            backend, loss = factory(c, model_dir)
-
-            def zero_advantages(x: LossInputs) -> LossOutput:
-                return loss(replace(x, advantages=torch.zeros_like(x.advantages)))  # [T] -> [T] of 0
-
-            return backend, zero_advantages
-
-        return make
-
-    return {name: wrap(f) for name, f in BACKENDS.items()}
 
 
 def run_logged(argv: list[str], log: Path) -> int:
@@ -137,15 +116,16 @@ def latest(sft_root: Path) -> str:
 
 
 def arm_worker(args: argparse.Namespace) -> int:
-    """One GRPO arm (``--arm``) in this process: TrainSession on the resolved config, the control's loss
-    through the backends hook."""
+    """One GRPO arm (``--arm``) in this process: TrainSession on the resolved config (the control with
+    train.control = "zero_advantage")."""
     torch.manual_seed(args.seed)
     task_file = Path(args.task_file)
     sets = [*common_sets(args, task_file), f'model.checkpoint="{args.checkpoint}"', f'paths.run_root="{args.run_root}"',
             f"train.num_rollout={args.steps}", "rollout.batch_size=1", f"rollout.samples_per_prompt={args.group}",
-            f"rollout.concurrency={args.concurrency}", f"train.seed={args.seed}", "train.checkpoint_every=0"]
+            f"rollout.concurrency={args.concurrency}", f"train.seed={args.seed}", "train.checkpoint_every=0",
+            f'train.control="{"zero_advantage" if args.arm == "control" else "none"}"']
     r = load(Path(args.config), sets)
-    session = TrainSession(r, backends=zero_advantage_backends() if args.arm == "control" else None)
+    session = TrainSession(r)
     summary = asyncio.run(session.run())
     print(json.dumps(summary.as_dict()))
     return 0 if summary.status == "completed" else 1

@@ -22,7 +22,10 @@ from lego_rl.cli.main import app
 from lego_rl.monitor.state import RunState
 from lego_rl.compose import train_session
 from lego_rl.runstore import read_events
-from lego_rl.runstore.events import StepsAbandoned
+from lego_rl.driver.toy_env import score
+from lego_rl.runstore import RunLayout
+from lego_rl.runstore.env_rollouts import env_rollouts
+from lego_rl.runstore.events import RolloutFinished, StepsAbandoned
 from lego_rl.runstore.log import follow_metrics
 from support.toy_run import scrub_config_env, write_toy_run
 
@@ -74,6 +77,19 @@ def test_environment_training_needs_no_harness_plugin(toy: Path) -> None:
     found = json.loads(res.stdout)["findings"]
     assert res.exit_code != 0 and [f["code"] for f in found] == ["harness_missing"], found
     assert "harness 'nosuch' (the default harness) is not installed" in found[0]["message"]
+
+
+def test_validate_does_not_refuse_an_environment_run_for_a_sandbox_it_never_opens(toy: Path) -> None:
+    """The issue's case: an environment-only config naming sunabako (without its memory mode) failed `lego
+    validate` on sunabako_memory although an environment run opens no sandbox; coding-agent training on the
+    same settings is still refused."""
+    sunabako = "sandbox.provider=\"sunabako\""
+    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", sunabako])
+    assert res.exit_code == 0 and json.loads(res.stdout)["findings"] == [], res.output
+    tasks = REPO / "examples" / "tasks"
+    agent = ["--set", "train.environment=\"\"", "--set", f"rollout.prompt_data=\"{tasks / 'tasks.jsonl'}\""]
+    res = runner.invoke(app, ["validate", "-c", "lego.toml", "--json", "--set", sunabako, *agent])
+    assert res.exit_code == 1 and "sunabako_memory" in {f["code"] for f in json.loads(res.stdout)["findings"]}
 
 
 def test_missing_data_is_refused(toy: Path) -> None:
@@ -129,10 +145,56 @@ def test_trains_the_toy_environment_and_writes_the_run_directory(toy: Path) -> N
     assert [r.step for r in rows] == [0, 1]
     assert all("reward_mean" in r.values and "time_rollout_s" in r.values for r in rows)
     assert (root / "checkpoints" / "latest").read_text().strip() == "step-000001"
-    kinds = [e.kind for e in read_events(root / "events.jsonl")]
+    events = read_events(root / "events.jsonl")
+    kinds = [e.kind for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "training_finished"
     assert kinds.count("rollout_finished") >= 16 and "serving_ready" in kinds
     assert json.loads((root / "config.json").read_text())
+    # Every rollout's answer and the environment's metadata are in the run directory, as the reward was read.
+    finished = {e.rollout_id: e for e in events if isinstance(e, RolloutFinished)}
+    kept = {r.rollout_id: r for r in env_rollouts(RunLayout(root))}
+    assert set(kept) == set(finished)
+    for rid, rec in kept.items():
+        [c] = rec.completions
+        assert rec.reward == finished[rid].reward == score("a", c.text) and rec.metadata == {"answer": c.text}
+        assert 1 <= c.output_tokens <= 4 and c.finish_reason in ("stop", "length")
+
+
+@pytest.mark.slow
+def test_two_runs_on_one_host_each_get_a_free_engine_port_and_record_it(toy: Path) -> None:
+    """Two ``lego train`` at once in two run directories, serving.port left at its default: each engine
+    listens on a port of its own (they collided on a fixed 18100 with a traceback), and each run's
+    serving_ready event names the URL it got."""
+    lego = str(Path(sys.executable).with_name("lego"))
+    first = subprocess.Popen([lego, "train", "-c", "lego.toml", "--steps", "3", "--run-root", "runs/a"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=toy)
+    events = toy / "runs" / "a" / "events.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (events.exists() and "serving_ready" in events.read_text()):
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.1)
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--steps", "1", "--run-root", "runs/b", "--json"])
+    _, stderr = first.communicate(timeout=300)
+    assert res.exit_code == 0 and first.returncode == 0, (res.output, stderr)
+    urls = [[e.serving for e in read_events(toy / "runs" / name / "events.jsonl")
+             if e.kind == "serving_ready"] for name in ("a", "b")]
+    assert [len(u) for u in urls] == [1, 1] and urls[0] != urls[1], urls
+    assert all(u[0][0].startswith("http://127.0.0.1:") and not u[0][0].endswith(":0") for u in urls), urls
+
+
+def test_a_taken_engine_port_is_one_line_and_exit_2(toy: Path) -> None:
+    """An explicit serving.port another process listens on: one line naming the address and the key, no
+    traceback, exit 2, before the model loads."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res = runner.invoke(app, ["train", "-c", "lego.toml", "--set", f"serving.port={port}"])
+    assert res.exit_code == 2, res.output
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in said(res), res.output
+    assert "serving.port" in said(res) and "Traceback" not in res.output
 
 
 @pytest.mark.slow
@@ -239,6 +301,59 @@ def test_roll_back_then_resume_sets_the_abandoned_steps_aside(toy: Path) -> None
     assert sorted(state.steps) == [0, 1] and state.steps[1].metrics == rows[1]
     assert [c.step for c in state.checkpoints] == [0, 1]
     assert any("steps 1, 2 recorded before were abandoned" in n.text for n in state.notes())
+
+
+@pytest.mark.slow
+def test_kill_9_before_any_checkpoint_then_resume_sets_the_orphaned_steps_aside(toy: Path) -> None:
+    """kill -9 with the default train.checkpoint_every = 0 leaves steps in metrics.jsonl and no checkpoint.
+    The resume starts again from the initial weights: the rows of the killed run move whole to
+    metrics.abandoned-1.jsonl and a steps_abandoned event (resumed_from None) marks them, so no step is in
+    metrics.jsonl twice; the dead holder of the lock is named at the step the resume continues with."""
+    lego = str(Path(sys.executable).with_name("lego"))
+    proc = subprocess.Popen([lego, "train", "-c", "lego.toml", "--steps", "50", "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=toy)
+    root = toy / "runs" / "toy"
+    metrics = root / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert not (root / "checkpoints" / "latest").exists()
+    before = metrics.read_bytes()
+    killed = [r.step for r in follow_metrics(metrics).read()]
+    assert killed[:1] == [0], killed
+    # The next step was in flight: begun, never finished.
+    begun = {e.step for e in read_events(root / "events.jsonl") if e.kind == "step_started"}
+
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume", "--steps", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = list(follow_metrics(metrics).read())
+    assert [r.step for r in rows] == [0, 1]  # each step once: the killed run's rows are not mixed in
+    assert (root / "metrics.abandoned-1.jsonl").read_bytes() == before
+    events = read_events(root / "events.jsonl")
+    marks = [(e.step, e.resumed_from, e.steps, e.metrics_set_aside)
+             for e in events if isinstance(e, StepsAbandoned)]
+    assert marks == [(0, None, sorted(begun), "metrics.abandoned-1.jsonl")] and set(killed) <= begun
+    stale = [(e.previous_pid, e.step) for e in events if e.kind == "stale_lock_taken"]
+    assert stale == [(proc.pid, 0)]
+    state = RunState(root)
+    state.refresh()
+    assert sorted(state.steps) == [0, 1] and state.steps[1].metrics == rows[1]
+    assert any("resumed without a checkpoint (from the initial weights)" in n.text for n in state.notes())
+
+
+def test_resume_with_checkpoints_but_no_latest_pointer_is_refused_naming_them(toy: Path) -> None:
+    """A process that died between writing a checkpoint and publishing ``latest``: a resume would start from
+    the initial weights and later fail saving over that checkpoint, so it is refused up front."""
+    root = toy / "runs" / "toy"
+    (root / "checkpoints" / "step-000000").mkdir(parents=True)
+    (root / "events.jsonl").write_text('{"kind":"run_started","ts":1.0,"root":"runs/toy"}\n')
+    res = runner.invoke(app, ["train", "-c", "lego.toml", "--resume"])
+    assert res.exit_code == 2, res.output
+    assert "holds step-000000 but no `latest` pointer" in said(res) and "Traceback" not in res.output
+    assert (root / "events.jsonl").read_text().count("\n") == 1  # nothing was started
 
 
 def test_resume_behind_newer_checkpoints_is_refused_before_anything_starts(toy: Path) -> None:

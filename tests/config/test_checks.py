@@ -167,6 +167,30 @@ def test_sunabako_memory_given_explicitly(base_toml: Path) -> None:
     assert found.get("sunabako_test_memory") == "warning"
 
 
+SANDBOX_TRIPS = [
+    (["sandbox.provider=\"sunabako\""], "sunabako_memory"),
+    (["sandbox.provider=\"sunabako\"", "sandbox.allow_test_memory=true"], "sunabako_test_memory"),
+    (["rollout.guard_s=1000"], "timeouts_guard"),
+    (["sandbox.lifetime_s=10"], "timeouts_lifetime"),
+    (["sandbox.provider=\"sunabako\"", "sandbox.allow_test_memory=false", "sandbox.disk_mb=1024"],
+     "sandbox_disk_provider"),
+    (["sandbox.cluster=\"nowhere.json\""], "missing_file"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "code"), SANDBOX_TRIPS)
+@pytest.mark.parametrize("run", ["environment", "sft"])
+def test_sandbox_checks_apply_only_to_runs_that_open_sandboxes(base_toml: Path, overrides: list[str],
+                                                                code: str, run: str) -> None:
+    """An environment run or SFT opens no sandbox: a sandbox setting that fails coding-agent training
+    (sunabako without its memory mode, a guard shorter than the agent's budget...) is no reason to refuse
+    it."""
+    assert code in codes(base_toml, *overrides)  # the coding-agent run on the same settings is refused
+    skip = (["train.environment=\"first_letter\""] if run == "environment"
+            else ["train.sft_data=\"tasks.jsonl\""])
+    assert code not in codes(base_toml, *overrides, *skip), run
+
+
 def test_greedy_is_a_warning(base_toml: Path) -> None:
     assert codes(base_toml, "rollout.temperature=0", "rollout.max_staleness=0") == {"temperature_greedy": "warning"}
 

@@ -65,7 +65,7 @@ def test_override_lets_the_named_key_change_and_only_it(tmp_path: Path) -> None:
 def test_keys_that_do_not_shape_training_change_freely_and_cannot_be_overridden(tmp_path: Path) -> None:
     root = tmp_path / "run"
     _launch(root, "config.json")
-    assert _findings(root, "train.checkpoint_every=5", "serving.port=0", "train.num_rollout=9") == []
+    assert _findings(root, "train.checkpoint_every=5", "serving.port=18100", "train.num_rollout=9") == []
     (f,) = _findings(root, 'train.resume_override=["train.checkpoint_every"]')
     assert f.code == "resume_override_unknown"
 

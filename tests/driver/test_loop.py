@@ -276,6 +276,40 @@ async def test_stop_abandons_the_step_in_flight_and_checkpoints_the_last_complet
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
 
+async def test_a_second_signal_during_the_cleanup_still_leaves_the_checkpoint(tmp_path: Path,
+                                                                              tiny: Path) -> None:
+    """Ctrl-C, then Ctrl-C again while the cancelled rollouts are still cleaning up (a sandbox takes its time
+    to go): the second one cancels ``run()`` at once, and the checkpoint of the last completed step is already
+    there, so the resume continues from it instead of from the initial weights."""
+    reached = asyncio.Event()
+    cleaning = asyncio.Event()
+
+    class SlowCleanup(ScriptedRollouts):
+        async def __call__(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
+            if slot.group_index >= 2:  # step 0's batch finishes; later rollouts hang, then clean up slowly
+                reached.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cleaning.set()
+                    await asyncio.sleep(3600)  # the cleanup the second signal interrupts
+                    raise
+            return await super().__call__(prompt, slot)
+
+    loop = make_loop(tmp_path, tiny, SlowCleanup(alternate), num_rollout=5)
+    task = asyncio.create_task(loop.run())
+    await asyncio.wait_for(reached.wait(), 60)
+    loop.request_stop()  # the first signal
+    await asyncio.wait_for(cleaning.wait(), 60)
+    task.cancel()  # the second signal (train_cmd._drive cancels the session's task)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 60)
+    assert (loop.run_dir.layout.checkpoints / "latest").read_text().strip() == "step-000000"
+    loop.run_dir.close()
+    again = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), resume=True, resume_index=1)
+    assert again.resume() == 0 and again.next_step == 1
+
+
 async def test_evaluation_reports_pass_at_1_over_k_samples(tmp_path: Path, tiny: Path) -> None:
     def graded(prompt: Prompt, slot: RolloutSlot) -> Outcome:
         if slot.rollout_id.startswith("eval"):
@@ -471,3 +505,29 @@ async def test_zero_variance_groups_per_task_are_counted_and_retire_the_task(tmp
     loop = resumed
     assert resumed.resume() == 5 and resumed.signal.retired == ["p0"] and resumed.stream.retired == {"p0"}
     assert await resumed.run() == "completed" and drawn_retired == []
+
+
+async def test_zero_advantage_control_trains_the_same_steps_on_zero_advantages(tmp_path: Path,
+                                                                              tiny: Path) -> None:
+    """``control = "zero_advantage"``: a batch with signal still takes its optimizer step (the same decision
+    as training: trained = 1, a new weight version, a sync), but the loss sees every advantage as 0, so
+    with no KL and no weight decay (make_loop) the parameters do not move (AdamW's update of a zero
+    gradient is 0); the same batch in a training run moves them. The rows and the events say the run is a
+    control."""
+    control = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), name="control", control="zero_advantage")
+    before = params(control)
+    row = await control.run_step(0)
+    assert row.values["trained"] == 1.0 and control.backend.weight_version == 1
+    assert row.values["control_zero_advantage"] == 1.0 and row.values["grad_norm"] == 0.0
+    assert row.values["zero_advantage_groups"] == 0.0  # the real advantages had signal: it is the control's
+    assert same(before, params(control))
+    control.run_dir.close()
+    kinds = [(e.kind, getattr(e, "step", None)) for e in read_events(control.run_dir.layout.events)]
+    assert kinds[:2] == [("run_started", None), ("control_arm", 0)], kinds
+
+    grpo = make_loop(tmp_path, tiny, ScriptedRollouts(alternate), name="grpo")
+    row = await grpo.run_step(0)
+    assert "control_zero_advantage" not in row.values and row.values["grad_norm"] > 0.0
+    assert not same(before, params(grpo))
+    grpo.run_dir.close()
+    assert "control_arm" not in {e.kind for e in read_events(grpo.run_dir.layout.events)}

@@ -16,6 +16,7 @@ from lego_rl.cli.train_cmd import progress_line
 from lego_rl.errors import ConfigError, TaskDataError
 from lego_rl.driver.environments import (
     Completion,
+    EnvOutcome,
     Sampler,
     available_environments,
     completion_sample,
@@ -25,6 +26,7 @@ from lego_rl.driver.loop import DataCursor, LoopProgress, Prompt, PromptStream, 
 from lego_rl.driver.toy_env import FirstLetterEnv, make_rows, score
 from lego_rl.compose.train_session import env_rollout_fn, load_env_prompts
 from lego_rl.runstore import RunDir, read_events
+from lego_rl.runstore.env_rollouts import MAX_COMPLETIONS, METADATA_CHARS, env_rollouts, read_env_rollout
 from lego_rl.serving.client import ServingClient
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.termination import TerminationReason as TR
@@ -141,3 +143,48 @@ def test_progress_line_shows_step_rollouts_reward_and_eta() -> None:
     line = progress_line(p).plain
     assert "step 3/10" in line and "rollouts 5/16 (in flight 3)" in line and "reward 0.438" in line
     assert "solved 25%" in line and "ETA 4m00s" in line and "pass@1 -" in line
+
+
+class Verbose(FirstLetterEnv):
+    """An environment of this test (user code, not a double of lego's): a long first answer, more turns than
+    the record keeps, metadata past its bound; the completions are built here, so no engine is needed."""
+
+    async def rollout(self, row, sampler):  # type: ignore[no-untyped-def]
+        def answer(text: str, finish: str) -> Completion:
+            return Completion(prompt_ids=[1, 2], output_ids=[3] * 7, logprobs=[-0.5] * 7,
+                              weight_versions=[0] * 7, finish_reason=finish,  # type: ignore[arg-type]
+                              text=text)
+
+        long = "apple " * 1000  # 6,000 characters: its two ends are kept
+        turns = [answer(long, "length")] + [answer(f"turn {k}", "stop") for k in range(1, 20)]
+        return EnvOutcome(completions=turns, reward=1.0, metadata={"answer": long[:5], "log": "x" * 9000})
+
+
+async def test_an_environment_rollout_keeps_its_texts_and_metadata_bounded(tmp_path: Path) -> None:
+    run = RunDir.open(tmp_path / "run", config={})
+    fn = env_rollout_fn(Verbose(), None, run)  # type: ignore[arg-type]
+    res = await fn(Prompt("fl-0", None), RolloutSlot("s00000-g0-fl-0-0", 0, 0))
+    broken = env_rollout_fn(_Broken(), None, run)  # type: ignore[arg-type]
+    await broken(Prompt("fl-1", None), RolloutSlot("s00000-g0-fl-1-0", 0, 0))
+    run.close()
+    assert res.artifacts == run.layout.rollout("s00000-g0-fl-0-0")
+    rec = read_env_rollout(run.layout, "s00000-g0-fl-0-0")
+    assert rec is not None and (rec.environment, rec.instance_id, rec.reward) == ("first_letter", "fl-0", 1.0)
+    assert rec.completions_total == 20 and len(rec.completions) == MAX_COMPLETIONS
+    first = rec.completions[0]
+    assert (first.text_chars, first.finish_reason, first.output_tokens) == (6000, "length", 7)
+    assert first.text.startswith("apple " * 10) and first.text.rstrip().endswith("apple")
+    assert "[... 2000 characters cut ...]" in first.text and len(first.text) < 4100
+    assert [c.text for c in rec.completions[1:3]] == ["turn 1", "turn 2"]
+    assert rec.metadata is None and rec.metadata_cut is not None and len(rec.metadata_cut) == METADATA_CHARS
+    assert rec.metadata_cut.startswith('{"answer": "apple"')
+    failed = read_env_rollout(run.layout, "s00000-g0-fl-1-0")
+    assert failed is not None and failed.termination == TR.INTERNAL_ERROR and failed.completions == []
+    assert "KeyError" in failed.detail and failed.reward is None
+    assert [r.rollout_id for r in env_rollouts(run.layout)] == ["s00000-g0-fl-0-0", "s00000-g0-fl-1-0"]
+    assert read_env_rollout(run.layout, "never-ran") is None
+
+
+class _Broken(FirstLetterEnv):
+    async def rollout(self, row, sampler):  # type: ignore[no-untyped-def]
+        raise KeyError("oops")

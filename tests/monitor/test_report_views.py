@@ -281,7 +281,8 @@ def test_every_metric_a_run_can_write_is_drawn(tmp_path: Path, kind: mc.RunKind)
     values: dict[str, float] = {}
     for i, m in enumerate(mc.written_by(kind)):
         members = [m.key(c) for c in (m.choices or ("0", "1"))] if m.is_family else [str(m)]
-        values.update({name: 0.5 + i / 100 for name in members})
+        # Every value below 1 however many metrics are declared: Pearson is drawn as 1 - r on a log scale.
+        values.update({name: 0.5 + i / 1000 for name in members})
     for step in range(2):
         run.metrics.append(StepMetrics(step=step, started_at=float(step), finished_at=step + 0.5,
                                        values=mc.declared_values(kind, values)))

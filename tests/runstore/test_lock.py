@@ -56,11 +56,16 @@ def test_second_process_is_refused_naming_the_holder_and_a_killed_holder_release
         first.wait()
     # The kernel released the flock; the file still names the dead holder, and the taker says so.
     assert read_holder(root) is not None and read_holder(root).pid == first.pid  # type: ignore[union-attr]
+    # The dead holder had published step 2's checkpoint: the taker continues with step 3, and says so.
+    (root / "checkpoints" / "step-000002").mkdir(parents=True)
+    (root / "checkpoints" / "latest").write_text("step-000002\n")
     second = _holder(root, "resume")
     second.send_signal(signal.SIGKILL)
     second.wait()
-    kinds = [(e.kind, getattr(e, "previous_pid", None)) for e in read_events(root / "events.jsonl")]
-    assert kinds == [("run_started", None), ("stale_lock_taken", first.pid), ("run_resumed", None)]
+    kinds = [(e.kind, getattr(e, "previous_pid", None), getattr(e, "step", None))
+             for e in read_events(root / "events.jsonl")]
+    assert kinds == [("run_started", None, None), ("stale_lock_taken", first.pid, 3),
+                     ("run_resumed", None, None)]
 
 
 def test_clean_close_names_nobody_and_releases(tmp_path: Path) -> None:

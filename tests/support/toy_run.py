@@ -1,9 +1,10 @@
 """A folder where `lego train` runs the built-in ``first_letter`` toy environment, for tests and benchmarks.
 
-``write_toy_run`` writes the data rows (toy.jsonl) and a lego.toml: the embedded engine on the CPU with a free
-port, bwrap named as the sandbox provider (the toy environment starts no sandbox), the rows as rollout data,
-the environment set, a run root of ``runs/toy``. Each caller overrides only the keys its case is about
-(``rollout={"max_staleness": 0}``, ``train={"backend": "megatron"}``); a value of None drops a default key.
+``write_toy_run`` writes the data rows (toy.jsonl) and a lego.toml: the embedded engine on the CPU (at a
+free port: serving.port's default), bwrap named as the sandbox provider (the toy environment starts no
+sandbox), the rows as rollout data, the environment set, a run root of ``runs/toy``. Each caller overrides
+only the keys its case is about (``rollout={"max_staleness": 0}``, ``train={"backend": "megatron"}``); a
+value of None drops a default key.
 
 ``scrub_config_env`` removes the environment variables the config layers read (``lego config env``): a
 variable left by the shell or another test would outrank the file and change what the test runs.
@@ -21,7 +22,7 @@ import pytest
 from lego_rl.driver.toy_env import make_rows
 
 DEFAULTS: dict[str, dict[str, object]] = {
-    "serving": {"device": "cpu", "port": 0},
+    "serving": {"device": "cpu"},
     "sandbox": {"provider": "bwrap"},
     "rollout": {"prompt_data": "toy.jsonl", "batch_size": 2, "samples_per_prompt": 4, "top_p": 1.0},
     "train": {"environment": "first_letter", "num_rollout": 2},

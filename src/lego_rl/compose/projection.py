@@ -27,7 +27,7 @@ def loop_settings(c: LegoConfig) -> LoopSettings:
         partial_rollouts=r.partial_rollouts, max_refills=t.max_refills,
         oversample_zero_variance=t.oversample_zero_variance, retire_zero_variance_after=t.retire_zero_variance_after,
         checkpoint_every=t.checkpoint_every, eval_every=t.eval_every, eval_samples=t.eval_samples,
-        infra_failure_policy=t.infra_failure_policy, seed=t.seed,
+        infra_failure_policy=t.infra_failure_policy, seed=t.seed, control=t.control,
     )
 
 

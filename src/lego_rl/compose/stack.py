@@ -25,6 +25,7 @@ from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.layout import RunLayout
 from lego_rl.serving.client import ServingClient
+from lego_rl.serving.errors import ListenFailed
 
 if TYPE_CHECKING:
     from lego_rl.serving.engine import EmbeddedEngine
@@ -100,8 +101,13 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
                                     return_routed_experts=cfg.rollout.use_rollout_routing_replay,
                                     served_log=(RunLayout(Path(cfg.paths.run_root or "runs/unnamed")).audit
                                                 / "engine-0.jsonl" if cfg.train.audit else None))
-            await stack.enter_async_context(engine)
-            urls = [engine.url]
+            try:
+                await stack.enter_async_context(engine)
+            except ListenFailed as exc:
+                raise ConfigError(f"the embedded engine {exc}; another process (another run?) holds that "
+                                  "port: pick another serving.port, or 0 (the default) for a free one",
+                                  parameter="serving.port", value=cfg.serving.port) from None
+            urls = [engine.url]  # the port it got: recorded in the run's serving_ready event
             embedded = engine.engine
         else:
             urls = list(cfg.serving.urls)

@@ -30,7 +30,7 @@ from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError, TaskDataError
 from lego_rl.harness.toolchain import Toolchain
 from lego_rl.images.importer import load_images_json
-from lego_rl.driver.environments import Environment, Sampler, completion_sample, load_environment
+from lego_rl.driver.environments import EnvOutcome, Environment, Sampler, completion_sample, load_environment
 from lego_rl.compose.harnesses import harness_factory
 from lego_rl.compose.projection import loop_settings
 from lego_rl.driver.loop import Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
@@ -39,8 +39,10 @@ from lego_rl.compose.rollout_check import settings_from_config
 from lego_rl.compose.stack import Engines, model_dir, serving_engines, serving_stack
 from lego_rl.driver.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
 from lego_rl.rollout.generate import RolloutContext, RolloutResult, RolloutSpec, generate
-from lego_rl.runstore import RunDir, RunLayout, latest_checkpoint
+from lego_rl.runstore import RolloutFiles, RunDir, RunLayout, latest_checkpoint
+from lego_rl.runstore.env_rollouts import EnvCompletionRecord, EnvRolloutRecord, write_env_rollout
 from lego_rl.runstore.events import (
+    ArtifactNotSaved,
     ResumeOverride,
     RolloutFinished,
     RolloutStarted,
@@ -236,7 +238,9 @@ def weight_sync_for(engines: Engines, staging: Path, *, in_flight: InFlight = "w
 
 
 def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn:
-    """Rollouts of an environment, logged like agent rollouts (``rollout_started`` / ``rollout_finished``).
+    """Rollouts of an environment, logged like agent rollouts (``rollout_started`` / ``rollout_finished``),
+    each with its completions' text and the environment's metadata in its artifact folder
+    (``runstore.env_rollouts``).
 
     An engine that fails or answers badly is an ``engine_error`` (refilled); any other exception from the
     environment is an ``internal_error`` with its traceback in the log.
@@ -251,8 +255,9 @@ def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn
         samples = []
         reward: float | None = None
         detail = ""
+        outcome: EnvOutcome | None = None
         try:
-            out = await env.rollout(prompt.row, seeded)
+            outcome = out = await env.rollout(prompt.row, seeded)
             reason = out.termination
             reward = out.reward
             n = len(out.completions)
@@ -265,16 +270,35 @@ def env_rollout_fn(env: Environment, sampler: Sampler, run: RunDir) -> RolloutFn
             reason, detail = TerminationReason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
             trace = traceback.format_exc()
         elapsed = time.monotonic() - t0
+        completions = outcome.completions if outcome is not None else []
+        folder = _keep_env_rollout(run, EnvRolloutRecord.of(
+            rollout_id=slot.rollout_id, environment=env.name, instance_id=prompt.id, termination=reason,
+            reward=reward, detail=detail, metadata=outcome.metadata if outcome is not None else None,
+            completions=[EnvCompletionRecord.of(c.text, finish_reason=c.finish_reason,
+                                                output_tokens=len(c.output_ids)) for c in completions]))
         run.events.emit(RolloutFinished(rollout_id=slot.rollout_id, termination=reason, reward=reward,
                                         detail=detail[:500], infrastructure_failure=is_infrastructure_failure(reason),
                                         timings={"rollout": round(elapsed, 4)}, traceback=trace))
         return RolloutResult(rollout_id=slot.rollout_id, instance_id=prompt.id, harness=f"env:{env.name}",
                              termination=reason, reward=reward, samples=samples, timings={"rollout": elapsed},
-                             artifacts=None, detail=detail, turns=len(samples),
+                             artifacts=folder, detail=detail, turns=len(samples),
                              sampled_tokens=sum(s.num_trained_tokens for s in samples),
                              group_index=slot.group_index, index=slot.index)
 
     return rollout
+
+
+def _keep_env_rollout(run: RunDir, record: EnvRolloutRecord) -> Path | None:
+    """The rollout's texts and metadata into its artifact folder (the folder; None when not written). A failed
+    write is an event, never the rollout's failure: its reward and samples are intact."""
+    try:
+        folder = run.rollout_dir(record.rollout_id)
+        write_env_rollout(folder, record)
+    except OSError as exc:
+        run.events.emit(ArtifactNotSaved(rollout_id=record.rollout_id, name=RolloutFiles.ENV_ROLLOUT,
+                                         error=f"{type(exc).__name__}: {exc}"))
+        return None
+    return folder
 
 
 def agent_rollout_fn(ctx: RolloutContext) -> RolloutFn:

@@ -25,7 +25,8 @@ from lego_rl.config.schema import HARNESS, REASONING_PARSERS, SECTIONS, TOOL_CAL
 from lego_rl.config.unwired import UNWIRED
 from lego_rl.errors import ConfigError
 
-__all__ = ["CHECKS", "Finding", "HarnessInventory", "Severity", "error", "run_checks", "warning"]
+__all__ = ["CHECKS", "Finding", "HarnessInventory", "Severity", "error", "opens_sandboxes", "run_checks",
+           "warning"]
 
 Check = Callable[[ResolvedConfig], Iterator[Finding]]
 CHECKS: list[Check] = []
@@ -46,6 +47,16 @@ class HarnessInventory:
     """Why the plugins could not be loaded at all (then ``installed`` is empty)."""
     option_errors: tuple[ConfigError, ...] = ()
     """One error per harness whose plugin refused its ``[harness.<name>]`` options."""
+
+
+def opens_sandboxes(r: ResolvedConfig) -> bool:
+    """Whether ``lego train`` with this config opens sandboxes and runs coding CLIs and graders in them. An
+    environment (``train.environment``) samples and scores text in-process, and SFT (``train.sft_data``)
+    trains on recorded demonstrations: neither opens one, so the checks of sandboxes, CLIs and graders
+    (providers, memory, disk, time budgets, cluster.json, toolchain files) say nothing about such a run and
+    are skipped."""
+    t = r.config.train
+    return not (t.environment or t.sft_data)
 
 
 @check
@@ -239,6 +250,10 @@ def response_fits_context(r: ResolvedConfig) -> Iterator[Finding]:
 
 @check
 def timeouts(r: ResolvedConfig) -> Iterator[Finding]:
+    """The rollout's guard outlives the agent's budget plus grading, and sandboxes outlive the guard: agent
+    rollouts only (``opens_sandboxes``)."""
+    if not opens_sandboxes(r):
+        return
     c = r.config
     need = c.agent.time_budget_s + c.grader.timeout_s + c.rollout.guard_slack_s
     guard = c.rollout.guard_s or need
@@ -454,6 +469,9 @@ def serving_urls(r: ResolvedConfig) -> Iterator[Finding]:
 
 @check
 def sunabako_memory(r: ResolvedConfig) -> Iterator[Finding]:
+    """sunabako's memory supervision must be chosen explicitly, for a run that opens sunabako sandboxes."""
+    if not opens_sandboxes(r):
+        return
     c = r.config
     uses = {c.sandbox.provider, c.grader.provider}
     if "sunabako" in uses and c.sandbox.allow_test_memory is None:
@@ -471,6 +489,8 @@ def sunabako_memory(r: ResolvedConfig) -> Iterator[Finding]:
 @check
 def sandbox_disk(r: ResolvedConfig) -> Iterator[Finding]:
     """``sandbox.disk_mb`` is a bwrap option (a loop-mounted layer); the other providers have none."""
+    if not opens_sandboxes(r):
+        return
     c = r.config
     uses = sorted({c.sandbox.provider, c.grader.provider or c.sandbox.provider})
     other = [p for p in uses if p != "bwrap"]
@@ -506,6 +526,8 @@ def files(r: ResolvedConfig) -> Iterator[Finding]:
         _, bad = _read_json(Path(ckpt) / "config.json", "model.checkpoint")
         if bad:
             yield bad
+    if not opens_sandboxes(r):
+        return  # no sandbox node, CLI or toolchain file is used: only the model above matters
     if c.sandbox.cluster:
         data, bad = _read_json(Path(c.sandbox.cluster), "sandbox.cluster")
         if bad:

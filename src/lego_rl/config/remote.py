@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
+from lego_rl.config.checks import opens_sandboxes
 from lego_rl.config.findings import Finding, error
 from lego_rl.config.placement import key_for, placement_plan, shortfalls
 from lego_rl.config.resolve import ResolvedConfig
@@ -325,7 +326,7 @@ async def remote_findings(r: ResolvedConfig, timeout: float = 5.0) -> list[Findi
     if c.serving.backend == "vllm":
         for url in c.serving.urls:
             jobs.append((f"serving {url}", _http_ok(url.rstrip("/") + "/health", timeout)))
-    sandbox_nodes = _cluster_nodes(r)
+    sandbox_nodes = _cluster_nodes(r) if opens_sandboxes(r) else []  # an environment or SFT run uses no node
     roots = _image_roots(r) if sandbox_nodes else []
     node_jobs = [_node_findings(node, c.cluster.ssh_config, c.sandbox.memory_mb, bool(c.sandbox.allow_test_memory),
                                 roots, timeout) for node in sandbox_nodes]

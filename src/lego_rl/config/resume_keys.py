@@ -39,6 +39,7 @@ SHAPING_KEYS: dict[str, str] = {
     "train.sft_data": "the dataset the steps draw from",
     "train.environment": "the environment (its prompts and its reward)",
     "train.environment_options": "the environment (its prompts and its reward)",
+    "train.control": "whether the run is a control arm (a control spliced onto training is neither)",
     # The rollouts and their reward: what a group's advantages mean.
     **{f"rollout.{k}": "how rollouts are sampled (the groups the advantages compare)" for k in (
         "batch_size", "samples_per_prompt", "temperature", "top_p", "top_k", "capture_nucleus", "max_staleness",

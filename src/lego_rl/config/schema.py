@@ -52,8 +52,10 @@ class ServingConfig(Section):
     """Base URLs of the vLLM replicas (backend=vllm). Sessions stick to one replica."""
     host: str = "127.0.0.1"
     """Listening address of the embedded engine."""
-    port: int = Field(default=18100, ge=0, le=65535)
-    """Listening port of the embedded engine (0 = pick a free port)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """Listening port of the embedded engine. 0 (the default): a free port the kernel picks, so runs on one
+    host never collide; the run's `serving_ready` event records the URL it got. A fixed port another process
+    holds stops the launch with one line naming this key."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device of the embedded engine."""
     max_batch_size: int = Field(default=8, ge=1)
@@ -282,6 +284,11 @@ class TrainConfig(Section):
     exactly instead of a short failure's prefix outweighing a long success's. grpo only."""
     infra_failure_policy: InfraFailurePolicy = "exclude"
     """What infrastructure-failed rollouts do: excluded from statistics and loss, or kept with reward 0."""
+    control: Literal["none", "zero_advantage"] = "none"
+    """`zero_advantage`: the control arm of an experiment. The loss sees every advantage as 0; everything else
+    is the training run's (rollouts, rewards, which steps take an optimizer step, the KL term, weight decay,
+    the weight sync), so a rise the control lacks is the policy gradient's doing. Each metrics row then has
+    `control_zero_advantage` = 1 and a `control_arm` event marks each launch."""
     resume: bool = False
     """Continue the run already in paths.run_root instead of refusing to touch it."""
     resume_override: list[str] = Field(default_factory=list)

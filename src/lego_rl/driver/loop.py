@@ -14,7 +14,8 @@ before the step trains them (0: the synchronous loop, through the same code). On
    are computed before the first update (the PPO ratio's base is the trainer's policy at the start of the
    step; the rollout's own per-token logprobs, whatever version sampled each token, are the behaviour
    policy of the TIS/MIS correction), then ``backend.train_step`` per optimizer step. When every advantage
-   is zero nothing is trained: the parameters (and the weight version) stay exactly as they were;
+   is zero nothing is trained: the parameters (and the weight version) stay exactly as they were. A control
+   arm (``control = "zero_advantage"``) trains the same steps with every advantage replaced by 0;
 4. weight sync (the ``WeightSyncFn`` hook) when the weights changed, with rollouts still in flight (the
    sync decides what happens to their requests: ``driver.weight_sync``); the scheduler then serves
    groups on the new policy;
@@ -22,9 +23,10 @@ before the step trains them (0: the synchronous loop, through the same code). On
    steps; held-out pass@1 every ``train.eval_every`` steps.
 
 Stopping: ``request_stop()`` (the CLI calls it on Ctrl-C / SIGTERM) abandons the batch being waited for,
-cancels every rollout in flight (each cleans up its sandbox and session) and saves a checkpoint of the last
-*completed* step with the data cursor and the prompts drawn but not trained as they were then, so a resume
-draws those prompts again first and trains no rollout twice.
+saves a checkpoint of the last *completed* step with the data cursor and the prompts drawn but not trained as
+they were then (so a resume draws those prompts again first and trains no rollout twice), then cancels every
+rollout in flight (each cleans up its sandbox and session). The checkpoint comes first so that a second
+signal, which cancels the cleanup, still leaves it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from lego_rl.runstore import checkpoint_state as ckpt
 from lego_rl.runstore import metric_catalog as mc
 from lego_rl.runstore.checkpoint_state import DataCursor, RlState
 from lego_rl.runstore.events import (
+    ControlArm,
     EvalFinished,
     RolloutRefilled,
     StepFinished,
@@ -128,6 +131,9 @@ class LoopSettings:
     eval_samples: int
     infra_failure_policy: Literal["exclude", "zero_reward"]
     seed: int
+    control: Literal["none", "zero_advantage"]
+    """``zero_advantage``: the control arm (``train.control``). Which steps train is decided on the real
+    advantages, as in training; the loss then sees them all as 0."""
     solved_reward: float = 1.0
     """The reward a solved rollout earns: graders give 0 or 1. Not a config key, so its one default is here."""
 
@@ -262,6 +268,7 @@ class TrainLoop:
         self._redo: list[Prompt] = []
         """Prompts a resumed run draws first: those its checkpoint had drawn but not trained."""
         self._resumed = False
+        self._control_announced = False
         self._last_checkpoint_step: int | None = None
         self._policy_of_version: dict[int, int] = {}
         """Engine weight version -> the policy (step index) it was first served for: a token's age is the
@@ -435,7 +442,11 @@ class TrainLoop:
         n_rollouts = len({s.rollout_id for s in trainable})
         per_step = self.s.global_batch_size or n_rollouts
         num_steps = max(1, min(n_rollouts, round(n_rollouts / per_step)))
-        steps = plan_steps(trainable, adv.per_sample.tolist(), num_steps=num_steps,
+        advantages = adv.per_sample.tolist()  # [N_samples]
+        if self.s.control == "zero_advantage":
+            # The control arm: the step trains exactly when the real run would (decided above), on zeros.
+            advantages = [0.0] * len(advantages)  # [N_samples]
+        steps = plan_steps(trainable, advantages, num_steps=num_steps,
                            max_tokens_per_micro_batch=self.s.micro_batch_tokens)
         # The ratio's base is the policy that sampled this batch: every optimizer step's old logprobs are
         # taken before the first update.
@@ -485,6 +496,7 @@ class TrainLoop:
     async def run_step(self, step: int) -> StepMetrics:
         """One whole step on its own: its rollouts (nothing is started for a later step), training, sync and
         the metrics row. ``run()`` overlaps the steps instead."""
+        self._announce_control(step)
         sched = self.scheduler(first_step=step, end_step=step + 1)
         sched.start()
         try:
@@ -496,6 +508,12 @@ class TrainLoop:
         self.next_step = step + 1
         self._commit(None)
         return row
+
+    def _announce_control(self, step: int) -> None:
+        """A control arm says so in the run's events, once per launch, before its first step."""
+        if self.s.control == "zero_advantage" and not self._control_announced:
+            self._control_announced = True
+            self.run_dir.events.emit(ControlArm(step=step, control=self.s.control))
 
     def _step_started(self, step: int) -> float:
         self.progress.step = step
@@ -618,6 +636,8 @@ class TrainLoop:
             mc.TASKS_RETIRED: float(len(self.signal.retired)),
             **ages,
         }
+        if self.s.control == "zero_advantage":
+            values[mc.CONTROL_ZERO_ADVANTAGE] = 1.0
         if rolled.slot_capacity_s > 0:
             values[mc.SLOTS_IDLE_FRACTION] = max(0.0, 1.0 - rolled.slot_busy_s / rolled.slot_capacity_s)
             values[mc.SLOTS_WASTED_FRACTION] = rolled.slot_wasted_s / rolled.slot_capacity_s
@@ -678,11 +698,17 @@ class TrainLoop:
         await asyncio.gather(task, return_exceptions=True)
         return True, None
 
+    def _checkpoint_last(self, last_done: int) -> None:
+        """A checkpoint of the last completed step unless it has one (none before a step completed)."""
+        if last_done >= 0 and self._last_checkpoint_step != last_done:
+            self.save_checkpoint(last_done)
+
     async def run(self) -> Literal["completed", "stopped"]:
         """Steps ``next_step`` .. ``num_rollout - 1``; a final checkpoint; ``completed`` or ``stopped``."""
         last_done = self.next_step - 1
         sched: RolloutScheduler | None = None
         try:
+            self._announce_control(self.next_step)
             if self._resumed:
                 # The engines started from the base checkpoint; the resumed policy is the trainer's.
                 await self.sync(self.backend, self.backend.weight_version)
@@ -707,6 +733,11 @@ class TrainLoop:
                         break
                 if self.s.checkpoint_every and (step + 1) % self.s.checkpoint_every == 0:
                     self.save_checkpoint(step)
+            if self.stop_requested:
+                # Before the rollouts in flight are cancelled and cleaned up (their sandboxes destroyed, which
+                # takes a while): a second Ctrl-C during that cleanup still leaves this checkpoint to resume
+                # from. Its data state was fixed when the step completed (``_commit``), not by the cleanup.
+                self._checkpoint_last(last_done)
         except BaseException as exc:
             self.progress.phase = "failed"
             self.run_dir.events.emit(TrainingFinished(status="failed", steps_done=last_done + 1,
@@ -716,8 +747,7 @@ class TrainLoop:
             if sched is not None:
                 # Both sides stop: every rollout in flight is cancelled and has cleaned up before we return.
                 await sched.close()
-        if last_done >= 0 and self._last_checkpoint_step != last_done:
-            self.save_checkpoint(last_done)
+        self._checkpoint_last(last_done)
         status: Literal["completed", "stopped"] = "stopped" if self.stop_requested else "completed"
         self.progress.phase = status
         self.run_dir.events.emit(TrainingFinished(status=status, steps_done=last_done + 1))

@@ -171,6 +171,16 @@ class _Log:
         return out
 
 
+def _resumed_from(a: StepsAbandoned) -> str:
+    if a.resumed_from is None:
+        return "resumed without a checkpoint (from the initial weights)"
+    return f"resumed from step {a.resumed_from}'s checkpoint"
+
+
+def _set_aside(a: StepsAbandoned) -> str:
+    return f"; their metrics rows are in {a.metrics_set_aside}" if a.metrics_set_aside else ""
+
+
 def _config_value(config: dict[str, object], section: str, key: str) -> object:
     part = config.get(section)
     if isinstance(part, dict):
@@ -476,9 +486,8 @@ class RunState:
                     )
                 )
             out.extend(Note("error", f"skipped: {bad}") for bad in log.bad_lines)
-        out.extend(Note("info", f"resumed from step {a.resumed_from}'s checkpoint: steps "
-                                f"{', '.join(map(str, a.steps))} recorded before were abandoned (not shown; "
-                                f"their metrics rows are in {a.metrics_set_aside})") for a in self.abandoned)
+        out.extend(Note("info", f"{_resumed_from(a)}: steps {', '.join(map(str, a.steps))} recorded before "
+                                f"were abandoned (not shown{_set_aside(a)})") for a in self.abandoned)
         out.append(self.status_note(now))
         return out
 

@@ -124,9 +124,13 @@ def resume_checkpoint(run: RunDir, trainer: CheckpointingTrainer, expect: type[S
 
     Refused with a ``ConfigError``: a checkpoint of the other kind, one trained with another ``train.seed``
     (the data order would differ), or what ``check`` raises. Only then are the rows of steps after the
-    checkpoint set aside (``RunDir.abandon_after``): a refused resume leaves the run directory as it was."""
+    checkpoint set aside (``RunDir.abandon_after``): a refused resume leaves the run directory as it was.
+    Without a checkpoint (killed by kill -9, or a second Ctrl-C, before the first one was saved) the run
+    starts again from its initial weights, so every step it recorded is set aside the same way: step 0 is
+    never written twice into metrics.jsonl."""
     latest = latest_checkpoint(run.layout.checkpoints)
     if latest is None:
+        run.abandon_after(None)
         return None
     state = parse_state(trainer.load_checkpoint(latest.path), path=latest.path)
     wanted = expect.model_fields["kind"].default

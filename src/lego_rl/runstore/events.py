@@ -51,6 +51,9 @@ class StaleLockTaken(_Event):
     this process took the lock over. The dead holder is named here."""
 
     kind: Literal["stale_lock_taken"] = "stale_lock_taken"
+    step: int | None = None
+    """The step this process continues with (the newest checkpoint's next; 0 without one): the dead holder's
+    work after that checkpoint is abandoned. None when the checkpoint pointer was unreadable."""
     previous_pid: int
     previous_host: str
     previous_since: float
@@ -189,6 +192,16 @@ class RolloutFinished(_RolloutEvent):
     """For ``internal_error``: where the bug is."""
 
 
+class ControlArm(_Event):
+    """This launch is the control arm of an experiment (``train.control``): from ``step`` on, the loss sees
+    every advantage as 0 while everything else runs as in training."""
+
+    kind: Literal["control_arm"] = "control_arm"
+    step: int
+    """The first step this launch trains."""
+    control: Literal["zero_advantage"]
+
+
 class StepStarted(_Event):
     """A training step began drawing rollouts; ``weight_version`` is what the engines serve for it."""
 
@@ -272,13 +285,22 @@ class CheckpointSaved(_Event):
 
 class StepsAbandoned(_Event):
     """A resume from the checkpoint of ``resumed_from`` abandoned the later ``steps`` this log recorded (a roll
-    back, or steps finished after the last checkpoint): their events above stay, but they are not the run's
-    steps any more (readers drop them); their metrics rows were moved to ``metrics_set_aside``."""
+    back, steps finished after the last checkpoint, a step in flight when the process died): their events
+    above stay, but they are not the run's steps any more (readers drop them); their metrics rows were moved
+    to ``metrics_set_aside``."""
 
     kind: Literal["steps_abandoned"] = "steps_abandoned"
-    resumed_from: int
+    step: int | None = None
+    """The first step the resumed run trains (``resumed_from + 1``; 0 without a checkpoint). None in logs
+    written before the field existed."""
+    resumed_from: int | None
+    """The checkpoint's step; None when there was no checkpoint: the run started again from its initial
+    weights (killed, or stopped by a second Ctrl-C, before its first checkpoint)."""
     steps: list[int]
-    metrics_set_aside: str
+    """The abandoned steps: those with a metrics row and those begun (``step_started``) but never finished."""
+    metrics_set_aside: str | None
+    """The file now holding the former metrics.jsonl whole; None when no row was moved (only steps in flight
+    were abandoned)."""
 
 
 class EvalFinished(_Event):
@@ -321,6 +343,7 @@ RunEvent = Annotated[
     | SessionCloseFailed
     | ArtifactNotSaved
     | RolloutFinished
+    | ControlArm
     | StepStarted
     | RolloutRefilled
     | GroupReplaced

@@ -11,7 +11,8 @@ Layout under ``RUN_ROOT``::
                              names the newest complete one (written only after the backend returned)
     sandboxes/<rollout_id>/  per-rollout artifacts, saved *before* sandbox cleanup (``SUNABAKO_ARTIFACTS``):
                              CLI logs, sandbox commands, patch, grader output, turn records, outcome.json
-                             and the rollout's training samples (samples.jsonl); ``RolloutFiles`` names them
+                             and the rollout's training samples (samples.jsonl); an environment rollout's
+                             completions and metadata (env-rollout.json); ``RolloutFiles`` names them
 
 Samples live with their rollout, not in a folder of their own: a rollout's samples, turn records and
 outcome are read together, and a run that rolls out without training has no steps to file them under.
@@ -32,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from lego_rl.errors import ConfigError
-from lego_rl.runstore.checkpoints import set_aside_abandoned
+from lego_rl.runstore.checkpoints import latest_checkpoint, set_aside_abandoned
 from lego_rl.runstore.events import RunResumed, RunStarted, StaleLockTaken, StepsAbandoned
 from lego_rl.runstore.files import write_new
 from lego_rl.runstore.lock import RunLock
-from lego_rl.runstore.log import EventLog, MetricsLog
+from lego_rl.runstore.log import EventLog, MetricsLog, started_steps_after
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class RolloutFiles:
     """The rollout's summary: termination, reward, timings."""
     SAMPLES = "samples.jsonl"
     """The rollout's training samples, one ``Sample`` per line."""
+    ENV_ROLLOUT = "env-rollout.json"
+    """An environment rollout's completions (text, bounded) and metadata (``runstore.env_rollouts``)."""
     CLI_EVENTS = "cli-events.jsonl"
     """The CLI's own event log as the harness captured it."""
     TURNS_GLOB = "*.turns.jsonl"
@@ -221,9 +224,19 @@ class RunDir:
             p = lock.previous
             log.warning("%s: the previous holder of its lock, %s, died without releasing it; taken over",
                         root, p.describe())
-            run.events.emit(StaleLockTaken(previous_pid=p.pid, previous_host=p.host, previous_since=p.since))
+            run.events.emit(StaleLockTaken(step=run._next_step(), previous_pid=p.pid, previous_host=p.host,
+                                           previous_since=p.since))
         run.events.emit(RunResumed(root=str(root)) if resume else RunStarted(root=str(root)))
         return run
+
+    def _next_step(self) -> int | None:
+        """The step training continues with: the one after the newest checkpoint's, 0 without one; None when
+        the ``latest`` pointer is broken (the resume itself refuses it, naming the pointer)."""
+        try:
+            latest = latest_checkpoint(self.layout.checkpoints)
+        except ConfigError:
+            return None
+        return 0 if latest is None else latest.step + 1
 
     @property
     def metrics(self) -> MetricsLog:
@@ -232,18 +245,28 @@ class RunDir:
             self._metrics = MetricsLog(self.layout.metrics)
         return self._metrics
 
-    def abandon_after(self, step: int) -> list[int]:
-        """A resume from step ``step``'s checkpoint: the later steps this run recorded are abandoned. Their
-        metrics rows move aside (``set_aside_abandoned``) and a ``steps_abandoned`` event marks their events;
-        the abandoned steps, oldest first (none: nothing was recorded after ``step``)."""
+    def abandon_after(self, step: int | None) -> list[int]:
+        """A resume from step ``step``'s checkpoint (None: from no checkpoint, the initial weights, after a
+        kill -9 or a second Ctrl-C before any checkpoint was saved): the later steps this run recorded or
+        began are abandoned. Their metrics rows move aside (``set_aside_abandoned``) and a ``steps_abandoned``
+        event marks their events. The abandoned steps, oldest first (none: nothing happened after it)."""
         if self._metrics is not None:  # its handle would keep appending to the file moved aside
             self._metrics.close()
             self._metrics = None
-        aside = set_aside_abandoned(self.layout.metrics, step)
-        if aside is None:
+        last_kept = -1 if step is None else step
+        aside = set_aside_abandoned(self.layout.metrics, last_kept)
+        # A step begun but never finished (killed mid-step) has events and no row: abandoned as well, or a
+        # reader would show it open for ever when the resumed run stops before reaching it.
+        steps = sorted(set(aside.steps if aside else []) | started_steps_after(self.layout.events, last_kept))
+        if not steps:
             return []
-        self.events.emit(StepsAbandoned(resumed_from=step, steps=aside.steps, metrics_set_aside=aside.path.name))
-        return aside.steps
+        if step is None:
+            log.warning("%s: no checkpoint to resume from; the run starts again from its initial weights%s",
+                        self.root, f" and the rows of steps {', '.join(map(str, aside.steps))} were moved to "
+                        f"{aside.path.name}" if aside else "")
+        self.events.emit(StepsAbandoned(step=last_kept + 1, resumed_from=step, steps=steps,
+                                        metrics_set_aside=aside.path.name if aside else None))
+        return steps
 
     def rollout_dir(self, rollout_id: str) -> Path:
         """A fresh artifact directory for one rollout; an existing one is an error, never reused."""

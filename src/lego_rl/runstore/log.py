@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from lego_rl.errors import LegoError
-from lego_rl.runstore.events import LogRepaired, RunEvent, parse_event
+from lego_rl.runstore.events import LogRepaired, RunEvent, StepStarted, parse_event
 from lego_rl.runstore.metrics import StepMetrics, parse_metrics
 
 T = TypeVar("T")
@@ -218,3 +218,25 @@ def follow_metrics(path: Path, cursor: Cursor | None = None) -> JsonlFollower[St
 def read_events(path: Path) -> list[RunEvent]:
     """Every complete event of a log (a torn last line from a crash is not an event yet)."""
     return list(follow_events(path).read())
+
+
+def started_steps_after(path: Path, step: int) -> set[int]:
+    """The steps after ``step`` that the log says were begun (``step_started``). Reads the raw lines and
+    parses only those naming that kind: a resume calls this once over a log of maybe a million rollout
+    events, and a bad line elsewhere is the monitor's to report, not a reason to refuse the resume."""
+    found: set[int] = set()
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return found
+    with fh:
+        for raw in fh:
+            if not raw.endswith(b"\n") or b'"step_started"' not in raw:
+                continue
+            try:
+                event = parse_event(raw)
+            except (ValidationError, ValueError):
+                continue
+            if isinstance(event, StepStarted) and event.step > step:
+                found.add(event.step)
+    return found

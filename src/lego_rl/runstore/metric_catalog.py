@@ -185,6 +185,9 @@ SOLVE_RATE = _declare("solve_rate", "fraction", GAUGE, "rollout", "admitted roll
                       "the solved reward (1: graders give 0 or 1)", when="some admitted rollout has a reward")
 SAMPLED_TOKENS = _declare("sampled_tokens", "tokens", COUNTER, "rollout", "loss-masked tokens the step's "
                           "rollouts sampled")
+CONTROL_ZERO_ADVANTAGE = _declare("control_zero_advantage", "bool", GAUGE, "rollout", "1: a control arm "
+                                  "(train.control = zero_advantage): the loss saw every advantage as 0",
+                                  when="train.control = zero_advantage")
 ZERO_ADVANTAGE_GROUPS = _declare("zero_advantage_groups", "groups", COUNTER, "rollout", "trained groups whose "
                                  "advantages were all zero (equal rewards)")
 ALL_SOLVED_GROUPS = _declare("all_solved_groups", "groups", COUNTER, "rollout", "groups in which every rollout "

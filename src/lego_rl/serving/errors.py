@@ -90,3 +90,13 @@ class WeightUpdateRejected(ProviderError):
     def __init__(self, message: str, *, parameter: str | None = None) -> None:
         self.parameter = parameter
         super().__init__(message, status_code=400)
+
+
+class ListenFailed(OSError):
+    """The embedded engine could not listen on its address (the port taken by another process, an address this
+    host does not have). An ``OSError``, as the bind's own failure is; the caller that knows which setting
+    named the port (``serving.port``, ``lego serve --port``) words the remedy."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        self.host, self.port, self.reason = host, port, reason
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from lego_rl.errors import ConfigError
 from lego_rl.serving.engine import EmbeddedEngine, EngineBadRequest, EngineOutput
-from lego_rl.serving.errors import WeightUpdateRejected
+from lego_rl.serving.errors import ListenFailed, WeightUpdateRejected
 from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.request_check import BadRequest, check_generate
 
@@ -267,6 +267,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _probe_listen(host: str, port: int) -> None:
+    """Whether ``host:port`` can be bound now, as the server will bind it (``SO_REUSEADDR``, as asyncio's
+    listening sockets on Unix: a port in TIME_WAIT is free, one another process listens on is not)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as exc:
+        raise ListenFailed(host, port, exc.strerror or str(exc)) from None
+
+
 class EmbeddedServer:
     """The engine plus its HTTP server; ``await start()`` / ``await stop()`` or ``async with``."""
 
@@ -283,6 +294,11 @@ class EmbeddedServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> str:
+        """Load the model and listen; the URL. A fixed ``port`` that cannot be bound is a ``ListenFailed``,
+        found before the model loads (a probe) and again by the bind itself (taken meanwhile). Port 0 lets the
+        kernel pick a free port at the bind, so two engines on one host never race for one."""
+        if self.port:
+            _probe_listen(self.host, self.port)
         loop = asyncio.get_running_loop()
         # Model loading is blocking I/O and compute: keep the event loop free meanwhile.
         self.engine = await loop.run_in_executor(None, lambda: EmbeddedEngine(self.model_dir, **self.engine_kw))
@@ -293,9 +309,12 @@ class EmbeddedServer:
         self._runner = web.AppRunner(build_app(self.engine, served_log=self._served), access_log=None,
                                      handler_cancellation=True)
         await self._runner.setup()
-        port = self.port or free_port(self.host)
-        await web.TCPSite(self._runner, self.host, port).start()
-        self.port = port
+        try:
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except OSError as exc:
+            await self.stop()
+            raise ListenFailed(self.host, self.port, exc.strerror or str(exc)) from None
+        self.port = int(self._runner.addresses[0][1])
         return self.url
 
     async def stop(self) -> None:

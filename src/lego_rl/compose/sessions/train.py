@@ -33,6 +33,15 @@ def refuse_checkpoints_past_latest(checkpoints: Path) -> None:
     starts, naming them, so that the operator moves them away (and keeps them) first."""
     latest = latest_checkpoint(checkpoints)
     if latest is None:
+        orphans = checkpoints_after(checkpoints, -1)
+        if orphans:
+            # Complete checkpoints that ``latest`` never named (the process died between writing one and
+            # publishing it): a resume would start from the initial weights and fail on saving over them.
+            raise ConfigError(
+                f"{checkpoints} holds {', '.join(orphans)} but no `latest` pointer naming one: point it at "
+                f"the one to resume from (`echo {orphans[-1]} > {checkpoints / 'latest'}`), or move them out "
+                "of checkpoints/ to start again from the initial weights", parameter="train.resume",
+                value=orphans[-1])
         return
     newer = checkpoints_after(checkpoints, latest.step)
     if newer:
