@@ -46,7 +46,7 @@ def test_suspect_patches_are_counted_per_step_and_shown(tmp_path: Path) -> None:
     console.print(views.overview(snap, 140))
     text = console.export_text()
     assert "suspect" in text and "3 in all" in text
-    assert "suspect patches" in _overview(snap) and "0: 2" in _overview(snap)
+    assert "suspect patches" in _overview(snap, state) and "0: 2" in _overview(snap, state)
 
 
 def test_a_run_without_suspect_patches_shows_none() -> None:
