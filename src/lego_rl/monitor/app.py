@@ -30,6 +30,7 @@ from lego_rl.monitor import views
 from lego_rl.monitor.compare import Comparison, compare
 from lego_rl.monitor.drill import RolloutDetail, detail
 from lego_rl.monitor.snapshot import SECTIONS, Snapshot, TurnCache, build
+from lego_rl.monitor.stages import StageInfo, Stages, is_run, stage_dirs
 from lego_rl.monitor.state import RunState
 
 KEYS = {key: section for key, section, _ in views.VIEWS}
@@ -40,7 +41,13 @@ class Monitor:
     """The view state (active view, selection, scroll, search) over one run, or two with ``other``."""
 
     def __init__(self, root: Path, *, kl_warn: float, other: Path | None = None) -> None:
-        self.state = RunState(root)
+        self.root = Path(root)
+        self.state = self.parent_state = RunState(root)
+        self.stages: Stages | None = None
+        """Set when ``root`` holds no run but its sub-folders do (the main job's stages)."""
+        self.stage_infos: list[StageInfo] = []
+        self.stage_open: Path | None = None
+        """The stage shown (None: the list of stages, when there are stages)."""
         self.other = RunState(other) if other is not None else None
         self.kl_warn = kl_warn
         self.cache = TurnCache()
@@ -56,9 +63,28 @@ class Monitor:
 
     # -- data ------------------------------------------------------------------------------------------
 
+    @property
+    def listing_stages(self) -> bool:
+        """The list of stages is on screen (a folder of runs, none opened)."""
+        return self.stage_open is None and bool(self.stage_infos)
+
+    def refresh_stages(self) -> None:
+        """A folder holding no run of its own but runs in its sub-folders (possibly appearing later): follow
+        them as stages."""
+        if self.stages is None and not is_run(self.root) and stage_dirs(self.root):
+            self.stages = Stages(self.root)
+        if self.stages is not None:
+            self.stage_infos = self.stages.refresh()
+
+    def open_stage(self, path: Path) -> None:
+        assert self.stages is not None
+        self.stage_open, self.state = path, self.stages.states[path]
+        self.view, self.selected, self.offset, self.opened, self.query = "overview", 0, 0, None, None
+
     def refresh(self, sections: tuple[str, ...] | None = None) -> Snapshot:
         """Read what the run(s) appended and rebuild the sections shown (all of them for ``--once``)."""
         now = time.time()
+        self.refresh_stages()
         self.state.refresh()
         want = sections or (("rollouts",) if self.view == "compare" else (self.view,))
         self.snap = build(
@@ -91,6 +117,19 @@ class Monitor:
         if self.opened is not None and k in (ESC, "\x7f", "\b", "h"):
             self.opened, self.offset = None, 0
             return False
+        if self.listing_stages:
+            if k in ("UP", "k"):
+                self.selected = max(0, self.selected - 1)
+            elif k in ("DOWN", "j"):
+                self.selected = min(len(self.stage_infos) - 1, self.selected + 1)
+            elif k in ("\r", "\n"):
+                self.open_stage(Path(self.stage_infos[min(self.selected, len(self.stage_infos) - 1)].path))
+            return False
+        if self.stage_open is not None and k in (ESC, "\x7f", "\b"):  # back to the list of stages
+            names = [i.path for i in self.stage_infos]
+            self.selected = names.index(str(self.stage_open)) if str(self.stage_open) in names else 0
+            self.stage_open, self.state, self.view, self.offset = None, self.parent_state, "overview", 0
+            return False
         if k == "/":
             self.typing = ""
             return False
@@ -121,8 +160,8 @@ class Monitor:
             self.query, self.view, self.selected, self.offset = query, "rollouts", 0, 0
             return False
         section = KEYS.get(k)
-        if k.isdigit() and 1 <= int(k) <= len(views.VIEWS):
-            section = views.VIEWS[int(k) - 1][1]
+        if k.isdigit() and (int(k) or 10) <= len(views.VIEWS):  # 1..9, then 0 for the tenth
+            section = views.VIEWS[(int(k) or 10) - 1][1]
         if section not in (None, self.view) and (section != "compare" or self.other is not None):
             self.view, self.offset, self.selected, self.opened = str(section), 0, 0, None
         return False
@@ -144,6 +183,10 @@ class Monitor:
 
     def render(self, width: int, height: int) -> RenderableType:
         snap = self.snap or self.refresh()
+        if self.listing_stages:
+            return Group(views.stages_header(str(self.root)), Rule(style="dim"),
+                         views.stages(self.stage_infos, self.selected), Rule(style="dim"),
+                         views.footer(False, stages=True))
         top = views.header(snap, self.view, self.other is not None, self.query)
         if self.typing is not None:
             top.append(
@@ -157,7 +200,8 @@ class Monitor:
         body_h = max(5, height - 6 - n_notes - (1 if self.typing is not None else 0))
         body = self.body(snap, width, body_h)
         return Group(
-            top, Rule(style="dim"), body, Rule(style="dim"), notes, views.footer(self.opened is not None)
+            top, Rule(style="dim"), body, Rule(style="dim"), notes,
+            views.footer(self.opened is not None, stage=self.stage_open.name if self.stage_open else None),
         )
 
     def body(self, snap: Snapshot, width: int, height: int) -> RenderableType:
@@ -168,6 +212,10 @@ class Monitor:
         v = self.view
         if v == "overview":
             return views.overview(snap, width)
+        if v == "curves":
+            n = sum(1 for _ in snap.curves or ()) + len(views.PANELS)
+            self.offset = min(self.offset, max(0, n - height))
+            return views.curves(snap, width, height, self.offset)
         if v == "terminations":
             n = len(snap.terminations.examples) if snap.terminations else 0
             self.selected = min(self.selected, max(0, n - 1))
@@ -197,7 +245,16 @@ class Monitor:
 
 
 def render_once(mon: Monitor, console: Console, rollout: str | None = None) -> None:
-    """Every view, one after the other (what ``--once`` prints)."""
+    """Every view, one after the other (what ``--once`` prints); for a folder of runs, the list of stages and
+    then each stage's views."""
+    mon.refresh_stages()
+    if mon.stage_infos:
+        console.print(views.stages_header(str(mon.root)))
+        console.print(views.stages(mon.stage_infos, None))
+        for info in mon.stage_infos:
+            console.print(Rule(f"stage {info.name}", style="bold"))
+            render_once(Monitor(Path(info.path), kl_warn=mon.kl_warn), console, rollout)
+        return
     snap = mon.refresh(SECTIONS)
     width = console.width
     tall = 40
@@ -215,6 +272,8 @@ def render_once(mon: Monitor, console: Console, rollout: str | None = None) -> N
             console.print(views.tasks(snap, width, tall, 0))
         elif section == "terminations":
             console.print(views.terminations(snap, tall))
+        elif section == "curves":
+            console.print(views.curves(snap, width, 10_000))
         elif section == "consistency":
             console.print(views.consistency(snap, tall))
         else:
@@ -231,6 +290,12 @@ def render_once(mon: Monitor, console: Console, rollout: str | None = None) -> N
 
 
 def snapshot_json(mon: Monitor, rollout: str | None = None) -> str:
+    mon.refresh_stages()
+    if mon.stage_infos:  # a folder of runs: its stages, each with its snapshot
+        return json.dumps({"root": str(mon.root), "stages": [
+            {**i.model_dump(mode="json"),
+             "snapshot": json.loads(snapshot_json(Monitor(Path(i.path), kl_warn=mon.kl_warn), rollout))}
+            for i in mon.stage_infos]}, indent=1)
     snap = mon.refresh(SECTIONS)
     data = snap.model_dump(mode="json")
     if mon.comparison is not None:

@@ -86,9 +86,11 @@ def detail(state: RunState, rollout_id: str) -> RolloutDetail | None:
     if r is None:
         return None
     t0 = r.started
+    # The step open when it started, never the step that trained it: an asynchronous run trains a rollout
+    # started during step 0 in step 1 (said on its own line below).
     timeline = [
         f"+{0.0:8.2f}s  started: {r.instance_id} on {r.harness}, group {r.group_index} #{r.index}"
-        + (f", step {r.step}" if r.step is not None else "")
+        + (f", during step {r.started_step}" if r.started_step is not None else "")
     ]
     elapsed = 0.0
     for stage, (status, seconds) in r.stages.items():
@@ -106,6 +108,9 @@ def detail(state: RunState, rollout_id: str) -> RolloutDetail | None:
         timeline.append(f"{'':11}  in flight")
     if r.refilled_by:
         timeline.append(f"{'':11}  refilled by {r.refilled_by}")
+    if r.counted_in is not None:
+        policy = f" (sampled from policy {r.started_policy})" if r.started_policy is not None else ""
+        timeline.append(f"{'':11}  in step {r.counted_in}'s batch{policy}")
     folder = state.artifact_dir(rollout_id)
     files = artifact_files(state, rollout_id)
     note = None if files else f"no artifacts in {folder} (environment rollouts save none; or not saved yet)"

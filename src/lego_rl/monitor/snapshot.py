@@ -20,7 +20,8 @@ from lego_rl.runstore import RolloutFiles
 from lego_rl.runstore import metric_catalog as mc
 from lego_rl.runstore.turns import TurnRecord, read_turn_records
 
-SECTIONS = ("overview", "terminations", "timing", "tasks", "consistency", "behaviour", "pipeline", "rollouts")
+SECTIONS = ("overview", "curves", "terminations", "timing", "tasks", "consistency", "behaviour", "pipeline",
+            "rollouts")
 STAGE_ORDER = (
     "harness_lookup",
     "sandbox_setup",
@@ -47,7 +48,7 @@ class Note(BaseModel):
 class RunInfo(BaseModel):
     root: str
     kind: str
-    """``train``, ``rollout-check`` or ``empty``."""
+    """A ``metric_catalog.RunKind`` value (``train``, ``sft``, ``rollout-check``, ``tasks-screen``) or ``empty``."""
     status: str
     started_at: float | None
     last_event_at: float | None
@@ -75,9 +76,11 @@ class Point(BaseModel):
 
 class Overview(BaseModel):
     step: int | None
-    """Latest finished step."""
+    """Latest finished step (numbered from 0)."""
+    steps_done: int | None
+    """Steps finished: the latest finished step + 1 (what ``N/total`` counts, as the CLI's progress line)."""
     steps_total: int | None
-    """``train.num_rollout`` from the run's config."""
+    """``train.num_rollout`` from the run's config (an SFT run: ``train.sft_steps``)."""
     weight_version: int | None
     reward: list[Point]
     solve_rate: list[Point]
@@ -99,6 +102,28 @@ class Overview(BaseModel):
     suspect_patches: list[Point] = Field(default_factory=list)
     """Per finished step, rollouts labelled ``suspect_patch`` (a patch built to fool comparisons; empty when
     the run has none)."""
+    loss: list[Point] = Field(default_factory=list)
+    """The ``loss`` of each step that wrote one (an SFT run's main curve)."""
+    graded: int = 0
+    """Finished rollouts with a reward (a run without steps: rollout-check, tasks screen)."""
+    rewarded: int = 0
+    """Of those, rollouts with reward > 0."""
+    reward_mean_all: float | None = None
+    """Mean reward over every graded rollout (None when none is graded)."""
+    max_staleness: int | None = None
+    """``rollout.max_staleness`` from the run's config (0: synchronous; None: not recorded)."""
+    incidents: list[str] = Field(default_factory=list)
+    """stale_lock_taken / resume_override / steps_abandoned events, oldest first."""
+
+
+class Series(BaseModel):
+    name: str
+    """The declared metric's name, or a derived figure's (``reward_spread/mean_std``, ``termination/<reason>``)."""
+    panel: str
+    """``train``, ``consistency``, ``rollouts``, ``terminations``, ``timing`` or ``staleness``."""
+    unit: str
+    points: list[Point]
+    """One per step that has the value, by step (integers, from 0)."""
 
 
 class StepTerminations(BaseModel):
@@ -204,6 +229,9 @@ class Pipeline(BaseModel):
     steps: list[PipelineStep]
     bottleneck: str | None
     staleness: dict[str, float]
+    mode: str | None = None
+    """``synchronous`` / ``asynchronous`` and ``rollout.max_staleness``, from the run's config (None: not
+    recorded); the policy lag is what happened."""
 
 
 class Snapshot(BaseModel):
@@ -218,6 +246,8 @@ class Snapshot(BaseModel):
     pipeline: Pipeline | None = None
     rollouts: list[RolloutBrief] | None = None
     """The latest finished rollouts (newest first), or the search's matches."""
+    curves: list[Series] | None = None
+    """Per-step curves: training, consistency per turn kind, reward spread, termination mix, timing, lag."""
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -298,11 +328,15 @@ def overview(state: RunState, now: float) -> Overview:
         if tok and t:
             tokens_s = tok / t
             break
-    total = state.config_int("train", "num_rollout") if state.kind == "train" else None
+    total = {mc.RunKind.TRAIN.value: state.config_int("train", "num_rollout"),
+             mc.RunKind.SFT.value: state.config_int("train", "sft_steps")}.get(state.kind)
     eta = None
     if total is not None and timed and state.finished is None:
         step_s = sum(m.finished_at - m.started_at for _, m in timed) / len(timed)
         eta = max(0.0, (total - (done[-1] + 1)) * step_s)
+    graded = [r.reward for r in state.rollouts.values()
+              if r.termination is not None and not r.infrastructure and r.reward is not None]
+    loss = [Point(step=s, value=v) for s in done if (v := _value(state, s, mc.LOSS)) is not None]
     staleness = _policy_lag(last.metrics.values if last and last.metrics else None)
     version = None
     if last is not None and last.finished:
@@ -314,6 +348,7 @@ def overview(state: RunState, now: float) -> Overview:
         version = state.steps[state.open_step].weight_version
     return Overview(
         step=done[-1] if done else None,
+        steps_done=done[-1] + 1 if done else None,
         steps_total=total,
         weight_version=version,
         reward=reward,
@@ -332,7 +367,95 @@ def overview(state: RunState, now: float) -> Overview:
             for b in state.baselines
         ],
         suspect_patches=_suspect_patches(state, done),
+        loss=loss,
+        graded=len(graded),
+        rewarded=sum(1 for x in graded if x > 0),
+        reward_mean_all=sum(graded) / len(graded) if graded else None,
+        max_staleness=state.config_int("rollout", "max_staleness"),
+        incidents=[text for _, _, text in state.incidents],
     )
+
+
+CURVES: tuple[tuple[str, tuple[mc.Metric, ...]], ...] = (
+    ("train", (mc.LOSS, mc.PG_LOSS, mc.NLL, mc.GRAD_NORM, mc.ENTROPY, mc.LR, mc.KL, mc.CLIP_FRAC_LOW,
+               mc.CLIP_FRAC_HIGH, mc.DUAL_CLIP_FRAC, mc.RATIO_MEAN, mc.IS_WEIGHT_MEAN, mc.TIS_CLAMPED_FRAC,
+               mc.MIS_MASKED_FRAC, mc.SC_CORRECTION, mc.TOKENS, mc.EPOCH)),
+    ("rollouts", (mc.REWARD_MEAN, mc.SOLVE_RATE, mc.SAMPLED_TOKENS, mc.ZERO_VARIANCE_GROUPS)),
+    ("timing", (mc.TIME_ROLLOUT_S, mc.TIME_TRAIN_S, mc.TIME_SYNC_S, mc.TIME_STEP_S, mc.SLOTS_IDLE_FRACTION,
+                mc.SLOTS_WASTED_FRACTION)),
+    ("staleness", (mc.POLICY_LAG_MEAN, mc.POLICY_LAG_MAX, mc.ROLLOUTS_CROSSED_VERSION, mc.TOKENS_DROPPED_STALE)),
+)
+"""The declared metrics the Curves view draws, by panel (each only when the run wrote it)."""
+CONSISTENCY_CURVES = ("k3_kl", "mean_abs_diff")
+"""Consistency fields drawn over steps, overall and per turn kind (``CONSISTENCY_SPLITS``)."""
+
+
+def curves(state: RunState) -> list[Series]:
+    """Every per-step curve the run has: declared metrics read through ``CURVES``, consistency per turn kind,
+    the reward spread within groups and the termination mix (from the events), stage timing and policy lag."""
+    done = _done_steps(state)
+    rows = [(s, m) for s in done if (m := state.steps[s].metrics) is not None]
+    out: list[Series] = []
+    for panel, metrics in CURVES:
+        for m in metrics:
+            pts = [Point(step=s, value=v) for s, row in rows if (v := mc.read(row.values, m)) is not None]
+            if pts:
+                out.append(Series(name=str(m), panel=panel, unit=m.unit, points=pts))
+        if panel == "rollouts":
+            out.extend(_reward_spread(state, done))
+    for f in CONSISTENCY_CURVES:
+        overall = mc.CONSISTENCY[f]
+        pts = [Point(step=s, value=v) for s, row in rows if (v := mc.read(row.values, overall)) is not None]
+        if pts:
+            out.append(Series(name=str(overall), panel="consistency", unit=overall.unit, points=pts))
+        family = mc.CONSISTENCY_BY_SPLIT[f]
+        by_split: dict[str, list[Point]] = {}
+        for s, row in rows:
+            for split, v in mc.read_family(row.values, family).items():
+                by_split.setdefault(split, []).append(Point(step=s, value=v))
+        out.extend(Series(name=family.key(split), panel="consistency", unit=family.unit, points=pts)
+                   for split, pts in sorted(by_split.items()))
+    out.extend(_termination_mix(state, done))
+    return out
+
+
+def _reward_spread(state: RunState, done: list[int]) -> list[Series]:
+    """Per step: the mean and the largest standard deviation of the admitted rewards within a group (0: no
+    GRPO signal in that group), and the share of groups with zero spread; from the events."""
+    mean_std, max_std, flat = [], [], []
+    for s in done:
+        groups = [g for g in state.steps[s].group_rewards.values() if len(g) > 1]
+        if not groups:
+            continue
+        stds = [_std(g) for g in groups]
+        mean_std.append(Point(step=s, value=sum(stds) / len(stds)))
+        max_std.append(Point(step=s, value=max(stds)))
+        flat.append(Point(step=s, value=sum(1 for x in stds if x == 0.0) / len(stds)))
+    if not mean_std:
+        return []
+    return [Series(name="reward_spread/mean_std", panel="rollouts", unit="reward", points=mean_std),
+            Series(name="reward_spread/max_std", panel="rollouts", unit="reward", points=max_std),
+            Series(name="reward_spread/zero_share", panel="rollouts", unit="fraction", points=flat)]
+
+
+def _std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def _termination_mix(state: RunState, done: list[int]) -> list[Series]:
+    """Per termination reason, its share of each step's finished rollouts (events; the metrics row's counts
+    where a step has no events)."""
+    per_step = []
+    for s in done:
+        agg = state.steps[s]
+        counts = dict(agg.terminations) or (
+            {str(k): v for k, v in agg.metrics.terminations.items()} if agg.metrics is not None else {})
+        if sum(counts.values()):
+            per_step.append((s, counts, sum(counts.values())))
+    reasons = sorted({r for _, c, _ in per_step for r in c})
+    return [Series(name=f"termination/{r}", panel="terminations", unit="fraction",
+                   points=[Point(step=s, value=c.get(r, 0) / n) for s, c, n in per_step]) for r in reasons]
 
 
 def _suspect_patches(state: RunState, done: list[int]) -> list[Point]:
@@ -587,7 +710,10 @@ def pipeline(state: RunState) -> Pipeline:
         )
     last = state.steps[steps[-1].step].metrics if steps else None
     staleness = _policy_lag(last.values if last else None)
-    return Pipeline(steps=steps, bottleneck=bottleneck, staleness=staleness)
+    bound = state.config_int("rollout", "max_staleness")
+    mode = None if bound is None else (
+        f"{'synchronous' if bound == 0 else 'asynchronous'} (rollout.max_staleness {bound})")
+    return Pipeline(steps=steps, bottleneck=bottleneck, staleness=staleness, mode=mode)
 
 
 def search(state: RunState, query: str, cache: TurnCache, limit: int = 200) -> list[RolloutBrief]:
@@ -653,6 +779,8 @@ def build(
     )
     if "overview" in want:
         snap.overview = overview(state, now)
+    if "curves" in want:
+        snap.curves = curves(state)
     if "terminations" in want:
         snap.terminations = terminations(state)
     if "timing" in want:

@@ -24,6 +24,7 @@ from lego_rl.runstore.events import (
     Baseline,
     BatchTaken,
     CheckpointSaved,
+    ControlArm,
     EvalFinished,
     GroupReplaced,
     LogRepaired,
@@ -31,6 +32,7 @@ from lego_rl.runstore.events import (
     ScreenFinished,
     RolloutFinished,
     RolloutRefilled,
+    ResumeOverride,
     RolloutStarted,
     RunEvent,
     RunResumed,
@@ -38,6 +40,7 @@ from lego_rl.runstore.events import (
     ServingReady,
     SessionCloseFailed,
     StageFinished,
+    StaleLockTaken,
     StepFinished,
     StepsAbandoned,
     StepStarted,
@@ -58,8 +61,13 @@ class Rollout:
     instance_id: str
     harness: str
     step: int | None
-    """The training step it belongs to; None for evaluation and rollout-check rollouts."""
+    """The training step that trained it (``batch_taken``), until then the step open when it started; None
+    for evaluation and rollout-check rollouts. Steps are numbered from 0 (docs/monitoring.md)."""
     started: float
+    started_step: int | None = None
+    """The step open when it started (never moved: an asynchronous run trains it in a later step)."""
+    started_policy: int | None = None
+    """The policy (weight version) it started on, from ``batch_taken``; None until a step takes it."""
     group_index: int = 0
     index: int = 0
     finished: float | None = None
@@ -76,6 +84,9 @@ class Rollout:
     """session_close_failed / artifact_not_saved facts about this rollout."""
     counted_in: int | None = None
     """The step whose figures include this finished rollout (a batch_taken event may move it)."""
+    filed: bool = False
+    filed_under: int | None = None
+    """When ``filed``: the step whose task-grid group holds its reward (moved with ``counted_in``)."""
 
     @property
     def outcome(self) -> str:
@@ -102,6 +113,8 @@ class StepAgg:
     replaced_groups: int = 0
     infrastructure: int = 0
     turns: list[int] = field(default_factory=list)
+    group_rewards: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    """(task, group index) → admitted rewards of the step's rollouts: the reward spread per group."""
 
 
 @dataclass
@@ -228,7 +241,11 @@ class RunState:
         self.last_error: tuple[float, str] | None = None
         self.last_event_ts: float | None = None
         self.kind = "empty"
-        """``train`` (step events seen), ``rollout-check``, or ``empty`` (nothing yet)."""
+        """A ``metric_catalog.RunKind`` value (``train``, ``sft``, ``rollout-check``, ``tasks-screen``), or
+        ``empty`` (nothing yet)."""
+        self.incidents: list[tuple[float, str, str]] = []
+        """Events an operator must know of, in order: a stale lock taken over, a resume override, a control arm,
+        steps abandoned by a resume (``ts``, the event's kind, one line)."""
         self.events_read = 0
         self.metrics_read = 0
 
@@ -289,6 +306,8 @@ class RunState:
                     row.step, row.started_at, int(mc.read(row.values, mc.WEIGHT_VERSION) or 0)
                 )
             agg.metrics = row
+            if mc.read(row.values, mc.DEMONSTRATIONS) is not None:  # only SFT writes it (older configs: no sft_data)
+                self.kind = mc.RunKind.SFT.value
             rows += 1
         self.metrics_read += rows
         return new + rows
@@ -304,7 +323,7 @@ class RunState:
                     self._stage_time(r, e.stage, e.duration_s)
         elif isinstance(e, RolloutStarted):
             step = self.open_step
-            r = Rollout(e.rollout_id, e.instance_id, e.harness, step, e.ts, e.group_index, e.index)
+            r = Rollout(e.rollout_id, e.instance_id, e.harness, step, e.ts, step, None, e.group_index, e.index)
             self.rollouts[e.rollout_id] = r
             self.in_flight[e.rollout_id] = r
             if step is not None and step in self.steps:
@@ -326,7 +345,7 @@ class RunState:
         elif isinstance(e, BatchTaken):
             self._take(e)
         elif isinstance(e, StepStarted):
-            self.kind = "train"
+            self.kind = mc.RunKind.SFT.value if self.is_sft() else mc.RunKind.TRAIN.value
             self.open_step = e.step
             if (known := self.steps.get(e.step)) is None:
                 self.steps[e.step] = StepAgg(e.step, e.ts, e.weight_version)
@@ -358,6 +377,8 @@ class RunState:
                     r.counted_in = None
             self.checkpoints = [c for c in self.checkpoints if c.step not in e.steps]
             self.abandoned.append(e)
+            self.incidents.append((e.ts, e.kind, f"steps abandoned: {', '.join(map(str, e.steps))} "
+                                                 f"({_resumed_from(e)})"))
         elif isinstance(e, TrainingFinished):
             self.finished = e
             self.open_step = None
@@ -378,7 +399,17 @@ class RunState:
             self.kind = "rollout-check"
         elif isinstance(e, ScreenFinished):
             self.screen_finished = e
-            self.kind = "rollout-check"
+            self.kind = mc.RunKind.TASKS_SCREEN.value
+        elif isinstance(e, StaleLockTaken):
+            cont = f"; continuing with step {e.step}" if e.step is not None else ""
+            self.incidents.append((e.ts, e.kind, f"stale lock taken over: the previous holder (pid {e.previous_pid} on "
+                                                 f"{e.previous_host}) died without releasing run.lock{cont}"))
+        elif isinstance(e, ControlArm):
+            self.incidents.append((e.ts, e.kind, f"control arm from step {e.step}: train.control = {e.control} (the "
+                                                 "loss sees every advantage as 0)"))
+        elif isinstance(e, ResumeOverride):
+            self.incidents.append((e.ts, e.kind, f"resume override from step {e.step}: {e.key} {e.before!r} → "
+                                                 f"{e.after!r} (was recorded in {e.recorded_in})"))
         elif isinstance(e, ServingReady):
             self.serving = e.serving
         elif isinstance(e, LogRepaired):
@@ -399,24 +430,35 @@ class RunState:
         if r.infrastructure:
             agg.infrastructure += sign
         elif r.reward is not None:
+            group = agg.group_rewards.setdefault((r.instance_id, r.group_index), [])
             if sign > 0:
                 agg.rewards.append(r.reward)
-            elif r.reward in agg.rewards:
-                agg.rewards.remove(r.reward)
+                group.append(r.reward)
+            else:
+                if r.reward in agg.rewards:
+                    agg.rewards.remove(r.reward)
+                if r.reward in group:
+                    group.remove(r.reward)
+                if not group:
+                    del agg.group_rewards[(r.instance_id, r.group_index)]
         r.counted_in = agg.step if sign > 0 else None
 
     def _take(self, e: BatchTaken) -> None:
         """The asynchronous scheduler decides which step trains a rollout only when it takes the batch (a rollout
         may start and finish while an earlier step is open): move each taken rollout's figures to that step."""
         agg = self.steps.setdefault(e.step, StepAgg(e.step, e.ts, 0))
-        for rid in e.rollout_ids:
+        for i, rid in enumerate(e.rollout_ids):
             r = self.rollouts.get(rid)
-            if r is None or r.termination is None or r.counted_in == e.step:
+            if r is None:
+                continue
+            r.started_policy = e.started_policies[i] if i < len(e.started_policies) else None
+            if r.termination is None or r.counted_in == e.step:
                 continue
             if r.counted_in is not None and (old := self.steps.get(r.counted_in)) is not None:
                 self._count(r, old, -1)
             r.step = e.step
             self._count(r, agg, +1)
+            self._file(r)
 
     def _stage_time(self, r: Rollout, stage: str, seconds: float) -> None:
         key = (r.step, r.harness, stage)
@@ -427,7 +469,7 @@ class RunState:
     def _finish(self, e: RolloutFinished) -> None:
         r = self.rollouts.get(e.rollout_id)
         if r is None:  # its start is not in this log (a log cut, a moved file): keep what we know
-            r = self.rollouts[e.rollout_id] = Rollout(e.rollout_id, "?", "?", self.open_step, e.ts)
+            r = self.rollouts[e.rollout_id] = Rollout(e.rollout_id, "?", "?", self.open_step, e.ts, self.open_step)
         self.in_flight.pop(e.rollout_id, None)
         r.finished, r.termination, r.reward = e.ts, str(e.termination), e.reward
         r.infrastructure, r.turns, r.detail = e.infrastructure_failure, e.turns, e.detail
@@ -454,8 +496,22 @@ class RunState:
         if task is None:
             task = self.tasks[r.instance_id] = TaskAgg(r.instance_id)
         task.cells.append(r.outcome)
-        if not r.infrastructure and r.reward is not None:
-            task.groups.setdefault(r.step, []).append(r.reward)
+        self._file(r)
+
+    def _file(self, r: Rollout) -> None:
+        """File a finished rollout's reward in its task's group of the step that trains it (``r.step``), taking
+        it out of the group it was filed in before (the step open when it started, before ``batch_taken``)."""
+        if r.infrastructure or r.reward is None:
+            return
+        task = self.tasks.get(r.instance_id)
+        if task is None or (r.filed and r.filed_under == r.step):
+            return
+        if r.filed and (old := task.groups.get(r.filed_under)) is not None and r.reward in old:
+            old.remove(r.reward)
+            if not old:
+                del task.groups[r.filed_under]
+        task.groups.setdefault(r.step, []).append(r.reward)
+        r.filed, r.filed_under = True, r.step
 
     # -- what the views ask ----------------------------------------------------------------------------
 
@@ -488,6 +544,7 @@ class RunState:
             out.extend(Note("error", f"skipped: {bad}") for bad in log.bad_lines)
         out.extend(Note("info", f"{_resumed_from(a)}: steps {', '.join(map(str, a.steps))} recorded before "
                                 f"were abandoned (not shown{_set_aside(a)})") for a in self.abandoned)
+        out.extend(Note("warn", text) for _, kind, text in self.incidents if kind != "steps_abandoned")
         out.append(self.status_note(now))
         return out
 
@@ -525,6 +582,10 @@ class RunState:
         if status == "not started":
             return Note("info", "waiting for the run to write its first event to events.jsonl")
         return Note("info", "running")
+
+    def is_sft(self) -> bool:
+        """An SFT run (``lego train --sft`` sets ``train.sft_data``)."""
+        return bool(_config_value(self.config, "train", "sft_data"))
 
     def config_int(self, section: str, key: str) -> int | None:
         value = _config_value(self.config, section, key)

@@ -16,10 +16,12 @@ from rich.text import Text
 from lego_rl.monitor.compare import Comparison
 from lego_rl.monitor.drill import RolloutDetail
 from lego_rl.monitor.snapshot import STOPPED_SIGNAL, Point, RolloutBrief, Snapshot
+from lego_rl.monitor.stages import StageInfo
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 VIEWS = (
     ("o", "overview", "Overview"),
+    ("l", "curves", "Curves"),
     ("t", "terminations", "Terminations"),
     ("s", "timing", "Stage timing"),
     ("g", "tasks", "Tasks"),
@@ -29,7 +31,7 @@ VIEWS = (
     ("p", "pipeline", "Pipeline"),
     ("m", "compare", "Compare"),
 )
-"""(key, section, title), in the order of the tab bar; ``1``..``9`` select them too."""
+"""(key, section, title), in the order of the tab bar; ``1``..``9`` select the first nine too."""
 LEVEL_STYLE = {"error": "bold red", "warn": "yellow", "info": "dim"}
 OUTCOME_STYLE = {"✓": "green", "·": "red", "✗": "yellow"}
 
@@ -102,13 +104,36 @@ def notes(snap: Snapshot) -> RenderableType:
     return t
 
 
-def footer(detail_open: bool) -> Text:
+def footer(detail_open: bool, *, stage: str | None = None, stages: bool = False) -> Text:
     keys = (
-        "keys: 1-9 or letter = view  ↑/↓ or j/k = select/scroll  enter = open rollout  / = search  q = quit"
+        "keys: 1-9, 0 or letter = view  ↑/↓ or j/k = select/scroll  enter = open rollout  / = search  q = quit"
     )
+    if stage is not None:
+        keys += f"  esc = back to the stages (open: {stage})"
     if detail_open:
         keys = "keys: esc/backspace = back to the list  ↑/↓ = scroll  q = quit"
+    if stages:
+        keys = "keys: ↑/↓ or j/k = select a stage  enter = open it  q = quit"
     return Text(keys, "dim")
+
+
+def stages_header(root: str) -> Text:
+    t = Text("lego monitor ", "bold")
+    t.append(root)
+    t.append("  [stages]", "dim")
+    t.append("\nthis folder holds no run of its own: one run per stage below (the main job's demos/, sft/, grpo/)")
+    return t
+
+
+def stages(infos: Sequence[StageInfo], selected: int | None) -> RenderableType:
+    table = Table(title="stages, in the order they started" + (" (enter opens the selected one)"
+                                                               if selected is not None else ""))
+    for col in ("stage", "kind", "status", "steps done", "rollouts finished"):
+        table.add_column(col)
+    for i, s in enumerate(infos):
+        table.add_row(Text(s.name), s.kind, s.status, "-" if s.steps_done is None else str(s.steps_done),
+                      str(s.rollouts), style="reverse" if i == selected else "")
+    return table
 
 
 def overview(snap: Snapshot, width: int) -> RenderableType:
@@ -117,25 +142,45 @@ def overview(snap: Snapshot, width: int) -> RenderableType:
         return Text("")
     w = max(10, width - 40)
     t = Text()
-    step = "-" if o.step is None else str(o.step)
+    kind = snap.run.kind
+    # Steps are numbered from 0; "steps done N/T" counts them, as the CLI's "step N/T" does (docs/monitoring.md).
+    done = "-" if o.steps_done is None else str(o.steps_done)
     total = f"/{o.steps_total}" if o.steps_total is not None else ""
-    t.append(
-        f"step {step}{total}   weight version {'-' if o.weight_version is None else o.weight_version}"
-        f"   rollouts finished {o.rollouts_finished}   ETA {_dur(o.eta_s)}\n",
-        "bold",
-    )
-    t.append_text(_curve("reward", o.reward, w, 0.0, None)).append("\n")
-    t.append_text(_curve("solve rate", o.solve_rate, w, 0.0, 1.0)).append("\n")
-    t.append_text(_curve("eval pass@1", o.eval_pass_at_1, w, 0.0, 1.0)).append("\n")
+    last = "" if o.step is None else f" (last: step {o.step})"
+    if kind in ("train", "sft") or o.steps_done is not None:
+        t.append(f"steps done {done}{total}{last}   weight version "
+                 f"{'-' if o.weight_version is None else o.weight_version}   ", "bold")
+    if kind != "sft":  # SFT trains on recorded demonstrations: it runs no rollout
+        t.append(f"rollouts finished {o.rollouts_finished}   ", "bold")
+    t.append(f"ETA {_dur(o.eta_s)}\n", "bold")
+    if kind == "sft":
+        t.append_text(_curve("loss", o.loss, w, None, None)).append("\n")
+    elif kind in ("train", "empty"):
+        t.append_text(_curve("reward", o.reward, w, 0.0, None)).append("\n")
+        t.append_text(_curve("solve rate", o.solve_rate, w, 0.0, 1.0)).append("\n")
+        t.append_text(_curve("eval pass@1", o.eval_pass_at_1, w, 0.0, 1.0)).append("\n")
+        if o.loss:
+            t.append_text(_curve("loss", o.loss, w, None, None)).append("\n")
+    if kind not in ("train", "sft"):  # no steps: the rollouts' own rewards
+        t.append(f"{'reward':<12}")
+        if o.graded:
+            t.append(f"mean {o.reward_mean_all:.3f} over {o.graded} graded rollouts, {o.rewarded} rewarded (> 0)\n")
+        else:
+            t.append("no graded rollout yet\n", "dim")
     flight = ", ".join(f"{h} {n}" for h, n in o.in_flight.items()) or "none"
-    t.append(f"in flight    {flight}\n")
-    t.append(
-        f"throughput   {_fmt(o.rollouts_per_min, '.1f')} rollouts/min, "
-        f"{_fmt(o.trained_tokens_per_s, ',.0f')} trained tokens/s\n"
-    )
+    if kind != "sft":
+        t.append(f"in flight    {flight}\n")
+        t.append(f"throughput   {_fmt(o.rollouts_per_min, '.1f')} rollouts/min, ")
+    else:
+        t.append("throughput   ")
+    t.append(f"{_fmt(o.trained_tokens_per_s, ',.0f')} trained tokens/s\n")
     # Policy lag as the loop recorded it; a run that records none (SFT, rollout-check) says so, no guess.
-    stale = ", ".join(f"{k} {v:.2f}" for k, v in o.staleness.items()) or "not recorded by this run"
-    t.append(f"staleness    {stale}\n")
+    if kind in ("train", "empty"):  # SFT and runs without steps sample nothing for a trainer: no lag to show
+        stale = ", ".join(f"{k} {v:.2f}" for k, v in o.staleness.items()) or "not recorded by this run"
+        t.append(f"staleness    {stale}{_mode(o.max_staleness, prefix='; ')}\n")
+    for line in o.incidents[-3:]:
+        t.append("event        ", "bold")
+        t.append(line + "\n", "yellow")
     for b in o.baseline:
         t.append(f"baseline     {b}\n")
     if o.suspect_patches:
@@ -145,6 +190,62 @@ def overview(snap: Snapshot, width: int) -> RenderableType:
     t.append("last error   ")
     t.append(o.last_error or "none", "red" if o.last_error else "green")
     return t
+
+
+def _mode(max_staleness: int | None, prefix: str = "") -> str:
+    """The loop's mode as its config set it (the policy lag figures say what happened)."""
+    if max_staleness is None:
+        return ""
+    if max_staleness == 0:
+        return f"{prefix}synchronous loop (rollout.max_staleness 0)"
+    return f"{prefix}asynchronous loop (rollout.max_staleness {max_staleness})"
+
+
+PANELS = (
+    ("train", "training"),
+    ("rollouts", "rollouts: reward, spread within groups"),
+    ("consistency", "rollout vs trainer log-probs, per turn kind"),
+    ("terminations", "termination mix (share of each step's rollouts)"),
+    ("timing", "stage timing (seconds per step)"),
+    ("staleness", "policy lag"),
+)
+
+
+def curves(snap: Snapshot, width: int, height: int, offset: int = 0) -> RenderableType:
+    """Every per-step curve as a sparkline with its last value, range and (integer) step span; one column per
+    step that has the value, the latest ``width - 82`` of them."""
+    series = snap.curves or []
+    if not series:
+        if snap.run.kind in ("rollout-check", "tasks-screen"):
+            return Text(f"a {snap.run.kind} run has no steps: its rollouts are in Rollouts, Tasks and Terminations")
+        return Text("no per-step figures yet: no step has finished")
+    w = max(10, min(width - 82, max(len(x.points) for x in series)))
+    lines: list[Text] = []
+    for panel, title in PANELS:
+        mine = [x for x in series if x.panel == panel]
+        if not mine:
+            continue
+        lines.append(Text(title, "bold"))
+        for x in mine:
+            shown = x.points[-w:]
+            vals = [p.value for p in shown]
+            name = x.name.removeprefix(f"{panel}/").removeprefix("consistency/").removeprefix("termination/")
+            line = Text(f"  {name[:30]:<30} ")
+            line.append(f"{sparkline(vals, w):<{w}}", "cyan")
+            line.append(f" {_num(vals[-1]):>9}  range {_num(min(vals))}..{_num(max(vals))}  "
+                        f"steps {shown[0].step}-{shown[-1].step}")
+            lines.append(line)
+    offset = min(offset, max(0, len(lines) - height))
+    t = Text(no_wrap=True, overflow="crop")
+    for line in lines[offset: offset + max(5, height)]:
+        t.append_text(line).append("\n")
+    if offset + height < len(lines):
+        t.append(f"... {len(lines) - offset - height} more lines (↓ to scroll)", "dim")
+    return t
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}" if v == 0 or 1e-3 <= abs(v) < 1e5 else f"{v:.2e}"
 
 
 def terminations(snap: Snapshot, height: int, selected: int | None = None) -> RenderableType:
@@ -403,8 +504,10 @@ def pipeline(snap: Snapshot, height: int) -> RenderableType:
             "-" if s.weight_version is None else str(s.weight_version),
         )
     t = Text(f"\nbottleneck (last 5 steps): {p.bottleneck or '-'}", "bold")
-    if p.staleness:
-        t.append("\nstaleness: " + ", ".join(f"{k} {v:.2f}" for k, v in p.staleness.items()))
+    if p.mode:
+        t.append(f"\nloop: {p.mode}")
+    t.append("\npolicy lag (last step): " + (", ".join(f"{k} {v:.2f}" for k, v in p.staleness.items())
+                                            or "not recorded by this run"))
     return Group(table, t)
 
 
