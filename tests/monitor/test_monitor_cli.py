@@ -33,7 +33,7 @@ def test_once_prints_every_view_of_a_finished_train_run() -> None:
     text = _ok([str(TOY), "--once"])
     for title in TITLES:
         assert f" {title} " in text, title
-    assert "finished (completed)" in text and "step 15/16" in text
+    assert "finished (completed)" in text and "steps done 16/16 (last: step 15)" in text
     assert "24 tasks; zero-variance groups" in text and "worst steps by k3 KL" in text
 
 

@@ -67,7 +67,7 @@ def test_every_command_block_runs_against_a_recorded_run(
         assert '"zero_variance": 40' in outputs[3]
         assert '"worst": [' in outputs[4] and '"warn": false' in outputs[4]
         assert "timeline" in outputs[6] or "finished: completed" in outputs[6]
-        assert outputs[7].startswith("step 15/16   weight version 14")
+        assert outputs[7].startswith("steps done 16/16 (last: step 15)   weight version 14")
         assert '"up": 0' in outputs[8]
     else:
         assert "[rollout-check] finished" in outputs[0]

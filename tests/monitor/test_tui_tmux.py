@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from monitor_runs import CHECK, TOY
+from stage_runs import write_main_job
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tmux") is None, reason="tmux missing: `make system-deps` installs it"
@@ -94,7 +95,7 @@ def screen(tmp_path: Path) -> Iterator[type[Screen]]:
 def test_every_view_by_key_then_drill_down_search_and_quit(screen: type[Screen]) -> None:
     s = screen([LEGO, "monitor", str(TOY)])
     first = s.wait("weight version 14")
-    assert "step 15/16" in first and "finished (completed)" in first and "1/o Overview" in first
+    assert "steps done 16/16 (last: step 15)" in first and "2/l Curves" in first and "finished (completed)" in first and "1/o Overview" in first
     for key, title in [
         ("t", "termination mix per step"),
         ("s", "stage seconds per harness"),
@@ -102,7 +103,9 @@ def test_every_view_by_key_then_drill_down_search_and_quit(screen: type[Screen])
         ("c", "rollout vs trainer log-probs"),
         ("b", "behaviour per harness"),
         ("p", "where each step's time went"),
-        ("2", "termination mix per step"),
+        ("3", "termination mix per step"),
+        ("l", "consistency per turn kind (rollout vs trainer)"),
+        ("9", "where each step's time went"),
         ("o", "eval pass@1"),
     ]:
         s.keys(key)
@@ -168,14 +171,39 @@ def test_follows_a_run_as_it_is_written(screen: type[Screen], tmp_path: Path) ->
     (run / "events.jsonl").write_bytes(b"".join(events[:cut]))
     (run / "metrics.jsonl").write_bytes(b"".join(metrics[:5]))
     s = screen([LEGO, "monitor", str(run), "--set", "monitor.refresh_s=0.3"])
-    first = s.wait("step 4/16")
+    first = s.wait("steps done 5/16 (last: step 4)")
     assert "running" in first and "ETA" in first
     with (run / "events.jsonl").open("ab") as fh:
         fh.write(b"".join(events[cut:]))
     with (run / "metrics.jsonl").open("ab") as fh:
         fh.write(b"".join(metrics[5:]))
     done = s.wait("finished (completed)")
-    assert "step 15/16" in done
+    assert "steps done 16/16" in done
+
+
+def test_the_main_jobs_folder_lists_its_stages_opens_one_and_goes_back(
+    screen: type[Screen], tmp_path: Path
+) -> None:
+    """The stages of a folder of runs (stage_runs.write_main_job), the SFT stage's curves, the GRPO stage's
+    asynchronous rollout: started during step 0, trained in step 1."""
+    parent = write_main_job(tmp_path / "main-3")
+    s = screen([LEGO, "monitor", str(parent)])
+    listed = s.wait("stages, in the order they started")
+    assert "demos" in listed and "grpo" in listed and "holds no run (" not in listed
+    s.keys("Down", "Enter")
+    opened = s.wait("steps done 3/3 (last: step 2)")
+    assert "[sft]" in opened and "loss" in opened
+    s.keys("l")
+    s.wait("nll")
+    s.keys("Escape")
+    s.wait("stages, in the order they started")
+    s.keys("Down", "Enter")
+    s.wait("steps done 2/2 (last: step 1)")
+    s.keys("r")
+    s.wait("latest finished rollouts")
+    s.keys("Enter")
+    s.wait("during step 0")
+    assert "in step 1's batch (sampled from policy 0)" in s.text()
 
 
 @pytest.mark.slow
@@ -206,7 +234,7 @@ def test_follows_a_real_lego_train_run_from_its_first_event_to_its_end(
     try:
         s.wait("[train] running", timeout=300)
         s.wait("finished (completed)", timeout=600)
-        assert "step 11/12" in s.text()
+        assert "steps done 12/12" in s.text()
     finally:
         try:
             _, err = train.communicate(timeout=120)  # training_finished is written just before it exits

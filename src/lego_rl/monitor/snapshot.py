@@ -379,15 +379,20 @@ def overview(state: RunState, now: float) -> Overview:
 CURVES: tuple[tuple[str, tuple[mc.Metric, ...]], ...] = (
     ("train", (mc.LOSS, mc.PG_LOSS, mc.NLL, mc.GRAD_NORM, mc.ENTROPY, mc.LR, mc.KL, mc.CLIP_FRAC_LOW,
                mc.CLIP_FRAC_HIGH, mc.DUAL_CLIP_FRAC, mc.RATIO_MEAN, mc.IS_WEIGHT_MEAN, mc.TIS_CLAMPED_FRAC,
-               mc.MIS_MASKED_FRAC, mc.SC_CORRECTION, mc.TOKENS, mc.EPOCH)),
-    ("rollouts", (mc.REWARD_MEAN, mc.SOLVE_RATE, mc.SAMPLED_TOKENS, mc.ZERO_VARIANCE_GROUPS)),
-    ("timing", (mc.TIME_ROLLOUT_S, mc.TIME_TRAIN_S, mc.TIME_SYNC_S, mc.TIME_STEP_S, mc.SLOTS_IDLE_FRACTION,
-                mc.SLOTS_WASTED_FRACTION)),
-    ("staleness", (mc.POLICY_LAG_MEAN, mc.POLICY_LAG_MAX, mc.ROLLOUTS_CROSSED_VERSION, mc.TOKENS_DROPPED_STALE)),
+               mc.MIS_MASKED_FRAC, mc.SC_CORRECTION, mc.TOKENS, mc.TOKEN_WEIGHT, mc.OPTIMIZER_STEPS, mc.TRAINED,
+               mc.WEIGHT_VERSION, mc.DEMONSTRATIONS, mc.EPOCH)),
+    ("rollouts", (mc.REWARD_MEAN, mc.SOLVE_RATE, mc.ROLLOUTS, mc.ADMITTED_ROLLOUTS, mc.EXCLUDED_ROLLOUTS,
+                  mc.CANCELLED_ROLLOUTS, mc.REFILLS, mc.SAMPLED_TOKENS, mc.ZERO_VARIANCE_GROUPS,
+                  mc.ZERO_ADVANTAGE_GROUPS, mc.ALL_SOLVED_GROUPS, mc.ALL_FAILED_GROUPS, mc.REPLACED_GROUPS,
+                  mc.STALE_GROUPS, mc.TASKS_RETIRED)),
+    ("timing", (mc.TIME_ROLLOUT_S, mc.TIME_TRAIN_S, mc.TIME_SYNC_S, mc.TIME_STEP_S, mc.TIME_SYNC_DRAIN_S,
+                mc.TIME_SYNC_STAGE_S, mc.SLOTS_IDLE_FRACTION, mc.SLOTS_WASTED_FRACTION)),
+    ("staleness", (mc.POLICY_LAG_MEAN, mc.POLICY_LAG_MAX, mc.ROLLOUTS_CROSSED_VERSION, mc.TURNS_CROSSED_VERSION,
+                   mc.TOKENS_DROPPED_STALE)),
 )
-"""The declared metrics the Curves view draws, by panel (each only when the run wrote it)."""
-CONSISTENCY_CURVES = ("k3_kl", "mean_abs_diff")
-"""Consistency fields drawn over steps, overall and per turn kind (``CONSISTENCY_SPLITS``)."""
+"""The declared metrics the Curves view draws, by panel (each only when the run wrote it). With the consistency
+figures (every field, overall and per turn kind) and ``tokens_age`` (drawn as its mean age per step), every
+declaration is shown: tests/monitor/test_metric_contract.py fails on one that is not."""
 
 
 def curves(state: RunState) -> list[Series]:
@@ -403,7 +408,11 @@ def curves(state: RunState) -> list[Series]:
                 out.append(Series(name=str(m), panel=panel, unit=m.unit, points=pts))
         if panel == "rollouts":
             out.extend(_reward_spread(state, done))
-    for f in CONSISTENCY_CURVES:
+    ages = [Point(step=s, value=sum(int(a) * n for a, n in hist.items()) / total) for s, row in rows
+            if (total := sum((hist := mc.read_family(row.values, mc.TOKENS_AGE)).values())) > 0]
+    if ages:
+        out.append(Series(name="tokens_age/mean", panel="staleness", unit="policies", points=ages))
+    for f in mc.CONSISTENCY:
         overall = mc.CONSISTENCY[f]
         pts = [Point(step=s, value=v) for s, row in rows if (v := mc.read(row.values, overall)) is not None]
         if pts:

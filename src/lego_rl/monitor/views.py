@@ -204,7 +204,7 @@ def _mode(max_staleness: int | None, prefix: str = "") -> str:
 PANELS = (
     ("train", "training"),
     ("rollouts", "rollouts: reward, spread within groups"),
-    ("consistency", "rollout vs trainer log-probs, per turn kind"),
+    ("consistency", "consistency per turn kind (rollout vs trainer)"),
     ("terminations", "termination mix (share of each step's rollouts)"),
     ("timing", "stage timing (seconds per step)"),
     ("staleness", "policy lag"),
