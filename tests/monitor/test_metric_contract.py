@@ -20,9 +20,9 @@ from lego_rl.monitor.state import RunState
 from lego_rl.runstore import RunDir, StepMetrics
 from lego_rl.runstore import metric_catalog as mc
 
-READERS = ("read", "read_family", "declarations_in", "_policy_lag", "_read")
-"""The calls a metrics row's ``values`` may be handed to in a reader (``_policy_lag`` and the audit's ``_read``
-read through ``read``)."""
+READERS = ("read", "read_family", "read_all", "declarations_in", "_policy_lag", "_read")
+"""The calls a metrics row's ``values`` may be handed to in a reader (``read_all`` and ``declarations_in`` yield
+declarations only; ``_policy_lag`` and the audit's ``_read`` read through ``read``)."""
 
 
 NOT_METRIC_READS = {

@@ -92,10 +92,10 @@ def test_the_curves_view_draws_training_figures_lag_spread_and_termination_mix_o
     state = _state(write_async_train(tmp_path / "grpo"))
     snap = build(state, now=time.time(), kl_warn=1e-3, sections=["curves"])
     series = {s.name: s for s in snap.curves or []}
-    assert [(p.step, p.value) for p in series["loss"].points] == [(0, 0.5), (1, 0.4)]
-    assert [(p.step, p.value) for p in series["policy_lag_mean"].points] == [(0, 0.0), (1, 1.0)]
-    assert [p.value for p in series["reward_spread/zero_share"].points] == [1.0, 1.0]
-    assert [p.value for p in series["termination/completed"].points] == [1.0, 1.0]
+    assert (series["loss"].steps, series["loss"].figures) == ([0, 1], [0.5, 0.4])
+    assert (series["policy_lag_mean"].steps, series["policy_lag_mean"].figures) == ([0, 1], [0.0, 1.0])
+    assert series["reward_spread/zero_share"].figures == [1.0, 1.0]
+    assert series["termination/completed"].figures == [1.0, 1.0]
     assert "kl" not in series  # not written by this run: no empty curve
     text = _text(views.curves(snap, 150, 100))
     for line in ("loss", "grad_norm", "entropy", "lr", "policy_lag_max", "time_rollout_s", "completed"):

@@ -10,9 +10,12 @@ something went wrong.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +32,10 @@ from lego_rl.runstore.events import (
     GroupReplaced,
     LogRepaired,
     RolloutCheckFinished,
+    HarnessReady,
+    RolloutCancelled,
     ScreenFinished,
+    SessionOpened,
     RolloutFinished,
     RolloutRefilled,
     ResumeOverride,
@@ -46,6 +52,9 @@ from lego_rl.runstore.events import (
     StepStarted,
     TrainingFinished,
 )
+
+_NOT_SHOWN = frozenset({HarnessReady, SessionOpened, RolloutCancelled})
+"""Event kinds the monitor reads past (a cancelled rollout also ends in ``rollout_finished``, ``interrupted``)."""
 
 EXAMPLES_KEPT = 5
 """Latest examples kept per termination reason (the Terminations view lists them)."""
@@ -161,13 +170,14 @@ class _Log:
             return cur.offset > 0
         return st.st_ino != cur.inode or st.st_size < cur.offset
 
-    def read(self) -> list[object]:
-        """New records; a line that does not parse is noted and stepped over (the rest is still read)."""
-        out: list[object] = []
+    def read(self) -> Iterator[object]:
+        """New records, one at a time (a first read of a long run never holds all its events at once); a line
+        that does not parse is noted and stepped over (the rest is still read). Read it to the end: the file's
+        state (exists, size, torn tail) is updated after the last record."""
         path = self.follower.path
         for _ in range(1000):  # bounded: at most this many bad lines stepped over in one refresh
             try:
-                out.extend(self.follower.read())
+                yield from self.follower.read()
                 break
             except RunLogError as exc:
                 self.bad_lines.append(str(exc))
@@ -177,11 +187,24 @@ class _Log:
             st = path.stat()
         except FileNotFoundError:
             self.exists = False
-            return out
+            return
         self.exists = True
         self.size, self.mtime = st.st_size, st.st_mtime
         self.torn_bytes = max(0, st.st_size - self.follower.cursor.offset)
-        return out
+
+
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """The cyclic collector off while a log is read: a first read of a long run allocates ~100,000 events and
+    the records built from them, none in a cycle, and the collector's passes over that growing heap were a
+    third of the read's time (10,000 rollouts: 1.6 s → 1.0 s CPU). Reference counting still frees everything."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _resumed_from(a: StepsAbandoned) -> str:
@@ -293,9 +316,10 @@ class RunState:
                 )
             )
         new = 0
-        for event in self.events.read():
-            self._apply(event)  # type: ignore[arg-type]
-            new += 1
+        with _no_cyclic_gc():
+            for event in self.events.read():
+                self._apply(event)  # type: ignore[arg-type]
+                new += 1
         self.events_read += new
         rows = 0
         for row in self.metrics_log.read():
@@ -314,6 +338,8 @@ class RunState:
 
     def _apply(self, e: RunEvent) -> None:
         self.last_event_ts = e.ts
+        if type(e) in _NOT_SHOWN:  # frequent facts no view reads: skip the chain below (a 10,000-rollout run)
+            return
         r: Rollout | None
         if isinstance(e, StageFinished):  # the most frequent kind first (five or more per rollout)
             r = self.rollouts.get(e.rollout_id)

@@ -219,7 +219,7 @@ def curves(snap: Snapshot, width: int, height: int, offset: int = 0) -> Renderab
         if snap.run.kind in ("rollout-check", "tasks-screen"):
             return Text(f"a {snap.run.kind} run has no steps: its rollouts are in Rollouts, Tasks and Terminations")
         return Text("no per-step figures yet: no step has finished")
-    w = max(10, min(width - 82, max(len(x.points) for x in series)))
+    w = max(10, min(width - 82, max(len(x.steps) for x in series)))
     lines: list[Text] = []
     for panel, title in PANELS:
         mine = [x for x in series if x.panel == panel]
@@ -227,13 +227,12 @@ def curves(snap: Snapshot, width: int, height: int, offset: int = 0) -> Renderab
             continue
         lines.append(Text(title, "bold"))
         for x in mine:
-            shown = x.points[-w:]
-            vals = [p.value for p in shown]
+            steps, vals = x.steps[-w:], x.figures[-w:]
             name = x.name.removeprefix(f"{panel}/").removeprefix("consistency/").removeprefix("termination/")
             line = Text(f"  {name[:30]:<30} ")
             line.append(f"{sparkline(vals, w):<{w}}", "cyan")
             line.append(f" {_num(vals[-1]):>9}  range {_num(min(vals))}..{_num(max(vals))}  "
-                        f"steps {shown[0].step}-{shown[-1].step}")
+                        f"steps {steps[0]}-{steps[-1]}")
             lines.append(line)
     offset = min(offset, max(0, len(lines) - height))
     t = Text(no_wrap=True, overflow="crop")

@@ -4,7 +4,8 @@ A declaration says what a value is (unit, kind, group, one-line meaning) and whi
 Writers (the GRPO loop, SFT) pass their values through ``declared_values`` before a row is written: a name
 no declaration covers for that run kind is an ``UndeclaredMetric``, so a new figure cannot reach the file
 without an entry here. Readers (the monitor, the report, ``lego audit``) get values with ``read`` and
-``read_family``, which take a declaration, never a string: a view cannot read a name nobody writes (the
+``read_family``, which take a declaration, never a string (``read_all`` walks a row once, yielding each value
+with its declaration): a view cannot read a name nobody writes (the
 monitor once read ``staleness*`` while the loop wrote ``policy_lag_*``).
 
 A ``Metric`` is a ``str`` (its name), so a declaration is also a row's key: ``values[POLICY_LAG_MEAN] = x``.
@@ -20,7 +21,7 @@ of its run kinds that trained (train) or ran (SFT) has it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from enum import StrEnum
 
 from lego_rl.errors import LegoError
@@ -314,6 +315,24 @@ def declarations_in(values: Mapping[str, float]) -> tuple[list[Metric], list[str
         else:
             found.add(m)
     return [m for m in METRICS if m in found], unknown
+
+
+_RESOLVED: dict[str, tuple[Metric, str | None] | None] = {}
+"""name → (declaration, family member or None), or None when undeclared: ``declaration`` is a scan of the
+families, a whole run's rows repeat the same few dozen names."""
+
+
+def read_all(values: Mapping[str, float]) -> Iterator[tuple[Metric, str | None, float]]:
+    """Every value of a row with its declaration and, for a family member, the placeholder's value; a name no
+    declaration covers is left out (a reader shows only what is declared). One pass over the row, for views
+    that draw every metric (the monitor's Curves)."""
+    for name, v in values.items():
+        if name not in _RESOLVED:
+            m = declaration(name)
+            _RESOLVED[name] = None if m is None else (m, m.member(name) if m.is_family else None)
+        hit = _RESOLVED[name]
+        if hit is not None:
+            yield hit[0], hit[1], v
 
 
 def tag(metric: Metric, name: str | None = None) -> str:
