@@ -583,16 +583,22 @@ def tasks(state: RunState) -> Tasks:
                  stopped_signal=sum(1 for r in rows if r.zero_variance_streak >= STOPPED_SIGNAL))
 
 
+_OVERALL_FIELD = {m: f for f, m in mc.CONSISTENCY.items()}
+_SPLIT_FIELD = {m: f for f, m in mc.CONSISTENCY_BY_SPLIT.items()}
+
+
 def consistency(state: RunState, kl_warn: float) -> Consistency:
     steps = []
     for s in _done_steps(state):
         m = state.steps[s].metrics
         if m is None:
             continue
-        overall = {f: v for f, metric in mc.CONSISTENCY.items() if (v := mc.read(m.values, metric)) is not None}
+        overall: dict[str, float] = {}
         by_kind: dict[str, dict[str, float]] = {}
-        for f, family in mc.CONSISTENCY_BY_SPLIT.items():
-            for split, value in mc.read_family(m.values, family).items():
+        for metric, split, value in mc.read_all(m.values):  # one pass over the row, not one per field
+            if (f := _OVERALL_FIELD.get(metric)) is not None:
+                overall[f] = value
+            elif split is not None and (f := _SPLIT_FIELD.get(metric)) is not None:
                 by_kind.setdefault(split, {})[f] = value
         if overall or by_kind:
             kls = [overall.get("k3_kl", 0.0), *(k.get("k3_kl", 0.0) for k in by_kind.values())]
