@@ -212,14 +212,15 @@ PANELS = (
 
 
 def curves(snap: Snapshot, width: int, height: int, offset: int = 0) -> RenderableType:
-    """Every per-step curve as a sparkline with its last value, range and (integer) step span; one column per
-    step that has the value, the latest ``width - 82`` of them."""
+    """Every per-step curve as a sparkline over the whole run with its last value, range and (integer) step
+    span: one column per step, or per ``k`` consecutive steps (their mean) when the run has more steps than
+    columns."""
     series = snap.curves or []
     if not series:
         if snap.run.kind in ("rollout-check", "tasks-screen"):
             return Text(f"a {snap.run.kind} run has no steps: its rollouts are in Rollouts, Tasks and Terminations")
         return Text("no per-step figures yet: no step has finished")
-    w = max(10, min(width - 82, max(len(x.steps) for x in series)))
+    w = max(10, min(width - 96, max(len(x.steps) for x in series)))
     lines: list[Text] = []
     for panel, title in PANELS:
         mine = [x for x in series if x.panel == panel]
@@ -227,12 +228,12 @@ def curves(snap: Snapshot, width: int, height: int, offset: int = 0) -> Renderab
             continue
         lines.append(Text(title, "bold"))
         for x in mine:
-            steps, vals = x.steps[-w:], x.figures[-w:]
+            cols, k = _columns(x.figures, w)
             name = x.name.removeprefix(f"{panel}/").removeprefix("consistency/").removeprefix("termination/")
             line = Text(f"  {name[:30]:<30} ")
-            line.append(f"{sparkline(vals, w):<{w}}", "cyan")
-            line.append(f" {_num(vals[-1]):>9}  range {_num(min(vals))}..{_num(max(vals))}  "
-                        f"steps {steps[0]}-{steps[-1]}")
+            line.append(f"{sparkline(cols, w):<{w}}", "cyan")
+            line.append(f" {_num(x.figures[-1]):>9}  range {_num(min(x.figures))}..{_num(max(x.figures))}  "
+                        f"steps {x.steps[0]}-{x.steps[-1]}" + (f", {k}/column" if k > 1 else ""))
             lines.append(line)
     offset = min(offset, max(0, len(lines) - height))
     t = Text(no_wrap=True, overflow="crop")
@@ -241,6 +242,12 @@ def curves(snap: Snapshot, width: int, height: int, offset: int = 0) -> Renderab
     if offset + height < len(lines):
         t.append(f"... {len(lines) - offset - height} more lines (↓ to scroll)", "dim")
     return t
+
+
+def _columns(values: Sequence[float], width: int) -> tuple[list[float], int]:
+    """``values`` in at most ``width`` columns: each the mean of ``k`` consecutive values (k = 1 when they fit)."""
+    k = max(1, -(-len(values) // width))
+    return [sum(values[i:i + k]) / len(values[i:i + k]) for i in range(0, len(values), k)], k
 
 
 def _num(v: float) -> str:
