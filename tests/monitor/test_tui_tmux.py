@@ -198,7 +198,9 @@ def test_the_main_jobs_folder_lists_its_stages_opens_one_and_goes_back(
     s.keys("Escape")
     s.wait("stages, in the order they started")
     s.keys("Down", "Enter")
-    s.wait("steps done 2/2 (last: step 1)")
+    grpo = s.wait("steps done 2/2 (last: step 1)")
+    # the staleness regression: the policy lag the loop wrote, never "staleness 0 (synchronous ...)"
+    assert "policy_lag_mean 1.00, policy_lag_max 1.00; asynchronous loop (rollout.max_staleness 1)" in grpo
     s.keys("r")
     s.wait("latest finished rollouts")
     s.keys("Enter")
