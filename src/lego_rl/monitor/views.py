@@ -146,9 +146,9 @@ def overview(snap: Snapshot, width: int) -> RenderableType:
     # Steps are numbered from 0; "steps done N/T" counts them, as the CLI's "step N/T" does (docs/monitoring.md).
     done = "-" if o.steps_done is None else str(o.steps_done)
     total = f"/{o.steps_total}" if o.steps_total is not None else ""
-    last = "" if o.step is None else f" (last: step {o.step})"
+    last_step = "" if o.step is None else f" (last: step {o.step})"
     if kind in ("train", "sft") or o.steps_done is not None:
-        t.append(f"steps done {done}{total}{last}   weight version "
+        t.append(f"steps done {done}{total}{last_step}   weight version "
                  f"{'-' if o.weight_version is None else o.weight_version}   ", "bold")
     if kind != "sft":  # SFT trains on recorded demonstrations: it runs no rollout
         t.append(f"rollouts finished {o.rollouts_finished}   ", "bold")
