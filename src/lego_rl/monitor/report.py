@@ -389,6 +389,7 @@ def _sections(state: RunState, snap: Snapshot, kind: str) -> list[Section]:
     names = {
         "sft": ("overview", "training", "pipeline", "metrics"),
         "rollout-check": ("overview", "rollouts", "terminations", "timing", "tasks", "behaviour"),
+        "tasks-screen": ("overview", "rollouts", "terminations", "timing", "tasks", "behaviour"),
     }.get(kind, tuple(every))
     return [every[n] for n in names]
 
