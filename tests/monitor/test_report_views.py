@@ -123,7 +123,10 @@ def test_training_curves_are_the_metrics_rows_values(tmp_path: Path) -> None:
 
 
 def _sft_run(root: Path, t0: float) -> Path:
-    run = RunDir.open(root, config={"train": {"num_rollout": {"value": 3, "source": "test"}}})
+    # as `lego train --sft` records it: the SFT steps are train.sft_steps (train.num_rollout counts GRPO steps)
+    run = RunDir.open(root, config={"train": {"num_rollout": {"value": 2, "source": "lego.toml"},
+                                              "sft_steps": {"value": 3, "source": "--steps"},
+                                              "sft_data": {"value": "demos.jsonl", "source": "--sft"}}})
     for step, loss in enumerate((8.2, 6.1, 4.0)):
         run.events.emit(StepStarted(ts=t0 + step, step=step, weight_version=step))
         values = mc.declared_values(mc.SFT, {mc.LOSS: loss, mc.GRAD_NORM: 3.0, mc.LR: 1e-5,
