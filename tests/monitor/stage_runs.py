@@ -38,7 +38,7 @@ def write_async_train(root: Path, *, t0: float = 1_796_101_000.0) -> Path:
     after it, and step 1 takes it. Both groups are task-t, both all-failed: 2 zero-variance groups, one per step."""
     run = RunDir.open(root, config=_cfg(train={"num_rollout": 2}, rollout={"max_staleness": 1}))
     emit = run.events.emit
-    emit(StaleLockTaken(ts=t0, previous_pid=4242, previous_host="node-7", previous_since=t0 - 100))
+    emit(StaleLockTaken(ts=t0, step=0, previous_pid=4242, previous_host="node-7", previous_since=t0 - 100))
     emit(StepStarted(ts=t0 + 1, step=0, weight_version=0))
     for group, (start, end) in enumerate([(2, 3), (4, 12)]):
         for i in range(2):

@@ -80,6 +80,7 @@ def test_a_finished_two_step_run_says_steps_done_2_of_2_and_its_mode_and_events(
     assert "steps done 2/2 (last: step 1)" in text and "step 1/2" not in text
     assert "policy_lag_mean 1.00, policy_lag_max 1.00; asynchronous loop (rollout.max_staleness 1)" in text
     assert "stale lock taken over: the previous holder (pid 4242 on node-7)" in text
+    assert "run.lock; continuing with step 0" in text
     assert "resume override from step 1: train.lr 1e-06 → 2e-06" in text
     pipe = _text(views.pipeline(snap, 40))
     assert "loop: asynchronous (rollout.max_staleness 1)" in pipe and " synchronous" not in pipe
