@@ -75,10 +75,8 @@ class BuiltinTurnParser:
                           reasoning=cast(ReasoningStyle, self.reasoning_parser), new_id=new_id)
 
 
-def make_turn_parser(tool_call_parser: str, reasoning_parser: str, tokenizer: Any, *,
-                     use_vllm: bool | None = None) -> TurnParser:
-    """The parser for these vLLM names: vLLM's when ``use_vllm`` (default: vLLM is importable here), else the
-    built-in one. A name nobody knows, or one only vLLM knows without vLLM, is a ``ConfigError``."""
+def check_parser_names(tool_call_parser: str, reasoning_parser: str, *, use_vllm: bool) -> None:
+    """``ConfigError`` for a name nobody knows, or (without vLLM) one only vLLM knows, naming what would work."""
     if tool_call_parser not in KNOWN_TOOL_CALL_PARSERS:
         raise ConfigError(f"serving.tool_call_parser={tool_call_parser!r} is not a parser name; known: "
                           f"{', '.join(KNOWN_TOOL_CALL_PARSERS)}", parameter="serving.tool_call_parser",
@@ -87,17 +85,27 @@ def make_turn_parser(tool_call_parser: str, reasoning_parser: str, tokenizer: An
         raise ConfigError(f"serving.reasoning_parser={reasoning_parser!r} is not a parser name; known: "
                           f"{', '.join(KNOWN_REASONING_PARSERS)}", parameter="serving.reasoning_parser",
                           value=reasoning_parser)
-    if use_vllm if use_vllm is not None else vllm_importable():
-        from lego_rl.chat.vllm_parsers import VllmTurnParser
-
-        try:
-            return VllmTurnParser(tool_call_parser, reasoning_parser, tokenizer)
-        except ValueError as exc:
-            raise ConfigError(str(exc), parameter="serving.tool_call_parser", value=tool_call_parser) from None
+    if use_vllm:
+        return
     for key, name, builtin in (("serving.tool_call_parser", tool_call_parser, BUILTIN_TOOL_CALL_PARSERS),
                                ("serving.reasoning_parser", reasoning_parser, BUILTIN_REASONING_PARSERS)):
         if name not in builtin:
             raise ConfigError(f"{key}={name!r} is one of vLLM's parsers and vLLM is not importable in the "
                               f"adapter's process; without it only the built-in ones run: {', '.join(builtin)}",
                               parameter=key, value=name)
+
+
+def make_turn_parser(tool_call_parser: str, reasoning_parser: str, tokenizer: Any, *,
+                     use_vllm: bool | None = None) -> TurnParser:
+    """The parser for these vLLM names: vLLM's when ``use_vllm`` (default: vLLM is importable here), else the
+    built-in one. A name nobody knows, or one only vLLM knows without vLLM, is a ``ConfigError``."""
+    use_vllm = vllm_importable() if use_vllm is None else use_vllm
+    check_parser_names(tool_call_parser, reasoning_parser, use_vllm=use_vllm)
+    if use_vllm:
+        from lego_rl.chat.vllm_parsers import VllmTurnParser
+
+        try:
+            return VllmTurnParser(tool_call_parser, reasoning_parser, tokenizer)
+        except ValueError as exc:
+            raise ConfigError(str(exc), parameter="serving.tool_call_parser", value=tool_call_parser) from None
     return BuiltinTurnParser(tool_call_parser, reasoning_parser)
