@@ -424,3 +424,23 @@ async def test_after_a_stop_the_next_turn_is_rendered_from_the_echo_and_starts_a
     for sample, rec in zip(samples, (r1, r2), strict=True):
         trained = [t for t, m in zip(sample.tokens, sample.loss_mask, strict=True) if m]
         assert trained == rec.output_ids and sample.tokens == rec.prompt_ids + rec.output_ids
+
+
+@pytest.mark.parametrize(("tool", "reasoning"), [("qwen3_coder", "qwen3"), ("hermes", "none")])
+async def test_the_configured_parsers_read_the_turn(renderer: ChatRenderer, tiny_model_dir: Path,
+                                                    session: Session, tool: str, reasoning: str) -> None:
+    """The core reads turns with the parser it is given (serving.tool_call_parser / reasoning_parser): a hermes
+    parser does not take a qwen3_coder call, and reasoning ``none`` leaves <think> in the text."""
+    from lego_rl.chat.turn_parser import make_turn_parser
+
+    text = "<think>\nlook first\n</think>\n\n" + tool_call_text("bash", {"cmd": "ls"})
+    core = make_core(renderer, ScriptedPolicyEngine(tiny_model_dir, [text]),
+                     parser=make_turn_parser(tool, reasoning, renderer.tokenizer, use_vllm=False))
+    out = await core.run_turn(session, req(ASK))
+    if tool == "qwen3_coder":
+        assert out.reasoning == "look first" and [c.arguments for c in out.tool_calls] == [{"cmd": "ls"}]
+        assert out.stop == "tool_use" and out.parse_failures == 0
+    else:
+        assert out.reasoning is None and out.tool_calls == [] and out.parse_failures == 1
+        assert out.text.startswith("<think>\nlook first\n</think>") and out.stop == "end_turn"
+    assert session.records[-1].parse_failures == out.parse_failures

@@ -41,3 +41,15 @@ def test_lego_adapter_bad_template_kwargs_is_a_usage_error(tiny_model_dir: Path)
     result = CliRunner().invoke(app, ["adapter", "--serving-url", "http://127.0.0.1:1", "--model",
                                       str(tiny_model_dir), "--session", "x", "--template-kwargs", "[1]"])
     assert result.exit_code == 2 and "--template-kwargs" in result.output
+
+
+def test_adapter_refuses_parser_names_it_cannot_run(tmp_path: Path) -> None:
+    """`lego adapter --tool-call-parser` takes vLLM's names: an unknown one, or (here, without vLLM in lego's
+    environment) one only vLLM has, exits 2 before anything starts, naming what would work."""
+    for flags, needle in ((["--tool-call-parser", "qwen3coder"], "known: apertus,"),
+                          (["--tool-call-parser", "kimi_k2"], "only the built-in ones run: qwen3_coder, hermes"),
+                          (["--reasoning-parser", "deepseek_r1"], "without --tool-call-parser")):
+        result = CliRunner().invoke(app, ["adapter", "--serving-url", "http://127.0.0.1:9", "--model", str(tmp_path),
+                                          "--session", "s1", *flags])
+        assert result.exit_code == 2, result.output
+        assert needle in " ".join(result.output.split()), result.output

@@ -54,6 +54,9 @@ def _xml(name: str, **params: str) -> str:
         ("plan only closed</think>answer", "plan only closed", "answer"),  # template opened <think>
         ("<think>cut off mid-thought", "cut off mid-thought", ""),
         ("no reasoning here", None, "no reasoning here"),
+        # a call opened before the reasoning closed ends it (vLLM's qwen3 grammar does the same)
+        ("<think>plan<tool_call>x</tool_call>", "plan", "<tool_call>x</tool_call>"),
+        ("<think>a</think>b<tool_call>x</tool_call>", "a", "b<tool_call>x</tool_call>"),
     ],
 )
 def test_split_reasoning(text: str, reasoning: str | None, rest: str) -> None:
@@ -107,9 +110,7 @@ def test_hermes_style_forced() -> None:
         "<tool_call>\n<function=bash>\n<parameter=cmd>\nls\n</parameter>\n",  # unterminated
         '<tool_call>{"name": "bash", "arguments": {"cmd": }</tool_call>',  # bad JSON
         '<tool_call>{"arguments": {}}</tool_call>',  # no name
-        "<tool_call>\n<function=bash>\n<parameter=cmd>\na\n</parameter>\n<parameter=cmd>\nb\n</parameter>\n"
-        "</function>\n</tool_call>",  # duplicate parameter
-        "<tool_call>\n<function=bash>\nstray text\n</function>\n</tool_call>",
+        "<tool_call>\nstray<function=bash>\n</function>\n</tool_call>",  # text outside the function block
     ],
 )
 def test_malformed_call_becomes_text_and_is_counted(bad: str) -> None:
@@ -117,6 +118,13 @@ def test_malformed_call_becomes_text_and_is_counted(bad: str) -> None:
     assert turn.tool_calls == []
     assert turn.parse_failures == 1
     assert bad.strip() in turn.text and turn.text.startswith("before")
+
+
+def test_xml_call_is_read_as_leniently_as_vllm_reads_it() -> None:
+    """Text between parameters is ignored and a repeated parameter keeps its last value (vLLM's qwen3_coder)."""
+    turn = parse_turn("<tool_call>\n<function=bash>\nstray\n<parameter=cmd>\na\n</parameter>\n"
+                      "<parameter=cmd>\nb\n</parameter>\n</function>\n</tool_call>", [BASH])
+    assert [c.arguments for c in turn.tool_calls] == [{"cmd": "b"}] and turn.parse_failures == 0
 
 
 def test_malformed_call_next_to_a_good_one() -> None:
@@ -240,3 +248,18 @@ def test_no_tools_offered_means_no_tool_calls(style: str) -> None:
     assert turn.tool_calls == [] and turn.parse_failures == 0
     assert turn.reasoning == "t"
     assert turn.text == f"Title: {xml}\n{hermes}"
+
+
+@pytest.mark.parametrize("style", ["qwen3_coder", "hermes"])
+def test_complete_call_left_open_at_the_end_counts(style: str) -> None:
+    """Output cut right after a complete call body (no ``</tool_call>``): the call stands, as in vLLM."""
+    body = ("<function=bash>\n<parameter=cmd>\nls\n</parameter>\n</function>" if style == "qwen3_coder"
+            else '{"name": "bash", "arguments": {"cmd": "ls"}}')
+    turn = parse_turn(f"run it\n<tool_call>\n{body}\n", [BASH], style=style)  # type: ignore[arg-type]
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [("bash", {"cmd": "ls"})]
+    assert turn.text == "run it" and turn.parse_failures == 0
+
+
+def test_reasoning_none_keeps_think_in_text() -> None:
+    turn = parse_turn("<think>r</think>answer", reasoning="none")
+    assert turn.reasoning is None and turn.text == "<think>r</think>answer"

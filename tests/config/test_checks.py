@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from lego_rl.config import checks as checks_module
 from lego_rl.config.checks import Finding, run_checks
 from lego_rl.config.resolve import ResolvedConfig, resolve
 from lego_rl.compose.harnesses import harness_inventory
@@ -81,8 +82,8 @@ def test_off_policy_tokens_without_a_correction(base_toml: Path, overrides: list
         (["model.dtype=\"bfloat16\""], "logprob_convention"),
         (["serving.device=\"cuda\""], "logprob_convention"),
         (["rollout.use_rollout_routing_replay=true"], "r3_dense"),
-        (["serving.tool_call_parser=\"mistral\""], "tool_parser"),
-        (["serving.reasoning_parser=\"deepseek_r1\""], "reasoning_parser"),
+        (["serving.tool_call_parser=\"qwen3coder\""], "tool_parser"),
+        (["serving.reasoning_parser=\"think\""], "reasoning_parser"),
         (["serving.backend=\"vllm\""], "vllm_urls"),
         (["cluster.mode=\"ray\"", "serving.backend=\"vllm\"", "serving.urls=[\"http://h:1\"]"], "cluster_serving"),
         (["cluster.mode=\"ray\"", "cluster.train_head=\"10.0.0.1\"", "cluster.ray_address=\"10.0.0.7:6379\""],
@@ -99,6 +100,23 @@ def test_off_policy_tokens_without_a_correction(base_toml: Path, overrides: list
 def test_check_fails(base_toml: Path, overrides: list[str], code: str) -> None:
     found = codes(base_toml, *overrides)
     assert found.get(code) == "error", found
+
+
+@pytest.mark.parametrize("importable", [False, True])
+def test_vllm_parser_names_need_vllm(base_toml: Path, monkeypatch: pytest.MonkeyPatch, importable: bool) -> None:
+    """A name only vLLM has is refused where vLLM is not importable (the built-ins would have to read it), and
+    accepted where it is; the refusal names the built-ins, an unknown name the known ones."""
+    monkeypatch.setattr(checks_module, "vllm_importable", lambda: importable)
+    r = resolve(base_toml, environ={}, overrides=["serving.tool_call_parser=\"kimi_k2\"",
+                                                  "serving.reasoning_parser=\"deepseek_r1\""])
+    found = {f.code: f for f in check(r)}
+    for code in ("tool_parser_needs_vllm", "reasoning_parser_needs_vllm"):
+        assert (code in found) is not importable, found.keys()
+    if not importable:
+        assert "qwen3_coder, hermes" in found["tool_parser_needs_vllm"].message
+        assert "qwen3, none" in found["reasoning_parser_needs_vllm"].message
+    unknown = {f.code: f for f in check(resolve(base_toml, environ={}, overrides=["serving.tool_call_parser=\"glm\""]))}
+    assert "glm47" in unknown["tool_parser"].fix and "qwen3_coder" in unknown["tool_parser"].fix
 
 
 def test_harness_must_be_installed(base_toml: Path, workdir: Path) -> None:

@@ -93,6 +93,10 @@ def assert_artifacts(result: RolloutResult, harness: str, run_root: Path) -> Non
     assert [s.tokens for s in load_samples(folder / "samples.jsonl")] == [s.tokens for s in result.samples]
     outcome = json.loads((folder / "outcome.json").read_text())
     assert outcome["termination"] == result.termination.value and outcome["reward"] == result.reward
+    # Tokenisation health as recorded: one chain, no false fork, every scripted call parsed (issue 30).
+    health = outcome["tokenisation"]
+    assert result.trajectory is not None and health["segments"] == result.trajectory.segments_started
+    assert health["false_forks"] == 0 and health["parse_failures"] == 0, health
     commands = [json.loads(line) for line in (folder / "commands-agent.jsonl").read_text().splitlines()]
     assert commands and all(c["sandbox"] == "agent" for c in commands)
     assert (folder / f"{harness}-events.jsonl").stat().st_size > 0

@@ -53,16 +53,10 @@ from lego_rl.adapter.canonical import CanonicalRequest, CanonicalResponse, StopK
 from lego_rl.adapter.sessions import Session
 from lego_rl.adapter.stops import StopMatch, find_stop, keep_prefix
 from lego_rl.chat.messages import Message
-from lego_rl.chat.parsers import (
-    ParsedTurn,
-    ToolParserStyle,
-    merge_assistant_runs,
-    new_call_id,
-    parse_turn,
-    restore_tool_order,
-)
+from lego_rl.chat.parsers import ParsedTurn, merge_assistant_runs, new_call_id, restore_tool_order
 from lego_rl.chat.prefix import ChainState, PrefixBridge, PromptPlan
 from lego_rl.chat.render import ChatRenderer, RenderError
+from lego_rl.chat.turn_parser import BuiltinTurnParser, TurnParser
 from lego_rl.errors import ProtocolError, ProviderError
 from lego_rl.serving.output_checks import check_output
 from lego_rl.serving.protocol import GenerateResult, SamplingParams
@@ -113,7 +107,8 @@ class AdapterCore:
 
     ``max_context_tokens`` is the model's window (prompt + output tokens); ``max_response_tokens`` caps
     one call's output (``--rollout-max-response-len``). Sessions may lower both. ``render_threads``: the
-    render pool's size (default: the CPU count, at most 8).
+    render pool's size (default: the CPU count, at most 8). ``parser`` reads the sampled turns (vLLM's parsers
+    or the built-in ones: ``chat.turn_parser.make_turn_parser``).
     """
 
     def __init__(
@@ -123,7 +118,7 @@ class AdapterCore:
         *,
         max_context_tokens: int,
         max_response_tokens: int = 8192,
-        tool_parser: ToolParserStyle = "auto",
+        parser: TurnParser | None = None,
         sampling: SamplingDefaults | None = None,
         model_name: str = "lego",
         model_aliases: Sequence[str] = (),
@@ -140,7 +135,8 @@ class AdapterCore:
         self.bridge = PrefixBridge(renderer, verify=verify_bridges)
         self.max_context_tokens = max_context_tokens
         self.max_response_tokens = max_response_tokens
-        self.tool_parser = tool_parser
+        self.parser: TurnParser = parser or BuiltinTurnParser()
+        """Reads sampled turns (``chat.turn_parser``); default: the built-in parsers, calls in either format."""
         self.sampling = sampling or SamplingDefaults()
         self.model_name = model_name
         self.known_models = frozenset({model_name, *model_aliases})
@@ -239,7 +235,7 @@ class AdapterCore:
             )
         params = self._sampling_params(req, min(cap, remaining))
         result, versions = await self._generate(session, plan, params, clock)
-        turn = self._read_output(req, result, versions)
+        turn = self._read_output(req, result, versions, plan, self.template_kwargs(session, req))
         if turn.stop == "max_tokens" and params.max_tokens == remaining:
             session.termination = "context_limit"  # the window, not the cap, cut this output short
         self._commit(session, req, chain, plan, clock, turn, repeat_of)
@@ -319,7 +315,8 @@ class AdapterCore:
             )
         return min(cap, req.max_tokens)
 
-    def _read_output(self, req: CanonicalRequest, result: GenerateResult, versions: list[int]) -> _Output:
+    def _read_output(self, req: CanonicalRequest, result: GenerateResult, versions: list[int], plan: PromptPlan,
+                     kwargs: dict[str, Any]) -> _Output:
         """The sampled output cut at the client's first stop sequence, its reasoning and tool calls parsed, and
         the stop it ends with."""
         prefix = _CALL_PREFIX.get(req.protocol, "call_")
@@ -328,8 +325,11 @@ class AdapterCore:
         matched = find_stop(visible_ids, visible, req.stop, self.renderer.decode) if req.stop else None
         if matched is not None:
             result, versions = keep_prefix(result, matched.n_tokens), versions[: matched.n_tokens]
-            visible = matched.text
-        parsed = parse_turn(visible, req.tools, style=self.tool_parser, new_id=lambda: new_call_id(prefix))
+            # The kept ids end with the token that completes the stop text, the text ends before it: the
+            # parser gets the text alone (vLLM's parsers read ids where they are given, and these would lie).
+            visible, visible_ids = matched.text, []
+        parsed = self.parser.parse(visible, req.tools, new_id=lambda: new_call_id(prefix), template_kwargs=kwargs,
+                                   prompt_ids=plan.prompt_ids, output_ids=visible_ids)
         stop: StopKind = "end_turn"
         if parsed.tool_calls:
             stop = "tool_use"  # complete calls before a stop sequence must still be answered by the client

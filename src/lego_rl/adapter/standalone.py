@@ -30,6 +30,8 @@ from aiohttp import web
 from lego_rl.adapter.core import AdapterCore
 from lego_rl.adapter.server import DEFAULT_MAX_BODY_BYTES, AdapterServer, log_event
 from lego_rl.adapter.sessions import SessionRegistry
+from lego_rl.chat.parser_names import BUILTIN_REASONING_PARSERS, vllm_importable
+from lego_rl.chat.turn_parser import BuiltinTurnParser, TurnParser, check_parser_names, make_turn_parser
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.layout import is_safe_name
 
@@ -59,6 +61,10 @@ class StandaloneOptions:
     worker_index: int = 0
     workers: int = 1
     """This process is worker ``worker_index`` of ``workers``: it opens only the ``sessions`` it owns."""
+    tool_call_parser: str | None = None
+    """vLLM's name of the tool-call parser (``lego_rl.chat.turn_parser``); None: the built-in parser, calls in
+    either qwen3_coder or hermes form."""
+    reasoning_parser: str = "qwen3"
 
 
 def owner(key: str, workers: int) -> int:
@@ -92,10 +98,23 @@ def check_options(opts: StandaloneOptions) -> None:
     if opts.open_sessions is not None and opts.open_sessions.exists() and not opts.open_sessions.is_dir():
         raise ConfigError(f"--open-sessions {opts.open_sessions} exists and is not a directory",
                           parameter="--open-sessions", value=str(opts.open_sessions))
+    if opts.tool_call_parser is not None:
+        check_parser_names(opts.tool_call_parser, opts.reasoning_parser, use_vllm=vllm_importable())
+    elif opts.reasoning_parser not in BUILTIN_REASONING_PARSERS:
+        raise ConfigError(f"--reasoning-parser {opts.reasoning_parser!r} without --tool-call-parser: the built-in "
+                          f"parser reads {', '.join(BUILTIN_REASONING_PARSERS)}", parameter="--reasoning-parser",
+                          value=opts.reasoning_parser)
     for sid in opts.sessions:
         if not is_safe_name(sid):
             raise ConfigError(f"session id {sid!r} must be a safe name: 1-200 of [A-Za-z0-9._-], not starting "
                               "or ending with '.'", parameter="--session", value=sid)
+
+
+def turn_parser(opts: StandaloneOptions, tokenizer: Any) -> TurnParser:
+    """The parser ``--tool-call-parser`` / ``--reasoning-parser`` name (a bad name is a ``ConfigError``)."""
+    if opts.tool_call_parser is not None:
+        return make_turn_parser(opts.tool_call_parser, opts.reasoning_parser, tokenizer)
+    return BuiltinTurnParser("auto", opts.reasoning_parser)  # check_options refused any other reasoning name
 
 
 def build_standalone(opts: StandaloneOptions) -> tuple[AdapterServer, Any]:
@@ -106,8 +125,9 @@ def build_standalone(opts: StandaloneOptions) -> tuple[AdapterServer, Any]:
     check_options(opts)
     context = opts.max_context_tokens or model_max_context_tokens(opts.model_dir)
     renderer = ChatRenderer.from_pretrained(opts.model_dir, template_kwargs=opts.template_kwargs)
+    parser = turn_parser(opts, renderer.tokenizer)
     client = ServingClient([opts.serving_url], vocab_size=renderer.vocab_size)
-    core = AdapterCore(renderer, client, max_context_tokens=context,
+    core = AdapterCore(renderer, client, max_context_tokens=context, parser=parser,
                        max_response_tokens=min(opts.max_response_tokens, context), model_name=opts.model_dir.name)
     registry = SessionRegistry()
     mine = [sid for sid in opts.sessions if owner(sid, opts.workers) == opts.worker_index]

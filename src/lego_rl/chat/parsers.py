@@ -7,8 +7,14 @@ are understood, both inside ``<tool_call> ... </tool_call>``:
   are converted with the tool's JSON schema (strings stay verbatim, other types are read as JSON).
 * ``hermes`` (JSON): ``{"name": NAME, "arguments": {...}}``.
 
-Several calls per turn are allowed. A call that cannot be parsed is never a crash: its text is handed
-back to the client as plain text and counted in ``parse_failures``, which the turn record keeps.
+These are the built-in twins of vLLM's ``qwen3_coder`` / ``hermes`` tool parsers and ``qwen3`` reasoning
+parser, used where vLLM is not importable (``lego_rl.chat.turn_parser``); the conformance test holds them to
+vLLM's results, and docs/serving.md lists where they differ on purpose.
+
+Several calls per turn are allowed; plain text after the first parsed call is dropped (as vLLM does). A call
+that cannot be parsed is never a crash: its text is handed back to the client as plain text and counted in
+``parse_failures``, which the turn record keeps; the calls around it still count (vLLM's hermes parser drops
+them all), and a call cut off mid-body is never turned into a call (vLLM's qwen3_coder makes one).
 Calls are parsed only when the request offered tools: a request without tools (OpenCode's title
 request, Claude Code's quota probe) gets any ``<tool_call>`` text back as text, since a client that
 offered nothing has no tool to run and may not even accept a call in its reply.
@@ -27,6 +33,7 @@ from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.errors import ProtocolError
 
 ToolParserStyle = Literal["auto", "qwen3_coder", "hermes"]
+ReasoningStyle = Literal["qwen3", "none"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -57,19 +64,27 @@ def new_call_id(prefix: str = "call_") -> str:
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:
-    """Split ``<think>...</think>`` reasoning from the rest.
+    """Split ``<think>...</think>`` reasoning from the rest (vLLM's ``qwen3`` reasoning parser, with the
+    differences listed in docs/serving.md).
 
-    Handles templates whose generation prompt already opened ``<think>`` (no opening tag in the output)
-    and outputs cut off inside the reasoning (opening tag but no closing one: all of it is reasoning).
+    Handles templates whose generation prompt already opened ``<think>`` (no opening tag in the output, a
+    closing one), outputs cut off inside the reasoning (opening tag, no closing one: all of it is
+    reasoning), and a call opened before the reasoning was closed (``<tool_call>`` ends it, as in vLLM).
+    Output with neither tag is all text.
     """
-    if THINK_CLOSE in text:
-        head, _, rest = text.partition(THINK_CLOSE)
-        reasoning = head.split(THINK_OPEN, 1)[-1]
-        return reasoning.strip("\n"), rest.lstrip("\n")
     stripped = text.lstrip()
-    if stripped.startswith(THINK_OPEN):
-        return stripped[len(THINK_OPEN) :].strip("\n"), ""
-    return None, text
+    opened = stripped.startswith(THINK_OPEN)
+    close, call = text.find(THINK_CLOSE), text.find(CALL_OPEN)
+    if close >= 0 and (call < 0 or close < call or not opened):
+        head, rest = text[:close], text[close + len(THINK_CLOSE) :]
+        return head.split(THINK_OPEN, 1)[-1].strip("\n"), rest.lstrip("\n")
+    if not opened:
+        return None, text
+    body = stripped[len(THINK_OPEN) :]
+    call = body.find(CALL_OPEN)
+    if call >= 0:
+        return body[:call].strip("\n"), body[call:]
+    return body.strip("\n"), ""
 
 
 def _convert_param(raw: str, schema: dict[str, Any] | None) -> Any:
@@ -82,6 +97,8 @@ def _convert_param(raw: str, schema: dict[str, Any] | None) -> Any:
     value = value[:-1] if value.endswith("\n") else value
     kind = (schema or {}).get("type")
     if isinstance(kind, list):
+        if "null" in kind and value.strip().lower() == "null":
+            return None  # a nullable string's null (vLLM tries null first, then the other types)
         kind = next((k for k in kind if k != "null"), None)
     if kind == "string":
         return value
@@ -94,6 +111,8 @@ def _convert_param(raw: str, schema: dict[str, Any] | None) -> Any:
 
 
 def _parse_xml_call(body: str, tools: dict[str, ToolSpec]) -> tuple[str, dict[str, Any]]:
+    """One ``<function=NAME>`` block. As in vLLM, text between the parameters is ignored and a parameter given
+    twice keeps its last value; text outside the block fails the call."""
     match = _FUNCTION_RE.search(body)
     if match is None or body[: match.start()].strip() or body[match.end() :].strip():
         raise ValueError("expected exactly one <function=...>...</function> block")
@@ -103,15 +122,10 @@ def _parse_xml_call(body: str, tools: dict[str, ToolSpec]) -> tuple[str, dict[st
     args: dict[str, Any] = {}
     for pmatch in _PARAM_RE.finditer(match.group(2)):
         pname = pmatch.group(1).strip()
-        if pname in args:
-            raise ValueError(f"parameter {pname!r} given twice")
         if spec is not None and spec.kind == "custom":
             args[pname] = _convert_param(pmatch.group(2), {"type": "string"})
         else:
             args[pname] = _convert_param(pmatch.group(2), props.get(pname))
-    leftover = _PARAM_RE.sub("", match.group(2)).strip()
-    if leftover:
-        raise ValueError(f"text outside <parameter> blocks: {leftover[:40]!r}")
     return name, args
 
 
@@ -132,14 +146,16 @@ def parse_turn(
     tools: Sequence[ToolSpec] = (),
     *,
     style: ToolParserStyle = "auto",
+    reasoning: ReasoningStyle = "qwen3",
     new_id: Callable[[], str] = new_call_id,
 ) -> ParsedTurn:
     """Parse decoded sampled text (end-of-message token already removed) into a ``ParsedTurn``.
 
-    With no ``tools`` the body is all text: nothing was offered, so nothing can be called.
+    With no ``tools`` the body is all text: nothing was offered, so nothing can be called. ``reasoning``
+    ``none`` leaves ``<think>`` blocks in the text.
     """
-    reasoning, body = split_reasoning(text)
-    out = ParsedTurn(reasoning=reasoning)
+    thought, body = split_reasoning(text) if reasoning == "qwen3" else (None, text)
+    out = ParsedTurn(reasoning=thought)
     if not tools:
         out.text = body.strip()
         return out
@@ -148,22 +164,19 @@ def parse_turn(
     pos = 0
     while True:
         start = body.find(CALL_OPEN, pos)
+        # Plain text after a parsed call is dropped, as vLLM's parsers drop it: the turn's text is what the
+        # model said before calling (a failed call's own text is kept, to show the client what went wrong).
         if start < 0:
-            pieces.append(body[pos:])
+            pieces.append("" if out.tool_calls else body[pos:])
             break
-        pieces.append(body[pos:start])
+        pieces.append("" if out.tool_calls else body[pos:start])
         end = body.find(CALL_CLOSE, start)
-        if end < 0:  # unterminated call: everything left is text
-            out.parse_failures += 1
-            pieces.append(body[start:])
-            break
-        inner = body[start + len(CALL_OPEN) : end].strip()
-        pos = end + len(CALL_CLOSE)
+        # A call left open at the end of the output (cut at the token cap, or the model stopped without
+        # the closing tag) counts when its body is complete, as in vLLM; otherwise its text stays text.
+        inner = body[start + len(CALL_OPEN) : end if end >= 0 else len(body)].strip()
+        pos = end + len(CALL_CLOSE) if end >= 0 else len(body)
         try:
-            if style == "qwen3_coder" or (style == "auto" and inner.startswith("<function=")):
-                name, args = _parse_xml_call(inner, by_name)
-            else:
-                name, args = _parse_json_call(inner)
+            name, args = _parse_call(inner, by_name, style)
         except ValueError:
             out.parse_failures += 1
             pieces.append(body[start:pos])
@@ -180,6 +193,12 @@ def parse_turn(
         )
     out.text = "".join(pieces).strip()
     return out
+
+
+def _parse_call(inner: str, by_name: dict[str, ToolSpec], style: ToolParserStyle) -> tuple[str, dict[str, Any]]:
+    if style == "qwen3_coder" or (style == "auto" and inner.startswith("<function=")):
+        return _parse_xml_call(inner, by_name)
+    return _parse_json_call(inner)
 
 
 def merge_assistant_runs(messages: Sequence[Message]) -> list[Message]:

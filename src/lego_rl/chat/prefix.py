@@ -34,6 +34,7 @@ from typing import Any
 
 from lego_rl.chat.messages import Message, ToolCall, ToolSpec
 from lego_rl.chat.render import ChatRenderer, RenderError
+from lego_rl.runstore.turns import HISTORY_CHANGED, KWARGS_CHANGED, NO_PREVIOUS_TURN, TOOLS_CHANGED
 from lego_rl.trajectory.records import RenderMode
 
 log = logging.getLogger(__name__)
@@ -232,7 +233,7 @@ class PrefixBridge:
         if self.renderer.boundary is None:
             raise BridgeMiss("the chat template has no verifiable end-of-message boundary")
         if not chain.nodes:
-            raise BridgeMiss("no previous turn in this chain")
+            raise BridgeMiss(NO_PREVIOUS_TURN)
         best: list[ChainNode] = []
         near: str | None = None
         for node in chain.nodes:
@@ -248,14 +249,14 @@ class PrefixBridge:
                 best = []
             best.append(node)
         if not best:
-            raise BridgeMiss(near or "the history does not extend any previous turn (changed or compacted)")
+            raise BridgeMiss(near or HISTORY_CHANGED)
         node = best[-1]
         if any(n.output_ids != node.output_ids or n.prompt_ids != node.prompt_ids for n in best[:-1]):
             raise BridgeMiss(f"ambiguous: {len(best)} previous turns with different ids match this history")
         if node.tools_key != tkey:
-            raise BridgeMiss("the tool schemas changed")
+            raise BridgeMiss(TOOLS_CHANGED)
         if node.kwargs_key != kkey:
-            raise BridgeMiss("the chat template kwargs changed")
+            raise BridgeMiss(KWARGS_CHANGED)
         if not node.ended_cleanly:
             raise BridgeMiss("the previous output did not end with the end-of-message token")
         tail = messages[node.n_messages + 1 :]

@@ -25,6 +25,11 @@ def adapter(
     template_kwargs: str = typer.Option("{}", "--template-kwargs", help="JSON object of chat-template kwargs."),
     max_body_mb: float = typer.Option(32.0, "--max-body-mb", min=0.001, help=(
         "Largest accepted request body in MiB (larger ones are answered 413); adapter.max_body_mb in lego.toml.")),
+    tool_call_parser: str = typer.Option(None, "--tool-call-parser", help=(
+        "vLLM's name of the model's tool-call parser (serving.tool_call_parser); default: the built-in parser, "
+        "qwen3_coder or hermes calls.")),
+    reasoning_parser: str = typer.Option("qwen3", "--reasoning-parser", help=(
+        "vLLM's name of the reasoning parser, or none (serving.reasoning_parser).")),
     workers: int = typer.Option(1, "--workers", min=1, help=(
         "Adapter processes behind the port (each session is held by one of them; use more than one when one "
         "process's CPU is the limit).")),
@@ -54,7 +59,8 @@ def adapter(
     opts = StandaloneOptions(serving_url=serving_url, model_dir=model, host=host, port=port,
                              open_sessions=open_sessions, sessions=session, max_context_tokens=max_context_tokens or None,
                              max_response_tokens=max_response_tokens, template_kwargs=kwargs,
-                             max_body_bytes=int(max_body_mb * 1024 * 1024))
+                             max_body_bytes=int(max_body_mb * 1024 * 1024), tool_call_parser=tool_call_parser,
+                             reasoning_parser=reasoning_parser)
     records = open_sessions or DEFAULT_RECORDS_DIR
     procs = f"; {workers} worker processes" if workers > 1 else ""
     err.print(f"lego adapter: http://{host}:{port} -> {serving_url} ({model}); turn records in {records}/{procs}",

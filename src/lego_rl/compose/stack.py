@@ -21,6 +21,7 @@ from lego_rl.adapter.server import AdapterServer
 from lego_rl.adapter.sessions import SessionRegistry
 from lego_rl.adapter.standalone import LISTEN_BACKLOG
 from lego_rl.chat.render import ChatRenderer
+from lego_rl.chat.turn_parser import make_turn_parser
 from lego_rl.config.schema import LegoConfig
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.layout import RunLayout
@@ -128,7 +129,7 @@ async def serving_stack(cfg: LegoConfig) -> AsyncIterator[Stack]:
         ro = cfg.rollout
         core = AdapterCore(
             renderer, client, max_context_tokens=cfg.model.max_context_tokens, max_response_tokens=cfg.model.max_response_tokens,
-            tool_parser=cfg.serving.tool_call_parser,  # type: ignore[arg-type]
+            parser=make_turn_parser(cfg.serving.tool_call_parser, cfg.serving.reasoning_parser, renderer.tokenizer),
             sampling=SamplingDefaults(temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                                       nucleus=ro.capture_nucleus, routed_experts=ro.use_rollout_routing_replay),
             model_name=cfg.model.served_name, model_aliases=cfg.adapter.model_aliases,

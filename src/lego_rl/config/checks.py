@@ -21,7 +21,15 @@ from typing import Any
 from lego_rl.config.dataset_scan import DatasetScan, scan_dataset
 from lego_rl.config.findings import Finding, Severity, error, warning
 from lego_rl.config.resolve import ResolvedConfig, did_you_mean, is_path_key, trainer_devices
-from lego_rl.config.schema import HARNESS, REASONING_PARSERS, SECTIONS, TOOL_CALL_PARSERS
+from lego_rl.chat.parser_names import (
+    BUILTIN_REASONING_PARSERS,
+    BUILTIN_TOOL_CALL_PARSERS,
+    KNOWN_REASONING_PARSERS,
+    KNOWN_TOOL_CALL_PARSERS,
+    VLLM_VERSION,
+    vllm_importable,
+)
+from lego_rl.config.schema import HARNESS, SECTIONS
 from lego_rl.config.unwired import UNWIRED
 from lego_rl.errors import ConfigError
 
@@ -450,13 +458,28 @@ def routing_replay(r: ResolvedConfig) -> Iterator[Finding]:
 
 @check
 def parsers(r: ResolvedConfig) -> Iterator[Finding]:
+    """Parser names are vLLM's; a name only vLLM has runs only where vLLM is importable in lego's process
+    (the adapter parses there), else the built-ins read the turns (``lego_rl.chat.turn_parser``)."""
     s = r.config.serving
-    if s.tool_call_parser not in TOOL_CALL_PARSERS:
-        yield error("tool_parser", f"serving.tool_call_parser={s.tool_call_parser!r} is not one we have",
-                    f"use one of: {', '.join(TOOL_CALL_PARSERS)}", "serving.tool_call_parser")
-    if s.reasoning_parser not in REASONING_PARSERS:
-        yield error("reasoning_parser", f"serving.reasoning_parser={s.reasoning_parser!r} is not one we have",
-                    f"use one of: {', '.join(REASONING_PARSERS)}", "serving.reasoning_parser")
+    with_vllm: bool | None = None
+    for key, code, name, known, builtin in (
+        ("tool_call_parser", "tool_parser", s.tool_call_parser, KNOWN_TOOL_CALL_PARSERS, BUILTIN_TOOL_CALL_PARSERS),
+        ("reasoning_parser", "reasoning_parser", s.reasoning_parser, KNOWN_REASONING_PARSERS,
+         BUILTIN_REASONING_PARSERS),
+    ):
+        if name not in known:
+            hint = did_you_mean(name, known)
+            yield error(code, f"serving.{key}={name!r} is not a parser name (vLLM's names, {VLLM_VERSION}, "
+                        f"or a built-in){hint}", f"use one of: {', '.join(known)}", f"serving.{key}")
+            continue
+        if name in builtin:
+            continue
+        with_vllm = vllm_importable() if with_vllm is None else with_vllm
+        if not with_vllm:
+            yield error(f"{code}_needs_vllm", f"serving.{key}={name!r} is one of vLLM's parsers, and vLLM is not importable in "
+                        "lego's process, where the adapter parses turns; the built-in parsers are "
+                        f"{', '.join(builtin)}", f"install vllm into lego's environment, or set serving.{key} "
+                        f"to one of: {', '.join(builtin)}", f"serving.{key}")
 
 
 @check

@@ -11,8 +11,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-TOOL_CALL_PARSERS = ("qwen3_coder", "hermes")
-REASONING_PARSERS = ("qwen3", "none")
 InfraFailurePolicy = Literal["exclude", "zero_reward"]
 DEFAULT_PROMPT = (
     "Read the problem statement in {problem_file}. Edit the source code in {workdir} to fix it, run the "
@@ -67,9 +65,12 @@ class ServingConfig(Section):
     logprobs agree (RESULTS.md: mean |Δ| 0.003 against 0.008 for pure bf16; fp32 on CPU). `auto`: `trainer`
     on CUDA when `model.dtype` is auto, else `weights`."""
     tool_call_parser: str = "qwen3_coder"
-    """Parser for tool calls in the sampled text; must match the served model (qwen3_coder, hermes)."""
+    """Parser for tool calls in the sampled text, by vLLM's name (`--tool-call-parser`); must match the served
+    model. With vLLM importable in lego's process every vLLM parser works, else the built-in qwen3_coder and
+    hermes (docs/serving.md)."""
     reasoning_parser: str = "qwen3"
-    """Parser for reasoning in the sampled text (qwen3 = <think> blocks, none)."""
+    """Parser for reasoning in the sampled text, by vLLM's name (`--reasoning-parser`), or none. Without vLLM
+    in lego's process: qwen3 (<think> blocks) or none."""
     request_timeout_s: float = Field(default=900.0, gt=0)
     """Deadline of one generate call including retries."""
     disable_cuda_graph: bool = False

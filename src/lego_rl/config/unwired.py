@@ -12,8 +12,6 @@ from __future__ import annotations
 VLLM = "lego starts the vLLM servers itself (today they are started outside lego)"
 
 UNWIRED: dict[str, str] = {
-    "serving.reasoning_parser": "the adapter takes its reasoning parser from the config (today it always "
-                                "parses qwen3 <think> blocks)",
     "serving.disable_cuda_graph": VLLM,
     "serving.cuda_graph_max_batch": VLLM,
     "sandbox.lifetime_s": "the sandbox providers take a hard lifetime (today a sandbox lives until closed)",

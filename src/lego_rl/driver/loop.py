@@ -229,6 +229,21 @@ def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def _tokenisation_values(sampled: Sequence[RolloutResult]) -> dict[str, float]:
+    """The step's tokenisation health over its rollouts that built segments from turn records (none: no values)."""
+    built = [r.trajectory for r in sampled if r.trajectory is not None]
+    if not built:
+        return {}
+    segments = [float(t.segments_started) for t in built]
+    return {
+        mc.SEGMENTS_PER_ROLLOUT: sum(segments) / len(segments), mc.SEGMENTS_PER_ROLLOUT_MAX: max(segments),
+        mc.FALSE_FORKS: float(sum(t.false_forks for t in built)),
+        mc.REPEATED_PROMPT_TOKENS: float(sum(t.repeated_prompt_tokens for t in built)),
+        mc.RENDER_FALLBACKS: float(sum(t.render_fallbacks for t in built)),
+        mc.PARSE_FAILURES: float(sum(t.parse_failures for t in built)),
+    }
+
+
 class TrainLoop:
     """Drives ``backend`` with rollouts from ``rollout_fn``, writing everything to ``run``."""
 
@@ -641,6 +656,7 @@ class TrainLoop:
         if rolled.slot_capacity_s > 0:
             values[mc.SLOTS_IDLE_FRACTION] = max(0.0, 1.0 - rolled.slot_busy_s / rolled.slot_capacity_s)
             values[mc.SLOTS_WASTED_FRACTION] = rolled.slot_wasted_s / rolled.slot_capacity_s
+        values.update(_tokenisation_values(sampled))
         rewards = [r.reward for r in sampled
                    if r.reward is not None and r.termination not in self.admission.excluded]
         reward_mean = _mean(rewards)

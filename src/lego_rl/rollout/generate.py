@@ -72,7 +72,7 @@ from lego_rl.swe.task_sandbox import RunProviders, SandboxOpener, SandboxTarget,
 from lego_rl.swe.workspace import DEFAULT_PROBLEM_PATH, prepare_workspace
 from lego_rl.tasks.model import TaskRow
 from lego_rl.termination import TerminationReason, is_infrastructure_failure, parse_termination
-from lego_rl.trajectory.manager import build_samples
+from lego_rl.trajectory.manager import TrajectoryStats, build_samples
 from lego_rl.trajectory.sample import Sample, save_samples
 
 SALVAGE_S = 60.0
@@ -135,6 +135,8 @@ class RolloutResult:
     sampled_tokens: int = 0
     group_index: int = 0
     index: int = 0
+    trajectory: TrajectoryStats | None = None
+    """How the turn records became segments (tokenisation health); None when no samples were built."""
 
     @property
     def infrastructure_failure(self) -> bool:
@@ -147,6 +149,12 @@ class RolloutResult:
             "sampled_tokens": self.sampled_tokens, "segments": len(self.samples), "timings": self.timings,
             "group_index": self.group_index, "index": self.index, "detail": self.detail,
             "infrastructure_failure": self.infrastructure_failure,
+            "tokenisation": None if self.trajectory is None else {
+                "segments": self.trajectory.segments_started, "false_forks": self.trajectory.false_forks,
+                "repeated_prompt_tokens": self.trajectory.repeated_prompt_tokens,
+                "render_fallbacks": self.trajectory.render_fallbacks,
+                "parse_failures": self.trajectory.parse_failures,
+            },
         }
 
 
@@ -510,13 +518,14 @@ class _Rollout:
         await self._close_session()
         reward = self.grade_result.reward if self.grade_result is not None else None
         samples: list[Sample] = []
+        stats: TrajectoryStats | None = None
         # Main and side turns: the trajectory options decide whether side turns are trained.
         records = list(self.session.records) if self.session is not None else []
         main_turns = sum(1 for r in records if r.kind == "main")
         if records:
             start = time.monotonic()
             try:
-                samples, _ = build_samples(
+                samples, stats = build_samples(
                     records, rollout_id=self.rid, group_index=self.spec.group_index,
                     index=self.spec.index, reward=reward, termination=reason,
                     metadata={"instance_id": self.meta.instance_id, "harness": self.harness_name},
@@ -541,7 +550,7 @@ class _Rollout:
             rollout_id=self.rid, instance_id=self.meta.instance_id, harness=self.harness_name,
             termination=reason, reward=reward, samples=samples, timings=self.timings, artifacts=self.folder,
             detail=detail, turns=main_turns, sampled_tokens=sum(len(r.output_ids) for r in records),
-            group_index=self.spec.group_index, index=self.spec.index,
+            group_index=self.spec.group_index, index=self.spec.index, trajectory=stats,
         )
         self.save_or_log(RolloutFiles.OUTCOME, json.dumps(result.summary(), indent=2))
         self.ctx.run.events.emit(RolloutFinished(

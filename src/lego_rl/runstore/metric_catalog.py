@@ -255,6 +255,25 @@ CONSISTENCY_BY_SPLIT = {f: _declare(f"consistency/{{split}}/{f}", unit, kind, "c
 """Per-split families by field name (``consistency/bridged/k3_kl``...)."""
 
 
+# -- tokenisation health: how the adapter's prompts became training segments (trajectory.TrajectoryStats) ---------
+_RECORDED = "some rollout of the step recorded turns"
+SEGMENTS_PER_ROLLOUT = _declare("segments_per_rollout", "segments", GAUGE, "tokenisation", "mean segments per "
+                                "rollout that recorded turns (1: one chain; side requests add their own)",
+                                when=_RECORDED)
+SEGMENTS_PER_ROLLOUT_MAX = _declare("segments_per_rollout_max", "segments", GAUGE, "tokenisation", "most segments "
+                                    "of one rollout", when=_RECORDED)
+FALSE_FORKS = _declare("false_forks", "segments", COUNTER, "tokenisation", "new segments on a chain that already "
+                       "had one although the prompt did not change (no compaction, edited history, new tools or "
+                       "kwargs, retry): a re-render that did not reproduce the sampled ids", when=_RECORDED)
+REPEATED_PROMPT_TOKENS = _declare("repeated_prompt_tokens", "tokens", COUNTER, "tokenisation", "context tokens "
+                                  "new segments start with that an earlier segment of the rollout already holds "
+                                  "(trained more than once)", when=_RECORDED)
+RENDER_FALLBACKS = _declare("render_fallbacks", "turns", COUNTER, "tokenisation", "turns fully re-rendered "
+                            "although their chain had an earlier turn to bridge from", when=_RECORDED)
+PARSE_FAILURES = _declare("parse_failures", "calls", COUNTER, "tokenisation", "tool calls the adapter could not "
+                          "parse (handed back to the CLI as text)", when=_RECORDED)
+
+
 METRICS: tuple[Metric, ...] = tuple(_ALL)
 """Every declaration, in the order above."""
 _EXACT = {str(m): m for m in METRICS if not m.is_family}

@@ -18,6 +18,16 @@ from pydantic import BaseModel, Field, ValidationError
 RenderMode = Literal["full", "bridged"]
 TurnKind = Literal["main", "side"]
 
+# Fallback reasons (``TurnRecord.fallback_reason``) the trajectory reads: the adapter's prefix bridge
+# (``chat.prefix``) writes these, and a full render for one of them is no tokenisation fault.
+NO_PREVIOUS_TURN = "no previous turn in this chain"
+HISTORY_CHANGED = "the history does not extend any previous turn (changed or compacted)"
+TOOLS_CHANGED = "the tool schemas changed"
+KWARGS_CHANGED = "the chat template kwargs changed"
+PROMPT_CHANGED: frozenset[str] = frozenset({HISTORY_CHANGED, TOOLS_CHANGED, KWARGS_CHANGED})
+"""The client changed the prompt itself (compaction, an edited history, new tools or kwargs): a new segment
+after one of these is a real divergence, not a false fork."""
+
 
 class TurnRecord(BaseModel):
     """One model call inside an adapter session.

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from lego_rl.errors import TrajectoryError
 from lego_rl.termination import TerminationReason
+from lego_rl.runstore.turns import NO_PREVIOUS_TURN, PROMPT_CHANGED
 from lego_rl.trajectory.checks import check_record
 from lego_rl.trajectory.records import TurnRecord
 from lego_rl.trajectory.sample import PromptRoutingSnapshot, Sample, TurnSpan
@@ -68,6 +69,19 @@ class TrajectoryStats(BaseModel):
     duplicate_turns: int = 0
     """Turns whose whole output was already trained with the same context (not added again)."""
     trained_tokens: int = 0
+    # Tokenisation health (the run's ``tokenisation`` metrics): what the adapter's prompts cost in segments.
+    false_forks: int = 0
+    """Segments started on a chain that already had one although nothing but the tokens diverged: the turn's
+    record names no change of the prompt (compaction or an edited history, new tools or template kwargs), no
+    bridge from an earlier turn (a retry) and no repeated request. A side request or sub-agent starts its
+    own chain and is never one. Each is a re-render that did not reproduce the ids sampled before."""
+    repeated_prompt_tokens: int = 0
+    """Context tokens new segments start with that an earlier segment already holds (their longest common
+    prefix with one): prompt tokens the trainer processes more than once."""
+    render_fallbacks: int = 0
+    """Turns fully re-rendered although their chain had an earlier turn to bridge from (any fallback reason)."""
+    parse_failures: int = 0
+    """Tool calls the adapter could not parse (``TurnRecord.parse_failures``), side turns included."""
 
 
 class TrajectoryManager:
@@ -171,6 +185,9 @@ class TrajectoryManager:
         """Add the next turn of the session (turn numbers must increase)."""
         if self._sealed:
             raise self._fail(rec, "the manager was sealed by samples(); build a new TrajectoryManager")
+        self.stats.parse_failures += rec.parse_failures
+        if rec.render_mode == "full" and rec.fallback_reason not in (None, NO_PREVIOUS_TURN):
+            self.stats.render_fallbacks += 1
         if rec.kind == "side" and not self.options.train_side_turns:
             self.stats.side_turns_skipped += 1
             return
@@ -197,6 +214,7 @@ class TrajectoryManager:
             self.stats.duplicate_turns += 1
             return
         if seg is None:
+            self._count_fork(rec)
             seg = Segment(len(self._segments), (rec.kind, rec.side_label),
                           rec.nucleus_ids is not None or self.options.require_nucleus,
                           rec.routed_experts is not None or self.options.require_routing)
@@ -211,6 +229,19 @@ class TrajectoryManager:
         seg.append_output(rec, mask)
         self.stats.trained_tokens += sum(mask)
         self._last_of[seg.chain] = seg
+
+    def _count_fork(self, rec: TurnRecord) -> None:
+        """Before ``rec`` starts a new segment: its repeated context, and whether it is a false fork."""
+        if not self._segments:
+            return
+        self.stats.repeated_prompt_tokens += max(common_prefix_len(rec.prompt_ids, s.tokens) for s in self._segments)
+        chain = (rec.kind, rec.side_label)
+        if chain not in self._last_of:
+            return  # the chain's first segment (a side request's, a sub-agent's): no fork
+        real = (rec.repeat_of is not None or rec.render_mode == "bridged"  # a retry, or bridged from an earlier turn
+                or rec.fallback_reason in PROMPT_CHANGED)
+        if not real:
+            self.stats.false_forks += 1
 
     def _fill_missing_columns(self, seg: Segment, rec: TurnRecord) -> None:
         """A segment started without spans/routes that meets a turn with them grows empty entries."""
