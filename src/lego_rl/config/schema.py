@@ -415,6 +415,9 @@ class LogConfig(Section):
     """W&B group that holds every launch of this run directory; default the run directory's name."""
     wandb_tags: list[str] = Field(default_factory=list)
     """W&B tags of the run."""
+    heartbeat_s: float = Field(default=30.0, gt=0)
+    """When stderr is no terminal (a log file, a pipe), `lego train` prints its status line with the counts of
+    the moment at least this often (seconds), besides a line per phase and a summary per step."""
     wandb_mode: Literal["online", "offline"] = "online"
     """`offline` writes RUN_ROOT/wandb/offline-run-*/ without a network (upload later with `wandb sync`)."""
 

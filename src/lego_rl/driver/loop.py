@@ -347,13 +347,17 @@ class TrainLoop:
         return Group(prompt, group_index, list(results))
 
     async def _counted(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
-        """The rollout function as the scheduler calls it, counted in the progress view."""
+        """The rollout function as the scheduler calls it, counted in the progress view: toward the step waiting
+        for its batch; one that ends while a step trains counts for the next step, which recounts at its start
+        (``_step_started``). Capped at the batch: a failed attempt and its refill fill one slot."""
         self.progress.in_flight += 1
         try:
             return await self.rollout_fn(prompt, slot)
         finally:
             self.progress.in_flight -= 1
-            self.progress.rollouts_done += 1
+            p = self.progress
+            if p.phase == "rollout":
+                p.rollouts_done = min(p.rollouts_done + 1, p.rollouts_planned)
 
     def scheduler(self, *, first_step: int, end_step: int) -> RolloutScheduler:
         """A scheduler for steps ``first_step`` .. ``end_step - 1`` (drawing from this loop's prompt stream)."""
@@ -500,7 +504,7 @@ class TrainLoop:
         sched = self.scheduler(first_step=step, end_step=step + 1)
         sched.start()
         try:
-            started = self._step_started(step)
+            started = self._step_started(step, sched)
             rolled = await sched.take(step)
         finally:
             await sched.close()
@@ -515,11 +519,13 @@ class TrainLoop:
             self._control_announced = True
             self.run_dir.events.emit(ControlArm(step=step, control=self.s.control))
 
-    def _step_started(self, step: int) -> float:
+    def _step_started(self, step: int, sched: RolloutScheduler) -> float:
         self.progress.step = step
         self.progress.phase = "rollout"
-        self.progress.rollouts_done = 0
         self.progress.rollouts_planned = self.s.batch_size * self.s.samples_per_prompt
+        # Rollouts of groups not trained yet may have finished during the previous step (the scheduler keeps
+        # its slots busy across steps): they count toward this one, not from zero.
+        self.progress.rollouts_done = min(sched.finished_rollouts(), self.progress.rollouts_planned)
         self.run_dir.events.emit(StepStarted(step=step, weight_version=self.backend.weight_version))
         self._policy_of_version.setdefault(self.backend.weight_version, step)
         return time.time()
@@ -561,6 +567,9 @@ class TrainLoop:
         """Train on the step's rollouts, sync, write the row. Not to be cancelled halfway: the optimizer
         step runs in a worker thread that a cancellation would not stop."""
         results = [r for g in rolled.groups for r in g.results]
+        # The step's own count from here on (replaced groups too), not the slots' running total.
+        self.progress.rollouts_done = self.progress.rollouts_planned = (
+            len(results) + sum(len(g.results) for g in rolled.dropped))
         self._require_admissible(step, results)
         # The batch's ages as sampled, before the drop policy masks anything.
         ages = self._age_metrics(step, rolled.groups)
@@ -717,7 +726,7 @@ class TrainLoop:
             for step in range(self.next_step, self.s.num_rollout):
                 if self.stop_requested:
                     break
-                started = self._step_started(step)
+                started = self._step_started(step, sched)
                 stopped, rolled = await self._until_stopped(sched.take(step))
                 if stopped:
                     break
