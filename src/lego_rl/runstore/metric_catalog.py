@@ -11,6 +11,9 @@ A ``Metric`` is a ``str`` (its name), so a declaration is also a row's key: ``va
 A *family* has one ``{placeholder}`` in its name (``tokens_age/{age}``); ``key()`` names one member, and the
 placeholder takes a non-negative integer or, where ``choices`` are given, one of them.
 
+Every declaration is shown by a view of ``lego monitor`` or ``lego report``, or says why not (``hidden``); a test
+fails when a written metric is neither, or a view names a metric the catalog does not declare.
+
 Kinds: a ``gauge`` is a level at the end of the step (lr, reward mean), a ``counter`` counts things that
 happened during the step (rollouts, refills), a ``distribution`` is a family whose members together form one
 histogram (tokens per age). ``when`` says when a declared value is absent from a row; None means every row
@@ -42,7 +45,10 @@ class RunKind(StrEnum):
     TASKS_SCREEN = "tasks-screen"
 
 
-TRAIN, SFT = RunKind.TRAIN, RunKind.SFT
+TRAIN, SFT, EVAL = RunKind.TRAIN, RunKind.SFT, RunKind.EVAL
+ROLLOUT_CHECK, TASKS_SCREEN = RunKind.ROLLOUT_CHECK, RunKind.TASKS_SCREEN
+SESSIONS = (ROLLOUT_CHECK, TASKS_SCREEN)
+"""Run kinds that roll out without training: one row per session (``driver.rollout_rows``)."""
 GAUGE, COUNTER, DISTRIBUTION = MetricKind.GAUGE, MetricKind.COUNTER, MetricKind.DISTRIBUTION
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
@@ -62,7 +68,7 @@ class UndeclaredMetric(LegoError):
 class Metric(str):
     """One declared metric; the string is its name (a family's has one ``{placeholder}``)."""
 
-    __slots__ = ("unit", "kind", "group", "meaning", "written_by", "when", "choices", "_pattern")
+    __slots__ = ("unit", "kind", "group", "meaning", "written_by", "when", "choices", "hidden", "_pattern")
     unit: str
     kind: MetricKind
     group: str
@@ -70,13 +76,17 @@ class Metric(str):
     written_by: frozenset[RunKind]
     when: str | None
     choices: tuple[str, ...]
+    hidden: str | None
+    """Why no view of the monitor or the report shows it (None: a view does; tests/monitor/test_metric_views.py
+    checks both ways)."""
     _pattern: re.Pattern[str] | None
 
     def __new__(cls, name: str, *, unit: str, kind: MetricKind, group: str, meaning: str,
-                written_by: Iterable[RunKind], when: str | None = None, choices: Iterable[str] = ()) -> Metric:
+                written_by: Iterable[RunKind], when: str | None = None, choices: Iterable[str] = (),
+                hidden: str | None = None) -> Metric:
         obj = super().__new__(cls, name)
         obj.unit, obj.kind, obj.group, obj.meaning = unit, kind, group, meaning
-        obj.written_by, obj.when, obj.choices = frozenset(written_by), when, tuple(choices)
+        obj.written_by, obj.when, obj.choices, obj.hidden = frozenset(written_by), when, tuple(choices), hidden
         holes = _PLACEHOLDER.findall(name)
         if len(holes) > 1:
             raise ValueError(f"metric {name!r}: a family has one placeholder")
@@ -115,12 +125,12 @@ _ALL: list[Metric] = []
 
 
 def _declare(name: str, unit: str, kind: MetricKind, group: str, meaning: str, *written_by: RunKind,
-             when: str | None = None, choices: Iterable[str] = ()) -> Metric:
+             when: str | None = None, choices: Iterable[str] = (), hidden: str | None = None) -> Metric:
     """Declare one metric (written by train unless run kinds are named); a name is declared once."""
     if any(m == name for m in _ALL):
         raise ValueError(f"metric {name!r} is declared twice")
     m = Metric(name, unit=unit, kind=kind, group=group, meaning=meaning, written_by=written_by or (TRAIN,),
-               when=when, choices=choices)
+               when=when, choices=choices, hidden=hidden)
     _ALL.append(m)
     return m
 
@@ -171,20 +181,24 @@ TRAINED = _declare("trained", "bool", GAUGE, "rollout", "1 when the step ran an 
                    "had no signal")
 WEIGHT_VERSION = _declare("weight_version", "version", GAUGE, "train", "policy weight version after the step",
                           TRAIN, SFT)
-ROLLOUTS = _declare("rollouts", "rollouts", COUNTER, "rollout", "rollouts this step sampled (replaced groups too)")
+ROLLOUTS = _declare("rollouts", "rollouts", COUNTER, "rollout", "rollouts this step sampled (replaced groups too; "
+                    "rollout-check, screen: the session's)", TRAIN, *SESSIONS)
 ADMITTED_ROLLOUTS = _declare("admitted_rollouts", "rollouts", COUNTER, "rollout", "rollouts admitted to training "
                              "(not excluded as infrastructure failures)")
-EXCLUDED_ROLLOUTS = _declare("excluded_rollouts", "rollouts", COUNTER, "rollout", "rollouts excluded from "
-                             "advantages and loss as infrastructure failures")
+EXCLUDED_ROLLOUTS = _declare("excluded_rollouts", "rollouts", COUNTER, "rollout", "rollouts that ended in an "
+                             "infrastructure failure (training excludes them from advantages and loss)", TRAIN,
+                             *SESSIONS)
 CANCELLED_ROLLOUTS = _declare("cancelled_rollouts", "rollouts", COUNTER, "rollout", "rollouts cancelled in flight "
                               "(their group went stale or the run stopped)")
 REFILLS = _declare("refills", "rollouts", COUNTER, "rollout", "infrastructure failures re-run in their slot")
-REWARD_MEAN = _declare("reward_mean", "reward", GAUGE, "rollout", "mean reward of the step's admitted rollouts",
-                       when="some admitted rollout has a reward")
+REWARD_MEAN = _declare("reward_mean", "reward", GAUGE, "rollout", "mean reward of the step's admitted rollouts "
+                       "(rollout-check, screen: of the graded ones that did not fail for an infrastructure reason)",
+                       TRAIN, *SESSIONS, when="some admitted rollout has a reward")
 SOLVE_RATE = _declare("solve_rate", "fraction", GAUGE, "rollout", "admitted rollouts with reward >= "
-                      "the solved reward (1: graders give 0 or 1)", when="some admitted rollout has a reward")
+                      "the solved reward (1: graders give 0 or 1)", TRAIN, *SESSIONS,
+                      when="some admitted rollout has a reward")
 SAMPLED_TOKENS = _declare("sampled_tokens", "tokens", COUNTER, "rollout", "loss-masked tokens the step's "
-                          "rollouts sampled")
+                          "(the session's) rollouts sampled", TRAIN, *SESSIONS)
 CONTROL_ZERO_ADVANTAGE = _declare("control_zero_advantage", "bool", GAUGE, "rollout", "1: a control arm "
                                   "(train.control = zero_advantage): the loss saw every advantage as 0",
                                   when="train.control = zero_advantage")
@@ -218,7 +232,9 @@ TOKENS_DROPPED_STALE = _declare("tokens_dropped_stale", "tokens", COUNTER, "stal
                                 "out as older than the bound", when="rollout.partial_rollouts = drop")
 
 # -- timing ----------------------------------------------------------------------------------------------------
-TIME_ROLLOUT_S = _declare("time_rollout_s", "s", GAUGE, "timing", "time the step waited for its rollouts")
+TIME_ROLLOUT_S = _declare("time_rollout_s", "s", GAUGE, "timing", "time the step waited for its rollouts "
+                          "(rollout-check, screen: the session's rollouts from first start to last end)", TRAIN,
+                          *SESSIONS)
 TIME_TRAIN_S = _declare("time_train_s", "s", GAUGE, "timing", "time of the train phase (logprob recompute and "
                         "optimizer steps)", TRAIN, SFT)
 TIME_SYNC_S = _declare("time_sync_s", "s", GAUGE, "timing", "time of the weight sync to the engines")
@@ -288,6 +304,15 @@ def read(values: Mapping[str, float], metric: Metric) -> float | None:
     if _checked(metric).is_family:
         raise TypeError(f"{metric} is a family: read it with read_family")
     return values.get(metric)
+
+
+def require(values: Mapping[str, float], metric: Metric) -> float:
+    """The value of ``metric``, which the row must hold (a ``KeyError`` naming it otherwise)."""
+    value = read(values, metric)
+    if value is None:
+        raise KeyError(f"the metrics row holds no {metric} (declared: {metric.meaning}; written when: "
+                       f"{metric.when or 'always'})")
+    return value
 
 
 def read_family(values: Mapping[str, float], family: Metric) -> dict[str, float]:
