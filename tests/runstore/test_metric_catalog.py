@@ -16,7 +16,7 @@ from lego_rl.train.losses import LossConfig, SftLoss, make_loss
 
 
 def test_every_declaration_says_what_it_is() -> None:
-    groups = {"train", "rollout", "staleness", "timing", "consistency"}
+    groups = {"train", "rollout", "staleness", "timing", "consistency", "eval"}
     for m in mc.METRICS:
         assert m.meaning and m.group in groups, m
         assert m.written_by, f"{m} is written by no run kind"
