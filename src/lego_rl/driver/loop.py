@@ -228,7 +228,8 @@ class _Trained:
 def eval_values(event: EvalFinished) -> dict[str, float]:
     """A held-out evaluation's figures as metric values (the numbers of its ``eval_finished`` event; no pass@1
     or reward where no held-out rollout was graded, which the event writes as 0)."""
-    values = {mc.EVAL_ROWS: float(event.rows), mc.EVAL_INFRASTRUCTURE_FAILURES: float(event.infrastructure_failures)}
+    values: dict[str, float] = {mc.EVAL_ROWS: float(event.rows),
+                                mc.EVAL_INFRASTRUCTURE_FAILURES: float(event.infrastructure_failures)}
     if event.rows:
         values |= {mc.EVAL_PASS_AT_1: event.pass_at_1, mc.EVAL_REWARD_MEAN: event.reward_mean}
     return values

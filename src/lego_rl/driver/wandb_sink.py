@@ -73,11 +73,13 @@ class WandbSink(RowSink):
         self._started = True
 
     def put(self, p: SinkPoints) -> None:
+        import numpy as np
         import wandb
 
         data: dict[str, Any] = dict(p.scalars)
         for tag, counts in p.histograms.items():
-            data[tag] = wandb.Histogram(np_histogram=integer_histogram(counts))
+            bins, edges = integer_histogram(counts)
+            data[tag] = wandb.Histogram(np_histogram=(np.asarray(bins), np.asarray(edges)))
         self.run.log(data, step=p.step)
 
     def _close(self) -> None:
