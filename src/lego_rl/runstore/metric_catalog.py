@@ -140,18 +140,18 @@ _TRAINED = "steps that trained (a step whose batch had no advantage signal train
 # -- optimizer (the trainer backend and the loss: one value per optimizer step, averaged over the RL step) ----
 LOSS = _declare("loss", "nats/token", GAUGE, "train", "the objective the optimizer differentiated (summed over "
                 "micro-batches; SFT: the demonstrations' mean NLL before the update)", TRAIN, SFT, when=_TRAINED)
-GRAD_NORM = _declare("grad_norm", "", GAUGE, "train", "global gradient norm before clipping", TRAIN, SFT,
+GRAD_NORM = _declare("grad_norm", "L2 norm", GAUGE, "train", "global gradient norm before clipping", TRAIN, SFT,
                      when=_TRAINED)
-LR = _declare("lr", "", GAUGE, "train", "learning rate of the last optimizer step", TRAIN, SFT, when=_TRAINED)
+LR = _declare("lr", "rate", GAUGE, "train", "learning rate of the last optimizer step", TRAIN, SFT, when=_TRAINED)
 TOKENS = _declare("tokens", "tokens", COUNTER, "train", "trained (loss-masked) tokens, summed over optimizer steps",
                   TRAIN, SFT, when=_TRAINED)
-TOKEN_WEIGHT = _declare("token_weight", "", GAUGE, "train", "sum of the token weights (1 per rollout: a check "
+TOKEN_WEIGHT = _declare("token_weight", "rollouts", GAUGE, "train", "sum of the token weights (1 per rollout: a check "
                         "of the one-denominator packing)", TRAIN, SFT, when=_TRAINED)
 ENTROPY = _declare("entropy", "nats", GAUGE, "train", "mean entropy of the policy over trained tokens", TRAIN, SFT,
                    when=_TRAINED)
 OPTIMIZER_STEPS = _declare("optimizer_steps", "steps", COUNTER, "train", "optimizer steps this RL step took "
                            "(train.global_batch_size splits a batch)", when=_TRAINED)
-PG_LOSS = _declare("pg_loss", "", GAUGE, "train", "policy-gradient part of the loss", when=_TRAINED)
+PG_LOSS = _declare("pg_loss", "loss", GAUGE, "train", "policy-gradient part of the loss", when=_TRAINED)
 KL = _declare("kl", "nats", GAUGE, "train", "k3 KL to the reference policy over trained tokens",
               when="loss.kl_coef > 0")
 CLIP_FRAC_LOW = _declare("clip_frac_low", "fraction", GAUGE, "train", "tokens whose ratio was clipped below "
@@ -160,15 +160,15 @@ CLIP_FRAC_HIGH = _declare("clip_frac_high", "fraction", GAUGE, "train", "tokens 
                           "(positive advantage)", when=_TRAINED)
 DUAL_CLIP_FRAC = _declare("dual_clip_frac", "fraction", GAUGE, "train", "tokens the dual clip capped",
                           when="loss.dual_clip_c is set")
-RATIO_MEAN = _declare("ratio_mean", "", GAUGE, "train", "mean importance ratio new/old policy over trained tokens",
+RATIO_MEAN = _declare("ratio_mean", "ratio", GAUGE, "train", "mean importance ratio new/old policy over trained tokens",
                       when=_TRAINED)
-IS_WEIGHT_MEAN = _declare("is_weight_mean", "", GAUGE, "train", "mean rollout-correction importance weight",
+IS_WEIGHT_MEAN = _declare("is_weight_mean", "ratio", GAUGE, "train", "mean rollout-correction importance weight",
                           when="loss.is_correction is not none")
 TIS_CLAMPED_FRAC = _declare("tis_clamped_frac", "fraction", GAUGE, "train", "tokens whose truncated importance "
                             "weight was clamped", when="loss.is_correction = tis")
 MIS_MASKED_FRAC = _declare("mis_masked_frac", "fraction", GAUGE, "train", "tokens masked by the masked importance "
                            "correction", when="loss.is_correction = mis")
-SC_CORRECTION = _declare("sc_correction", "", GAUGE, "train", "score-centering correction term",
+SC_CORRECTION = _declare("sc_correction", "loss", GAUGE, "train", "score-centering correction term",
                          when="loss.use_score_centering")
 NLL = _declare("nll", "nats/token", GAUGE, "train", "demonstrated tokens' mean negative log-likelihood", SFT)
 
@@ -267,7 +267,7 @@ CONSISTENCY_SPLITS = ("bridged", "full", "first_segment", "later_segments")
 """The per-kind splits of the consistency figures (``train.consistency.KINDS``)."""
 _CONSISTENCY_FIELDS = {
     "tokens": ("tokens", COUNTER, "trained tokens compared"),
-    "pearson": ("", GAUGE, "Pearson correlation of rollout and trainer logprobs"),
+    "pearson": ("correlation", GAUGE, "Pearson correlation of rollout and trainer logprobs"),
     "mean_abs_diff": ("nats", GAUGE, "mean |trainer - rollout| logprob"),
     "p99_abs_diff": ("nats", GAUGE, "99th percentile of |trainer - rollout| logprob"),
     "max_abs_diff": ("nats", GAUGE, "largest |trainer - rollout| logprob"),
