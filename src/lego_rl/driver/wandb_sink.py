@@ -83,8 +83,13 @@ class WandbSink(RowSink):
         self.run.log(data, step=p.step)
 
     def _close(self) -> None:
+        import wandb
+
         self.run.finish()
         self.run = None
+        # finish() can return before wandb's service process has written the run's last records (seen offline:
+        # a .wandb file without its run record); teardown waits for it. A later start() sets it up again.
+        wandb.teardown()
 
 
 def integer_histogram(counts: dict[int, float]) -> tuple[list[float], list[float]]:
