@@ -217,20 +217,6 @@ STALE_GROUPS = _declare("stale_groups", "groups", COUNTER, "rollout", "groups dr
 TASKS_RETIRED = _declare("tasks_retired", "tasks", GAUGE, "rollout", "tasks retired so far "
                          "(train.retire_zero_variance_after)")
 
-# -- held-out evaluation (train.eval_every): the policy after the step's sync, on train.eval_data ----------------
-_EVALUATED = "the step ran a held-out evaluation (train.eval_every, and the last step)"
-_EVAL_SHOWN = "the monitor and the report draw evaluations from the eval_finished events, which hold the same figures"
-EVAL_PASS_AT_1 = _declare("eval/pass_at_1", "fraction", GAUGE, "eval", "mean over held-out rows of the share of "
-                          "their graded rollouts that solved the row", when=_EVALUATED + " and a rollout was graded",
-                          hidden=_EVAL_SHOWN)
-EVAL_REWARD_MEAN = _declare("eval/reward_mean", "reward", GAUGE, "eval", "mean reward of the graded held-out "
-                            "rollouts", when=_EVALUATED + " and a rollout was graded", hidden=_EVAL_SHOWN)
-EVAL_ROWS = _declare("eval/rows", "rows", COUNTER, "eval", "held-out rows with at least one graded rollout",
-                     when=_EVALUATED, hidden=_EVAL_SHOWN)
-EVAL_INFRASTRUCTURE_FAILURES = _declare("eval/infrastructure_failures", "rollouts", COUNTER, "eval", "held-out "
-                                        "rollouts that ended in an infrastructure failure (not graded)",
-                                        when=_EVALUATED, hidden=_EVAL_SHOWN)
-
 # -- staleness: how old what a step trains is, in policies ----------------------------------------------------
 POLICY_LAG_MEAN = _declare("policy_lag_mean", "steps", GAUGE, "staleness", "mean over trained rollouts of the "
                            "step minus the policy the rollout started on (0: synchronous)")
@@ -282,6 +268,19 @@ CONSISTENCY_BY_SPLIT = {f: _declare(f"consistency/{{split}}/{f}", unit, kind, "c
                                     choices=CONSISTENCY_SPLITS)
                         for f, (unit, kind, meaning) in _CONSISTENCY_FIELDS.items()}
 """Per-split families by field name (``consistency/bridged/k3_kl``...)."""
+
+
+# -- held-out evaluation (train.eval_every): the policy after the step's sync, on train.eval_data ----------------
+_EVALUATED = "the step ran a held-out evaluation (train.eval_every, and the last step)"
+EVAL_PASS_AT_1 = _declare("eval/pass_at_1", "fraction", GAUGE, "eval", "mean over held-out rows of the share of "
+                          "their graded rollouts that solved the row", when=_EVALUATED + " and a rollout was graded")
+EVAL_REWARD_MEAN = _declare("eval/reward_mean", "reward", GAUGE, "eval", "mean reward of the graded held-out "
+                            "rollouts", when=_EVALUATED + " and a rollout was graded")
+EVAL_ROWS = _declare("eval/rows", "rows", COUNTER, "eval", "held-out rows with at least one graded rollout",
+                     when=_EVALUATED)
+EVAL_INFRASTRUCTURE_FAILURES = _declare("eval/infrastructure_failures", "rollouts", COUNTER, "eval", "held-out "
+                                        "rollouts that ended in an infrastructure failure (not graded)",
+                                        when=_EVALUATED)
 
 
 METRICS: tuple[Metric, ...] = tuple(_ALL)
