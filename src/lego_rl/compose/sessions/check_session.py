@@ -58,6 +58,8 @@ class RolloutCheckSession:
             artifacts=Path(c.paths.artifacts) if c.paths.artifacts else None,
             run_log=Path(c.paths.run_log) if c.paths.run_log else None,
         )
+        self._rollouts_started: float | None = None
+        """When the serving stack was up and the rollouts began (None: none ran), the start of the metrics row."""
 
     async def baseline(self, on_result: BaselineFn | None = None) -> list[str]:
         """Grade every unmodified task; the ids that already pass (useless for training).
@@ -103,7 +105,6 @@ class RolloutCheckSession:
         saves the report of every rollout that finished or was interrupted, then lets the cancellation
         go on."""
         finished: list[RolloutResult] = []
-        self._rollouts_started: float | None = None
 
         def track(
             event: Literal["started", "finished"], spec: RolloutSpec, result: RolloutResult | None
