@@ -33,7 +33,7 @@ from lego_rl.driver.rollout_rows import write_session_row
 from lego_rl.driver.runner import ProgressFn, RolloutRunner
 from lego_rl.compose.stack import serving_stack
 from lego_rl.rollout.generate import RolloutResult, RolloutSpec
-from lego_rl.runstore import RunDir
+from lego_rl.runstore import RunDir, follow_metrics
 from lego_rl.runstore import metric_catalog as mc
 from lego_rl.runstore.events import ScreenFinished, ServingReady
 from lego_rl.runstore.layout import RunLayout
@@ -51,6 +51,15 @@ POLICY_KEYS = (
 )
 """What makes two sessions' attempts the same experiment: the policy, how it samples, and what bounds an
 attempt. A run directory made with other values is not topped up (its attempts would mix two policies)."""
+
+
+def _trained(layout: RunLayout) -> bool:
+    """Whether the directory's metrics rows are a training run's: every train and SFT row holds the policy's
+    weight version, which a screening or rollout-check session (one row each, ``driver.rollout_rows``) never
+    writes."""
+    if not layout.metrics.exists():
+        return False
+    return any(mc.read(row.values, mc.WEIGHT_VERSION) is not None for row in follow_metrics(layout.metrics).read())
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,7 @@ class ScreenSession:
         if not layout.holds_run():
             return
         root = layout.root
-        if layout.metrics.exists() or layout.checkpoints.exists():
+        if layout.checkpoints.exists() or _trained(layout):
             raise ConfigError(f"{root} is a training run: its rollouts come from weights that changed during it; "
                               "screen it read-only with --run, or screen into a new directory",
                               parameter="paths.run_root", value=str(root))
