@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	$(VENV)/bin/pip install -q --upgrade pip
 	# torch 2.13.0 first: pip takes the CPU build from this machine's wheel cache instead of a CUDA download.
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e '.[serve,train,sunabako,dev]'
+	$(VENV)/bin/pip install -q -e '.[serve,train,sunabako,wandb,dev]'
 	LEGO_PYTHON=$(VENV)/bin/python scripts/install_plugins.sh
 	touch $(STAMP)
 

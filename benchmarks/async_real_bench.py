@@ -43,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 from lego_rl.runstore import RunLayout, follow_metrics, read_events  # noqa: E402
+from lego_rl.runstore import metric_catalog as mc  # noqa: E402
 from lego_rl.runstore.events import (  # noqa: E402
     BatchTaken,
     RolloutCancelled,
@@ -107,7 +108,7 @@ def figures(root: Path, mode: str, k: int, slots: int, exit_code: int) -> ModeFi
         held += max(0.0, min(e, t1) - max(b, t0))
     trained = sum(len(e.rollout_ids) for e in events if isinstance(e, BatchTaken))
     intervals = [b - a for a, b in zip([t0, *sorted(ends)[:-1]], sorted(ends), strict=True)]
-    waited = sum(float(r.values.get("time_rollout_s", 0.0)) for r in rows)
+    waited = sum(mc.read(r.values, mc.TIME_ROLLOUT_S) or 0.0 for r in rows)
     steps = len(ends)
     return ModeFigures(
         mode=mode, max_staleness=k, exit_code=exit_code, steps=steps, window_s=window, s_per_step=window / steps,

@@ -48,6 +48,7 @@ from lego_rl.driver.toy_env import FirstLetterEnv, make_rows  # noqa: E402
 from lego_rl.compose.train_session import env_rollout_fn  # noqa: E402
 from lego_rl.driver.weight_sync import EmbeddedWeightSync  # noqa: E402
 from lego_rl.runstore import RunDir  # noqa: E402
+from lego_rl.runstore import metric_catalog as mc  # noqa: E402
 from lego_rl.serving.client import ServingClient  # noqa: E402
 from lego_rl.serving.server import EmbeddedServer  # noqa: E402
 from lego_rl.serving.tiny_model import ensure_tiny_model  # noqa: E402
@@ -174,10 +175,13 @@ async def run(model: Path, tmp: Path, label: str, sdpa: str, precision: str, a: 
                     backend.tokens = 0
                     if device == "cuda":
                         torch.cuda.reset_peak_memory_stats()
-                    m = (await loop.run_step(step)).values
+                    row = await loop.run_step(step)
                     t_trainer = sum(backend.seconds.values())
-                    line = (f"[{label}] step {step}: rollout {m['time_rollout_s']:.2f}s train {m['time_train_s']:.2f}s "
-                            f"sync {m['time_sync_s']:.2f}s reward {m.get('reward_mean', float('nan')):.3f}")
+                    reward = mc.read(row.values, mc.REWARD_MEAN)
+                    line = (f"[{label}] step {step}: rollout {mc.require(row.values, mc.TIME_ROLLOUT_S):.2f}s train "
+                            f"{mc.require(row.values, mc.TIME_TRAIN_S):.2f}s sync "
+                            f"{mc.require(row.values, mc.TIME_SYNC_S):.2f}s reward "
+                            f"{float('nan') if reward is None else reward:.3f}")
                     if backend.tokens:
                         mfu = 6 * n_params * backend.tokens / backend.seconds["train_step"] / H200_BF16_FLOPS
                         line += (f" | packed tokens {backend.tokens} old-logprobs {backend.seconds['old_logprobs']:.2f}s "

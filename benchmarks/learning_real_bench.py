@@ -56,6 +56,7 @@ NETNS_MARK = "LEGO_LEARNING_BENCH_NETNS"
 from lego_rl.cli.options import load  # noqa: E402
 from lego_rl.compose.train_session import TrainSession  # noqa: E402
 from lego_rl.runstore import RunLayout, follow_metrics  # noqa: E402
+from lego_rl.runstore import metric_catalog as mc  # noqa: E402
 
 ARMS = ("grpo", "control")
 
@@ -134,9 +135,9 @@ def arm_worker(args: argparse.Namespace) -> int:
 def step_rates(run_root: Path) -> tuple[list[float], dict[str, float]]:
     """The solve rate per step, and the mean seconds per step of its parts (for the cost projection)."""
     rows = list(follow_metrics(RunLayout(run_root).metrics).read())
-    parts = ("time_step_s", "time_rollout_s", "time_train_s", "time_sync_s")
-    means = {k: statistics.mean(float(r.values.get(k, 0.0)) for r in rows) if rows else 0.0 for k in parts}
-    return [float(r.values["reward_mean"]) for r in rows], means
+    parts = (mc.TIME_STEP_S, mc.TIME_ROLLOUT_S, mc.TIME_TRAIN_S, mc.TIME_SYNC_S)
+    means = {str(k): statistics.mean(mc.read(r.values, k) or 0.0 for r in rows) if rows else 0.0 for k in parts}
+    return [mc.require(r.values, mc.REWARD_MEAN) for r in rows], means
 
 
 def spread(xs: list[float]) -> str:
@@ -195,7 +196,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             if rc != 0:
                 raise StageFailed(f"SFT round {i}", rc, root.with_suffix(".log"))
             checkpoint = latest(root)
-            losses = [row.values.get("loss") for row in follow_metrics(RunLayout(root).metrics).read()]
+            losses = [mc.read(row.values, mc.LOSS) for row in follow_metrics(RunLayout(root).metrics).read()]
             t0 = time.time()
             solved, attempts = screen_rate(args, checkpoint, out / f"screen-{i}", task_file)
             rate = solved / attempts if attempts else 0.0

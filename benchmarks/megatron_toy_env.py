@@ -23,6 +23,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from support.toy_run import write_toy_run  # noqa: E402
 
+from lego_rl.runstore import follow_metrics  # noqa: E402
+from lego_rl.runstore import metric_catalog as mc  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,15 +45,17 @@ def main() -> None:
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-6000:], sep="\n")
         raise SystemExit(f"lego train exited {proc.returncode}")
-    rows = [json.loads(line) for line in (work / "runs/toy/metrics.jsonl").read_text().splitlines() if line]
-    rewards = [r["values"]["reward_mean"] for r in rows]
+    rows = list(follow_metrics(work / "runs/toy/metrics.jsonl").read())
+    rewards = [mc.require(r.values, mc.REWARD_MEAN) for r in rows]
     print(f"lego train (megatron backend): {len(rows)} steps in {wall:.0f} s, summary {proc.stdout.strip()}")
     print("| step | reward_mean | trained | grad_norm | time_train_s | time_sync_s |")
     print("|---|---|---|---|---|---|")
-    for r in rows:
-        v = r["values"]
-        print(f"| {r['step']} | {v['reward_mean']:.3f} | {v.get('trained', 0)} | {v.get('grad_norm', float('nan')):.3f} "
-              f"| {v.get('time_train_s', 0):.2f} | {v.get('time_sync_s', 0):.2f} |")
+    for r, reward in zip(rows, rewards, strict=True):
+        v = r.values
+        grad_norm = mc.read(v, mc.GRAD_NORM)
+        print(f"| {r.step} | {reward:.3f} | {mc.read(v, mc.TRAINED) or 0} | "
+              f"{float('nan') if grad_norm is None else grad_norm:.3f} | {mc.read(v, mc.TIME_TRAIN_S) or 0:.2f} | "
+              f"{mc.read(v, mc.TIME_SYNC_S) or 0:.2f} |")
     print(json.dumps({"part": "toy_env", "rewards": rewards, "wall_s": wall,
                       "last3_mean": sum(rewards[-3:]) / len(rewards[-3:])}))
 

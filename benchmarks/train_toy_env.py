@@ -38,6 +38,7 @@ from lego_rl.driver.loop import Prompt, TrainLoop  # noqa: E402
 from lego_rl.driver.toy_env import make_rows  # noqa: E402
 from lego_rl.compose.train_session import env_rollout_fn  # noqa: E402
 from lego_rl.runstore import RunDir  # noqa: E402
+from lego_rl.runstore import metric_catalog as mc  # noqa: E402
 from lego_rl.serving.client import ServingClient  # noqa: E402
 from lego_rl.serving.server import EmbeddedServer  # noqa: E402
 from lego_rl.serving.tiny_model import ensure_tiny_model  # noqa: E402
@@ -64,7 +65,7 @@ async def one_run(tmp: Path, name: str, *, seed: int, steps: int, lr: float, let
             loop = TrainLoop(settings, backend=TorchBackend(tiny, TorchTrainSettings(lr=lr, weight_decay=0.0, max_grad_norm=None, device="cpu")), loss_fn=GRPO,
                              rollout_fn=env_rollout_fn(env, sampler, run), prompts=rows, run=run,
                              sync=EmbeddedWeightSync(srv.engine))  # type: ignore[arg-type]
-            rewards = [(await loop.run_step(step)).values["reward_mean"] for step in range(steps)]
+            rewards = [mc.require((await loop.run_step(step)).values, mc.REWARD_MEAN) for step in range(steps)]
             run.close()
     return rewards, time.monotonic() - t0
 

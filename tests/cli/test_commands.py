@@ -15,8 +15,9 @@ from lego_rl.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 
-COMMAND_REF = re.compile(r"`lego ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?")
-"""A command named in prose: `lego validate ...`, `lego tasks check ...`."""
+COMMAND_REF = re.compile(r"[`(]lego ([a-z][a-z-]*)(?: ([a-z][a-z-]*))?")
+"""A command named in prose: `lego validate ...`, `lego tasks check ...`, or in parentheses as an option's help
+does ("Prepared task JSONL (lego tasks prepare)"; `lego images --help` once pointed to a removed `lego prepare`)."""
 
 
 def _tree() -> TyperGroup:
@@ -63,6 +64,7 @@ def test_docs_name_only_commands_that_exist(path: Path) -> None:
 def test_the_missing_check_sees_a_stale_command() -> None:
     assert _missing("run `lego trains` then `lego tasks nosuch` and `lego tasks check`") == {
         "lego trains", "lego tasks nosuch"}
+    assert _missing("--data  Prepared task JSONL (lego prepare).  lego reads it") == {"lego prepare"}
 
 
 def test_verbs_on_task_rows_are_one_sub_app() -> None:

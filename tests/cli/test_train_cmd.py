@@ -200,16 +200,18 @@ def test_a_taken_engine_port_is_one_line_and_exit_2(toy: Path) -> None:
 @pytest.mark.slow
 def test_progress_to_a_file_is_whole_lines_one_per_phase(toy: Path) -> None:
     """stderr that is no terminal (a log file, as under nohup or make run): one newline-ended line per step and
-    phase, no cursor-control codes, the last one the run's end without an ETA; the summary on its own line."""
+    phase, heartbeats with the counts of the moment, one summary per step that says what its metrics row says,
+    no cursor-control codes or carriage returns, the last status line the run's end without an ETA and with the
+    last step's own rollout count; the summary on its own line."""
     lego = str(Path(sys.executable).with_name("lego"))
     log = toy / "train.log"
     with log.open("w") as fh:
-        proc = subprocess.run([lego, "train", "-c", "lego.toml", "--steps", "2"], stdout=subprocess.PIPE,
-                              stderr=fh, text=True, cwd=toy, timeout=600)
+        proc = subprocess.run([lego, "train", "-c", "lego.toml", "--steps", "2", "--set", "log.heartbeat_s=0.5"],
+                              stdout=subprocess.PIPE, stderr=fh, text=True, cwd=toy, timeout=600)
     text = log.read_text()
     assert proc.returncode == 0, text
     assert text.endswith("\n") and "\x1b" not in text and "\r" not in text
-    progress = [line for line in text.splitlines() if line.startswith("step ")]
+    progress = [line for line in text.splitlines() if line.startswith("step ") and " done " not in line]
     phases = [line.split()[1:3] for line in progress]
     # Phases shorter than the 0.5 s poll may not show up (a quiet box rolls the toy env out in less).
     assert phases[0][0] == "1/2" and phases[0][1] in ("rollout", "train", "sync"), progress
@@ -218,6 +220,18 @@ def test_progress_to_a_file_is_whole_lines_one_per_phase(toy: Path) -> None:
     assert len(phases) == len({tuple(p) for p in phases})  # each (step, phase) once: not a line per poll
     assert phases[-1] == ["2/2", "completed"] and progress[-1].endswith("ETA -"), progress
     assert proc.stdout.startswith("completed: 2/2 steps"), proc.stdout
+    # The heartbeat repeats the status with live counts while a phase lasts (the toy's engine start alone
+    # takes longer than 0.5 s, so there is at least one).
+    assert [line for line in text.splitlines() if line.startswith("heartbeat ")], text
+    rows = list(follow_metrics(toy / "runs" / "toy" / "metrics.jsonl").read())
+    done = [line for line in text.splitlines() if " done " in line]
+    assert [d.split()[1] for d in done] == ["1/2", "2/2"], text
+    for line, row in zip(done, rows, strict=True):
+        n = int(row.values["rollouts"])
+        assert f"rollouts {n} (admitted {int(row.values['admitted_rollouts'])}" in line
+        assert f"reward {row.values['reward_mean']:.3f}" in line and f"time {row.values['time_step_s']:.1f}s" in line
+    # Counts are the step's own: the last line says every rollout of the last step, not those since a phase began.
+    assert f"rollouts {int(rows[-1].values['rollouts'])}/{int(rows[-1].values['rollouts'])}" in progress[-1]
 
 
 @pytest.mark.slow

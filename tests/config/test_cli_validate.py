@@ -71,3 +71,18 @@ def test_remote_on_the_shipped_config_needs_no_running_job(workdir: Path, monkey
     assert result.exit_code in (0, 1), result.output
     unreachable = [f["message"] for f in json.loads(result.stdout)["findings"] if f["code"] == "unreachable"]
     assert unreachable == []
+
+
+def test_tables_are_not_folded_at_80_columns_off_a_terminal(base_toml: Path) -> None:
+    """Piped or logged (no terminal, no COLUMNS), a table row stays one line: rich's default 80 columns folded
+    every meaning and finding into a column of fragments."""
+    from lego_rl.cli.console import out
+
+    assert not out.is_terminal  # the runner captures stdout
+    result = runner.invoke(app, ["config", "show", "-c", str(base_toml), "--docs"])
+    assert result.exit_code == 0
+    [line] = [ln for ln in result.stdout.splitlines() if "heartbeat_s" in ln]
+    assert "prints its status line with the counts of the moment at least this often (seconds)" in line
+    assert len(line) > 120
+    result = runner.invoke(app, ["validate", "-c", str(base_toml), "--set", "rollout.top_p=2"])
+    assert any(len(ln) > 80 and "top_p" in ln for ln in result.stdout.splitlines()), result.stdout

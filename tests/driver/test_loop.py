@@ -26,6 +26,7 @@ from lego_rl.monitor.views import tasks as tasks_view
 from lego_rl.driver.loop import Prompt, RolloutSlot, TrainingError, TrainLoop
 from lego_rl.rollout.generate import RolloutResult
 from lego_rl.runstore import RunDir, read_events
+from lego_rl.runstore import metric_catalog as mc
 from lego_rl.runstore.events import RolloutFinished, RolloutStarted
 from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving.tiny_model import ensure_tiny_model
@@ -323,6 +324,13 @@ async def test_evaluation_reports_pass_at_1_over_k_samples(tmp_path: Path, tiny:
     await loop.run()
     [ev] = [e for e in read_events(loop.run_dir.layout.events) if e.kind == "eval_finished"]
     assert ev.pass_at_1 == pytest.approx((0.75 + 0.0) / 2) and ev.rows == 2 and ev.samples_per_row == 4
+    # The step's metrics row holds the evaluation of the policy it trained (so TensorBoard and W&B plot it).
+    [row] = list(follow_metrics(loop.run_dir.layout.metrics).read())
+    assert (mc.read(row.values, mc.EVAL_PASS_AT_1), mc.read(row.values, mc.EVAL_REWARD_MEAN),
+            mc.read(row.values, mc.EVAL_ROWS), mc.read(row.values, mc.EVAL_INFRASTRUCTURE_FAILURES)) == (
+        ev.pass_at_1, ev.reward_mean, 2.0, 0.0)
+    kinds = [e.kind for e in read_events(loop.run_dir.layout.events)]
+    assert kinds.index("step_finished") < kinds.index("eval_finished")
 
 
 def test_eval_every_without_held_out_rows_is_refused(tmp_path: Path, tiny: Path) -> None:

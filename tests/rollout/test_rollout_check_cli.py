@@ -19,6 +19,8 @@ from test_generate_scripted import WRONG_MEDIAN, policy_writing
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
+from lego_rl.runstore import metric_catalog as mc
+from lego_rl.runstore.log import follow_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
 
@@ -123,5 +125,10 @@ def test_rollout_check_cli_exit_code_follows_the_reward(
     events = [json.loads(line) for line in (run_root / "events.jsonl").read_text().splitlines()]
     baseline = [e for e in events if e["kind"] == "baseline"]
     assert [(e["instance_id"], e["solved"]) for e in baseline] == [("lego-example-median", False)]
+    # The session's metrics row, through the declarations of a rollout-check run (step 0: its only session).
+    [row] = list(follow_metrics(run_root / "metrics.jsonl").read())
+    assert (row.step, mc.read(row.values, mc.ROLLOUTS), mc.read(row.values, mc.REWARD_MEAN),
+            mc.read(row.values, mc.SOLVE_RATE)) == (0, 1.0, result["reward"], result["reward"])
+    assert row.terminations == {"completed": 1}
     assert len(engine.engine.calls) == 2
     assert_nothing_running()

@@ -25,6 +25,8 @@ from test_rollout_check_cli import engine_thread  # noqa: F401  (the fixture)
 from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
+from lego_rl.runstore import metric_catalog as mc
+from lego_rl.runstore.log import follow_metrics
 from support.scripted_engine import tool_call_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.cli, pytest.mark.root]
@@ -103,6 +105,10 @@ def test_screen_rolls_out_tops_up_and_reuses(engine_thread: Any, toolchain: Any,
     ids = [e["rollout_id"] for e in started if e["kind"] == "rollout_started"]
     assert len(ids) == len(set(ids)) == 9 and {i.rsplit("-", 1)[1] for i in ids} == {"s0", "s1", "s2"}
     assert (run_root / "config.resume-1.json").is_file()
+    # One metrics row per session that rolled out, numbered like steps: 6 rollouts, then the 3 of the top-up.
+    rows = list(follow_metrics(run_root / "metrics.jsonl").read())
+    assert [(r.step, mc.read(r.values, mc.ROLLOUTS)) for r in rows] == [(0, 6.0), (1, 3.0)]
+    assert mc.read(rows[0].values, mc.SOLVE_RATE) == pytest.approx(3 / 6)
 
     # all there: nothing starts (no engine call, no new config), the verdicts are read again
     calls = len(engine.engine.calls)

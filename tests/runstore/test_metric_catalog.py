@@ -16,11 +16,12 @@ from lego_rl.train.losses import LossConfig, SftLoss, make_loss
 
 
 def test_every_declaration_says_what_it_is() -> None:
-    groups = {"train", "rollout", "staleness", "timing", "consistency", "tokenisation"}
+    groups = {"train", "rollout", "staleness", "timing", "consistency", "tokenisation", "eval"}
     for m in mc.METRICS:
         assert m.meaning and m.group in groups, m
         assert m.written_by, f"{m} is written by no run kind"
-        assert isinstance(m.kind, mc.MetricKind) and isinstance(m.unit, str)
+        assert isinstance(m.kind, mc.MetricKind) and m.unit, f"{m} has no unit"
+        assert m.hidden is None or m.hidden.strip(), f"{m}: a hidden metric says why"
         assert (m.kind is mc.DISTRIBUTION) <= m.is_family, f"{m}: a distribution is a family"
 
 

@@ -18,7 +18,7 @@ def test_prepare_mimo_writes_rows_and_summary(tmp_path: Path) -> None:
     out = tmp_path / "train.jsonl"
     res = runner.invoke(app, ["tasks", "prepare", "--data", str(d), "--output", str(out), "--ids", "format-code-task-002661"])
     assert res.exit_code == 0, res.output
-    assert "lego prepare" in res.output
+    assert "lego tasks prepare" in res.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["label"] for r in rows] == ["format-code-task-002661"]
     res = runner.invoke(app, ["tasks", "prepare", "--data", str(d), "-o", str(out), "--json"])

@@ -205,7 +205,19 @@ def test_a_directory_of_another_policy_or_of_training_is_refused(tmp_path: Path)
         ScreenSession(hotter, k=2)
     # what does not change the policy (how many rollouts run at once) is fine
     assert ScreenSession(_session_config(tmp_path, data, run_root, "rollout.concurrency=2"), k=2).plan().reused == 1
-    (run_root / "metrics.jsonl").write_text("")
+    # a screening session's own metrics row (driver.rollout_rows) does not make it a training run ...
+    from lego_rl.runstore import StepMetrics
+    from lego_rl.runstore import metric_catalog as mc
+    from lego_rl.runstore.log import MetricsLog
+
+    log = MetricsLog(run_root / "metrics.jsonl")
+    log.append(StepMetrics(step=0, started_at=0.0, finished_at=1.0,
+                           values=mc.declared_values(mc.TASKS_SCREEN, {mc.ROLLOUTS: 1.0})))
+    assert ScreenSession(_session_config(tmp_path, data, run_root), k=2).plan().reused == 1
+    # ... a training step's row does: its rollouts came from weights that changed
+    log.append(StepMetrics(step=1, started_at=1.0, finished_at=2.0,
+                           values=mc.declared_values(mc.TRAIN, {mc.WEIGHT_VERSION: 1.0})))
+    log.close()
     with pytest.raises(ConfigError, match="is a training run"):
         ScreenSession(_session_config(tmp_path, data, run_root), k=2)
 

@@ -27,7 +27,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _findings_table(findings: list[Finding]) -> Table:
-    table = Table(title="Checks", title_justify="left", show_lines=False, expand=True)
+    table = Table(title="Checks", title_justify="left", show_lines=False, expand=out.is_terminal)
     table.add_column("", width=4)
     table.add_column("check", style="bold", no_wrap=True)
     table.add_column("problem", ratio=3)
@@ -39,7 +39,7 @@ def _findings_table(findings: list[Finding]) -> Table:
 
 
 def _section_table(r: ResolvedConfig, section: str, *, docs: bool) -> Table:
-    table = Table(title=escape(f"[{section}]"), title_justify="left", expand=True)
+    table = Table(title=escape(f"[{section}]"), title_justify="left", expand=out.is_terminal)
     table.add_column("key", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold", ratio=2)
     table.add_column("source", style="dim", ratio=1)
@@ -80,7 +80,7 @@ def _harness_tables(r: ResolvedConfig) -> list[Table]:
     (a refused one is a finding above), so they are shown as set, with their sources."""
     tables = []
     for name, options in sorted(r.config.harness.items()):
-        table = Table(title=escape(f"[harness.{name}]"), title_justify="left", expand=True)
+        table = Table(title=escape(f"[harness.{name}]"), title_justify="left", expand=out.is_terminal)
         table.add_column("key", style="bold", no_wrap=True)
         table.add_column("value", overflow="fold", ratio=2)
         table.add_column("source", style="dim", ratio=1)
@@ -175,7 +175,7 @@ def env_table(as_json: JsonOpt = False) -> None:
         return
     # One variable may set several keys (the Node tarball of two harnesses): show them all.
     rows = [(v.name, ", ".join(v.aliases), ", ".join(v.keys), v.meaning) for v in ENV_VARS]
-    table = Table(title="Environment variables (also: LEGO_<SECTION>_<KEY> for every key)", expand=True)
+    table = Table(title="Environment variables (also: LEGO_<SECTION>_<KEY> for every key)", expand=out.is_terminal)
     for col in ("variable", "alias", "key", "meaning"):
         table.add_column(col)
     for row in rows:

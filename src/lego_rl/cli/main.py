@@ -7,7 +7,7 @@ import sys
 import typer
 
 from lego_rl import __version__
-from lego_rl.cli.console import EXIT_USAGE, fail
+from lego_rl.cli.console import EXIT_USAGE, fail, quiet_foreign_progress
 from lego_rl.errors import ConfigError, TaskDataError
 
 app = typer.Typer(
@@ -35,6 +35,7 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """lego-rl command line."""
+    quiet_foreign_progress()
 
 
 def _register() -> None:

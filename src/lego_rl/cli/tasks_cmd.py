@@ -93,7 +93,7 @@ def prepare(
     else:
         if result.issues:
             err.print(_issues_table(result.issues, f"{len(result.issues)} bad rows in {data}"))
-        summary = Table(title="lego prepare", title_justify="left")
+        summary = Table(title="lego tasks prepare", title_justify="left")
         for col in ("output", "tasks", "images", "references", "bad rows"):
             summary.add_column(col)
         summary.add_row(escape(str(output)) if written else "(not written)", str(written), str(images),
@@ -106,7 +106,7 @@ def prepare(
 
 
 def images(
-    data: Annotated[Path, typer.Option("--data", help="Prepared task JSONL (lego prepare).")],
+    data: Annotated[Path, typer.Option("--data", help="Task rows (JSONL) that `lego tasks prepare` wrote.")],
     root: Annotated[Path, typer.Option("--root", help="Directory for rootfs bundles (same path on every node).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="images.json to write (kept entries are merged).")],
     source: Annotated[list[Path], typer.Option("--source", help="Directory of OCI layouts / docker-archive tars "

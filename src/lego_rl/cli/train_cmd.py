@@ -15,6 +15,7 @@ from rich.text import Text
 
 from lego_rl.cli.console import EXIT_INFRA, EXIT_OK, EXIT_USAGE, err, fail, out
 from lego_rl.cli.options import ConfigOpt, JsonOpt, SetOpt, load, refuse_config_errors
+from lego_rl.cli.progress_log import LineLog, duration, num
 from lego_rl.errors import ConfigError, LegoError, RunDirLocked, TaskDataError
 
 if TYPE_CHECKING:
@@ -41,18 +42,6 @@ EXIT_CODES = (
 )
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def _num(value: float | None, fmt: str = ".3f") -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 ENDED = ("completed", "stopped", "failed")
 """Phases after which nothing remains to estimate."""
 
@@ -62,13 +51,17 @@ def progress_line(p: LoopProgress) -> Text:
     eta = None if p.phase in ENDED else p.eta_s()
     return Text(
         f"step {min(p.step + 1, p.total_steps)}/{p.total_steps}  {p.phase:<8}  rollouts {p.rollouts_done}/"
-        f"{p.rollouts_planned} (in flight {p.in_flight})  reward {_num(p.last_reward)}  solved "
-        f"{_num(p.last_solve_rate, '.0%')}  pass@1 {_num(p.last_pass_at_1)}  ETA {_duration(eta)}"
+        f"{p.rollouts_planned} (in flight {p.in_flight})  reward {num(p.last_reward)}  solved "
+        f"{num(p.last_solve_rate, '.0%')}  pass@1 {num(p.last_pass_at_1)}  ETA {duration(eta)}"
     )
 
 
 def sft_progress_line(p: SftProgress) -> Text:
-    return Text(f"SFT step {min(p.step + 1, p.total_steps)}/{p.total_steps}  {p.phase:<8}  loss {_num(p.last_loss)}")
+    """The step in flight, and the loss of the last step that finished, named with its own step (the loss of
+    the step in flight is not known until it ends)."""
+    last = "" if p.last_loss_step is None else f" (step {p.last_loss_step + 1})"
+    return Text(f"SFT step {min(p.step + 1, p.total_steps)}/{p.total_steps}  {p.phase:<8}  last loss "
+                f"{num(p.last_loss)}{last}")
 
 
 def _json_outcome(as_json: bool, status: str, exc: BaseException | None, run_root: Path, exit_code: int) -> None:
@@ -95,20 +88,13 @@ def _status(session: TrainSession | SftSession) -> Text | None:
     return sft_progress_line(p) if isinstance(p, SftProgress) else progress_line(p)
 
 
-class LineLog:
-    """The progress for a stderr that is no terminal (a log file, a pipe): a live line would be redrawn with
-    cursor moves a file keeps as garbage and end without a newline; instead, one whole line each time the step
-    or the phase changes, so the log reads as the run's history."""
+def _line_log(session: TrainSession | SftSession) -> LineLog:
+    from lego_rl.compose.sft_session import SftSession
 
-    def __init__(self) -> None:
-        self._last: tuple[int, str] | None = None
-
-    def show(self, session: TrainSession | SftSession) -> None:
-        progress, line = _progress(session), _status(session)
-        if progress is None or line is None or (progress.step, progress.phase) == self._last:
-            return
-        self._last = (progress.step, progress.phase)
-        err.print(line, soft_wrap=True, highlight=False)
+    sft = isinstance(session, SftSession)
+    total = session.settings.steps if isinstance(session, SftSession) else session.settings.num_rollout
+    return LineLog(session.run_dir.layout.metrics, every_s=session.r.config.log.heartbeat_s, total_steps=total,
+                   sft=sft, emit=lambda line: err.print(line, soft_wrap=True, highlight=False, markup=False))
 
 
 async def _drive(session: TrainSession | SftSession, *, live: Live | None,
@@ -142,7 +128,8 @@ async def _drive(session: TrainSession | SftSession, *, live: Live | None,
             if live is not None and line is not None:
                 live.update(line)
             if lines is not None:
-                lines.show(session)
+                p = _progress(session)
+                lines.show(_status(session), None if p is None else (p.step, p.phase))
         return task.result()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -259,7 +246,7 @@ def _run(session: TrainSession | SftSession, *, as_json: bool) -> TrainSummary |
         if as_json:
             return asyncio.run(_drive(session, live=None))
         if not err.is_terminal:
-            return asyncio.run(_drive(session, live=None, lines=LineLog()))
+            return asyncio.run(_drive(session, live=None, lines=_line_log(session)))
         starting = ("placing the trainer ranks and the engines on the Ray cluster..."
                     if session.r.config.cluster.mode == "ray" else "starting the engine and the trainer...")
         with Live(Text(starting), console=err, refresh_per_second=4, transient=False) as live:
@@ -286,10 +273,10 @@ def _summary_line(summary: TrainSummary | SftSummary) -> str:
 
     if not isinstance(summary, TrainSummary):  # SFT
         return (f"SFT {summary.status}: {summary.steps_done}/{summary.sft_steps} steps, loss "
-                f"{_num(summary.first_loss)} -> {_num(summary.last_loss)}. Checkpoint (model.checkpoint of the "
+                f"{num(summary.first_loss)} -> {num(summary.last_loss)}. Checkpoint (model.checkpoint of the "
                 f"GRPO run): {summary.checkpoint}")
     return (f"{summary.status}: {summary.steps_done}/{summary.num_rollout} steps, reward "
-            f"{_num(summary.last_reward_mean)}, weight version {summary.weight_version}. "
+            f"{num(summary.last_reward_mean)}, weight version {summary.weight_version}. "
             f"Run directory: {summary.run_root}")
 
 

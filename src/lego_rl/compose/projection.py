@@ -5,14 +5,18 @@ set here; its one default is the config schema's.
 
 The serving stack reads its keys in ``compose.stack``, rollouts theirs in
 ``compose.rollout_check.settings_from_config``, the trainer backends and the loss theirs in
-``compose.train_session`` (``loss_config``, ``torch_settings``, ``megatron_settings``).
+``compose.train_session`` (``loss_config``, ``torch_settings``, ``megatron_settings``); the metrics sinks
+``log.*`` (``metrics_sinks``).
 """
 
 from __future__ import annotations
 
 from lego_rl.config.schema import LegoConfig
 from lego_rl.driver.loop import LoopSettings
+from lego_rl.driver.metrics_sink import RowSink, Sinks, TensorBoardSink
 from lego_rl.driver.sft import SftSettings
+from lego_rl.driver.wandb_sink import WandbSettings, WandbSink
+from lego_rl.runstore import RunLayout
 
 
 def loop_settings(c: LegoConfig) -> LoopSettings:
@@ -36,3 +40,17 @@ def sft_settings(c: LegoConfig) -> SftSettings:
     t = c.train
     return SftSettings(steps=t.sft_steps, batch_size=t.sft_batch_size, micro_batch_tokens=t.micro_batch_tokens,
                        checkpoint_every=t.checkpoint_every, seed=t.seed)
+
+
+def metrics_sinks(c: LegoConfig, layout: RunLayout) -> Sinks:
+    """The sinks ``log.*`` asks for, each checked now (a missing package is a ``ConfigError`` before the run
+    directory exists, so it starts nothing)."""
+    lg = c.log
+    sinks: list[RowSink] = []
+    if lg.tensorboard:
+        sinks.append(TensorBoardSink(layout))
+    if lg.wandb:
+        sinks.append(WandbSink(layout, WandbSettings(
+            project=lg.wandb_project, mode=lg.wandb_mode, name=lg.wandb_name, group=lg.wandb_group,
+            entity=lg.wandb_entity, tags=list(lg.wandb_tags), config=c.model_dump(mode="json"))))
+    return Sinks(sinks)

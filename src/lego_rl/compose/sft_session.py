@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lego_rl.compose.projection import sft_settings
+from lego_rl.compose.projection import metrics_sinks, sft_settings
 from lego_rl.compose.stack import model_dir
 from lego_rl.compose.train_session import BACKENDS, BackendFactory, mark_overrides, overridden_on_resume
 from lego_rl.config.resolve import ResolvedConfig, config_json
-from lego_rl.driver.metrics_sink import TensorBoardSink
 from lego_rl.driver.sft import SftRunner, load_demonstrations
 from lego_rl.errors import ConfigError
 from lego_rl.runstore import RunDir, RunLayout, follow_metrics, latest_checkpoint
@@ -49,7 +48,7 @@ class SftSession:
         self.demos = load_demonstrations(Path(c.train.sft_data or ""), micro_batch_tokens=c.train.micro_batch_tokens)
 
         root = Path(c.paths.run_root or "runs/unnamed")
-        self.sink = TensorBoardSink(RunLayout(root))  # before the run directory: a missing package starts nothing
+        self.sink = metrics_sinks(c, RunLayout(root))  # before the run directory: a missing package starts nothing
         self.overridden = overridden_on_resume(r, root)
         self.run_dir = RunDir.open(root, config=config_json(r), resume=c.train.resume,
                                    artifacts=Path(c.paths.artifacts) if c.paths.artifacts else None,

@@ -32,9 +32,8 @@ from lego_rl.harness.toolchain import Toolchain
 from lego_rl.images.importer import load_images_json
 from lego_rl.driver.environments import EnvOutcome, Environment, Sampler, completion_sample, load_environment
 from lego_rl.compose.harnesses import harness_factory
-from lego_rl.compose.projection import loop_settings
+from lego_rl.compose.projection import loop_settings, metrics_sinks
 from lego_rl.driver.loop import Prompt, RolloutFn, RolloutSlot, TrainingError, TrainLoop
-from lego_rl.driver.metrics_sink import TensorBoardSink
 from lego_rl.compose.rollout_check import settings_from_config
 from lego_rl.compose.stack import Engines, model_dir, serving_engines, serving_stack
 from lego_rl.driver.weight_sync import EmbeddedWeightSync, InFlight, RouteWeightSync, WeightSync
@@ -379,7 +378,7 @@ class TrainSession:
         self.eval_prompts = (self._load(Path(c.train.eval_data), "train.eval_data") if c.train.eval_data else [])
         self.settings.check(has_eval_rows=bool(self.eval_prompts))
         root = Path(c.paths.run_root or "runs/unnamed")
-        self.sink = TensorBoardSink(RunLayout(root))  # before the run directory: a missing package starts nothing
+        self.sink = metrics_sinks(c, RunLayout(root))  # before the run directory: a missing package starts nothing
         self.overridden = overridden_on_resume(r, root)
         self.run_dir = RunDir.open(
             root, config=config_json(r), resume=c.train.resume,
@@ -427,7 +426,7 @@ class TrainSession:
             loop.request_stop()
         return loop
 
-    async def _drain_tensorboard(self, interval_s: float = 2.0) -> None:
+    async def _drain_sinks(self, interval_s: float = 2.0) -> None:
         while True:
             await asyncio.sleep(interval_s)
             self.sink.drain()
@@ -486,10 +485,10 @@ class TrainSession:
                     )
                     rollout_fn = agent_rollout_fn(ctx)
                 loop = self._make_loop(model_dir(c.model.checkpoint), rollout_fn, engines, cluster)
-                # TensorBoard reads the rows back from metrics.jsonl as the loop appends them.
+                # The sinks (TensorBoard, W&B) read the rows back from metrics.jsonl as the loop appends them.
                 self.sink.start(loop.next_step)
                 self.sink.follow(self.run_dir.layout.metrics)
-                drainer = asyncio.create_task(self._drain_tensorboard())
+                drainer = asyncio.create_task(self._drain_sinks())
                 try:
                     status = await loop.run()
                 finally:

@@ -397,6 +397,32 @@ class MonitorConfig(Section):
     """Rollout-vs-trainer KL above which the consistency view warns."""
 
 
+class LogConfig(Section):
+    """Where the metrics rows are mirrored besides ``metrics.jsonl`` (the record): TensorBoard and W&B, both
+    through the metric declarations (docs/training.md, "Metrics sinks")."""
+
+    tensorboard: bool = True
+    """Write TensorBoard scalars of every metrics row into RUN_ROOT/tensorboard (needs the `train` extra)."""
+    wandb: bool = False
+    """Also log every metrics row to Weights & Biases (needs the `wandb` extra; online mode needs
+    `wandb login` or WANDB_API_KEY)."""
+    wandb_project: str = "lego-rl"
+    """W&B project of the runs."""
+    wandb_entity: str | None = None
+    """W&B entity (user or team); default: the logged-in user's."""
+    wandb_name: str | None = None
+    """W&B run name; default the run directory's name (a resume logs a new W&B run `<name>-resume<k>`)."""
+    wandb_group: str | None = None
+    """W&B group that holds every launch of this run directory; default the run directory's name."""
+    wandb_tags: list[str] = Field(default_factory=list)
+    """W&B tags of the run."""
+    heartbeat_s: float = Field(default=30.0, gt=0)
+    """When stderr is no terminal (a log file, a pipe), `lego train` prints its status line with the counts of
+    the moment at least this often (seconds), besides a line per phase and a summary per step."""
+    wandb_mode: Literal["online", "offline"] = "online"
+    """`offline` writes RUN_ROOT/wandb/offline-run-*/ without a network (upload later with `wandb sync`)."""
+
+
 class PathsConfig(Section):
     data_root: str = ".lego/data"
     """Shared data directory (datasets, cluster.json, images.json, toolchain)."""
@@ -425,6 +451,7 @@ class LegoConfig(BaseModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
     harness: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """`[harness.<name>]` tables as given (file < environment < --set), key by key. The config knows no

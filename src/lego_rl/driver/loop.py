@@ -225,6 +225,16 @@ class _Trained:
     t_sync: float
 
 
+def eval_values(event: EvalFinished) -> dict[str, float]:
+    """A held-out evaluation's figures as metric values (the numbers of its ``eval_finished`` event; no pass@1
+    or reward where no held-out rollout was graded, which the event writes as 0)."""
+    values: dict[str, float] = {mc.EVAL_ROWS: float(event.rows),
+                                mc.EVAL_INFRASTRUCTURE_FAILURES: float(event.infrastructure_failures)}
+    if event.rows:
+        values |= {mc.EVAL_PASS_AT_1: event.pass_at_1, mc.EVAL_REWARD_MEAN: event.reward_mean}
+    return values
+
+
 def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -362,13 +372,17 @@ class TrainLoop:
         return Group(prompt, group_index, list(results))
 
     async def _counted(self, prompt: Prompt, slot: RolloutSlot) -> RolloutResult:
-        """The rollout function as the scheduler calls it, counted in the progress view."""
+        """The rollout function as the scheduler calls it, counted in the progress view: toward the step waiting
+        for its batch; one that ends while a step trains counts for the next step, which recounts at its start
+        (``_step_started``). Capped at the batch: a failed attempt and its refill fill one slot."""
         self.progress.in_flight += 1
         try:
             return await self.rollout_fn(prompt, slot)
         finally:
             self.progress.in_flight -= 1
-            self.progress.rollouts_done += 1
+            p = self.progress
+            if p.phase == "rollout":
+                p.rollouts_done = min(p.rollouts_done + 1, p.rollouts_planned)
 
     def scheduler(self, *, first_step: int, end_step: int) -> RolloutScheduler:
         """A scheduler for steps ``first_step`` .. ``end_step - 1`` (drawing from this loop's prompt stream)."""
@@ -515,7 +529,7 @@ class TrainLoop:
         sched = self.scheduler(first_step=step, end_step=step + 1)
         sched.start()
         try:
-            started = self._step_started(step)
+            started = self._step_started(step, sched)
             rolled = await sched.take(step)
         finally:
             await sched.close()
@@ -530,11 +544,13 @@ class TrainLoop:
             self._control_announced = True
             self.run_dir.events.emit(ControlArm(step=step, control=self.s.control))
 
-    def _step_started(self, step: int) -> float:
+    def _step_started(self, step: int, sched: RolloutScheduler) -> float:
         self.progress.step = step
         self.progress.phase = "rollout"
-        self.progress.rollouts_done = 0
         self.progress.rollouts_planned = self.s.batch_size * self.s.samples_per_prompt
+        # Rollouts of groups not trained yet may have finished during the previous step (the scheduler keeps
+        # its slots busy across steps): they count toward this one, not from zero.
+        self.progress.rollouts_done = min(sched.finished_rollouts(), self.progress.rollouts_planned)
         self.run_dir.events.emit(StepStarted(step=step, weight_version=self.backend.weight_version))
         self._policy_of_version.setdefault(self.backend.weight_version, step)
         return time.time()
@@ -572,10 +588,16 @@ class TrainLoop:
         out[mc.TURNS_CROSSED_VERSION] = float(turns_crossed)
         return out
 
-    async def finish_step(self, step: int, started: float, rolled: StepRollouts) -> StepMetrics:
+    async def finish_step(self, step: int, started: float, rolled: StepRollouts, *, evaluate: bool = False,
+                          synced: Callable[[], None] | None = None) -> StepMetrics:
         """Train on the step's rollouts, sync, write the row. Not to be cancelled halfway: the optimizer
-        step runs in a worker thread that a cancellation would not stop."""
+        step runs in a worker thread that a cancellation would not stop. ``synced`` runs once the engines
+        serve the new policy; with ``evaluate`` the held-out evaluation of that policy runs next, and its
+        figures go into the step's row (a stop requested during it leaves them out)."""
         results = [r for g in rolled.groups for r in g.results]
+        # The step's own count from here on (replaced groups too), not the slots' running total.
+        self.progress.rollouts_done = self.progress.rollouts_planned = (
+            len(results) + sum(len(g.results) for g in rolled.dropped))
         self._require_admissible(step, results)
         # The batch's ages as sampled, before the drop policy masks anything.
         ages = self._age_metrics(step, rolled.groups)
@@ -583,21 +605,28 @@ class TrainLoop:
             ages[mc.TOKENS_DROPPED_STALE] = float(self._drop_stale_tokens(step, rolled.groups))
             results = [r for g in rolled.groups for r in g.results]
         trained = await self._train_and_sync(step, results, ages)
+        if synced is not None:
+            synced()
         # What the policy did this step, replaced groups included (training saw only ``results``).
         sampled = results + [r for g in rolled.dropped for r in g.results]
         # Per task: zero-variance groups in a row (replaced groups too), and the tasks that retires.
         zero_tasks, retired_now = self.signal.observe([*rolled.groups, *rolled.dropped], self.admission)
         self.stream.retired.update(retired_now)
         values = self._step_values(rolled, sampled, trained, ages)
-        row = StepMetrics(step=step, started_at=started, finished_at=max(time.time(), started), values=values,
-                          terminations=dict(Counter(r.termination for r in sampled)),
-                          zero_variance_tasks=zero_tasks, retired_tasks=retired_now)
-        self.run_dir.metrics.append(row)
+        finished_at = max(time.time(), started)
         self.run_dir.events.emit(StepFinished(
             step=step, admitted_rollouts=int(trained.stats[mc.ADMITTED_ROLLOUTS]),
             excluded_rollouts=dict(trained.excluded), zero_variance_groups=rolled.zero_variance_groups,
             trained=trained.outcome.trained, weight_version=trained.outcome.weight_version,
             reward_mean=values.get(mc.REWARD_MEAN)))
+        if evaluate:
+            stopped, event = await self._until_stopped(self.evaluate(step))
+            if not stopped:
+                values = {**values, **mc.declared_values(mc.TRAIN, eval_values(event))}
+        row = StepMetrics(step=step, started_at=started, finished_at=finished_at, values=values,
+                          terminations=dict(Counter(r.termination for r in sampled)),
+                          zero_variance_tasks=zero_tasks, retired_tasks=retired_now)
+        self.run_dir.metrics.append(row)
         self.progress.last_reward = values.get(mc.REWARD_MEAN)
         self.progress.last_solve_rate = values.get(mc.SOLVE_RATE)
         self.progress.step_seconds.append(values[mc.TIME_STEP_S])
@@ -733,20 +762,23 @@ class TrainLoop:
             for step in range(self.next_step, self.s.num_rollout):
                 if self.stop_requested:
                     break
-                started = self._step_started(step)
+                started = self._step_started(step, sched)
                 stopped, rolled = await self._until_stopped(sched.take(step))
                 if stopped:
                     break
-                await self.finish_step(step, started, rolled)
-                sched.set_policy(step + 1)
-                self._commit(sched)
+                final = step == self.s.num_rollout - 1
+                due = bool(self.s.eval_every) and (final or (step + 1) % self.s.eval_every == 0)
+
+                def synced(sched: RolloutScheduler = sched, step: int = step) -> None:
+                    # Rollouts of the next steps start on the new policy while this one is evaluated.
+                    sched.set_policy(step + 1)
+                    self._commit(sched)
+
+                await self.finish_step(step, started, rolled, evaluate=due, synced=synced)
                 last_done = step
                 self.next_step = step + 1
-                final = step == self.s.num_rollout - 1
-                if self.s.eval_every and (final or (step + 1) % self.s.eval_every == 0):
-                    stopped, _ = await self._until_stopped(self.evaluate(step))
-                    if stopped:
-                        break
+                if due and self.stop_requested:
+                    break
                 if self.s.checkpoint_every and (step + 1) % self.s.checkpoint_every == 0:
                     self.save_checkpoint(step)
             if self.stop_requested:

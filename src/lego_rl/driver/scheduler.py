@@ -238,6 +238,10 @@ class RolloutScheduler:
     def in_flight(self) -> int:
         return len(self._runs)
 
+    def finished_rollouts(self) -> int:
+        """Rollouts finished (and kept) in groups not taken yet: what the next ``take`` can already count on."""
+        return sum(len(g.final) for g in self._live.values())
+
     def pending_prompts(self) -> list[Prompt]:
         """Prompts drawn but not trained (live groups in launch order, then those not relaunched yet): what a
         checkpoint must hand to the next run so no prompt is skipped."""

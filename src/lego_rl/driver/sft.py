@@ -141,6 +141,8 @@ class SftProgress:
     step: int = 0
     total_steps: int = 0
     last_loss: float | None = None
+    last_loss_step: int | None = None
+    """The step ``last_loss`` belongs to (the step in flight has none yet)."""
     phase: str = "starting"
 
 
@@ -209,7 +211,7 @@ class SftRunner:
         self.run_dir.metrics.append(row)
         self.run_dir.events.emit(StepFinished(step=step, admitted_rollouts=len(opt.rollout_ids), trained=True,
                                               weight_version=res.weight_version))
-        self.progress.last_loss = values.get(mc.LOSS)
+        self.progress.last_loss, self.progress.last_loss_step = mc.read(values, mc.LOSS), step
         if self.on_step is not None:
             self.on_step(row)
         return row

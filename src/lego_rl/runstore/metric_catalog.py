@@ -12,6 +12,9 @@ A ``Metric`` is a ``str`` (its name), so a declaration is also a row's key: ``va
 A *family* has one ``{placeholder}`` in its name (``tokens_age/{age}``); ``key()`` names one member, and the
 placeholder takes a non-negative integer or, where ``choices`` are given, one of them.
 
+Every declaration is shown by a view of ``lego monitor`` or ``lego report``, or says why not (``hidden``); a test
+fails when a written metric is neither, or a view names a metric the catalog does not declare.
+
 Kinds: a ``gauge`` is a level at the end of the step (lr, reward mean), a ``counter`` counts things that
 happened during the step (rollouts, refills), a ``distribution`` is a family whose members together form one
 histogram (tokens per age). ``when`` says when a declared value is absent from a row; None means every row
@@ -43,7 +46,10 @@ class RunKind(StrEnum):
     TASKS_SCREEN = "tasks-screen"
 
 
-TRAIN, SFT = RunKind.TRAIN, RunKind.SFT
+TRAIN, SFT, EVAL = RunKind.TRAIN, RunKind.SFT, RunKind.EVAL
+ROLLOUT_CHECK, TASKS_SCREEN = RunKind.ROLLOUT_CHECK, RunKind.TASKS_SCREEN
+SESSIONS = (ROLLOUT_CHECK, TASKS_SCREEN)
+"""Run kinds that roll out without training: one row per session (``driver.rollout_rows``)."""
 GAUGE, COUNTER, DISTRIBUTION = MetricKind.GAUGE, MetricKind.COUNTER, MetricKind.DISTRIBUTION
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
@@ -63,7 +69,7 @@ class UndeclaredMetric(LegoError):
 class Metric(str):
     """One declared metric; the string is its name (a family's has one ``{placeholder}``)."""
 
-    __slots__ = ("unit", "kind", "group", "meaning", "written_by", "when", "choices", "_pattern")
+    __slots__ = ("unit", "kind", "group", "meaning", "written_by", "when", "choices", "hidden", "_pattern")
     unit: str
     kind: MetricKind
     group: str
@@ -71,13 +77,17 @@ class Metric(str):
     written_by: frozenset[RunKind]
     when: str | None
     choices: tuple[str, ...]
+    hidden: str | None
+    """Why no view of the monitor or the report shows it (None: a view does; tests/monitor/test_metric_views.py
+    checks both ways)."""
     _pattern: re.Pattern[str] | None
 
     def __new__(cls, name: str, *, unit: str, kind: MetricKind, group: str, meaning: str,
-                written_by: Iterable[RunKind], when: str | None = None, choices: Iterable[str] = ()) -> Metric:
+                written_by: Iterable[RunKind], when: str | None = None, choices: Iterable[str] = (),
+                hidden: str | None = None) -> Metric:
         obj = super().__new__(cls, name)
         obj.unit, obj.kind, obj.group, obj.meaning = unit, kind, group, meaning
-        obj.written_by, obj.when, obj.choices = frozenset(written_by), when, tuple(choices)
+        obj.written_by, obj.when, obj.choices, obj.hidden = frozenset(written_by), when, tuple(choices), hidden
         holes = _PLACEHOLDER.findall(name)
         if len(holes) > 1:
             raise ValueError(f"metric {name!r}: a family has one placeholder")
@@ -116,12 +126,12 @@ _ALL: list[Metric] = []
 
 
 def _declare(name: str, unit: str, kind: MetricKind, group: str, meaning: str, *written_by: RunKind,
-             when: str | None = None, choices: Iterable[str] = ()) -> Metric:
+             when: str | None = None, choices: Iterable[str] = (), hidden: str | None = None) -> Metric:
     """Declare one metric (written by train unless run kinds are named); a name is declared once."""
     if any(m == name for m in _ALL):
         raise ValueError(f"metric {name!r} is declared twice")
     m = Metric(name, unit=unit, kind=kind, group=group, meaning=meaning, written_by=written_by or (TRAIN,),
-               when=when, choices=choices)
+               when=when, choices=choices, hidden=hidden)
     _ALL.append(m)
     return m
 
@@ -131,18 +141,18 @@ _TRAINED = "steps that trained (a step whose batch had no advantage signal train
 # -- optimizer (the trainer backend and the loss: one value per optimizer step, averaged over the RL step) ----
 LOSS = _declare("loss", "nats/token", GAUGE, "train", "the objective the optimizer differentiated (summed over "
                 "micro-batches; SFT: the demonstrations' mean NLL before the update)", TRAIN, SFT, when=_TRAINED)
-GRAD_NORM = _declare("grad_norm", "", GAUGE, "train", "global gradient norm before clipping", TRAIN, SFT,
+GRAD_NORM = _declare("grad_norm", "L2 norm", GAUGE, "train", "global gradient norm before clipping", TRAIN, SFT,
                      when=_TRAINED)
-LR = _declare("lr", "", GAUGE, "train", "learning rate of the last optimizer step", TRAIN, SFT, when=_TRAINED)
+LR = _declare("lr", "rate", GAUGE, "train", "learning rate of the last optimizer step", TRAIN, SFT, when=_TRAINED)
 TOKENS = _declare("tokens", "tokens", COUNTER, "train", "trained (loss-masked) tokens, summed over optimizer steps",
                   TRAIN, SFT, when=_TRAINED)
-TOKEN_WEIGHT = _declare("token_weight", "", GAUGE, "train", "sum of the token weights (1 per rollout: a check "
+TOKEN_WEIGHT = _declare("token_weight", "rollouts", GAUGE, "train", "sum of the token weights (1 per rollout: a check "
                         "of the one-denominator packing)", TRAIN, SFT, when=_TRAINED)
 ENTROPY = _declare("entropy", "nats", GAUGE, "train", "mean entropy of the policy over trained tokens", TRAIN, SFT,
                    when=_TRAINED)
 OPTIMIZER_STEPS = _declare("optimizer_steps", "steps", COUNTER, "train", "optimizer steps this RL step took "
                            "(train.global_batch_size splits a batch)", when=_TRAINED)
-PG_LOSS = _declare("pg_loss", "", GAUGE, "train", "policy-gradient part of the loss", when=_TRAINED)
+PG_LOSS = _declare("pg_loss", "loss", GAUGE, "train", "policy-gradient part of the loss", when=_TRAINED)
 KL = _declare("kl", "nats", GAUGE, "train", "k3 KL to the reference policy over trained tokens",
               when="loss.kl_coef > 0")
 CLIP_FRAC_LOW = _declare("clip_frac_low", "fraction", GAUGE, "train", "tokens whose ratio was clipped below "
@@ -151,15 +161,15 @@ CLIP_FRAC_HIGH = _declare("clip_frac_high", "fraction", GAUGE, "train", "tokens 
                           "(positive advantage)", when=_TRAINED)
 DUAL_CLIP_FRAC = _declare("dual_clip_frac", "fraction", GAUGE, "train", "tokens the dual clip capped",
                           when="loss.dual_clip_c is set")
-RATIO_MEAN = _declare("ratio_mean", "", GAUGE, "train", "mean importance ratio new/old policy over trained tokens",
+RATIO_MEAN = _declare("ratio_mean", "ratio", GAUGE, "train", "mean importance ratio new/old policy over trained tokens",
                       when=_TRAINED)
-IS_WEIGHT_MEAN = _declare("is_weight_mean", "", GAUGE, "train", "mean rollout-correction importance weight",
+IS_WEIGHT_MEAN = _declare("is_weight_mean", "ratio", GAUGE, "train", "mean rollout-correction importance weight",
                           when="loss.is_correction is not none")
 TIS_CLAMPED_FRAC = _declare("tis_clamped_frac", "fraction", GAUGE, "train", "tokens whose truncated importance "
                             "weight was clamped", when="loss.is_correction = tis")
 MIS_MASKED_FRAC = _declare("mis_masked_frac", "fraction", GAUGE, "train", "tokens masked by the masked importance "
                            "correction", when="loss.is_correction = mis")
-SC_CORRECTION = _declare("sc_correction", "", GAUGE, "train", "score-centering correction term",
+SC_CORRECTION = _declare("sc_correction", "loss", GAUGE, "train", "score-centering correction term",
                          when="loss.use_score_centering")
 NLL = _declare("nll", "nats/token", GAUGE, "train", "demonstrated tokens' mean negative log-likelihood", SFT)
 
@@ -172,20 +182,24 @@ TRAINED = _declare("trained", "bool", GAUGE, "rollout", "1 when the step ran an 
                    "had no signal")
 WEIGHT_VERSION = _declare("weight_version", "version", GAUGE, "train", "policy weight version after the step",
                           TRAIN, SFT)
-ROLLOUTS = _declare("rollouts", "rollouts", COUNTER, "rollout", "rollouts this step sampled (replaced groups too)")
+ROLLOUTS = _declare("rollouts", "rollouts", COUNTER, "rollout", "rollouts this step sampled (replaced groups too; "
+                    "rollout-check, screen: the session's)", TRAIN, *SESSIONS)
 ADMITTED_ROLLOUTS = _declare("admitted_rollouts", "rollouts", COUNTER, "rollout", "rollouts admitted to training "
                              "(not excluded as infrastructure failures)")
-EXCLUDED_ROLLOUTS = _declare("excluded_rollouts", "rollouts", COUNTER, "rollout", "rollouts excluded from "
-                             "advantages and loss as infrastructure failures")
+EXCLUDED_ROLLOUTS = _declare("excluded_rollouts", "rollouts", COUNTER, "rollout", "rollouts that ended in an "
+                             "infrastructure failure (training excludes them from advantages and loss)", TRAIN,
+                             *SESSIONS)
 CANCELLED_ROLLOUTS = _declare("cancelled_rollouts", "rollouts", COUNTER, "rollout", "rollouts cancelled in flight "
                               "(their group went stale or the run stopped)")
 REFILLS = _declare("refills", "rollouts", COUNTER, "rollout", "infrastructure failures re-run in their slot")
-REWARD_MEAN = _declare("reward_mean", "reward", GAUGE, "rollout", "mean reward of the step's admitted rollouts",
-                       when="some admitted rollout has a reward")
+REWARD_MEAN = _declare("reward_mean", "reward", GAUGE, "rollout", "mean reward of the step's admitted rollouts "
+                       "(rollout-check, screen: of the graded ones that did not fail for an infrastructure reason)",
+                       TRAIN, *SESSIONS, when="some admitted rollout has a reward")
 SOLVE_RATE = _declare("solve_rate", "fraction", GAUGE, "rollout", "admitted rollouts with reward >= "
-                      "the solved reward (1: graders give 0 or 1)", when="some admitted rollout has a reward")
+                      "the solved reward (1: graders give 0 or 1)", TRAIN, *SESSIONS,
+                      when="some admitted rollout has a reward")
 SAMPLED_TOKENS = _declare("sampled_tokens", "tokens", COUNTER, "rollout", "loss-masked tokens the step's "
-                          "rollouts sampled")
+                          "(the session's) rollouts sampled", TRAIN, *SESSIONS)
 CONTROL_ZERO_ADVANTAGE = _declare("control_zero_advantage", "bool", GAUGE, "rollout", "1: a control arm "
                                   "(train.control = zero_advantage): the loss saw every advantage as 0",
                                   when="train.control = zero_advantage")
@@ -219,7 +233,9 @@ TOKENS_DROPPED_STALE = _declare("tokens_dropped_stale", "tokens", COUNTER, "stal
                                 "out as older than the bound", when="rollout.partial_rollouts = drop")
 
 # -- timing ----------------------------------------------------------------------------------------------------
-TIME_ROLLOUT_S = _declare("time_rollout_s", "s", GAUGE, "timing", "time the step waited for its rollouts")
+TIME_ROLLOUT_S = _declare("time_rollout_s", "s", GAUGE, "timing", "time the step waited for its rollouts "
+                          "(rollout-check, screen: the session's rollouts from first start to last end)", TRAIN,
+                          *SESSIONS)
 TIME_TRAIN_S = _declare("time_train_s", "s", GAUGE, "timing", "time of the train phase (logprob recompute and "
                         "optimizer steps)", TRAIN, SFT)
 TIME_SYNC_S = _declare("time_sync_s", "s", GAUGE, "timing", "time of the weight sync to the engines")
@@ -238,7 +254,7 @@ CONSISTENCY_SPLITS = ("bridged", "full", "first_segment", "later_segments")
 """The per-kind splits of the consistency figures (``train.consistency.KINDS``)."""
 _CONSISTENCY_FIELDS = {
     "tokens": ("tokens", COUNTER, "trained tokens compared"),
-    "pearson": ("", GAUGE, "Pearson correlation of rollout and trainer logprobs"),
+    "pearson": ("correlation", GAUGE, "Pearson correlation of rollout and trainer logprobs"),
     "mean_abs_diff": ("nats", GAUGE, "mean |trainer - rollout| logprob"),
     "p99_abs_diff": ("nats", GAUGE, "99th percentile of |trainer - rollout| logprob"),
     "max_abs_diff": ("nats", GAUGE, "largest |trainer - rollout| logprob"),
@@ -272,6 +288,18 @@ RENDER_FALLBACKS = _declare("render_fallbacks", "turns", COUNTER, "tokenisation"
                             "although their chain had an earlier turn to bridge from", when=_RECORDED)
 PARSE_FAILURES = _declare("parse_failures", "calls", COUNTER, "tokenisation", "tool calls the adapter could not "
                           "parse (handed back to the CLI as text)", when=_RECORDED)
+
+# -- held-out evaluation (train.eval_every): the policy after the step's sync, on train.eval_data ----------------
+_EVALUATED = "the step ran a held-out evaluation (train.eval_every, and the last step)"
+EVAL_PASS_AT_1 = _declare("eval/pass_at_1", "fraction", GAUGE, "eval", "mean over held-out rows of the share of "
+                          "their graded rollouts that solved the row", when=_EVALUATED + " and a rollout was graded")
+EVAL_REWARD_MEAN = _declare("eval/reward_mean", "reward", GAUGE, "eval", "mean reward of the graded held-out "
+                            "rollouts", when=_EVALUATED + " and a rollout was graded")
+EVAL_ROWS = _declare("eval/rows", "rows", COUNTER, "eval", "held-out rows with at least one graded rollout",
+                     when=_EVALUATED)
+EVAL_INFRASTRUCTURE_FAILURES = _declare("eval/infrastructure_failures", "rollouts", COUNTER, "eval", "held-out "
+                                        "rollouts that ended in an infrastructure failure (not graded)",
+                                        when=_EVALUATED)
 
 
 METRICS: tuple[Metric, ...] = tuple(_ALL)
@@ -308,6 +336,15 @@ def read(values: Mapping[str, float], metric: Metric) -> float | None:
     if _checked(metric).is_family:
         raise TypeError(f"{metric} is a family: read it with read_family")
     return values.get(metric)
+
+
+def require(values: Mapping[str, float], metric: Metric) -> float:
+    """The value of ``metric``, which the row must hold (a ``KeyError`` naming it otherwise)."""
+    value = read(values, metric)
+    if value is None:
+        raise KeyError(f"the metrics row holds no {metric} (declared: {metric.meaning}; written when: "
+                       f"{metric.when or 'always'})")
+    return value
 
 
 def read_family(values: Mapping[str, float], family: Metric) -> dict[str, float]:

@@ -6,6 +6,7 @@ the caller's callbacks, and the CLI renders it."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -20,10 +21,12 @@ from lego_rl.compose.rollout_check import (
     save_report,
     settings_from_config,
 )
+from lego_rl.driver.rollout_rows import write_session_row
 from lego_rl.driver.runner import ProgressFn
 from lego_rl.compose.stack import serving_stack
 from lego_rl.rollout.generate import RolloutResult, RolloutSpec
 from lego_rl.runstore import RunDir
+from lego_rl.runstore import metric_catalog as mc
 from lego_rl.runstore.events import Baseline, RolloutCheckFinished, ServingReady
 from lego_rl.sandbox.base import ImageSpec
 from lego_rl.swe.grader import grade
@@ -55,6 +58,8 @@ class RolloutCheckSession:
             artifacts=Path(c.paths.artifacts) if c.paths.artifacts else None,
             run_log=Path(c.paths.run_log) if c.paths.run_log else None,
         )
+        self._rollouts_started: float | None = None
+        """When the serving stack was up and the rollouts began (None: none ran), the start of the metrics row."""
 
     async def baseline(self, on_result: BaselineFn | None = None) -> list[str]:
         """Grade every unmodified task; the ids that already pass (useless for training).
@@ -115,6 +120,7 @@ class RolloutCheckSession:
                     self.run_dir.events.emit(
                         ServingReady(adapter=stack.adapter_url, serving=stack.serving_urls)
                     )
+                    self._rollouts_started = time.time()
                     report = await run_rollout_check(
                         self.r, stack, self.run_dir, self.rows, samples_per_task=samples,
                         dataset_dir=self.dataset_dir, images=self.images, harness=harness,
@@ -132,6 +138,9 @@ class RolloutCheckSession:
 
     def _save(self, report: CheckReport, output: Path | None) -> None:
         save_report(report, output or self.run_dir.root / "rollout-check")
+        if self._rollouts_started is not None:  # the rollouts ran (a stack that never came up rolled out nothing)
+            write_session_row(self.run_dir, mc.ROLLOUT_CHECK, report.results, started_at=self._rollouts_started,
+                              finished_at=time.time())
         self.run_dir.events.emit(RolloutCheckFinished(
             rewarded=report.rewarded, rollouts=len(report.results), terminations=dict(report.terminations)
         ))

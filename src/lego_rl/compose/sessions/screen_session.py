@@ -18,6 +18,7 @@ image entry that is not there) are named, with the reason, and nothing is starte
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +29,12 @@ from lego_rl.config.resolve import ResolvedConfig, config_json
 from lego_rl.errors import ConfigError, TaskDataError
 from lego_rl.images.importer import load_images_json
 from lego_rl.compose.rollout_check import rollout_context
+from lego_rl.driver.rollout_rows import write_session_row
 from lego_rl.driver.runner import ProgressFn, RolloutRunner
 from lego_rl.compose.stack import serving_stack
 from lego_rl.rollout.generate import RolloutResult, RolloutSpec
-from lego_rl.runstore import RunDir
+from lego_rl.runstore import RunDir, follow_metrics
+from lego_rl.runstore import metric_catalog as mc
 from lego_rl.runstore.events import ScreenFinished, ServingReady
 from lego_rl.runstore.layout import RunLayout
 from lego_rl.sandbox.base import ImageSpec
@@ -48,6 +51,15 @@ POLICY_KEYS = (
 )
 """What makes two sessions' attempts the same experiment: the policy, how it samples, and what bounds an
 attempt. A run directory made with other values is not topped up (its attempts would mix two policies)."""
+
+
+def _trained(layout: RunLayout) -> bool:
+    """Whether the directory's metrics rows are a training run's: every train and SFT row holds the policy's
+    weight version, which a screening or rollout-check session (one row each, ``driver.rollout_rows``) never
+    writes."""
+    if not layout.metrics.exists():
+        return False
+    return any(mc.read(row.values, mc.WEIGHT_VERSION) is not None for row in follow_metrics(layout.metrics).read())
 
 
 @dataclass(frozen=True)
@@ -131,7 +143,7 @@ class ScreenSession:
         if not layout.holds_run():
             return
         root = layout.root
-        if layout.metrics.exists() or layout.checkpoints.exists():
+        if layout.checkpoints.exists() or _trained(layout):
             raise ConfigError(f"{root} is a training run: its rollouts come from weights that changed during it; "
                               "screen it read-only with --run, or screen into a new directory",
                               parameter="paths.run_root", value=str(root))
@@ -193,10 +205,14 @@ class ScreenSession:
         run = RunDir.open(self.layout.root, config=config_json(self.r), resume=self.layout.holds_run(),
                           artifacts=self.layout.artifacts_dir, run_log=self.layout.run_log)
         done = 0
+        finished: list[RolloutResult] = []
+        started_at: float | None = None
 
         def count(event: Literal["started", "finished"], spec: RolloutSpec, result: RolloutResult | None) -> None:
             nonlocal done
             done += result is not None
+            if result is not None:
+                finished.append(result)
             if progress is not None:
                 progress(event, spec, result)
 
@@ -205,12 +221,15 @@ class ScreenSession:
             # One set of sandbox providers for the session, as in training: sandbox.warm_pool serves every attempt.
             async with serving_stack(c) as stack, RunProviders() as providers:
                 run.events.emit(ServingReady(adapter=stack.adapter_url, serving=stack.serving_urls))
+                started_at = time.time()
                 ctx = rollout_context(self.r, stack, run, dataset_dir=self.dataset_dir, images=self.images,
                                       providers=providers)
                 results = await RolloutRunner(ctx, concurrency=concurrency).run(specs, count)
                 stopped = False
                 return results
         finally:
+            if started_at is not None:  # the session's rollouts (a stopped one: those that finished) as one row
+                write_session_row(run, mc.TASKS_SCREEN, finished, started_at=started_at, finished_at=time.time())
             # `lego monitor` reads the session as finished (or stopped) rather than running
             run.events.emit(ScreenFinished(k=self.k, rollouts=done, stopped=stopped))
             run.close()
