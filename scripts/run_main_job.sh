@@ -23,7 +23,8 @@
 # It runs inside a loopback-only network namespace: the engine, the adapter, the sandboxes and the CLI all
 # live on 127.0.0.1, and nothing the CLI tries to reach outside can leave.
 #
-# Variables: RUNS (the run folder), DEMOS (skip recording), SFT_LR, GRPO_STEPS (the GRPO schedule: the one knob between
+# Variables: RUNS (the run folder), DEMOS (skip recording), SFT_LR, SFT_STEPS (default lego.toml's
+# train.sft_steps), GRPO_STEPS (the GRPO schedule: the one knob between
 # the default short job and the longer one README's figures come from), EVAL_K (rollouts per task and
 # evaluation, default 8).
 #
@@ -40,7 +41,7 @@ eval_k="${EVAL_K:-8}"
 cd "${here}"
 started=$(date +%s)
 unshare -n env LEGO="${lego}" PY="${python}" RUNS="${runs}" DEMOS="${DEMOS:-}" EVAL_K="${eval_k}" \
-        GRPO_STEPS="${GRPO_STEPS:-}" SFT_LR="${SFT_LR:-2e-3}" bash -c '
+        GRPO_STEPS="${GRPO_STEPS:-}" SFT_LR="${SFT_LR:-2e-3}" SFT_STEPS="${SFT_STEPS:-}" bash -c '
     set -eo pipefail
     ip link set lo up
     stage() { printf "\n" >&2; echo "main job [$1/6]: $2" >&2; }
@@ -54,7 +55,9 @@ unshare -n env LEGO="${lego}" PY="${python}" RUNS="${runs}" DEMOS="${DEMOS:-}" E
         "${PY}" scripts/record_demos.py -c lego.toml --lego "${LEGO}" -n 1 --run-root "${RUNS}/demos" --out "${demos}"
     fi
     stage 2 "SFT warm start on ${demos} (${RUNS}/sft)"
-    "${LEGO}" train -c lego.toml --sft "${demos}" --run-root "${RUNS}/sft" --set "train.lr=${SFT_LR}"
+    sft_steps=()
+    [ -n "${SFT_STEPS}" ] && sft_steps=(--steps "${SFT_STEPS}")
+    "${LEGO}" train -c lego.toml --sft "${demos}" --run-root "${RUNS}/sft" --set "train.lr=${SFT_LR}" "${sft_steps[@]}"
     sft="${RUNS}/sft/checkpoints/$(cat "${RUNS}/sft/checkpoints/latest")"
     stage 3 "held-out pass@1 of the SFT checkpoint, ${EVAL_K} rollouts per task (${RUNS}/eval-before)"
     evaluate before "${sft}"
