@@ -6,8 +6,11 @@ call it answers with chosen text, tokenised by the real tiny-model tokenizer. It
 Bash tool call that applies the row's ``reference_patch`` (a quoted here-document), then a final answer
 once the tool result is in the prompt. Everything above the model boundary is real: `lego rollout-check`
 with the given config (Claude Code in bwrap through lego's adapter, graded by the task's hidden tests in a
-fresh sandbox). The samples of the rollouts that earned reward 1 (``collect_demonstrations``) are written
-to ``--out``, ready for ``lego train --sft``.
+fresh sandbox), at the config's ``model.max_response_tokens``: the cap the policy trained on the result rolls
+out at, so a call that does not fit it is refused before any rollout (``check_fits_cap``). The samples of the
+rollouts that earned reward 1 (``collect_demonstrations``) are written to ``--out``, ready for
+``lego train --sft``. The policy finds a prompt's row by the instance id or the statement's first line, so with
+several rows the config's ``agent.prompt`` must carry ``{problem}`` (lego.toml's does).
 
     .venv/bin/python scripts/record_demos.py -c lego.toml --ids lego-example-median -n 2 --out demos.jsonl
 
