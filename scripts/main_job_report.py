@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     if set(before) != set(after):
         raise SystemExit(f"main_job_report: the reports hold different tasks: {sorted(before)} vs {sorted(after)}")
     facts = grpo_facts(args.grpo)
-    print(f"GRPO stage: {facts['steps']} steps, {facts['trained_steps']} trained ({facts['optimizer_steps']} optimizer "
-          f"steps), engine weights at version {facts['weight_version']}, consistency figures in "
-          f"{facts['rows_with_consistency']} rows; on-policy solve rate per step "
+    print(f"GRPO stage: steps {facts['steps']}, trained {facts['trained_steps']} (optimizer steps "
+          f"{facts['optimizer_steps']}), engine weights at version {facts['weight_version']}, metrics rows with "
+          f"consistency figures {facts['rows_with_consistency']}; on-policy solve rate per step "
           + " ".join("-" if s is None else f"{s:.2f}" for s in facts["solve_rate_per_step"]))
     print("held-out pass@1, fresh rollouts not trained on (95 % Wilson interval):")
     print(f"  {'task':<24} {'before GRPO (SFT checkpoint)':<30} after GRPO")
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     pb, pa = pooled(before), pooled(after)
     print(f"  {'all tasks':<24} {pb.text():<30} {pa.text()}")
     title = (f"main job: held-out pass@1, k={min(r.attempts for r in before.values())} per task; "
-             f"GRPO {facts['steps']} steps ({facts['trained_steps']} trained)")
+             f"GRPO steps {facts['steps']}, trained {facts['trained_steps']}")
     plot(before, after, args.png, title)
     print(f"plot: {args.png}")
     return 0

@@ -80,8 +80,8 @@ def test_main_job_runs_its_stages_in_order(tmp_path: Path, sft_exit: int, eval_e
         assert lines[3].startswith("tasks screen -c lego.toml -k 3 ") and "grpo/checkpoints/step-000007" in lines[3]
     if script_exit == 0:
         # the verdict, computed from the reports and the GRPO metrics the stages left
-        assert "GRPO stage: 1 steps, 1 trained (1 optimizer steps), engine weights at version 1, consistency " \
-               "figures in 1 rows" in proc.stdout, proc.stdout
+        assert "GRPO stage: steps 1, trained 1 (optimizer steps 1), engine weights at version 1, metrics rows " \
+               "with consistency figures 1" in proc.stdout, proc.stdout
         # 1 of 3 per task, 2 of 6 pooled, before and after; Wilson 95 % bounds worked by hand (0.062, 0.792) and
         # (0.097, 0.700)
         assert proc.stdout.count(" 1/3  =  33% [  6%,  79%]") == 4, proc.stdout
