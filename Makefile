@@ -39,9 +39,10 @@ system-deps:
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
+	# plots: matplotlib, for the main job's pass@1 plot (scripts/main_job_report.py) and benchmarks/plot_curves.py.
 	# torch 2.13.0 first: pip takes the CPU build from this machine's wheel cache instead of a CUDA download.
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e '.[serve,train,sunabako,wandb,dev]'
+	$(VENV)/bin/pip install -q -e '.[serve,train,sunabako,wandb,dev,plots]'
 	LEGO_PYTHON=$(VENV)/bin/python scripts/install_plugins.sh
 	touch $(STAMP)
 

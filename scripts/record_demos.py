@@ -6,8 +6,11 @@ call it answers with chosen text, tokenised by the real tiny-model tokenizer. It
 Bash tool call that applies the row's ``reference_patch`` (a quoted here-document), then a final answer
 once the tool result is in the prompt. Everything above the model boundary is real: `lego rollout-check`
 with the given config (Claude Code in bwrap through lego's adapter, graded by the task's hidden tests in a
-fresh sandbox). The samples of the rollouts that earned reward 1 (``collect_demonstrations``) are written
-to ``--out``, ready for ``lego train --sft``.
+fresh sandbox), at the config's ``model.max_response_tokens``: the cap the policy trained on the result rolls
+out at, so a call that does not fit it is refused before any rollout (``check_fits_cap``). The samples of the
+rollouts that earned reward 1 (``collect_demonstrations``) are written to ``--out``, ready for
+``lego train --sft``. The policy finds a prompt's row by the instance id or the statement's first line, so with
+several rows the config's ``agent.prompt`` must carry ``{problem}`` (lego.toml's does).
 
     .venv/bin/python scripts/record_demos.py -c lego.toml --ids lego-example-median -n 2 --out demos.jsonl
 
@@ -34,6 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from aiohttp import web  # noqa: E402
 from support.scripted_engine import ScriptedPolicyEngine, tool_call_text  # noqa: E402
 
+from lego_rl.cli.options import load  # noqa: E402
 from lego_rl.driver.sft import collect_demonstrations  # noqa: E402
 from lego_rl.compose.stack import model_dir  # noqa: E402
 from lego_rl.trajectory.sample import save_samples  # noqa: E402
@@ -55,6 +59,26 @@ def patch_command(patch: str) -> str:
     return f"patch -p1 <<'{END}'\n{body}{END}"
 
 
+def demo_call(row: dict[str, Any]) -> str:
+    """The one tool call the script answers for ``row``: a Bash call applying its reference patch."""
+    meta = row["metadata"]
+    if not meta.get("reference_patch"):
+        raise SystemExit(f"row {meta['instance_id']} has no reference_patch to demonstrate")
+    return tool_call_text("Bash", {"command": patch_command(meta["reference_patch"]), "description": "Apply the fix"})
+
+
+def check_fits_cap(rows: list[dict[str, Any]], tokenizer: Any, cap: int) -> None:
+    """Refuse before any rollout when a demonstration's call (plus the end-of-message token the policy must also
+    write) is longer than ``model.max_response_tokens``: the adapter would cut it there, Claude Code would exit 1
+    ("exceeded the N output token maximum") and, worse, a policy trained on the demonstration could never
+    reproduce it at that cap. The demonstrations are recorded at the cap the job trains and rolls out at."""
+    for row in rows:
+        n = len(tokenizer(demo_call(row))["input_ids"]) + 1
+        if n > cap:
+            raise SystemExit(f"the demonstration of {row['metadata']['instance_id']} is {n} tokens, over "
+                             f"model.max_response_tokens = {cap}: raise it (MAX_RESPONSE_LEN) to at least {n}")
+
+
 def task_policy(rows: list[dict[str, Any]]) -> Any:
     """The script. Which row a prompt belongs to: the instance id (Claude Code's prompt names it in its
     per-rollout paths; the problem statement itself is a file in the sandbox), else the problem statement's
@@ -62,11 +86,8 @@ def task_policy(rows: list[dict[str, Any]]) -> Any:
     calls = []
     for row in rows:
         meta = row["metadata"]
-        if not meta.get("reference_patch"):
-            raise SystemExit(f"row {meta['instance_id']} has no reference_patch to demonstrate")
         markers = (meta["instance_id"], meta["problem_statement"].strip().splitlines()[0][:60])
-        calls.append((markers, tool_call_text("Bash", {"command": patch_command(meta["reference_patch"]),
-                                                       "description": "Apply the fix"})))
+        calls.append((markers, demo_call(row)))
 
     def policy(prompt: str, index: int) -> str:
         if "<tool_response>" in prompt:
@@ -132,11 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         if len(rows) != len(wanted):
             raise SystemExit(f"unknown ids among {wanted}")
     run_root = Path(args.run_root or f"runs/demos-{time.strftime('%Y%m%d-%H%M%S')}")
-    engine = EngineThread(ScriptedPolicyEngine(model_dir("lego:tiny"), task_policy(rows), score=False))
+    scripted = ScriptedPolicyEngine(model_dir("lego:tiny"), task_policy(rows), score=False)
+    check_fits_cap(rows, scripted.tokenizer, load(Path(args.config), args.set).config.model.max_response_tokens)
+    engine = EngineThread(scripted)
     url = engine.start()
     cmd = [args.lego, "rollout-check", "-c", args.config, "--data", args.data, "-n", str(args.n), "--harness",
-           args.harness, "--vllm-url", url, "--set", f'paths.run_root="{run_root}"', "--set", "adapter.port=0",
-           "--set", "model.max_response_tokens=2048"]
+           args.harness, "--vllm-url", url, "--set", f'paths.run_root="{run_root}"', "--set", "adapter.port=0"]
     for ident in args.ids.split(",") if args.ids else []:
         cmd += ["--ids", ident]
     for item in args.set:

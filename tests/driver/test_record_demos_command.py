@@ -47,3 +47,25 @@ def test_the_command_is_short_and_refuses_a_patch_holding_its_terminator() -> No
     assert len(tok(patch_command(patch))["input_ids"]) <= len(tok(patch)["input_ids"]) + 40
     with pytest.raises(SystemExit, match=END):
         patch_command(f"--- a/x\n+++ b/x\n{END}\n")
+
+
+def test_every_demonstration_fits_the_main_jobs_cap() -> None:
+    """The demonstrations are recorded, trained on and rolled out at lego.toml's model.max_response_tokens (Claude
+    Code is told the same cap): each task's call must fit it, or the adapter cuts it, Claude Code exits 1
+    ("exceeded the N output token maximum") and no policy trained on it can reproduce it. Below the longest
+    call, the recorder refuses before any rollout, naming the task and both numbers."""
+    import tomllib
+
+    from transformers import AutoTokenizer
+
+    from lego_rl.serving.tiny_model import ensure_tiny_model
+    from record_demos import check_fits_cap, demo_call
+
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    cap = tomllib.loads((REPO / "lego.toml").read_text())["model"]["max_response_tokens"]
+    check_fits_cap(ROWS, tok, cap)
+    sizes = {r["metadata"]["instance_id"]: len(tok(demo_call(r))["input_ids"]) + 1 for r in ROWS}
+    longest = max(sizes, key=sizes.__getitem__)
+    with pytest.raises(SystemExit, match=f"{longest} is {sizes[longest]} tokens, over model.max_response_tokens = "
+                                         f"{sizes[longest] - 1}"):
+        check_fits_cap(ROWS, tok, sizes[longest] - 1)

@@ -106,7 +106,8 @@ class AgentConfig(Section):
     max_turns: int = Field(default=40, ge=1)
     """Turn limit passed to the CLI."""
     prompt: str = DEFAULT_PROMPT
-    """Agent instruction; `{problem_file}` and `{workdir}` are filled in. Official tests stay hidden."""
+    """Agent instruction; `{problem}` (the statement), `{problem_file}` (its path in the sandbox) and `{workdir}` are
+    filled in. Official tests stay hidden."""
     sandbox_image_metadata_key: str = "image"
     """Row metadata key naming the task image (`metadata.<key>`), read by the row loader as its image."""
 
