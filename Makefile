@@ -7,6 +7,9 @@ LEGO      := $(VENV)/bin/lego
 PYTEST    := $(VENV)/bin/pytest
 STAMP     := $(VENV)/.lego-setup-stamp
 PYTEST_ARGS ?=
+# The suite runs in parallel workers: most of its time is spent waiting on sandboxes, CLIs and subprocesses,
+# so a 2-core machine keeps more workers than cores busy (tests/conftest.py gives each one OpenMP thread).
+TEST_WORKERS ?= 3
 
 .PHONY: run test setup system-deps test-deps clean-runs
 
@@ -17,7 +20,7 @@ run: setup ## set up, then run the main job on the embedded defaults (lego.toml)
 	LEGO=$(LEGO) scripts/run_main_job.sh
 
 test: setup test-deps ## set up everything the suite needs, then run all tests (what CI runs)
-	$(PYTEST) -q $(PYTEST_ARGS)
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 setup: system-deps $(STAMP)
 

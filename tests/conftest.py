@@ -12,6 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs the suite in several pytest-xdist workers on a machine of a few cores. A worker's torch (and
+    # every process it starts: lego train, torchrun ranks, the engine) would otherwise use one OpenMP thread per
+    # core, and OpenMP threads that spin at barriers while the other workers hold the cores make a step tens of
+    # times slower. One thread per process keeps the workers from starving each other; set before torch loads.
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
 _SHARED_DIRS = {"/tmp": 0o1777, "/var/tmp": 0o1777}
 
 LOW_DISK_BYTES = 2 << 30
