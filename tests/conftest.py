@@ -19,6 +19,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # times slower. One thread per process keeps the workers from starving each other; set before torch loads.
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
+    # Each worker gets its own sunabako node state: tests list a node's sandboxes to prove they left none, and a
+    # session's teardown deletes what appeared on its node, so two workers on one node would see (and delete)
+    # each other's sandboxes. Read by the test helpers at import, hence here, before any test module loads.
+    for _var, _default in (("LEGO_SUNABAKO_TEST_STATE", "/var/lib/lego-rl/sunabako-test"),
+                           ("LEGO_SUNABAKO_ROLLOUT_STATE", "/var/lib/lego-rl/sunabako-rollout-test")):
+        os.environ[_var] = f"{os.environ.get(_var, _default)}-{os.environ['PYTEST_XDIST_WORKER']}"
 
 _SHARED_DIRS = {"/tmp": 0o1777, "/var/tmp": 0o1777}
 
