@@ -243,6 +243,9 @@ def _read_runner(lines: list[bytes], out: Supervised) -> None:
             started = True
             if len(args) >= 3 and args[2].strip():
                 out.notes.append(f"repository modules imported before the grader's shim: {args[2][:500]}")
+            if len(args) >= 4 and args[3].strip():
+                out.notes.append(f"the runner is code under test (its modules are in the repository: {args[3][:500]}): "
+                                 "its own modules are not compared, only the channel and the canaries hold")
         elif not started:
             out.evidence.append(f"a {kind!r} record before the runner's start record")
         elif kind in ("T", "P") and len(args) >= 2:
