@@ -705,19 +705,17 @@ async def _run_swepro(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float
     att.report = TestRun("swepro-parser", statuses)
 
 
-async def _install_run_files(sb: Sandbox, log: _Log, plan: RunPlan, files: dict[str, bytes],
-                             planted: dict[str, bytes]) -> None:
-    """The supervised run's files and the modules the canaries were planted in, in one exec (each exec is a round
-    trip): the record's folder is root's only, the shim's folder readable by eval_user."""
+async def _run_files(sb: Sandbox, log: _Log, plan: RunPlan, files: dict[str, bytes], planted: dict[str, bytes]) -> str:
+    """Shell that writes the supervised run's files and the modules the canaries were planted in, run by the exec
+    that starts the supervisor (each exec is a round trip): the record's folder is root's only, the shim's
+    folder readable by eval_user."""
     put = await _put(sb, {**files, **planted})
-    script = (f"set -e; umask 022; mkdir -p {GRADER_DIR}; chmod 711 {GRADER_DIR}; mkdir -m 700 {q(plan.run_dir)}; "
-              f"mkdir -m 755 {q(plan.shim_dir)}; {put}; chmod 600 {q(plan.config)} {q(plan.supervisor)}; "
-              f"chmod 644 {q(plan.shim)}")
-    res = await sb.exec(["bash", "-c", script], user="root", cwd="/", timeout=_SETUP_TIMEOUT)
-    log.note(f"grader run files: exit {res.exit_code}", "\n".join(f"{path} ({len(data)} bytes)"
-                                                              for path, data in {**files, **planted}.items()))
-    if not res.ok:
-        raise GraderError(f"writing the grader's run files failed: {(res.stderr or res.stdout).strip()[-400:]}")
+    log.note("grader run files (written by the supervised run's exec)",
+             "\n".join(f"{path} ({len(data)} bytes)" for path, data in {**files, **planted}.items()))
+    # one && chain: set -e does not hold inside the "{ ...; } || exit 97" the start wraps it in
+    return (f"umask 022 && mkdir -p {GRADER_DIR} && chmod 711 {GRADER_DIR} && mkdir -m 700 {q(plan.run_dir)} && "
+            f"mkdir -m 755 {q(plan.shim_dir)} && {put} && chmod 600 {q(plan.config)} {q(plan.supervisor)} && "
+            f"chmod 644 {q(plan.shim)}")
 
 
 _ENV_ASSIGN = r"(?<![\w$]){name}=(?:\"[^\"]*\"|'[^']*'|[^\s;&|]*)"
@@ -748,14 +746,15 @@ async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float,
     cmd = unittest_command(cmd, plan.shim) if runner == "unittest" else _keep_our_env(cmd, plan)
     config = plan.config_json(cmd, user=meta.eval_user, cwd=meta.workdir, timeout=timeout, runner=runner,
                               pytest_opts=opts)
-    await _install_run_files(sb, log, plan, {plan.supervisor: supervisor_source().encode(),
-                                             plan.shim: shim_source(runner).encode(), plan.config: config},
-                             planted)
+    setup = await _run_files(sb, log, plan, {plan.supervisor: supervisor_source().encode(),
+                                             plan.shim: shim_source(runner).encode(), plan.config: config}, planted)
     how = (f"pytest plugin -p {plan.shim_module} (PYTEST_ADDOPTS{' ' + opts if opts else ''}; PYTHONPATH "
            f"{plan.shim_dir})" if runner == "pytest" else f"unittest main {plan.shim} in place of -m unittest")
     log.note("grader's runner shim", f"{how}; per-test records to the supervisor (root, {plan.run_dir})")
     started = asyncio.get_running_loop().time()
-    res = await sb.exec(plan.start(), user="root", cwd="/", timeout=timeout + 60)
+    res = await sb.exec(plan.start(setup), user="root", cwd="/", timeout=timeout + 60)
+    if res.exit_code == 97 and not res.stdout:  # the supervisor never started: writing its files failed
+        raise GraderError(f"writing the grader's run files failed: {(res.stderr or res.stdout).strip()[-400:]}")
     if res.timed_out:  # the supervisor keeps its own timeout: only a stopped (SIGSTOP) supervisor gets here
         att.res = log.add(f"eval as {meta.eval_user} (supervised)", shown, res)
         return
