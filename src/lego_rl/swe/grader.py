@@ -2,9 +2,11 @@
 
 Order of steps, all as root unless noted, in a fresh sandbox of the task's image:
 
-1. the row's pre-commands (the agent sandbox ran them too, so the patch has the same base), then
-   a listing of the base tree (type, inode, change time, size), the probe of the test command's
-   interpreter (cached per task) and a copy of the base files the agent patch names (``testinfra``);
+1. the row's pre-commands (the agent sandbox ran them too, so the patch has the same base), then, in one
+   exec, a listing of the base tree (type, inode, change time, size), the probe of the test command's
+   interpreter (cached per task) and a copy of the base files the agent patch names (``testinfra``). Steps
+   are merged into as few execs as they can be: each is a round trip of 40-100 ms on a loaded machine,
+   and an exec per step was most of what integrity cost (benchmarks/RESULTS.md);
 2. the agent patch: ``git apply --3way``, then plain ``git apply``, then ``patch -p1``; the tree is
    restored between attempts, so a half-applied attempt never reaches the next one. A patch that
    applies in no way scores 0;
