@@ -260,7 +260,8 @@ _INLINE_MAX = 80 << 10
 """What a step's own script may carry as base64 files (an argv string is capped at 128 KiB by the kernel); larger
 files are written by their own exec first."""
 _INLINE_READ = 8 << 20
-"""Largest file a read-back returns inside its exec's output; a larger (capped) one is read by its own exec."""
+"""What one read-back returns inside its exec's output, all files together; a file past it (under its cap) is read
+by its own exec."""
 
 
 async def _put(sb: Sandbox, files: dict[str, bytes]) -> str:
@@ -280,8 +281,8 @@ _READ_FNS = r"""rd() {
   k=$(stat -c '%F|%s' -- "$2" 2>/dev/null) || { echo "R$1 N"; return 0; }
   s=${k##*|}; k=${k%|*}
   case $k in "regular file"|"regular empty file") ;; *) echo "R$1 K $k"; return 0;; esac
-  if [ "$s" -gt "$3" ]; then echo "R$1 B $s"; elif [ "$s" -gt $4 ]; then echo "R$1 L $s"
-  else echo "R$1 F $s"; head -c "$s" -- "$2" | base64 -w0; echo; fi
+  if [ "$s" -gt "$3" ]; then echo "R$1 B $s"; elif [ "$s" -gt "${left:=$4}" ]; then echo "R$1 L $s"
+  else left=$((left - s)); echo "R$1 F $s"; head -c "$s" -- "$2" | base64 -w0; echo; fi
 }
 tl() { if [ -f "$2" ] && [ ! -L "$2" ]; then echo "R$1 F 0"; tail -c "$3" -- "$2" | base64 -w0; echo; else echo "R$1 N"; fi; }
 """
