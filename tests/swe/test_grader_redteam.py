@@ -53,6 +53,8 @@ REQUIRED = {
     "channel_flood",
     "result_instance_patch",
     "trace_rewrites_locals",
+    # class 7 (issue 26, round 4): an attack on how the integrity check compares, not on what it compares
+    "identity_reuse",
     "honest_fix_new_module_with_tests",
     "honest_fix_with_runtime_effects",
 }

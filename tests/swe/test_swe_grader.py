@@ -237,3 +237,25 @@ async def test_every_read_back_is_capped(opener: Opener) -> None:
             await read_capped(sb, "/tmp/link", 1 << 20, what="a report")
         assert await read_capped(sb, "/tmp/small", 1 << 20, what="a report") == b"ok"
         assert await read_capped(sb, "/tmp/absent", 1 << 20, what="a report") is None
+
+
+async def test_several_reads_share_one_exec_and_its_output_budget(opener: Opener, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """``read_many``: each file keeps its own cap and verdict, in order; what does not fit the exec's output budget
+    is read by its own exec, still capped; a tail read returns the last bytes."""
+    from lego_rl.swe import grader
+    from lego_rl.swe.grader import GradingBlocked, Read, read_many
+
+    monkeypatch.setattr(grader, "_INLINE_READ", 1000)
+    async with opener() as sb:
+        await sb.exec("head -c 900 /dev/zero > /tmp/a && head -c 600 /dev/zero | tr '\\0' b > /tmp/b && "
+                      "printf 'one\\ntwo\\n' > /tmp/log && truncate -s 4G /tmp/huge && ln -s /tmp/a /tmp/link",
+                      user="root", check=True)
+        got = await read_many(sb, [Read("/tmp/a", 1000), Read("/tmp/b", 1000), Read("/tmp/huge", 1 << 20, "a log"),
+                                   Read("/tmp/link", 1000), Read("/tmp/absent", 10), Read("/tmp/log", 4, tail=True),
+                                   Read("/tmp/b", 500, "a record")])
+    assert got[0] == b"\0" * 900 and got[1] == b"b" * 600  # /tmp/b past the budget: read on its own
+    assert isinstance(got[2], GradingBlocked) and "over the grader's cap" in str(got[2])
+    assert isinstance(got[3], GradingBlocked) and "symbolic link" in str(got[3])
+    assert got[4] is None and got[5] == b"two\n"
+    assert isinstance(got[6], GradingBlocked) and "a record (/tmp/b) is 600 bytes" in str(got[6])

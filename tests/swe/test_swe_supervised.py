@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -174,6 +175,26 @@ for o in gc.get_objects():
 shim = next(m for n, m in sys.modules.items() if n.startswith("lego_shim_"))
 shim.send("T", "tests/test_a.py::test_ghost", "PASSED", "")
 """, "'tests/test_a.py::test_ghost', which the runner never collected"),
+    # class 7: the snapshot compared id()s, and an id is an address: the original freed first, a replacement
+    # allocated right after takes its address (a loop of defs finds it), so the id check saw nothing.
+    "identity_reuse": ("""import unittest
+cls, name = unittest.TestCase, "_callTestMethod"
+old = id(cls.__dict__[name])
+delattr(cls, name)
+made = []
+for _ in range(5000):
+    def fake(self, method):
+        pass
+    made.append(fake)
+    if id(fake) == old:
+        break
+setattr(cls, name, made[-1])
+""", "unittest.case.TestCase._callTestMethod was replaced"),
+    # class 7: one line blinds a check that calls builtins.sorted after the repository ran.
+    "blinding_builtin": ("""import builtins, unittest
+builtins.sorted = lambda *a, **k: []
+unittest.TestCase.assertEqual = lambda self, a, b, msg=None: None
+""", "unittest.case.TestCase.assertEqual was replaced"),
     # Records written straight to the channel, next to the shim's own.
     "forged_records": ("""import os, stat
 for fd in range(3, 1024):
@@ -217,6 +238,24 @@ os.waitpid(pid, 0)
         sup = supervise(tmp_path / runner, files, runner, cmd).sup
         assert sup.complete and not sup.evidence and not sup.blocked, (runner, sup.evidence, sup.blocked)
         assert list(sup.run.statuses.values()) == ["PASSED"], sup.run.statuses
+
+
+def test_a_repository_that_is_the_runner_is_not_evidence_against_itself(tmp_path: Path) -> None:
+    """pytest-dev/pytest's own rows: the runner imported from the repository registers its plugins from
+    repository files as it runs; only what comes from outside the repository is compared."""
+    import _pytest
+    import pluggy
+
+    work = tmp_path / "work"
+    for mod in (pytest, _pytest, pluggy):  # the installed runner, copied into the repository (python -m finds it first)
+        src = Path(mod.__file__).parent
+        shutil.copytree(src, work / src.name, ignore=shutil.ignore_patterns("__pycache__"))
+    files = {"tests/test_a.py": "import _pytest\n\n\ndef test_it():\n    assert _pytest.__file__.startswith('" +
+             str(work) + "')\n"}
+    sup = supervise(tmp_path, files, "pytest", f"{sys.executable} -m pytest -q -p no:cacheprovider --rootdir . tests").sup
+    assert sup.complete and not sup.evidence and not sup.blocked, (sup.evidence, sup.blocked)
+    assert sup.run.statuses == {"tests/test_a.py::test_it": "PASSED"}
+    assert any("the runner is code under test" in n for n in sup.notes), sup.notes
 
 
 def test_an_early_exit_is_an_incomplete_run_and_records_after_the_end_do_not_count(tmp_path: Path) -> None:

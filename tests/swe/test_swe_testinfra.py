@@ -171,14 +171,16 @@ def test_shadows_of_what_the_interpreter_imports_are_removed_case_insensitively(
     base = listing(BASE_FILES)
     added = ["JSON.py", "pygments/__init__.py", "pygments/lexer.py", "Numpy.py", "inspect.cpython-311-x86_64-linux-gnu.so",
              "real.py", "calc/types.py", "calc/json.py", "docs/json/index.md", "json_tools.py", "lib/inspect.py",
-             "unittest"]
+             "unittest", "utils.py", "helpers/__init__.py"]
     now = changed(base, *added)
     now["unittest"] = ("l", "77", "2.0", "4")  # a symlink that may point at a package
     plan = plan_reset(base, now, ctx())
     assert set(plan.remove) == {"JSON.py", "pygments/__init__.py", "pygments/lexer.py", "Numpy.py",
                                 "inspect.cpython-311-x86_64-linux-gnu.so", "real.py", "lib/inspect.py", "unittest"}
-    # inside a package, in a folder that is not a package, or a name nothing imports: the code under test
-    assert set(plan.kept) == {"calc/types.py", "calc/json.py", "docs/json/index.md", "json_tools.py"}
+    # inside a package, in a folder that is not a package, or a top-level name no installed module has (an honest
+    # new utils.py or helpers package): the code under test
+    assert set(plan.kept) == {"calc/types.py", "calc/json.py", "docs/json/index.md", "json_tools.py", "utils.py",
+                              "helpers/__init__.py"}
     # the repository's own modules are not shadows of themselves (an editable src/ on sys.path)
     assert "calc_src" not in ctx().shadow_names
     # no probe: the runners' and the standard library's names still are

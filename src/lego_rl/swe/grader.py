@@ -2,9 +2,11 @@
 
 Order of steps, all as root unless noted, in a fresh sandbox of the task's image:
 
-1. the row's pre-commands (the agent sandbox ran them too, so the patch has the same base), then
-   a listing of the base tree (type, inode, change time, size), the probe of the test command's
-   interpreter (cached per task) and a copy of the base files the agent patch names (``testinfra``);
+1. the row's pre-commands (the agent sandbox ran them too, so the patch has the same base), then, in one
+   exec, a listing of the base tree (type, inode, change time, size), the probe of the test command's
+   interpreter (cached per task) and a copy of the base files the agent patch names (``testinfra``). Steps
+   are merged into as few execs as they can be: each is a round trip of 40-100 ms on a loaded machine,
+   and an exec per step was most of what integrity cost (benchmarks/RESULTS.md);
 2. the agent patch: ``git apply --3way``, then plain ``git apply``, then ``patch -p1``; the tree is
    restored between attempts, so a half-applied attempt never reaches the next one. A patch that
    applies in no way scores 0;
@@ -184,21 +186,20 @@ async def _must(sb: Sandbox, log: _Log, title: str, script: str, *, cwd: str) ->
 # Copies inside the grader keep ownership and times but never ACLs or xattrs (``cp -a`` would): an image's ACL
 # naming a uid outside a user-namespaced sandbox's map makes the copy fail ("preserving permissions ...").
 CP = "cp -dR --preserve=ownership,timestamps"
-_SAVE = f"mkdir -p {GRADER_DIR}/pre && cd {{wd}} && for p in {{paths}}; do [ -e \"$p\" ] || [ -L \"$p\" ] && " \
-        f"{CP} --parents \"$p\" {GRADER_DIR}/pre/ || true; done"
-_RESTORE = f"cd {{wd}} && rm -rf -- {{paths}} && {CP} {GRADER_DIR}/pre/. ."
+_RESTORE = f"cd {{wd}} && rm -rf -- {{paths}} && {CP} {GRADER_DIR}/infra-base/. ."
+"""Between two attempts at the agent patch: the paths it names back to base (``_save_infra`` saved them)."""
+_WRITE_FAILED = 97
+"""Exit status of a step whose own files could not be written: our failure, never the agent's."""
 
 
 async def _apply_agent_patch(sb: Sandbox, log: _Log, patch: bytes, workdir: str) -> ApplyMethod | None:
-    """Try the three methods in order; the touched paths are restored after a failed attempt."""
+    """Try the three methods in order; the touched paths are restored after a failed attempt. The patch file and
+    the base copies of what it names were written by ``_save_infra``."""
     pfile = f"{GRADER_DIR}/agent.patch"
-    await sb.write_file(pfile, patch)
     try:
         paths = " ".join(q(p) for p in patch_paths(patch.decode("utf-8", errors="surrogateescape")))
     except TaskDataError:  # an agent patch with absolute or '..' paths: let the appliers refuse it
         paths = ""
-    if paths:
-        await _must(sb, log, "save paths the agent patch touches", _SAVE.format(wd=q(workdir), paths=paths), cwd="/")
     attempts: list[tuple[ApplyMethod, str]] = [
         ("git-apply-3way", f"{GIT} apply --3way --whitespace=nowarn {pfile}"),
         ("git-apply", f"{GIT} apply --whitespace=nowarn {pfile}"),
@@ -222,7 +223,7 @@ async def _official(sb: Sandbox, log: _Log, title: str, script: str, wd: str, pa
     if res.ok:
         return
     why = f"{(res.stderr or res.stdout).strip()[-400:]}"
-    if patched and not res.timed_out:
+    if patched and not res.timed_out and res.exit_code != _WRITE_FAILED:
         if applies_at_base is None or (await _sh(sb, log, "does the official test patch apply to the base commit?",
                                                  applies_at_base, cwd=wd)).ok:
             raise GradingBlocked(f"'{title}' fails after the agent's patch (the agent's tree is in its way): {why}")
@@ -242,46 +243,127 @@ async def _official_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, patched: b
         f"if {GIT} cat-file -e HEAD:{q(p)} 2>/dev/null; then {GIT} checkout -q HEAD -- {q(p)}; else rm -rf -- {q(p)}; fi"
         for p in paths
     )
-    # Checking out HEAD's own files cannot fail on the base tree: only a tree the agent reshaped refuses it.
-    await _official(sb, log, "reset official test paths to HEAD", f"set -e; {reset}", wd, patched)
-    await sb.write_file(f"{GRADER_DIR}/test.patch", meta.test_patch)
+    # Checking out HEAD's own files cannot fail on the base tree: only a tree the agent reshaped refuses it. The
+    # test patch is written in the same exec (one round trip less).
+    put = await _put(sb, {f"{GRADER_DIR}/test.patch": meta.test_patch.encode("utf-8", "surrogateescape")})
+    await _official(sb, log, "reset official test paths to HEAD",
+                    f"{{ mkdir -p {GRADER_DIR} && {put}; }} || exit {_WRITE_FAILED}; set -e; {reset}", wd, patched)
     at_base = (f"GIT_INDEX_FILE={GRADER_DIR}/base.index {GIT} read-tree HEAD && GIT_INDEX_FILE={GRADER_DIR}/base.index "
                f"{GIT} apply --cached --check --whitespace=nowarn {GRADER_DIR}/test.patch")
     await _official(sb, log, "apply official test patch", f"{GIT} apply --whitespace=nowarn {GRADER_DIR}/test.patch || "
                     f"patch -p1 --batch --forward --fuzz=0 -i {GRADER_DIR}/test.patch", wd, patched, at_base)
 
 
-# ----- reading back: every read has a size and a time cap
+# ----- writing and reading in few execs: each exec is a round trip (~50-100 ms on a loaded box)
+
+_INLINE_MAX = 80 << 10
+"""What a step's own script may carry as base64 files (an argv string is capped at 128 KiB by the kernel); larger
+files are written by their own exec first."""
+_INLINE_READ = 8 << 20
+"""What one read-back returns inside its exec's output, all files together; a file past it (under its cap) is read
+by its own exec."""
+
+
+async def _put(sb: Sandbox, files: dict[str, bytes]) -> str:
+    """Shell that writes ``files`` inside the step that needs them; those over the inline budget are written now."""
+    parts, budget = [], _INLINE_MAX
+    for path, data in files.items():
+        encoded = base64.b64encode(data).decode()
+        if len(encoded) <= budget:
+            budget -= len(encoded)
+            parts.append(f"printf %s {q(encoded)} | base64 -d > {q(path)}")
+        else:
+            await sb.write_file(path, data)
+    return " && ".join(parts) or "true"
+
+
+_READ_FNS = r"""rd() {
+  k=$(stat -c '%F|%s' -- "$2" 2>/dev/null) || { echo "R$1 N"; return 0; }
+  s=${k##*|}; k=${k%|*}
+  case $k in "regular file"|"regular empty file") ;; *) echo "R$1 K $k"; return 0;; esac
+  if [ "$s" -gt "$3" ]; then echo "R$1 B $s"; elif [ "$s" -gt "${left:=$4}" ]; then echo "R$1 L $s"
+  else left=$((left - s)); echo "R$1 F $s"; head -c "$s" -- "$2" | base64 -w0; echo; fi
+}
+tl() { if [ -f "$2" ] && [ ! -L "$2" ]; then echo "R$1 F 0"; tail -c "$3" -- "$2" | base64 -w0; echo; else echo "R$1 N"; fi; }
+"""
+
+
+@dataclass(frozen=True)
+class Read:
+    """One file to read back: at most ``limit`` bytes, or its last ``limit`` bytes (``tail``, for logs)."""
+
+    path: str
+    limit: int
+    what: str = "a file"
+    tail: bool = False
+
+
+def _read_script(reads: list[Read], first: int = 0) -> str:
+    return _READ_FNS + "\n".join(
+        f"{'tl' if r.tail else 'rd'} {first + i} {q(r.path)} {r.limit} {_INLINE_READ}" for i, r in enumerate(reads))
+
+
+def _parse_reads(out: str) -> dict[int, tuple[str, str, bytes]]:
+    """index -> (kind, size or stat's file type, content) from ``_read_script``'s output."""
+    found: dict[int, tuple[str, str, bytes]] = {}
+    lines = out.split("\n")
+    for n, line in enumerate(lines):
+        head = re.fullmatch(r"R(\d+) ([NKBLF])(?: (.*))?", line)
+        if head is None:
+            continue
+        idx, kind, arg = int(head.group(1)), head.group(2), head.group(3) or ""
+        data = base64.b64decode(lines[n + 1]) if kind == "F" and n + 1 < len(lines) else b""
+        found[idx] = (kind, arg, data)
+    return found
+
+
+async def _finish_reads(sb: Sandbox, reads: list[Read], found: dict[int, tuple[str, str, bytes]],
+                        first: int = 0) -> list[bytes | None | GradingBlocked]:
+    """Each read's bytes, None when absent, or the ``GradingBlocked`` it is (a symlink, a non-file, over its cap:
+    only the test run or the agent's tree can put one where the grader reads)."""
+    out: list[bytes | None | GradingBlocked] = []
+    for i, r in enumerate(reads):
+        got = found.get(first + i)
+        if got is None:
+            raise GraderError(f"reading back {r.path} gave no answer")
+        kind, arg, data = got
+        if kind == "N":
+            out.append(None)
+        elif kind == "K":
+            out.append(GradingBlocked(f"{r.what} ({r.path}) is a {arg or 'missing file'}, not a regular file"))
+        elif kind == "B":
+            out.append(GradingBlocked(f"{r.what} ({r.path}) is {arg} bytes, over the grader's cap of {r.limit} bytes"))
+        elif kind == "L":  # under its cap but too large for an exec's output: read on its own
+            try:
+                data = await asyncio.wait_for(sb.read_file(r.path), READ_TIMEOUT_S)
+            except TimeoutError:
+                raise GraderError(f"reading {r.path} ({arg} bytes) took over {READ_TIMEOUT_S:g} s") from None
+            out.append(data if len(data) <= r.limit else GradingBlocked(
+                f"{r.what} ({r.path}) grew past the grader's cap of {r.limit} bytes while read"))
+        else:
+            out.append(data)
+    return out
+
+
+async def read_many(sb: Sandbox, reads: list[Read]) -> list[bytes | None | GradingBlocked]:
+    """Several capped reads in one exec (sizes checked before a byte is read: a sparse multi-GB file costs
+    nothing); a read slower than ``READ_TIMEOUT_S`` is our sandbox failing (``GraderError``)."""
+    if not reads:
+        return []
+    res = await sb.exec(["bash", "-c", _read_script(reads)], user="root", cwd="/", timeout=READ_TIMEOUT_S)
+    if res.timed_out or not res.ok or res.truncated:
+        raise GraderError(f"reading back {', '.join(r.path for r in reads)[:300]} failed "
+                          f"({'timeout' if res.timed_out else res.exit_code}): {res.stderr.strip()[-300:]}")
+    return await _finish_reads(sb, reads, _parse_reads(res.stdout))
 
 
 async def read_capped(sb: Sandbox, path: str, limit: int, *, what: str) -> bytes | None:
-    """``path``'s bytes, None when it does not exist. A symlink, a non-file or a file over ``limit`` bytes (a
-    sparse multi-GB file included: the size is checked before a byte is read) is ``GradingBlocked``: only the
-    test run or the agent's tree can put one where the grader reads; a read slower than ``READ_TIMEOUT_S`` is
-    our sandbox failing (``GraderError``)."""
-    res = await sb.exec(["stat", "-c", "%F|%s", "--", path], user="root", cwd="/", timeout=READ_TIMEOUT_S)
-    if not res.ok:
-        if res.timed_out:
-            raise GraderError(f"stat of {path} timed out after {READ_TIMEOUT_S:g} s")
-        return None
-    kind, _, size = res.stdout.strip().rpartition("|")
-    if kind != "regular file" and kind != "regular empty file":
-        raise GradingBlocked(f"{what} ({path}) is a {kind or 'missing file'}, not a regular file")
-    if not size.isdigit() or int(size) > limit:
-        raise GradingBlocked(f"{what} ({path}) is {size} bytes, over the grader's cap of {limit} bytes")
-    try:
-        data = await asyncio.wait_for(sb.read_file(path), READ_TIMEOUT_S)
-    except TimeoutError:
-        raise GraderError(f"reading {path} ({size} bytes) took over {READ_TIMEOUT_S:g} s") from None
-    if len(data) > limit:
-        raise GradingBlocked(f"{what} ({path}) grew past the grader's cap of {limit} bytes while read")
-    return data
-
-
-async def _read_tail(sb: Sandbox, path: str, limit: int) -> str:
-    """The last ``limit`` bytes of a log, for the grader log only (never for a verdict)."""
-    res = await sb.exec(["tail", "-c", str(limit), "--", path], user="root", cwd="/", timeout=READ_TIMEOUT_S)
-    return res.stdout if res.ok else f"(output not readable: {res.stderr.strip()[-200:]})"
+    """``path``'s bytes, None when it does not exist; ``GradingBlocked`` for a symlink, a non-file or a file over
+    ``limit`` bytes (``read_many``)."""
+    (got,) = await read_many(sb, [Read(path, limit, what)])
+    if isinstance(got, GradingBlocked):
+        raise got
+    return got
 
 
 # ----- test infrastructure (testinfra.py decides, these steps carry it out in the sandbox)
@@ -323,37 +405,37 @@ class _InfraBase:
     saved: set[str]
 
 
-async def _listing(sb: Sandbox, log: _Log, wd: str, name: str) -> Listing:
-    out = f"{GRADER_DIR}/{name}"
-    await _must(sb, log, f"list the tree ({name})", f"cd {q(wd)} && {LIST_CMD} > {out}", cwd="/")
-    return parse_listing(await sb.read_file(out))
+def _listing_of(res: ExecResult, title: str) -> Listing | None:
+    """The listing a step printed (``LIST <base64>``), None when its output was cut (read the file instead)."""
+    if res.truncated:
+        return None
+    for line in res.stdout.splitlines():
+        if line.startswith("LIST "):
+            return parse_listing(base64.b64decode(line[5:]))
+    raise GraderError(f"grader step '{title}' printed no listing")
 
 
-async def _probe(sb: Sandbox, log: _Log, meta: TaskMetadata, cmd: str) -> Probe | None:
-    """The test command's interpreter asked, on the base tree, what it reads and imports (cached per task)."""
-    key = hashlib.sha256(json.dumps([meta.image, meta.workdir, meta.pre_commands, cmd]).encode()).hexdigest()
-    if key in _PROBES:
-        _PROBES.move_to_end(key)
-        return _PROBES[key]
-    await sb.write_file(_PROBE_PATH, PROBE_SCRIPT)
-    script = probe_shell(cmd, meta.workdir, _PROBE_PATH, runner_of(meta))
-    res = await sb.exec(["bash", "-c", script], user="root", cwd="/", timeout=120)
+def _probe_key(meta: TaskMetadata, cmd: str) -> str:
+    return hashlib.sha256(json.dumps([meta.image, meta.workdir, meta.pre_commands, cmd]).encode()).hexdigest()
+
+
+def _probe_of(res: ExecResult, log: _Log) -> tuple[Probe | None, bool]:
+    """The probe's answer in a step's output (``PROBE <exit> <base64 stdout>``) and whether it may be cached."""
+    line = next((x for x in res.stdout.splitlines() if x.startswith("PROBE ")), "PROBE 1 ")
+    code, _, raw = line[6:].partition(" ")
+    out = base64.b64decode(raw).decode("utf-8", "replace") if raw else ""
     probe: Probe | None = None
     try:
-        probe = Probe.parse(res.stdout.strip().splitlines()[-1]) if res.ok and res.stdout.strip() else None
+        probe = Probe.parse(out.strip().splitlines()[-1]) if code == "0" and out.strip() else None
     except (ValueError, KeyError, TypeError, IndexError):
         probe = None
     if probe is None:
-        log.note("probe of the test command's interpreter", f"no answer (exit {res.exit_code}); the fallback "
-                 f"lists protect the standard library and the runners\n{(res.stderr or res.stdout)[-400:]}")
+        log.note("probe of the test command's interpreter", f"no answer (exit {code}); the fallback lists protect "
+                 f"the standard library and the runners\n{out[-400:]}")
     else:
         log.note("probe of the test command's interpreter", f"prefix {probe.prefix}; {len(probe.path)} sys.path "
                  f"entries; runner configuration files: {', '.join(probe.configs) or '(not pytest)'}")
-    if res.ok and not res.timed_out:
-        _PROBES[key] = probe
-        while len(_PROBES) > 256:
-            _PROBES.popitem(last=False)
-    return probe
+    return probe, code == "0"
 
 
 def _official_paths(meta: TaskMetadata) -> list[str]:
@@ -364,90 +446,133 @@ def _official_paths(meta: TaskMetadata) -> list[str]:
 
 
 async def _save_infra(sb: Sandbox, log: _Log, meta: TaskMetadata, patch: bytes) -> _InfraBase:
-    """Before the agent patch: the tree's listing, the probe, and a copy of every base file the patch names."""
+    """Before the agent patch, in one exec: the agent patch file, the base tree's listing, a copy of every base
+    file the patch names (matched case-insensitively: ``saved_paths``), and the probe of the test command's
+    interpreter (once per task: cached)."""
     wd, cmd = meta.workdir, _command(meta)
-    listing = await _listing(sb, log, wd, "files-base")
-    probe = await _probe(sb, log, meta, cmd)
     try:
         named = patch_paths(patch.decode("utf-8", errors="surrogateescape"))
     except TaskDataError:
         named = []  # the appliers refuse it; anything it still changed cannot be restored: a verdict of 0
+    key = _probe_key(meta, cmd)
+    cached = key in _PROBES
+    files = {f"{GRADER_DIR}/agent.patch": patch,
+             f"{GRADER_DIR}/named.lst": "".join(f"{n}\n" for n in named if "\n" not in n).encode("utf-8",
+                                                                                                  "surrogateescape")}
+    if not cached:
+        files[_PROBE_PATH] = PROBE_SCRIPT.encode()
+    put = await _put(sb, files)
+    gd = GRADER_DIR
+    probe = "" if cached else (
+        f"timeout 120 bash -c {q(probe_shell(cmd, wd, _PROBE_PATH, runner_of(meta)))} > {gd}/probe.out "
+        f"2> {gd}/probe.err && pc=0 || pc=$?; printf 'PROBE %s ' $pc; base64 -w0 {gd}/probe.out; echo; ")
+    # the listing's paths (field 5, "./"-prefixed), those the patch names (any case), copied with their folders
+    script = (f"set -e; mkdir -p {INFRA_BASE}; {put}; {probe}cd {q(wd)}; {LIST_CMD} > {gd}/files-base; "
+              f"cut -z -f5- < {gd}/files-base | sed -z 's|^\\./||' | {{ grep -z -i -x -F -f {gd}/named.lst || "
+              f"true; }} | xargs -0 -r {CP} --parents -t {INFRA_BASE} --; printf 'LIST '; base64 -w0 {gd}/files-base")
+    title = "list the base tree, save what the agent patch names" + ("" if cached else ", probe the interpreter")
+    res = await _must(sb, log, title, script, cwd="/")
+    listing = _listing_of(res, title)
+    if listing is None:
+        listing = parse_listing(await sb.read_file(f"{gd}/files-base"))
+    if cached:
+        probe_seen = _PROBES[key]
+        _PROBES.move_to_end(key)
+    else:
+        probe_seen, cacheable = _probe_of(res, log)
+        if cacheable or probe_seen is not None:
+            _PROBES[key] = probe_seen
+            while len(_PROBES) > 256:
+                _PROBES.popitem(last=False)
     keep = saved_paths(listing, named)
-    if keep:
-        await sb.write_file(f"{GRADER_DIR}/infra-base.lst", _nul(keep))
-        await _must(sb, log, "save the base files the agent patch names", f"mkdir -p {INFRA_BASE} && cd {q(wd)} && "
-                    f"xargs -0 -r {CP} --parents -t {INFRA_BASE} -- < {GRADER_DIR}/infra-base.lst", cwd="/")
-    return _InfraBase(listing, InfraContext.build(listing, cmd, _official_paths(meta), probe), set(keep))
+    return _InfraBase(listing, InfraContext.build(listing, cmd, _official_paths(meta), probe_seen), set(keep))
 
 
 async def _reset_infra(sb: Sandbox, log: _Log, meta: TaskMetadata, patch: bytes,
                        base: _InfraBase) -> tuple[list[str], bool, list[Suspect]]:
     """Reset the test infrastructure after the agent patch; returns (what changed, whether it all worked,
-    the suspect constructs in the code that stays).
+    the suspect constructs in the code that stays). Two execs: the listing, then the reset with the read-back of
+    the Python files that stay (for ``suspect``).
 
     A path that cannot be restored is the agent's doing (a tree the patch reshaped, a file changed that
     its patch does not name), so it is a verdict of 0, not a grader error.
     """
-    wd = meta.workdir
-    now = await _listing(sb, log, wd, "files-patched")
+    wd, gd = meta.workdir, GRADER_DIR
+    title = "list the tree (files-patched)"
+    res = await _must(sb, log, title, f"cd {q(wd)} && {LIST_CMD} > {gd}/files-patched && printf 'LIST ' && "
+                      f"base64 -w0 {gd}/files-patched", cwd="/")
+    now = _listing_of(res, title)
+    if now is None:
+        now = parse_listing(await sb.read_file(f"{gd}/files-patched"))
     plan = plan_reset(base.listing, now, base.ctx)
+    judged = [p for p in plan.judge if p in base.saved
+              and max(int(now[p][3] or 0), int(base.listing[p][3] or 0)) <= _SUSPECT_BYTES]
+    pairs = await read_many(sb, [Read(f"{INFRA_BASE}/{p}", _SUSPECT_BYTES) for p in judged]
+                            + [Read(f"{wd}/{p}", _SUSPECT_BYTES) for p in judged])
+    for i, path in enumerate(judged):
+        before, after = pairs[i], pairs[len(judged) + i]
+        # read only what is small enough to be a configuration file; anything else goes back unread
+        if isinstance(before, bytes) and isinstance(after, bytes) and not changes_tool_config(
+                before.decode("utf-8", "replace"), after.decode("utf-8", "replace")):
+            plan.kept.append(path)
     for path in plan.judge:
-        # read only what is small enough to be a configuration file; anything larger goes back unread
-        if path in base.saved and max(int(now[path][3] or 0), int(base.listing[path][3] or 0)) <= _SUSPECT_BYTES:
-            before = (await sb.read_file(f"{INFRA_BASE}/{path}")).decode("utf-8", "replace")
-            after = (await sb.read_file(f"{wd}/{path}")).decode("utf-8", "replace")
-            if not changes_tool_config(before, after):
-                plan.kept.append(path)
-                continue
-        plan.restore.append(path)
-        plan.why[path] = "runner configuration (its [tool] table changed)"
+        if path not in plan.kept:
+            plan.restore.append(path)
+            plan.why[path] = "runner configuration (its [tool] table changed)"
     missing = [p for p in plan.restore if p not in base.saved]
-    await sb.write_file(f"{GRADER_DIR}/restore.lst", _nul([p for p in plan.restore if p in base.saved]))
-    await sb.write_file(f"{GRADER_DIR}/remove.lst", _nul(plan.remove))
-    script = _RESET.format(wd=q(wd), base=INFRA_BASE, restore=f"{GRADER_DIR}/restore.lst",
-                           remove=f"{GRADER_DIR}/remove.lst")
+    put = await _put(sb, {f"{gd}/restore.lst": _nul([p for p in plan.restore if p in base.saved]),
+                          f"{gd}/remove.lst": _nul(plan.remove)})
+    reset = _RESET.format(wd=q(wd), base=INFRA_BASE, restore=f"{gd}/restore.lst", remove=f"{gd}/remove.lst")
+    sources = _suspect_reads(wd, plan.kept, now)
+    script = (f"{{ {put}; }} || exit {_WRITE_FAILED}\n( {reset} )\nstatus=$?\n{_read_script(sources)}\n"
+              "exit $status")
     res = await _sh(sb, log, "reset test infrastructure", script, cwd="/")
+    if res.exit_code == _WRITE_FAILED or res.timed_out or res.truncated:
+        raise GraderError(f"grader step 'reset test infrastructure' failed ({res.exit_code}): {res.stderr[-400:]}")
     done = [line for line in res.stdout.splitlines() if line.startswith(("restored", "removed", "CANNOT"))]
     done += [f"CANNOT RESTORE: {p} (changed, but the agent patch does not name it)" for p in missing]
     if plan.why:
         log.note("test-infrastructure rules (testinfra.py)", "\n".join(f"{p}: {plan.why[p]}" for p in sorted(plan.why)))
-    return done, res.ok and not missing, await _suspects(sb, wd, plan.kept, now, patch)
+    texts = await _finish_reads(sb, sources, _parse_reads(res.stdout))
+    found = {r.path[len(wd) + 1:]: t.decode("utf-8", "replace") for r, t in zip(sources, texts, strict=True)
+             if isinstance(t, bytes)}
+    suspects = find_suspects(found, patch.decode("utf-8", "surrogateescape")) if found else []
+    return done, res.exit_code == 0 and not missing, suspects
 
 
-async def _suspects(sb: Sandbox, wd: str, kept: list[str], now: Listing, patch: bytes) -> list[Suspect]:
-    """``swe/suspect.py`` over the Python files the patch added or changed and the reset left in place."""
-    sources: dict[str, str] = {}
-    for path in [p for p in kept if p.lower().endswith(".py") and now[p][0] == "f"][:_SUSPECT_FILES]:
-        if int(now[path][3] or 0) <= _SUSPECT_BYTES:
-            sources[path] = (await sb.read_file(f"{wd}/{path}")).decode("utf-8", "replace")
-    return find_suspects(sources, patch.decode("utf-8", "surrogateescape")) if sources else []
+def _suspect_reads(wd: str, kept: list[str], now: Listing) -> list[Read]:
+    """The Python files the patch added or changed and the reset leaves in place (``swe/suspect.py`` reads them)."""
+    return [Read(f"{wd}/{p}", _SUSPECT_BYTES, "a Python file of the patch")
+            for p in [p for p in kept if p.lower().endswith(".py") and now[p][0] == "f"][:_SUSPECT_FILES]
+            if int(now[p][3] or 0) <= _SUSPECT_BYTES]
 
 
 # ----- canaries: official tests copied with a perturbed assertion (swe/canary.py), judged with the run
 
 
-async def _plant_canaries(sb: Sandbox, log: _Log, meta: TaskMetadata, cmd: str) -> list[Canary]:
+async def _plant_canaries(sb: Sandbox, log: _Log, meta: TaskMetadata, cmd: str) -> tuple[list[Canary], dict[str, bytes]]:
     """Up to ``CANARIES_PER_RUN`` canaries in the official test modules (after the official test patch), fresh
-    each run; the log says where, and why none when none could be placed."""
+    each run; the log says where, and why none when none could be placed. Returns the canaries and the planted
+    modules' new contents (written with the run's own files: one exec for all)."""
     if stops_early(cmd):
         log.note("canaries", "none planted: the command stops at its first failure (-x, --failfast...), so a "
                  "canary that fails would end the run before the official tests")
-        return []
+        return [], {}
     files = [F2P_PATH] if meta.f2p_script is not None and cmd.endswith(F2P_PATH) else [
         p for p in meta.test_paths if PurePosixPath(p).suffix == ".py"
         and (PurePosixPath(p).name.startswith("test") or PurePosixPath(p).stem.endswith("_test"))]
     rng = random.Random(secrets.randbits(64))
     rng.shuffle(files)
     planted: list[Canary] = []
+    writes: dict[str, bytes] = {}
     notes: list[str] = []
-    for path in files[:8]:
+    fulls = [p if p.startswith("/") else f"{meta.workdir}/{p}" for p in files[:8]]
+    texts = await read_many(sb, [Read(f, 4 << 20, "an official test module") for f in fulls])
+    for path, full, raw in zip(files, fulls, texts, strict=False):
         if len(planted) >= CANARIES_PER_RUN:
             break
-        full = path if path.startswith("/") else f"{meta.workdir}/{path}"
-        try:
-            raw = await read_capped(sb, full, 4 << 20, what="an official test module")
-        except GradingBlocked as exc:  # the official patch wrote it: a symlink or a huge file is the task's
-            notes.append(f"{path}: {exc}")
+        if isinstance(raw, GradingBlocked):  # the official patch wrote it: a symlink or a huge file is the task's
+            notes.append(f"{path}: {raw}")
             continue
         if raw is None:
             notes.append(f"{path}: not present after the official test patch")
@@ -456,7 +581,7 @@ async def _plant_canaries(sb: Sandbox, log: _Log, meta: TaskMetadata, cmd: str) 
                                     CANARIES_PER_RUN - len(planted))
         notes.append(what)
         if canaries:
-            await sb.write_file(full, new.encode("utf-8", "surrogateescape"))
+            writes[full] = new.encode("utf-8", "surrogateescape")
             planted += canaries
     if not files:
         notes.append("no official Python test module named by the row (test_*.py, *_test.py)")
@@ -465,7 +590,7 @@ async def _plant_canaries(sb: Sandbox, log: _Log, meta: TaskMetadata, cmd: str) 
     if not planted:
         notes.append("no canary: the verdict rests on the channel, its integrity check and the official tests")
     log.note("canaries", "\n".join(notes + lines))
-    return planted
+    return planted, writes
 
 
 def _take_canaries(att: _Attempt) -> None:
@@ -583,17 +708,17 @@ async def _run_swepro(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float
     att.report = TestRun("swepro-parser", statuses)
 
 
-async def _install_run_files(sb: Sandbox, log: _Log, plan: RunPlan, files: dict[str, bytes]) -> None:
-    """The supervised run's files in one exec (each exec costs ~0.1 s): the record's folder is root's only,
-    the shim's folder readable by eval_user."""
-    parts = [f"set -e; umask 022; chmod 711 {GRADER_DIR}; mkdir -m 700 {q(plan.run_dir)}; mkdir -m 755 {q(plan.shim_dir)}"]
-    parts += [f"printf %s {q(base64.b64encode(data).decode())} | base64 -d > {q(path)}" for path, data in files.items()]
-    parts.append(f"chmod 600 {q(plan.config)} {q(plan.supervisor)}; chmod 644 {q(plan.shim)}")
-    res = await sb.exec(["bash", "-c", "; ".join(parts)], user="root", cwd="/", timeout=_SETUP_TIMEOUT)
-    log.note(f"grader run files: exit {res.exit_code}", "\n".join(f"{path} ({len(data)} bytes)"
-                                                              for path, data in files.items()))
-    if not res.ok:
-        raise GraderError(f"writing the grader's run files failed: {(res.stderr or res.stdout).strip()[-400:]}")
+async def _run_files(sb: Sandbox, log: _Log, plan: RunPlan, files: dict[str, bytes], planted: dict[str, bytes]) -> str:
+    """Shell that writes the supervised run's files and the modules the canaries were planted in, run by the exec
+    that starts the supervisor (each exec is a round trip): the record's folder is root's only, the shim's
+    folder readable by eval_user."""
+    put = await _put(sb, {**files, **planted})
+    log.note("grader run files (written by the supervised run's exec)",
+             "\n".join(f"{path} ({len(data)} bytes)" for path, data in {**files, **planted}.items()))
+    # one && chain: set -e does not hold inside the "{ ...; } || exit 97" the start wraps it in
+    return (f"umask 022 && mkdir -p {GRADER_DIR} && chmod 711 {GRADER_DIR} && mkdir -m 700 {q(plan.run_dir)} && "
+            f"mkdir -m 755 {q(plan.shim_dir)} && {put} && chmod 600 {q(plan.config)} {q(plan.supervisor)} && "
+            f"chmod 644 {q(plan.shim)}")
 
 
 _ENV_ASSIGN = r"(?<![\w$]){name}=(?:\"[^\"]*\"|'[^']*'|[^\s;&|]*)"
@@ -616,7 +741,7 @@ async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float,
         return
     tok = secrets.token_hex(8)
     plan = RunPlan(f"{GRADER_DIR}/run-{tok}", tok)
-    att.canaries = await _plant_canaries(sb, log, meta, cmd)
+    att.canaries, planted = await _plant_canaries(sb, log, meta, cmd)
     # A repository whose own configuration stops at the first failure (addopts = -x) would stop at a canary:
     # the official tests run to the end whatever it says (a -x on the command line plants no canary).
     opts = "--maxfail=2147483647" if att.canaries and runner == "pytest" else ""
@@ -624,19 +749,25 @@ async def _run_tests(sb: Sandbox, log: _Log, meta: TaskMetadata, timeout: float,
     cmd = unittest_command(cmd, plan.shim) if runner == "unittest" else _keep_our_env(cmd, plan)
     config = plan.config_json(cmd, user=meta.eval_user, cwd=meta.workdir, timeout=timeout, runner=runner,
                               pytest_opts=opts)
-    await _install_run_files(sb, log, plan, {plan.supervisor: supervisor_source().encode(),
-                                             plan.shim: shim_source(runner).encode(), plan.config: config})
+    setup = await _run_files(sb, log, plan, {plan.supervisor: supervisor_source().encode(),
+                                             plan.shim: shim_source(runner).encode(), plan.config: config}, planted)
     how = (f"pytest plugin -p {plan.shim_module} (PYTEST_ADDOPTS{' ' + opts if opts else ''}; PYTHONPATH "
            f"{plan.shim_dir})" if runner == "pytest" else f"unittest main {plan.shim} in place of -m unittest")
     log.note("grader's runner shim", f"{how}; per-test records to the supervisor (root, {plan.run_dir})")
     started = asyncio.get_running_loop().time()
-    res = await sb.exec(plan.start(), user="root", cwd="/", timeout=timeout + 60)
+    res = await sb.exec(plan.start(setup), user="root", cwd="/", timeout=timeout + 60)
+    if res.exit_code == 97 and not res.stdout:  # the supervisor never started: writing its files failed
+        raise GraderError(f"writing the grader's run files failed: {(res.stderr or res.stdout).strip()[-400:]}")
     if res.timed_out:  # the supervisor keeps its own timeout: only a stopped (SIGSTOP) supervisor gets here
         att.res = log.add(f"eval as {meta.eval_user} (supervised)", shown, res)
         return
-    record = await read_capped(sb, plan.record, 2 * MAX_RECORD_BYTES, what="the supervisor's record")
+    # every process of the run is gone (the supervisor killed them): the record and the log's tail in one exec
+    record, tail = await read_many(sb, [Read(plan.record, 2 * MAX_RECORD_BYTES, "the supervisor's record"),
+                                        Read(plan.log, MAX_LOG_BYTES, tail=True)])
+    if isinstance(record, GradingBlocked):
+        raise record
     sup = parse(res.stdout, record, exit_code=res.exit_code, stderr=res.stderr, runner=runner)
-    output = await _read_tail(sb, plan.log, MAX_LOG_BYTES)
+    output = tail.decode("utf-8", "replace") if isinstance(tail, bytes) else "(output not readable)"
     att.res = log.add(f"eval as {meta.eval_user} (supervised: per-test records through the grader's channel)",
                       shown, ExecResult(-1 if sup.exit_code is None else sup.exit_code, output, "",
                                         asyncio.get_running_loop().time() - started, sup.timed_out))
@@ -661,7 +792,6 @@ async def _attempt(meta: TaskMetadata, data: bytes, open_sandbox: SandboxOpener,
     try:
         async with contextlib.AsyncExitStack() as stack:
             sb = await stack.enter_async_context(open_sandbox())
-            await _must(sb, log, "grader dir", f"mkdir -p {GRADER_DIR}", cwd="/")
             for n, cmd in enumerate(meta.pre_commands, start=1):
                 await _must(sb, log, f"pre-command {n}", cmd, cwd=meta.workdir)
             try:

@@ -85,10 +85,11 @@ class RunPlan:
     def shim(self) -> str:
         return f"{self.shim_dir}/{self.shim_module}.py"
 
-    def start(self) -> list[str]:
-        """The exec's argv: the image's Python in place of bash (nothing else holds the supervisor's stdout)."""
+    def start(self, setup: str = "") -> list[str]:
+        """The exec's argv: ``setup`` (shell that writes the run's files, silent; exit 97 when it fails), then the
+        image's Python in place of bash (nothing else holds the supervisor's stdout)."""
         py = 'exec "$(command -v python3 || command -v python)" -I -S "$0" "$1"'
-        return ["bash", "-c", py, self.supervisor, self.config]
+        return ["bash", "-c", f"{{ {setup}\n}} || exit 97\n{py}" if setup else py, self.supervisor, self.config]
 
     def config_json(self, cmd: str, *, user: str, cwd: str, timeout: float, runner: str,
                     pytest_opts: str = "") -> bytes:
@@ -243,6 +244,9 @@ def _read_runner(lines: list[bytes], out: Supervised) -> None:
             started = True
             if len(args) >= 3 and args[2].strip():
                 out.notes.append(f"repository modules imported before the grader's shim: {args[2][:500]}")
+            if len(args) >= 4 and args[3].strip():
+                out.notes.append(f"the runner is code under test (its modules are in the repository: {args[3][:500]}): "
+                                 "its own modules are not compared, only the channel and the canaries hold")
         elif not started:
             out.evidence.append(f"a {kind!r} record before the runner's start record")
         elif kind in ("T", "P") and len(args) >= 2:

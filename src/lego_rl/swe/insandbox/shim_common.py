@@ -12,7 +12,11 @@ import builtins as _builtins_mod
 import os as _os
 import sys as _sys
 
-_str, _len, _getattr, _isinstance, _id, _type = str, len, getattr, isinstance, id, type
+_str, _len, _getattr, _isinstance, _type = str, len, getattr, isinstance, type
+# The other builtins the checks call, bound here before any repository code runs: a module global wins over
+# ``builtins``, so a ``builtins.sorted`` replaced later (one line, no need to find this module) cannot blind the
+# end-of-run comparison; replacing these globals in this module is itself a difference the snapshot reports.
+sorted, list, dict, set, callable, any, all, zip = sorted, list, dict, set, callable, any, all, zip  # noqa: A001
 _write, _getpid, _PID = _os.write, _os.getpid, _os.getpid()
 _FIELD_CAP = 2000
 _FD = -1
@@ -79,23 +83,30 @@ def frames_of(tb):
 
 
 # ----- the snapshot: what the verdict relies on, by identity
+#
+# The snapshot holds the objects themselves and compares them with ``is``, never their ``id()``: an id is an
+# address, and an object freed by ``del Cls.method`` hands its address to the next object of its size, so a
+# replacement allocated right after the original was freed has the original's id (a loop of ``def``s finds
+# it within a few hundred tries). Holding the original keeps its address taken for the whole run.
 
 _BUILTINS = ("__import__", "AssertionError", "Exception", "BaseException", "isinstance", "issubclass", "type",
-             "getattr", "setattr", "compile", "exec", "eval", "open", "len", "str", "repr", "id", "bool")
+             "getattr", "setattr", "compile", "exec", "eval", "open", "len", "str", "repr", "id", "bool", "sorted",
+             "list", "dict", "set", "callable", "any", "all", "zip")
+_MISSING = object()
 
 
 def _callables_of(module):
-    """name -> id of every function/class of ``module`` and of every function in those classes' dicts."""
+    """name -> every function/class of ``module`` and every function in those classes' dicts (the objects)."""
     out = {}
     modname = _getattr(module, "__name__", "?")
     for name, value in list(_getattr(module, "__dict__", {}).items()):
         if _isinstance(value, _type) and _getattr(value, "__module__", None) == modname:
-            out[modname + "." + name] = _id(value)
+            out[modname + "." + name] = value
             for attr, member in list(value.__dict__.items()):
                 if callable(member) or _isinstance(member, (staticmethod, classmethod, property)):
-                    out[modname + "." + name + "." + attr] = _id(member)
+                    out[modname + "." + name + "." + attr] = member
         elif callable(value) and not name.startswith("__"):
-            out[modname + "." + name] = _id(value)
+            out[modname + "." + name] = value
     return out
 
 
@@ -106,35 +117,37 @@ def _under(path, roots):
     return any(path == r or path.startswith(r + _os.sep) for r in roots)
 
 
+def _same(a, b):
+    return _len(a) == _len(b) and all(x is y for x, y in zip(a, b))
+
+
 class Snapshot:
     def __init__(self, modules, own):
         self.modules = list(modules)
         self.callables = {}
         for module in self.modules:
             self.callables.update(_callables_of(module))
-        self.own = dict((name, (_id(fn), _id(_getattr(fn, "__code__", None)))) for name, fn in own.items())
-        self.builtins = dict((n, _id(_getattr(_builtins_mod, n, None))) for n in _BUILTINS)
+        self.own = dict((name, (fn, _getattr(fn, "__code__", None))) for name, fn in own.items())
+        self.builtins = dict((n, _getattr(_builtins_mod, n, None)) for n in _BUILTINS)
         self.executable = _sys.executable
         self.path = list(_sys.path)
-        self.meta_path = [_id(f) for f in _sys.meta_path]
-        self.path_hooks = [_id(h) for h in _sys.path_hooks]
-        self.trace = _id(_sys.gettrace())
-        self.profile = _id(_sys.getprofile())
+        self.meta_path = list(_sys.meta_path)
+        self.path_hooks = list(_sys.path_hooks)
 
     def differences(self, own, workdirs):
         out = []
         now = {}
         for module in self.modules:
             now.update(_callables_of(module))
-        for name, ident in sorted(self.callables.items()):
-            if now.get(name) != ident:
+        for name, value in self.callables.items():  # no sorted(): the order is the modules' own
+            if now.get(name, _MISSING) is not value:
                 out.append("%s was replaced" % name if name in now else "%s was removed" % name)
-        for name, (fn_id, code_id) in sorted(self.own.items()):
-            fn = own.get(name)
-            if _id(fn) != fn_id or _id(_getattr(fn, "__code__", None)) != code_id:
+        for name, (fn, code) in self.own.items():
+            current = own.get(name)
+            if current is not fn or _getattr(current, "__code__", None) is not code:
                 out.append("the grader shim's %s was replaced" % name)
-        for name, ident in sorted(self.builtins.items()):
-            if _id(_getattr(_builtins_mod, name, None)) != ident:
+        for name, value in self.builtins.items():
+            if _getattr(_builtins_mod, name, None) is not value:
                 out.append("builtins.%s was replaced" % name)
         if _sys.executable != self.executable:
             out.append("sys.executable changed: %r -> %r" % (self.executable, _sys.executable))
@@ -144,16 +157,15 @@ class Snapshot:
                 position = _sys.path.index(entry, position) + 1
             except ValueError:
                 out.append("sys.path lost or reordered %r" % entry)
-        known = set(self.meta_path)
-        current = [_id(f) for f in _sys.meta_path]
-        if [i for i in current if i in known] != self.meta_path:
+        kept = [f for f in _sys.meta_path if any(f is k for k in self.meta_path)]
+        if not _same(kept, self.meta_path):
             out.append("sys.meta_path lost or reordered the finders it had before the tests")
         for finder in _sys.meta_path:
-            if _id(finder) not in known:
+            if not any(finder is k for k in self.meta_path):
                 where = _getattr(_sys.modules.get(_type(finder).__module__), "__file__", None)
                 if _under(where, workdirs):
                     out.append("an import finder from the repository was added to sys.meta_path: %r" % (finder,))
-        if [_id(h) for h in _sys.path_hooks][:_len(self.path_hooks)] != self.path_hooks:
+        if not _same(list(_sys.path_hooks)[:_len(self.path_hooks)], self.path_hooks):
             out.append("sys.path_hooks changed")
         out += tracer_problems(workdirs)
         return out
@@ -180,12 +192,12 @@ def workdirs():
 _WORKDIRS = workdirs()
 
 
-_DATA = (_FD, _id(_SEQ), _id(_TESTS))
+_DATA = (_FD, _SEQ, _TESTS)
 
 
 def finish(snapshot, own, extra_problems):
     problems = list(extra_problems) + snapshot.differences(own, _WORKDIRS)
-    if (_FD, _id(_SEQ), _id(_TESTS)) != _DATA:
+    if _FD != _DATA[0] or _SEQ is not _DATA[1] or _TESTS is not _DATA[2]:
         problems.append("the grader shim's channel or counters were replaced")
     for problem in problems[:200]:
         send("X", problem)
