@@ -22,7 +22,7 @@ run: setup ## set up, then run the main job on the embedded defaults (lego.toml)
 test: setup test-deps ## set up everything the suite needs, then run all tests (what CI runs)
 	state="$$(scripts/mount_test_state.sh)" && \
 	LEGO_SUNABAKO_TEST_STATE="$$state/test" LEGO_SUNABAKO_ROLLOUT_STATE="$$state/rollout" \
-	$(PYTEST) -q -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS)
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 setup: system-deps $(STAMP)
 

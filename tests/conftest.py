@@ -91,3 +91,28 @@ def host_network() -> Iterator[None]:
     finally:
         libc.setns(current, CLONE_NEWNET)
         os.close(current)
+
+
+# Modules whose tests share one expensive module-scoped fixture. Under pytest-xdist (`make test`) each worker that
+# ran one of their tests would build the fixture again (a vLLM server takes a minute and GBs to start on two
+# cores; torchrun ranks, a recorded training run, a 10k-rollout run), so each such module runs on one worker
+# (`--dist loadgroup`); every other test goes to whichever worker is free.
+_ONE_WORKER_MODULES = {
+    "tests/serving/test_vllm.py": "a vLLM server",
+    "tests/serving/test_vllm_sync.py": "a vLLM server",
+    "tests/chat/test_parser_conformance.py": "vLLM's parsers run once over the corpus",
+    "tests/train/test_megatron_ep.py": "torchrun ranks of an expert-parallel model",
+    "tests/train/test_megatron_moe.py": "a Megatron and a torch backend replaying routes",
+    "tests/train/test_routing_replay.py": "a replaying backend",
+    "tests/compose/test_audit.py": "a recorded training run",
+    "tests/monitor/test_large_run.py": "a synthetic run of thousands of rollouts",
+    "tests/swe/test_grader_suspect_and_reset.py": "a task image",
+    "tests/images/test_images_import.py": "imported image sources",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if module in _ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
