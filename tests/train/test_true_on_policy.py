@@ -9,16 +9,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from lego_rl.cli.main import app
+from lego_rl.runstore.log import follow_metrics
 from lego_rl.serving import batch_invariant as bi
 from lego_rl.serving.engine import EmbeddedEngine
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.train.torch_backend import TorchBackend, TorchTrainSettings
 from support.numerics import pinned_cpu_math
+from support.toy_run import scrub_config_env, write_toy_run
 from support.true_on_policy import assert_identical, check_across_sync, generate, trainer_and_engine
 
 TEMPERATURE = 0.8
-PROMPTS = [[1, 10, 72, 105, 300, 12], [5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
+# The first prompt crosses a 64-key block of the attention reduction; the rows leave the batch at different steps.
+PROMPTS = [[1, 10, 72, 105, 300, 12] * 12, [5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
+MAX_TOKENS = [24, 12, 18]
 
 
 @pytest.fixture(autouse=True)
@@ -66,8 +72,8 @@ async def test_engine_and_trainer_logprobs_are_bit_identical_across_a_weight_syn
     backend = TorchBackend(tiny, TorchTrainSettings(lr=1e-3, device="cpu", true_on_policy=True))
     await engine.start()
     try:
-        checked = await check_across_sync(engine, backend, PROMPTS, [40, 25, 33], TEMPERATURE)
-        assert checked.tokens == 2 * (40 + 25 + 33) + 3 * 8
+        checked = await check_across_sync(engine, backend, PROMPTS, MAX_TOKENS, TEMPERATURE)
+        assert checked.tokens == 2 * sum(MAX_TOKENS) + 3 * 8
     finally:
         await engine.stop()
 
@@ -79,9 +85,32 @@ async def test_the_default_trainer_is_not_bit_identical(tiny: Path) -> None:
     engine = EmbeddedEngine(tiny, max_batch=4, true_on_policy=True)
     await engine.start()
     try:
-        rollouts = await generate(engine, PROMPTS, [40, 25, 33], "d", TEMPERATURE)
+        rollouts = await generate(engine, PROMPTS, MAX_TOKENS, "d", TEMPERATURE)
     finally:
         await engine.stop()
     default = TorchBackend(tiny, TorchTrainSettings(lr=1e-3, device="cpu"))
     with pytest.raises(AssertionError, match="logprobs differ"):
         assert_identical(trainer_and_engine(default, rollouts, TEMPERATURE))
+
+
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    scrub_config_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    # Staleness 0: every trained token was sampled by the weights the trainer holds (the second step's after a sync).
+    yield write_toy_run(tmp_path, rollout={"max_staleness": 0}, train={"true_on_policy": True},
+                        paths={"run_root": "runs/tops"})
+
+
+@pytest.mark.slow
+def test_lego_train_reads_max_abs_diff_zero(toy: Path) -> None:
+    """The whole chain: config → engine and trainer in this mode → HTTP → samples → packing → the loop's
+    consistency figures, which read exactly 0 on every trained step."""
+    res = CliRunner().invoke(app, ["train", "-c", "lego.toml", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = [r.values for r in follow_metrics(toy / "runs" / "tops" / "metrics.jsonl").read()]
+    trained = [v for v in rows if "consistency/max_abs_diff" in v]
+    assert trained, rows
+    for v in trained:
+        assert v["consistency/tokens"] > 0 and v["consistency/max_abs_diff"] == 0.0, v
+        assert v["consistency/k3_kl"] == 0.0, v

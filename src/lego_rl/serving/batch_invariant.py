@@ -11,7 +11,7 @@ call them (the engine's ``StaticDecoder`` in invariant mode; the trainer through
   CUDA a Triton kernel with fixed tiles and no split-K (an element's value does not depend on ``M``, on ``N``
   or on where the element sits in its tile, so q/k/v fused into one matrix give what three matrices give); on
   CPU an elementwise product summed over ``K`` (one contiguous reduction per element, the same code for any
-  row count).
+  row count). Its gradients are ordinary matmuls on both devices.
 * ``rms_norm``: HF's RMSNorm (normalise in fp32, back to the input dtype, times the weight), the row's mean of
   squares in one fixed order (one Triton program per row; on CPU torch's contiguous row reduction).
 * ``attention_packed`` / ``attention_cached``: causal attention in which query position ``p`` always reduces
@@ -24,8 +24,8 @@ call them (the engine's ``StaticDecoder`` in invariant mode; the trainer through
   temperatures and the trainer's one temperature divide alike.
 
 On CUDA the forward is these kernels and the backward (the trainer's gradient) is the ordinary differentiable
-computation of the same function (``_ReferenceBackward``): gradients need no bit-identity, logprobs do. On CPU
-every op is plain differentiable torch code. Both sides must run eagerly (no CUDA graphs are needed for
+computation of the same function (``_ReferenceBackward``; matmul gradients as plain matmuls on both devices):
+gradients need no bit-identity, logprobs do. On CPU the other ops are plain differentiable torch code. Both sides must run eagerly (no CUDA graphs are needed for
 correctness, but ``torch.compile`` would fuse and reorder): the engine turns both off in this mode.
 """
 
@@ -41,6 +41,11 @@ KEY_BLOCK = 64
 """Keys per block of the attention reduction (both devices): a query's softmax runs over whole blocks."""
 _CPU_ELEMENTS = 1 << 22
 """Largest ``rows × N × K`` product the CPU linear materialises at once (it runs in row chunks)."""
+
+
+def uses_kernels(t: torch.Tensor) -> bool:
+    """Whether ops on ``t`` run the Triton kernels (CUDA) rather than the CPU construction."""
+    return t.is_cuda
 
 
 def _cuda_kernels() -> Any:
@@ -81,13 +86,22 @@ def _invariant(fast: Callable[..., torch.Tensor], reference: Callable[..., torch
 # -- linear --------------------------------------------------------------------------------------------
 
 
+def _product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x`` [M, K] @ ``w`` [N, K].T, each element one reduction over K in one order (module docstring)."""
+    if uses_kernels(x):
+        return _cuda_kernels().matmul(x, w)  # type: ignore[no-any-return]
+    rows = max(1, _CPU_ELEMENTS // max(1, w.shape[0] * x.shape[1]))
+    parts = [(x[i:i + rows, None, :] * w[None]).sum(-1) for i in range(0, x.shape[0], rows)]  # [r, N] each
+    return torch.cat(parts) if parts else x.new_zeros(0, w.shape[0])  # [M, N]
+
+
 class _Linear(torch.autograd.Function):
     """The invariant product forward; the gradients as ordinary matmuls (no recomputation needed)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, w)
-        return _cuda_kernels().matmul(x, w)  # type: ignore[no-any-return]
+        return _product(x, w)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -103,16 +117,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
         raise ValueError(f"batch_invariant.linear needs one dtype, got x {x.dtype} and w {w.dtype}")
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, k)  # [M, K]
-    if x.is_cuda:
-        out = _Linear.apply(flat, w)  # [M, N]
-        if b is not None:
-            out = (out.float() + b.float()).to(x.dtype)  # [M, N] bias added to the rounded product, per element
-    else:
-        rows = max(1, _CPU_ELEMENTS // max(1, w.shape[0] * k))
-        parts = [(flat[i:i + rows, None, :] * w[None]).sum(-1) for i in range(0, flat.shape[0], rows)]  # [r, N]
-        out = torch.cat(parts) if parts else flat.new_zeros(0, w.shape[0])  # [M, N]
-        if b is not None:
-            out = out + b
+    out = _Linear.apply(flat, w) if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad) \
+        else _product(flat, w)  # [M, N]
+    if b is not None:
+        out = (out.float() + b.float()).to(x.dtype)  # [M, N] the bias added to the rounded product, per element
     return out.reshape(*lead, w.shape[0])
 
 
@@ -127,7 +135,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """HF's RMSNorm, ``w * normalise(x in fp32).to(x.dtype)`` (type promotion as HF), over the last dim."""
     d = x.shape[-1]
     flat = x.float().reshape(-1, d)  # [R, D]
-    if x.is_cuda:
+    if uses_kernels(x):
         kernels = _cuda_kernels()
         y = _invariant(lambda t: kernels.rms_normalise(t, eps), lambda t: _rms_reference(t, eps), flat)
     else:
@@ -150,7 +158,7 @@ def log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor) -> torc
     def reference(x: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(x / temps.unsqueeze(1), dim=-1)  # [N, V]
 
-    if logits.is_cuda:
+    if uses_kernels(logits):
         kernels = _cuda_kernels()
         return _invariant(lambda x: kernels.log_softmax(x, temps), reference, logits)
     return reference(logits)
@@ -201,7 +209,7 @@ def attention_cached(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (the query's own key already written). ``seqs``: per sequence ``(slot, first query row, query count,
     position of its first query)``; query ``j`` of a sequence at position ``pos0 + j`` attends to its slot's
     positions ``0..pos0 + j``. Returns [N, Hq, D] in ``q``'s dtype; rows of ``q`` no sequence names are 0."""
-    if q.is_cuda:
+    if uses_kernels(q):
         return _cuda_kernels().attention(q, k_cache, v_cache, seqs, scale, cached=True)  # type: ignore[no-any-return]
     return _cached_cpu(q, k_cache, v_cache, seqs, scale)
 
@@ -213,7 +221,7 @@ def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     (CUDA, with gradients): the differentiable function of ``(q, k, v)`` whose backward is used."""
     seqs = [(start, start, end - start, 0) for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)
             if end > start]
-    if not q.is_cuda:
+    if not uses_kernels(q):
         out = q.new_zeros(q.shape)
         for start, _, count, _ in seqs:
             out[start:start + count] = _attend_cpu(q[start:start + count], k[start:start + count],

@@ -7,14 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-not-found,unused-ignore]
+import triton.language as tl  # type: ignore[import-not-found,unused-ignore]
 
 MM_BLOCK_M, MM_BLOCK_N, MM_BLOCK_K = 128, 128, 64
 """The matmul's one tile shape (the K-tile fixes each element's accumulation order)."""
 MM_WARPS, MM_STAGES = 8, 3
-ATTN_BLOCK_M, ATTN_WARPS, ATTN_STAGES = 64, 4, 2
-"""Query rows per attention program (decode rows run in the same tile, the others masked)."""
+ATTN_BLOCK_M, ATTN_BLOCK_N, ATTN_WARPS, ATTN_STAGES = 64, 64, 4, 2
+"""Query rows per attention program (a decode row runs in the same tile, the others masked) and keys per block of
+a query's reduction."""
 SOFTMAX_BLOCK = 4096
 """Vocabulary entries per step of the row-wise log-softmax."""
 _LOG2E = 1.4426950408889634
@@ -154,6 +155,23 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, meta_ptr, kbase_ptr, sqt, sqh,
              out.to(o_ptr.dtype.element_ty), mask=live[:, None])
 
 
+_last: list[tuple[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]]] = []
+
+
+def _metadata(seqs: tuple[tuple[int, int, int, int], ...], base: tuple[int, ...], device: torch.device
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's per-sequence table on the device, kept for the next call: every layer of a forward attends
+    over the same sequences, so one copy serves them all."""
+    key = (seqs, base, device)
+    last = _last[0] if _last else None  # one read: the engine's thread and the trainer's may both call
+    if last is not None and last[0] == key:
+        return last[1]
+    meta = torch.tensor([[start, count, pos0] for _, start, count, pos0 in seqs], dtype=torch.int32)
+    tables = (meta.to(device), torch.tensor(base, dtype=torch.int64).to(device))  # [S, 3], [S]
+    _last[:] = [(key, tables)]
+    return tables
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Sequence[tuple[int, int, int, int]],
               scale: float, *, cached: bool) -> torch.Tensor:
     """``batch_invariant.attention_cached`` (``cached``: ``k``/``v`` [S, Hkv, L, D], ``seqs`` name slots) and
@@ -171,12 +189,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Sequence[
         k, v = k.contiguous(), v.contiguous()
         kp, kh, base = k.stride(0), k.stride(1), [first * k.stride(0) for first, _, _, _ in seqs]
     q = q.contiguous()
-    meta = torch.tensor([[start, count, pos0] for _, start, count, pos0 in seqs], dtype=torch.int32)
-    meta = meta.to(q.device, non_blocking=True)  # [S, 3]
-    kbase = torch.tensor(base, dtype=torch.int64).to(q.device, non_blocking=True)  # [S]
+    meta, kbase = _metadata(tuple(seqs), tuple(base), q.device)  # [S, 3], [S]
     longest = max(count for _, _, count, _ in seqs)
     grid = (triton.cdiv(longest, ATTN_BLOCK_M), hq, len(seqs))
     _attention_kernel[grid](q, k, v, out, meta, kbase, q.stride(0), q.stride(1), kp, kh, kp, kh, out.stride(0),
                             out.stride(1), scale * _LOG2E, GROUP=hq // hkv, D=d, BLOCK_M=ATTN_BLOCK_M,
-                            BLOCK_N=64, num_warps=ATTN_WARPS, num_stages=ATTN_STAGES)
+                            BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS, num_stages=ATTN_STAGES)
     return out

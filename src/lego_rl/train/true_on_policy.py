@@ -54,7 +54,8 @@ def _norm_forward(module: torch.nn.Module) -> Any:
     eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return bi.rms_norm(x, module.weight, eps)
+        weight: torch.Tensor = getattr(module, "weight")  # noqa: B009 (looked up per call: a load may replace it)
+        return bi.rms_norm(x, weight, eps)
 
     return forward
 
@@ -68,7 +69,7 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         raise ValueError(f"{NAME} runs without dropout (the trainer turns it off)")
     b, hq, t, d = query.shape
     hkv = key.shape[1]
-    dtype = module.lego_invariant_dtype  # type: ignore[attr-defined]
+    dtype: torch.dtype = getattr(module, "lego_invariant_dtype")  # noqa: B009 (set by install)
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
         bounds, longest = list(range(0, (b + 1) * t, t)), t
@@ -81,7 +82,7 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     v = value.transpose(1, 2).reshape(b * t, hkv, d).to(dtype)  # [B*T, Hkv, D]
     scale = float(scaling if scaling is not None else d ** -0.5)
     reference = None
-    if q.is_cuda:
+    if bi.uses_kernels(q):
         cu_dev = torch.tensor(bounds, dtype=torch.int32, device=q.device)  # [S+1]
 
         def reference(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
