@@ -16,7 +16,13 @@ loop with ``--baseline-precision`` (default ``bf16``: a pure-bf16 engine, bf16 r
 Attention kernels are chosen, not left to SDPA's heuristics: ``--sdpa`` names the one backend both sides may use
 (SDPA picks cuDNN for bf16 otherwise, whose decode graphs are rebuilt every step: FIELD-NOTES.md).
 
+``--true-on-policy`` runs the loop with ``train.true_on_policy`` (engine and trainer through the batch-invariant
+kernels, eager) and, in the same process, the default mode with the same engine precision as the baseline; it
+prints both mean step times and their ratio (issue 31's target: at most 1.3×) and the consistency figures (max |Δ|
+must read 0 in the true on-policy run).
+
     python3 benchmarks/gpu_toy_env_bench.py --model qwen3-0.6b --steps 3          # on the GPU machine
+    python3 benchmarks/gpu_toy_env_bench.py --model qwen3-0.6b --steps 4 --true-on-policy
     python benchmarks/gpu_toy_env_bench.py --model tiny --steps 1 --max-tokens 8  # CPU smoke run
 """
 
@@ -142,7 +148,9 @@ ENGINE_PRECISION = {  # --engine-precision on CUDA → (weights dtype, compute d
 }
 
 
-async def run(model: Path, tmp: Path, label: str, sdpa: str, precision: str, a: argparse.Namespace) -> None:
+async def run(model: Path, tmp: Path, label: str, sdpa: str, precision: str, a: argparse.Namespace,
+              true_on_policy: bool = False) -> list[float]:
+    """The loop's steps; returns each step's wall time (rollout + train + sync)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype, compute = ENGINE_PRECISION[precision] if device == "cuda" else ("float32", None)
     # Built directly, not through its entry point: the GPU machine runs from a source tree without dist-info.
@@ -153,14 +161,16 @@ async def run(model: Path, tmp: Path, label: str, sdpa: str, precision: str, a: 
                             max_staleness=1, seed=0, top_p=1.0)
     with only_sdpa(sdpa):
         async with EmbeddedServer(model, port=0, device=device, dtype=dtype, compute_dtype=compute,
-                                  max_model_len=a.max_model_len, max_batch=a.prompts * a.samples) as srv:
+                                  max_model_len=a.max_model_len, max_batch=a.prompts * a.samples,
+                                  true_on_policy=true_on_policy) as srv:
             renderer = ChatRenderer.from_pretrained(model)
             async with ServingClient([srv.url]) as client:
                 sampler = Sampler(client, renderer, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=a.max_tokens)
                 rundir = RunDir.open(tmp / f"run-{label}", config={"benchmark": label})
                 rows = [Prompt(r["id"], env.parse_row(r)) for r in make_rows(256, letters="aest", seed=0)]
                 inner = TorchBackend(model, TorchTrainSettings(lr=1e-6, device=device,
-                                                               logprob_chunk_tokens=a.chunk))
+                                                               logprob_chunk_tokens=a.chunk,
+                                                               true_on_policy=true_on_policy))
                 backend = TimedBackend(inner)
                 n_params = sum(p.numel() for p in inner.model.parameters())
                 loop = TrainLoop(settings, backend=backend, loss_fn=make_loss(LossConfig()),  # type: ignore[arg-type]
@@ -168,14 +178,17 @@ async def run(model: Path, tmp: Path, label: str, sdpa: str, precision: str, a: 
                                  sync=EmbeddedWeightSync(srv.engine))
                 path = "fast" if srv.engine._static is not None else "generic"
                 print(f"[{label}] SDPA={sdpa} device={device} engine weights={dtype} compute={compute or dtype} "
-                      f"({path} decode path) trainer fp32+autocast "
+                      f"({path} decode path) trainer fp32+{'invariant kernels' if true_on_policy else 'autocast'} "
                       f"params={n_params / 1e6:.1f}M chunk={a.chunk} chunked={inner._chunked}", flush=True)
+                times: list[float] = []
                 for step in range(a.steps):
                     backend.seconds = {"old_logprobs": 0.0, "train_step": 0.0}
                     backend.tokens = 0
                     if device == "cuda":
                         torch.cuda.reset_peak_memory_stats()
+                    t_step = time.perf_counter()
                     row = await loop.run_step(step)
+                    times.append(time.perf_counter() - t_step)
                     t_trainer = sum(backend.seconds.values())
                     reward = mc.read(row.values, mc.REWARD_MEAN)
                     line = (f"[{label}] step {step}: rollout {mc.require(row.values, mc.TIME_ROLLOUT_S):.2f}s train "
@@ -196,6 +209,7 @@ async def run(model: Path, tmp: Path, label: str, sdpa: str, precision: str, a: 
                         line += f" | peak GPU {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
                     print(line, flush=True)
                 rundir.close()
+                return times
 
 
 def main() -> None:
@@ -211,12 +225,23 @@ def main() -> None:
     ap.add_argument("--engine-precision", choices=sorted(ENGINE_PRECISION), default="trainer")
     ap.add_argument("--baseline-precision", choices=[*sorted(ENGINE_PRECISION), "none"], default="bf16",
                     help="the same run's baseline: the loop again with the engine at this precision")
+    ap.add_argument("--true-on-policy", action="store_true",
+                    help="train.true_on_policy against the default mode (same engine precision) in the same run")
     ap.add_argument("--max-model-len", type=int, default=2048,
                     help="the engine's context per row (the fast path preallocates a KV slot this long per row)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         model = prepare(a.model, tmp)
+        if a.true_on_policy:
+            tops = asyncio.run(run(model, tmp, "true_on_policy", a.sdpa, "trainer", a, true_on_policy=True))
+            default = asyncio.run(run(model, tmp, "default", a.sdpa, "trainer", a))
+            # The first step compiles kernels and captures graphs: the means leave it out when there are more.
+            skip = 1 if len(tops) > 1 else 0
+            t_tops, t_default = sum(tops[skip:]) / len(tops[skip:]), sum(default[skip:]) / len(default[skip:])
+            print(f"step time (mean of steps {skip}..{len(tops) - 1}): true_on_policy {t_tops:.2f}s, default "
+                  f"{t_default:.2f}s, ratio {t_tops / t_default:.2f}x (target <= 1.3x)", flush=True)
+            return
         asyncio.run(run(model, tmp, "chosen", a.sdpa, a.engine_precision, a))
         if a.baseline_precision != "none":
             asyncio.run(run(model, tmp, "baseline", a.sdpa, a.baseline_precision, a))

@@ -93,13 +93,16 @@ async def serving_engines(cfg: LegoConfig) -> AsyncIterator[Engines]:
                 import torch
 
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            dtype, compute = engine_precision(device, cfg.model.dtype, cfg.serving.precision,
+            # true_on_policy: the engine computes what the trainer computes (lego validate refuses "weights").
+            precision = "trainer" if cfg.train.true_on_policy else cfg.serving.precision
+            dtype, compute = engine_precision(device, cfg.model.dtype, precision,
                                               trainer_precision=cfg.train.precision)
             engine = EmbeddedServer(directory, host=cfg.serving.host, port=cfg.serving.port, device=device,
                                     dtype=dtype, compute_dtype=compute, max_batch=cfg.serving.max_batch_size,
                                     max_model_len=cfg.model.max_context_tokens,
                                     # R3: the embedded engine returns routes only when started to record them.
                                     return_routed_experts=cfg.rollout.use_rollout_routing_replay,
+                                    true_on_policy=cfg.train.true_on_policy,
                                     served_log=(RunLayout(Path(cfg.paths.run_root or "runs/unnamed")).audit
                                                 / "engine-0.jsonl" if cfg.train.audit else None))
             try:

@@ -100,7 +100,8 @@ def torch_settings(c: LegoConfig) -> TorchTrainSettings:
                               weight_decay=t.weight_decay,
                               gradient_checkpointing=t.gradient_checkpointing is not False,  # unset: on
                               reference_model=t.kl_coef > 0, routing_replay=c.rollout.use_rollout_routing_replay,
-                              precision=t.precision, packed_attention=t.packed_attention)
+                              precision=t.precision, packed_attention=t.packed_attention,
+                              true_on_policy=t.true_on_policy)
 
 
 def torch_backend(c: LegoConfig, model_dir: Path) -> tuple[TrainerBackend, LossFn]:

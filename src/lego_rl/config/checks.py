@@ -457,6 +457,52 @@ def routing_replay(r: ResolvedConfig) -> Iterator[Finding]:
 
 
 @check
+def true_on_policy(r: ResolvedConfig) -> Iterator[Finding]:
+    """train.true_on_policy: combinations whose logprobs cannot be bit-identical between engine and trainer."""
+    c = r.config
+    if not c.train.true_on_policy:
+        return
+    keys = ("train.true_on_policy",)
+    if c.serving.backend != "embedded":
+        yield error("true_on_policy_vllm", f"train.true_on_policy with serving.backend = \"{c.serving.backend}\": "
+                    "vLLM samples with its own kernels, which the trainer does not run (vLLM's batch-invariant "
+                    "mode makes vLLM agree with itself, not with this trainer: docs/training.md)",
+                    "set serving.backend = \"embedded\", or train.true_on_policy = false", *keys, "serving.backend")
+    if c.train.backend != "torch":
+        yield error("true_on_policy_backend", f"train.true_on_policy with train.backend = \"{c.train.backend}\": only "
+                    "the torch backend runs the engine's batch-invariant ops", "set train.backend = \"torch\"", *keys,
+                    "train.backend")
+    devices = trainer_devices(c)
+    if devices > 1 or c.cluster.mode == "ray":
+        yield error("true_on_policy_world", f"train.true_on_policy with {devices} trainer device(s) "
+                    f"(cluster.mode = \"{c.cluster.mode}\"): it runs one trainer process beside one embedded engine",
+                    "one trainer GPU and cluster.mode = \"local\", or train.true_on_policy = false", *keys,
+                    "cluster.mode")
+    ro = c.rollout
+    if ro.top_p < 1.0 or ro.top_k > 0:
+        yield error("true_on_policy_truncation", f"train.true_on_policy with rollout.top_p = {ro.top_p}, "
+                    f"rollout.top_k = {ro.top_k}: the engine renormalises a truncated distribution with a second "
+                    "log-softmax and the trainer over the nucleus with a log-sum-exp (captured or recomputed), two "
+                    "different roundings", "set rollout.top_p = 1.0 and rollout.top_k = -1", *keys, "rollout.top_p",
+                    "rollout.top_k")
+    if ro.use_rollout_routing_replay or is_moe(r):
+        yield error("true_on_policy_moe", "train.true_on_policy with a mixture-of-experts model: the engine's "
+                    "invariant path runs dense Llama-family models only", "train a dense model", *keys)
+    if c.serving.precision == "weights":
+        yield error("true_on_policy_precision", "train.true_on_policy with serving.precision = \"weights\": the engine "
+                    "must compute in the trainer's recipe (fp32 weights, bf16 compute on CUDA)",
+                    "set serving.precision = \"trainer\" (or \"auto\")", *keys, "serving.precision")
+    if c.train.precision == "fp32" and c.serving.device != "cpu":
+        yield error("true_on_policy_fp32", "train.true_on_policy with train.precision = \"fp32\": its CUDA kernels "
+                    "compute in bf16 (CPU computes in fp32 either way)", "set train.precision = \"bf16\"", *keys,
+                    "train.precision")
+    if c.train.packed_attention != "auto":
+        yield error("true_on_policy_attention", f"train.packed_attention = \"{c.train.packed_attention}\" is not used "
+                    "under train.true_on_policy (attention is the engine's batch-invariant kernel)",
+                    "leave train.packed_attention = \"auto\"", *keys, "train.packed_attention")
+
+
+@check
 def parsers(r: ResolvedConfig) -> Iterator[Finding]:
     """Parser names are vLLM's; a name only vLLM has runs only where vLLM is importable in lego's process
     (the adapter parses there), else the built-ins read the turns (``lego_rl.chat.turn_parser``)."""

@@ -26,7 +26,7 @@ SHAPING_KEYS: dict[str, str] = {
     **{f"train.{k}": "the loss or the optimizer update" for k in (
         "algorithm", "lr", "warmup_steps", "max_grad_norm", "weight_decay", "precision", "global_batch_size",
         "dual_clip_c", "is_correction", "is_level", "is_low", "is_high", "kl_coef", "clip_low", "clip_high",
-        "use_score_centering", "loss_agg", "infra_failure_policy", "seed", "sft_batch_size")},
+        "use_score_centering", "loss_agg", "infra_failure_policy", "seed", "sft_batch_size", "true_on_policy")},
     # The policy: which model, and what it may see and say.
     **{f"model.{k}": "the policy (its base model, context or output)" for k in (
         "checkpoint", "max_context_tokens", "max_response_tokens", "chat_template_kwargs", "reasoning_effort",

@@ -230,6 +230,12 @@ class TrainConfig(Section):
     packed_attention: Literal["auto", "varlen", "sdpa"] = "auto"
     """Torch backend: how a packed micro-batch's segments are kept apart. varlen = flash attention over each
     segment (CUDA and bf16 only), sdpa = a block-diagonal mask (cost T²), auto = varlen where it runs, else sdpa."""
+    true_on_policy: bool = False
+    """Rollout and trainer logprobs bit-identical (max |Δ| = 0 in the consistency figures): the embedded engine and
+    the torch trainer run every matmul, RMSNorm, attention and log-softmax through the same batch-invariant
+    kernels (`serving.batch_invariant`), eagerly. Needs serving.backend = "embedded", train.backend = "torch", one
+    trainer process, a dense Llama-family model, rollout.top_p = 1 and top_k = -1, train.precision = "bf16" on
+    CUDA; slower than the default (docs/training.md, "True on-policy")."""
     tensor_parallel: int = Field(default=1, ge=1)
     """Megatron tensor-parallel size (train.backend = "megatron"; must divide the model's KV heads and FFN)."""
     pipeline_parallel: int = Field(default=1, ge=1)

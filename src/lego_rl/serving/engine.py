@@ -43,7 +43,8 @@ from lego_rl.serving.output import EngineBadRequest, EngineOutput
 from lego_rl.serving.protocol import SamplingParams
 from lego_rl.serving.request_check import context_message
 from lego_rl.serving.routing import RouterRecorder
-from lego_rl.serving.sampler import RowParams, is_plain, sample_rows
+from lego_rl.serving import batch_invariant
+from lego_rl.serving.sampler import LogSoftmax, RowParams, is_plain, sample_rows
 from lego_rl.serving.static_decode import StaticDecoder, unsupported_reason
 from lego_rl.serving.weights import DTYPES, load_checkpoint_into, load_model
 
@@ -93,7 +94,7 @@ class EmbeddedEngine:
                  return_routed_experts: bool = False, fast: bool | None = None,
                  compute_dtype: str | None = None, cuda_graphs: bool = True, compile_decode: bool = False,
                  prefill_batch_tokens: int = 16384, graph_sampling: bool = True,
-                 decode_attention: str = "auto", lookahead: bool = True) -> None:
+                 decode_attention: str = "auto", lookahead: bool = True, true_on_policy: bool = False) -> None:
         """``fast``: decode on ``StaticDecoder`` (None: whenever the device is CUDA and the model fits it; True:
         required, a ConfigError says why not). ``compute_dtype``: the dtype of matmuls and attention when it
         differs from the weights' ``dtype`` — ``dtype="float32", compute_dtype="bfloat16"`` is the torch
@@ -106,7 +107,11 @@ class EmbeddedEngine:
         the fast path's decode attention (``auto``, ``triton``, ``sdpa``: StaticDecoder's ``attention``).
         ``lookahead``: within a burst of such in-graph draws, queue the next step before reading this one (its
         input tokens are the draws the graph left on the device), so the host's work per step overlaps the GPU's;
-        a row that finished meanwhile ignores the look-ahead step's draw (``_decode_ahead``)."""
+        a row that finished meanwhile ignores the look-ahead step's draw (``_decode_ahead``). ``true_on_policy``
+        (``train.true_on_policy``): the fast path in its batch-invariant mode (``StaticDecoder(invariant=True)``,
+        eager: no CUDA graphs, no compile, the draw outside the graph) and the sampler's log-softmax through
+        ``batch_invariant.log_softmax``, so each sampled token's logprob is what the torch trainer computes for
+        it bit for bit; a model the fast path cannot run is a ConfigError."""
         if threads:
             # Process-wide. On a crowded CPU one thread is often faster than two (no OpenMP spinning).
             torch.set_num_threads(threads)
@@ -145,6 +150,14 @@ class EmbeddedEngine:
         self._static: StaticDecoder | None = None
         reason = "return_routed_experts is set" if return_routed_experts else unsupported_reason(self.model,
                                                                                                  self.config)
+        self.true_on_policy = true_on_policy
+        self._log_softmax: LogSoftmax | None = None
+        if true_on_policy:
+            if reason is not None:
+                raise ConfigError(f"train.true_on_policy needs the engine's fast path, which cannot run "
+                                  f"{self.model_dir}: {reason}", parameter="true_on_policy")
+            fast, cuda_graphs, compile_decode, graph_sampling, lookahead = True, False, False, False, False
+            self._log_softmax = batch_invariant.log_softmax
         if fast is None:
             fast = self.device.type == "cuda" and reason is None
             if fast:
@@ -164,11 +177,13 @@ class EmbeddedEngine:
             try:
                 self._static = StaticDecoder(self.model, self.config, slots=max_batch, max_len=self.max_model_len,
                                              compute_dtype=self.compute_dtype, use_graphs=cuda_graphs,
-                                             compile=compile_decode, attention=decode_attention)  # type: ignore[arg-type]
+                                             compile=compile_decode, attention=decode_attention,  # type: ignore[arg-type]
+                                             invariant=true_on_policy)
             except MemoryError as exc:
                 raise ConfigError(str(exc), parameter="max_batch") from None
             except ValueError as exc:
-                raise ConfigError(str(exc), parameter="decode_attention", value=decode_attention) from None
+                raise ConfigError(str(exc), parameter="true_on_policy" if true_on_policy else "decode_attention",
+                                  value=true_on_policy if true_on_policy else decode_attention) from None
         self.graph_sampling = graph_sampling
         self.lookahead = lookahead
         log.info("embedded engine: %s decode path, weights %s, compute %s", "fast" if self._static else "generic",
@@ -559,7 +574,8 @@ class EmbeddedEngine:
             if self.graph_sampling and all(is_plain(r) for r in rows):
                 draws = self._static.decode_draw(last, self._lengths, rows)
             else:
-                draws = sample_rows(self._static.decode(last, self._lengths), rows)  # [B, V] logits sampled eagerly
+                draws = sample_rows(self._static.decode(last, self._lengths), rows,  # [B, V] logits sampled eagerly
+                                    self._log_softmax)
             self._lengths = [n + 1 for n in self._lengths]
             for req, draw in zip(self._rows, draws, strict=True):
                 req.out.record(draw, version)
@@ -611,7 +627,7 @@ class EmbeddedEngine:
                 return
             assert self._static is not None
             logits = self._static.prefill_rows(len(self._rows), [r.prompt for r in group])  # [n, V]
-            for req, draw in zip(group, sample_rows(logits, [r.row for r in group]), strict=True):
+            for req, draw in zip(group, sample_rows(logits, [r.row for r in group], self._log_softmax), strict=True):
                 req.out.record(draw, version)
                 self._lengths.append(len(req.prompt))
                 self._rows.append(req)
@@ -648,4 +664,4 @@ class EmbeddedEngine:
             start += len(piece)
         assert logits is not None
         self._lengths.append(len(req.prompt))
-        req.out.record(sample_rows(logits, [req.row])[0], version)
+        req.out.record(sample_rows(logits, [req.row], self._log_softmax)[0], version)

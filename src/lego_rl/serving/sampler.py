@@ -15,6 +15,7 @@ probability-sorted prefix whose mass reaches ``top_p`` (at least one id).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -168,20 +169,28 @@ def plain_draws(packed: list[list[float]], rows: list[RowParams]) -> list[Draw]:
             for (tok, lp, rank, top, top_lp), row in zip(packed, rows, strict=True)]
 
 
-def sample_rows(logits: torch.Tensor, rows: list[RowParams]) -> list[Draw]:
+LogSoftmax = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(logits [B, V], temperatures [B]) -> log_softmax(logits / T)`` [B, V]."""
+
+
+def sample_rows(logits: torch.Tensor, rows: list[RowParams], log_softmax: LogSoftmax | None = None) -> list[Draw]:
     """Sample one token per row of ``logits`` ``[B, V]`` under each row's parameters, on ``logits``' device.
 
     The whole batch is processed with batched tensor ops (one truncation sort for all truncated rows, one
     transfer of the results), so the CPU engine and the GPU decode path share this code. Each row draws one
     uniform number per token from its own generator (CPU, so a seed means the same on every device) and
     picks its token by inverting the cumulative distribution (float64): a row's tokens depend on its seed and
-    its logits only, never on the other rows of the batch.
+    its logits only, never on the other rows of the batch. ``log_softmax``: how the untruncated logprobs are
+    computed (``batch_invariant.log_softmax`` under ``train.true_on_policy``; default torch's).
     """
     dev = logits.device
     logits = logits.float()  # [B, V]
     greedy = torch.tensor([r.temperature < GREEDY_EPS for r in rows], device=dev)  # [B]
     temps = torch.tensor([r.temperature if r.temperature >= GREEDY_EPS else 1.0 for r in rows], device=dev)  # [B]
-    logp = torch.log_softmax(logits / temps.unsqueeze(1), dim=-1)  # [B, V] before truncation
+    if log_softmax is None:
+        logp = torch.log_softmax(logits / temps.unsqueeze(1), dim=-1)  # [B, V] before truncation
+    else:
+        logp = log_softmax(logits, temps)  # [B, V]
     reported = logp  # [B, V] the distribution each row samples from (the reported logprobs)
     truncated = [r.temperature >= GREEDY_EPS and (r.top_k > 0 or r.top_p < 1.0) for r in rows]
     if any(truncated):

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lego_rl.serving import decode_attention
+from lego_rl.serving import batch_invariant, decode_attention
 from lego_rl.serving.sampler import Draw, RowParams, draw_plain, plain_draws, plain_inputs
 
 _FAMILIES = ("qwen3", "qwen2", "llama")
@@ -70,17 +70,20 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _qkv_block(h: torch.Tensor, in_norm: torch.Tensor, qkv_w: torch.Tensor, qkv_b: torch.Tensor | None,
                qk_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
-               eps: float, cdt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               eps: float, cdt: torch.dtype, invariant: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer up to attention. ``h`` [N, H], ``cos``/``sin`` [N, 1, D] → q [N, heads, D], k and v [N, Hkv, D] in
-    ``cdt``. A free function of tensors and constants, so one ``torch.compile`` of it serves every layer."""
+    ``cdt``. A free function of tensors and constants, so one ``torch.compile`` of it serves every layer.
+    ``invariant``: norms and the matmul through ``batch_invariant`` (``train.true_on_policy``)."""
     n, d = h.shape[0], cos.shape[-1]
-    x = _rms(h, in_norm, eps)  # [N, H]
-    qkv = F.linear(x.to(cdt), qkv_w, qkv_b)  # [N, (heads + 2·Hkv)·D]
+    rms = batch_invariant.rms_norm if invariant else _rms
+    x = rms(h, in_norm, eps)  # [N, H]
+    qkv = (batch_invariant.linear if invariant else F.linear)(x.to(cdt), qkv_w, qkv_b)  # [N, (heads + 2·Hkv)·D]
     heads = n_heads + n_kv
     qk = qkv[:, : heads * d].view(n, heads, d)  # [N, heads + Hkv, D] q then k
     v = qkv[:, heads * d :].view(n, n_kv, d)  # [N, Hkv, D]
     if qk_norm is not None:
-        qk = _rms(qk, qk_norm, eps)  # [N, heads + Hkv, D] per-head norms of q and k at once
+        qk = rms(qk, qk_norm, eps)  # [N, heads + Hkv, D] per-head norms of q and k at once
     # HF's x * cos + rotate_half(x) * sin (``sin`` is stored with its first half negated). Type promotion as in
     # HF: a bf16 q times fp32 cos is computed in fp32; attention then takes the compute dtype (autocast's cast
     # of SDPA's inputs).
@@ -89,11 +92,14 @@ def _qkv_block(h: torch.Tensor, in_norm: torch.Tensor, qkv_w: torch.Tensor, qkv_
 
 
 def _rest_block(h: torch.Tensor, attn: torch.Tensor, o_w: torch.Tensor, post_norm: torch.Tensor,
-                gate_up: torch.Tensor, down: torch.Tensor, eps: float, cdt: torch.dtype) -> torch.Tensor:
+                gate_up: torch.Tensor, down: torch.Tensor, eps: float, cdt: torch.dtype,
+                invariant: bool = False) -> torch.Tensor:
     """A layer after attention: residual of ``attn`` [N, heads*D], then the MLP block → [N, H] residual dtype."""
-    h = h + F.linear(attn.to(cdt), o_w)  # [N, H]
-    gate, up = F.linear(_rms(h, post_norm, eps).to(cdt), gate_up).chunk(2, dim=-1)  # [N, I] each
-    return h + F.linear(F.silu(gate) * up, down)  # [N, H]
+    lin = batch_invariant.linear if invariant else F.linear
+    rms = batch_invariant.rms_norm if invariant else _rms
+    h = h + lin(attn.to(cdt), o_w)  # [N, H]
+    gate, up = lin(rms(h, post_norm, eps).to(cdt), gate_up).chunk(2, dim=-1)  # [N, I] each
+    return h + lin(F.silu(gate) * up, down)  # [N, H]
 
 
 def unsupported_reason(model: Any, config: Any) -> str | None:
@@ -135,14 +141,15 @@ class StaticDecoder:
 
     def __init__(self, model: Any, config: Any, *, slots: int, max_len: int, compute_dtype: torch.dtype,
                  use_graphs: bool, compile: bool = False,
-                 attention: Literal["auto", "triton", "sdpa"] = "auto") -> None:
+                 attention: Literal["auto", "triton", "sdpa"] = "auto", invariant: bool = False) -> None:
         """``compile``: run the decode step's per-layer blocks (everything but the KV write and attention)
         through ``torch.compile`` before the graphs capture them: Inductor fuses the norms, RoPE, casts and the
         SiLU gate into a few kernels per layer (a step is launch-bound). CUDA graphs only; compiling takes
         tens of seconds on the first step of each of two batch shapes (1 row, then >= 2 rows, dynamic).
         ``attention``: the decode step's attention — ``triton`` (``decode_attention``; a ValueError where it
         cannot run), ``sdpa`` (masked memory-efficient SDPA and separate KV writes), ``auto`` = triton where it
-        runs."""
+        runs. ``invariant``: every matmul, norm and attention through ``batch_invariant`` (``train.true_on_policy``:
+        the torch trainer computes each token's logprob bit for bit as here), eagerly: no graphs, no compile."""
         reason = unsupported_reason(model, config)
         if reason is not None:
             raise ValueError(f"the static decode path cannot run this model: {reason}")
@@ -207,7 +214,11 @@ class StaticDecoder:
         half = self.head_dim // 2
         # rotate_half(x) * sin == roll(x, D/2) * (sin with its first half negated): negation is exact.
         self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.param_dtype)  # [Lmax, D]
-        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.invariant = invariant
+        if invariant and self.device.type == "cuda" and compute_dtype != torch.bfloat16:
+            raise ValueError(f"the batch-invariant CUDA kernels compute in bf16, not {compute_dtype}")
+        self.use_graphs = use_graphs and self.device.type == "cuda" and not invariant
+        compile = compile and not invariant
         self._qkv_compiled: Any = None
         self._rest_compiled: Any = None
         if compile and self.use_graphs:
@@ -220,7 +231,7 @@ class StaticDecoder:
         why_not = decode_attention.unsupported_reason(self.device, self.n_heads, self.n_kv, self.head_dim)
         if attention == "triton" and why_not is not None:
             raise ValueError(f"attention='triton' cannot run here: {why_not}")
-        self.triton_attention = attention != "sdpa" and why_not is None
+        self.triton_attention = attention != "sdpa" and why_not is None and not invariant
         # Static decode inputs, staged on the host (pinned on CUDA) and sent with one copy per dtype per step:
         # int64 rows (token ids, positions) and float64 rows (temperatures, uniform numbers).
         pin = self.device.type == "cuda"
@@ -278,10 +289,10 @@ class StaticDecoder:
     # -- the forward ---------------------------------------------------------------------------------
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return _rms(x, w, self.eps)
+        return (batch_invariant.rms_norm if self.invariant else _rms)(x, w, self.eps)
 
     def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(x.to(self.compute_dtype), w, b)
+        return (batch_invariant.linear if self.invariant else F.linear)(x.to(self.compute_dtype), w, b)
 
     def _qkv(self, p: dict[str, Any], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fast: bool = False
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -289,12 +300,13 @@ class StaticDecoder:
         ``fast``: the compiled block when the decoder compiles (decode steps only)."""
         fn = self._qkv_compiled if fast and self._qkv_compiled is not None else _qkv_block
         return fn(h, p["in_norm"], p["qkv"], p["qkv_b"], p["qk_norm"], cos, sin, self.n_heads, self.n_kv,
-                            self.eps, self.compute_dtype)
+                  self.eps, self.compute_dtype, self.invariant)
 
     def _rest(self, p: dict[str, Any], h: torch.Tensor, attn: torch.Tensor, fast: bool = False) -> torch.Tensor:
         """Residual after attention ``attn`` [N, heads*D], then the MLP block: [N, H] in the residual dtype."""
         fn = self._rest_compiled if fast and self._rest_compiled is not None else _rest_block
-        return fn(h, attn, p["o"], p["post_norm"], p["gate_up"], p["down"], self.eps, self.compute_dtype)
+        return fn(h, attn, p["o"], p["post_norm"], p["gate_up"], p["down"], self.eps, self.compute_dtype,
+                  self.invariant)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """``h`` [N, H] → fp32 logits [N, V]."""
@@ -306,6 +318,9 @@ class StaticDecoder:
         (``draw_plain`` over ``_temps``/``_u``)."""
         ids, pos, rows = self._ids[:b], self._pos[:b], self._rows[:b]  # [b]
         h = F.embedding(ids, self.embed)  # [b, H]
+        if self.invariant:
+            return self._out(self._logits(self._invariant_layers(h, pos, rows, self._host_i[1, :b].tolist())),
+                             b, draw)
         if span == 0:
             cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [b, 1, D]
             for i, p in enumerate(self.layers):
@@ -329,6 +344,22 @@ class StaticDecoder:
                                                      attn_mask=mask, scale=self.scale)  # [b, Hkv, G, D]
                 h = self._rest(p, h, out.reshape(b, self.n_heads * self.head_dim), fast=True)
         return self._out(self._logits(h), b, draw)
+
+    def _invariant_layers(self, h: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, positions: list[int]
+                          ) -> torch.Tensor:
+        """Invariant mode: one new token per row (``h`` [b, H] at ``pos`` [b] of ``slots`` [b] = rows 0..b-1, the
+        same ``positions`` on the host) through every layer; its KV is written first, then it attends to its slot's
+        positions ``0..pos`` (``batch_invariant.attention_cached``). The last hidden state [b, H]."""
+        b = h.shape[0]
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [b, 1, D]
+        seqs = [(i, i, 1, p) for i, p in enumerate(positions)]  # row i owns slot i
+        for i, p in enumerate(self.layers):
+            q, k, v = self._qkv(p, h, cos, sin)
+            self.k[i][slots, :, pos] = k  # [b, Hkv, D] at each row's own position
+            self.v[i][slots, :, pos] = v
+            out = batch_invariant.attention_cached(q, self.k[i], self.v[i], seqs, self.scale)  # [b, heads, D]
+            h = self._rest(p, h, out.reshape(b, self.n_heads * self.head_dim))
+        return h
 
     def _out(self, logits: torch.Tensor, b: int, draw: bool) -> torch.Tensor:
         """A step's result: ``logits`` [b, V], or the rows' draws [b, 5] — whose tokens are also written to
@@ -449,6 +480,10 @@ class StaticDecoder:
             q, k, v = self._qkv(p, h, cos, sin)
             self.k[i, slot, :, start:end] = k.transpose(0, 1)  # [Hkv, T, D]
             self.v[i, slot, :, start:end] = v.transpose(0, 1)
+            if self.invariant:
+                out2 = batch_invariant.attention_cached(q, self.k[i], self.v[i], [(slot, 0, t, start)], self.scale)
+                h = self._rest(p, h, out2.reshape(t, self.n_heads * self.head_dim))  # [T, H]
+                continue
             keys = self.k[i, slot, :, :end].repeat_interleave(group, dim=0)  # [heads, end, D]
             vals = self.v[i, slot, :, :end].repeat_interleave(group, dim=0)  # [heads, end, D]
             with sdpa_kernel(_MASKED_KERNELS if start else _CAUSAL_KERNELS):
@@ -481,6 +516,15 @@ class StaticDecoder:
         cos = self.cos[:t].repeat(n, 1).unsqueeze(1)  # [n·T, 1, D] positions 0..T-1 per row
         sin = self.sin[:t].repeat(n, 1).unsqueeze(1)  # [n·T, 1, D]
         d, hkv = self.head_dim, self.n_kv
+        if self.invariant:
+            seqs = [(slot + i, i * t, len(ids), 0) for i, ids in enumerate(prompts)]  # padding rows unused
+            for i, p in enumerate(self.layers):
+                q, k, v = self._qkv(p, h, cos, sin)  # [n·T, heads, D], [n·T, Hkv, D], [n·T, Hkv, D]
+                self.k[i, slot : slot + n, :, :t] = k.view(n, t, hkv, d).transpose(1, 2)  # [n, Hkv, T, D]
+                self.v[i, slot : slot + n, :, :t] = v.view(n, t, hkv, d).transpose(1, 2)
+                out = batch_invariant.attention_cached(q, self.k[i], self.v[i], seqs, self.scale)  # [n·T, heads, D]
+                h = self._rest(p, h, out.reshape(n * t, self.n_heads * d))  # [n·T, H]
+            return self._logits(h.view(n, t, -1)[torch.arange(n, device=self.device), last])  # [n, V]
         with sdpa_kernel(_CAUSAL_KERNELS):
             for i, p in enumerate(self.layers):
                 q, k, v = self._qkv(p, h, cos, sin)  # [n·T, heads, D], [n·T, Hkv, D], [n·T, Hkv, D]

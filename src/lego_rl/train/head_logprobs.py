@@ -26,6 +26,7 @@ that of the untruncated ``softmax(logits / T)`` (a metric; no gradient).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,14 +65,19 @@ def _chunk_outputs(
     top_p: float,
     top_k: int,
     with_entropy: bool,
+    log_softmax: Callable[[torch.Tensor, float], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One chunk: ``([n] logprobs, [n] entropy or empty, [n, K] candidates or empty)``.
 
     Returns empty tensors instead of None so that ``checkpoint`` sees only tensors.
     """
     greedy = temperature < GREEDY_EPS
-    logits = head(hidden).float() / (1.0 if greedy else temperature)  # [n, V]
-    logp = torch.log_softmax(logits, dim=-1)  # [n, V]
+    raw = head(hidden).float()  # [n, V]
+    logits = raw / (1.0 if greedy else temperature)  # [n, V]
+    if log_softmax is None:
+        logp = torch.log_softmax(logits, dim=-1)  # [n, V]
+    else:  # the sampler's own arithmetic (train.true_on_policy), temperature divided inside
+        logp = log_softmax(raw, 1.0 if greedy else temperature)  # [n, V]
     truncate = not greedy and (top_p < 1.0 or top_k > 0)
     if truncate:
         # The sampler's nucleus recomputed from these logits (temperature already applied: T = 1 there).
@@ -111,6 +117,7 @@ def head_logprobs(
     nucleus_valid: torch.Tensor | None = None,
     chunk: int = DEFAULT_CHUNK,
     checkpoint_chunks: bool = True,
+    log_softmax: Callable[[torch.Tensor, float], torch.Tensor] | None = None,
 ) -> HeadOutputs:
     """Logprobs of ``targets`` ``[N]`` given ``hidden`` ``[N, H]`` (row i predicts ``targets[i]``) through
     ``head`` (``[N, H] -> [N, V]``), ``chunk`` rows at a time; see the module docstring.
@@ -119,6 +126,8 @@ def head_logprobs(
     target (padding where ``nucleus_valid`` is False; a row with no valid slot has no nucleus). Gradients
     flow to ``hidden`` and the head's parameters when grad mode is on; ``checkpoint_chunks=False`` keeps
     every chunk's graph instead of recomputing it (for a caller that already holds the full logits).
+    ``log_softmax`` ``(raw logits [n, V], T) -> log_softmax(logits / T)``: replaces torch's (the batch-invariant
+    one of ``train.true_on_policy``).
     """
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"need hidden [N, H] and targets [N], got {tuple(hidden.shape)} and {tuple(targets.shape)}")
@@ -139,7 +148,7 @@ def head_logprobs(
                 None if nucleus_ids is None else nucleus_ids[sl],  # [n_c, K]
                 None if nucleus_valid is None else nucleus_valid[sl])  # [n_c, K]
         kwargs: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "top_k": top_k,
-                                  "with_entropy": with_entropy}
+                                  "with_entropy": with_entropy, "log_softmax": log_softmax}
         if grad and checkpoint_chunks:
             # The chunk's [n_c, V] tensors are dropped after the forward and rebuilt in the backward.
             lp, ent, cand = checkpoint(_chunk_outputs, head, *args, use_reentrant=False, **kwargs)

@@ -58,7 +58,7 @@ from lego_rl.train.backend import LossFn, OptimizerSettings, StepResult
 from lego_rl.train.batching import MicroBatch, OptimizerStep
 from lego_rl.train.head_logprobs import DEFAULT_CHUNK, HeadOutputs, head_logprobs
 from lego_rl.train.routing_replay import RouteReplay
-from lego_rl.train import varlen_attention
+from lego_rl.train import true_on_policy, varlen_attention
 from lego_rl.train.checkpoint import (
     EXTRA_STATE,
     TRAINER_STATE,
@@ -122,6 +122,10 @@ class TorchTrainSettings(OptimizerSettings):
                               f"{varlen_attention.dtype_reason(torch.float32)} (use 'auto' or 'sdpa')",
                               parameter="packed_attention", value=self.packed_attention)
         return self
+    true_on_policy: bool = False
+    """``train.true_on_policy``: the forward through the engine's batch-invariant ops (``train.true_on_policy``'s
+    module), so every token's logprob is bit-identical to what the embedded engine (in the same mode) sampled it
+    with. Autocast is off; the casts to bf16 (CUDA) are explicit. ``packed_attention`` is not used."""
     routing_replay: bool = False
     """R3: force the rollout's routed experts in every forward (``rollout.use_rollout_routing_replay``); MoE
     models only, and every micro-batch must carry the routes of its trained tokens' prefixes."""
@@ -189,7 +193,19 @@ class TorchBackend:
                 value=settings.device,
             )
         self.model, self.config, _ = load_model(self.model_dir, self.device, "float32")
-        self._varlen = self._choose_attention(self.model)
+        self._invariant = settings.true_on_policy
+        if self._invariant:
+            if settings.routing_replay or self.world > 1:
+                raise ConfigError("train.true_on_policy runs one trainer process without routing replay",
+                                  parameter="true_on_policy", value=True)
+            reason = true_on_policy.unsupported_reason(self.model, self.device, self.compute_dtype)
+            if reason is not None:
+                raise ConfigError(f"train.true_on_policy cannot train {self.model_dir}: {reason}",
+                                  parameter="true_on_policy", value=True)
+            true_on_policy.install(self.model, self.compute_dtype)
+            self._varlen = False
+        else:
+            self._varlen = self._choose_attention(self.model)
         self.model.train()  # gradient checkpointing only acts in train mode
         if self.world > 1:
             self._shard()
@@ -206,7 +222,9 @@ class TorchBackend:
         if settings.reference_model:
             self.reference, _, _ = load_model(self.model_dir, self.device, "float32")
             self.reference.requires_grad_(False)
-            if self._varlen:
+            if self._invariant:
+                true_on_policy.install(self.reference, self.compute_dtype)
+            elif self._varlen:
                 varlen_attention.install(self.reference)
         # One replayer per model that scores micro-batches (the reference routes like the policy did).
         self._replays: dict[int, RouteReplay] = {}
@@ -243,7 +261,7 @@ class TorchBackend:
     def _segments(self, mb: MicroBatch) -> dict[str, Any]:
         """The forward's keyword arguments that carry ``mb``'s segment boundaries to varlen attention ({} on
         the SDPA path, which reads them from the position restarts)."""
-        if not self._varlen:
+        if not (self._varlen or self._invariant):
             return {}
         if int(mb.cu_seqlens[-1]) != mb.num_tokens:
             raise ValueError(f"micro-batch segments end at {int(mb.cu_seqlens[-1])}, not at its {mb.num_tokens} "
@@ -295,7 +313,7 @@ class TorchBackend:
         return torch.bfloat16 if self.device.type == "cuda" and self.settings.precision == "bf16" else torch.float32
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.compute_dtype == torch.bfloat16:
+        if self.compute_dtype == torch.bfloat16 and not self._invariant:  # true_on_policy casts explicitly
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -363,7 +381,8 @@ class TorchBackend:
                 chunk = max(1, hidden.shape[0])
             out = head_logprobs(head, hidden, ids[1:], temperature=temperature, top_p=top_p, top_k=top_k,
                                 with_entropy=with_entropy, nucleus_ids=nuc_ids, nucleus_valid=nuc_valid,
-                                chunk=chunk, checkpoint_chunks=self._chunked)
+                                chunk=chunk, checkpoint_chunks=self._chunked,
+                                log_softmax=true_on_policy.log_softmax if self._invariant else None)
         starts = segment_starts(mb).to(self.device)  # [T] a segment's first token has no prediction
         lp = torch.cat([out.logprobs.new_zeros(1), out.logprobs])  # [T] aligned with input_ids
         lp = torch.where(starts, torch.zeros_like(lp), lp)  # [T]

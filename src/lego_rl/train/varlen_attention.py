@@ -123,6 +123,15 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
     q = query.transpose(1, 2).reshape(b * t, hq, d)  # [B*T, Hq, D]
     k = key.transpose(1, 2).reshape(b * t, hkv, d)  # [B*T, Hkv, D]
     v = value.transpose(1, 2).reshape(b * t, hkv, d)  # [B*T, Hkv, D]
+    out = causal_varlen(q, k, v, cu, longest, scaling)  # [B*T, Hq, D]
+    return out.view(b, t, hq, d), None
+
+
+def causal_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int,
+                  scale: float | None) -> torch.Tensor:
+    """Causal attention within each segment ``cu`` [S+1] (int32, on the device) of ``q`` [T, Hq, D] and
+    ``k``/``v`` [T, Hkv, D] through torch's varlen kernel: [T, Hq, D] (differentiable)."""
+    hq, hkv = q.shape[1], k.shape[1]
     kernel = _kernel()
     assert kernel is not None  # unsupported_reason was checked before the model was switched
     params = _kernel_params()
@@ -131,13 +140,12 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
         if "enable_gqa" in params:
             extra["enable_gqa"] = True
         else:  # torch 2.11's wrapper wants equal head counts: each kv head serves hq/hkv query heads
-            k = k.repeat_interleave(hq // hkv, dim=1)  # [B*T, Hq, D]
-            v = v.repeat_interleave(hq // hkv, dim=1)  # [B*T, Hq, D]
-    out = kernel(q, k, v, cu, cu, longest, longest, scale=scaling, **extra)  # [B*T, Hq, D]
-    return out.view(b, t, hq, d), None
+            k = k.repeat_interleave(hq // hkv, dim=1)  # [T, Hq, D]
+            v = v.repeat_interleave(hq // hkv, dim=1)  # [T, Hq, D]
+    return kernel(q, k, v, cu, cu, longest, longest, scale=scale, **extra)  # type: ignore[no-any-return]
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
+def no_mask(*args: Any, **kwargs: Any) -> None:
     """Segments come as ``cu_seqlens``: no mask is built (transformers' mask-interface contract)."""
     return None
 
@@ -148,5 +156,5 @@ def install(model: Any) -> None:
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, _attention)
-    AttentionMaskInterface.register(NAME, _no_mask)
+    AttentionMaskInterface.register(NAME, no_mask)
     model.set_attn_implementation(NAME)
