@@ -187,6 +187,10 @@ def overview(snap: Snapshot, width: int) -> RenderableType:
         last = o.suspect_patches[-1]
         t.append(f"suspect      {last.value:.0f} in step {last.step}, {sum(p.value for p in o.suspect_patches):.0f} in "
                  "all: patches built to fool comparisons (suspect_patch; grader.log has the evidence)\n", "red")
+    if o.tokenisation:  # counters that stay 0 on a healthy run: each one is a wrong training target or tool call
+        t.append("tokenisation ", "bold")
+        t.append(", ".join(f"{k} {v:.0f}" for k, v in o.tokenisation.items())
+                 + " over the run (should be 0: Curves → tokenisation health has them per step)\n", "yellow")
     t.append("last error   ")
     t.append(o.last_error or "none", "red" if o.last_error else "green")
     return t
@@ -208,6 +212,7 @@ PANELS = (
     ("terminations", "termination mix (share of each step's rollouts)"),
     ("timing", "stage timing (seconds per step)"),
     ("staleness", "policy lag"),
+    ("tokenisation", "tokenisation health (false forks, parse failures and render fallbacks should stay 0)"),
 )
 
 
