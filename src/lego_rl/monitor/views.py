@@ -62,9 +62,9 @@ def _dur(seconds: float | None) -> str:
 
 
 def _curve(
-    label: str, points: list[Point], width: int, lo: float | None = 0.0, hi: float | None = None
+    label: str, points: list[Point], width: int, lo: float | None = 0.0, hi: float | None = None, pad: int = 12
 ) -> Text:
-    t = Text(f"{label:<12}")
+    t = Text(f"{label:<{pad}}")
     if not points:
         return t.append("no data yet", "dim")
     t.append(sparkline([p.value for p in points], width, lo, hi), "cyan")
@@ -529,8 +529,9 @@ def compare(c: Comparison | None, width: int, height: int) -> RenderableType:
     t = Text(f"A = {c.a}\nB = {c.b}\n", "bold")
     for label, a, b in (("reward", c.reward_a, c.reward_b), ("solve rate", c.solve_a, c.solve_b)):
         hi = max([p.value for p in a + b], default=1.0)
-        t.append_text(_curve(f"{label} A", a, w, 0.0, hi)).append("\n")
-        t.append_text(_curve(f"{label} B", b, w, 0.0, hi)).append("\n")
+        # pad 14: "solve rate A" is 12 characters, and a label must not run into its sparkline
+        t.append_text(_curve(f"{label} A", a, w, 0.0, hi, pad=14)).append("\n")
+        t.append_text(_curve(f"{label} B", b, w, 0.0, hi, pad=14)).append("\n")
     t.append(
         f"\nper-task solve rate B - A ({len(c.deltas)} tasks in both; up {c.up}, down {c.down}, "
         f"median up {_fmt(c.median_up, '+.3f')}, median down {_fmt(c.median_down, '+.3f')})\n",
