@@ -412,6 +412,7 @@ CURVES: tuple[tuple[str, tuple[mc.Metric, ...]], ...] = (
                    mc.TOKENS_DROPPED_STALE)),
     ("tokenisation", (mc.SEGMENTS_PER_ROLLOUT, mc.SEGMENTS_PER_ROLLOUT_MAX, mc.FALSE_FORKS,
                       mc.REPEATED_PROMPT_TOKENS, mc.RENDER_FALLBACKS, mc.PARSE_FAILURES)),
+    ("eval", (mc.EVAL_PASS_AT_1, mc.EVAL_REWARD_MEAN, mc.EVAL_ROWS, mc.EVAL_INFRASTRUCTURE_FAILURES)),
 )
 """The declared metrics the Curves view draws, by panel (each only when the run wrote it). With the consistency
 figures (every field, overall and per turn kind) and ``tokens_age`` (drawn as its mean age per step), every

@@ -213,6 +213,7 @@ PANELS = (
     ("timing", "stage timing (seconds per step)"),
     ("staleness", "policy lag"),
     ("tokenisation", "tokenisation health (false forks, parse failures and render fallbacks should stay 0)"),
+    ("eval", "held-out evaluation (steps that evaluated)"),
 )
 
 
