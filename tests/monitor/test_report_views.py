@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from lego_rl.cli.main import app
 from lego_rl.monitor import report_curves
+from lego_rl.monitor.snapshot import timing as stage_timing
 from lego_rl.monitor.state import RunState
 from lego_rl.monitor.svg import line_chart, stacked_bars
 from lego_rl.runstore import RunDir, StepMetrics
@@ -87,9 +88,14 @@ def _async_run(root: Path) -> Path:
 
 
 def test_stage_timing_is_drawn_under_the_step_that_trained_each_rollout(tmp_path: Path) -> None:
+    """In the report and the monitor alike (``RunState.stage_times``: the Timing view)."""
     state = RunState(_async_run(tmp_path / "run"))
     state.refresh()
     assert report_curves.stage_series(state) == {"agent": [(1.0, 5.0)]}  # p50 (nearest rank) of 5 and 7
+    # the monitor's Timing view files them there too (not under step 0, open when they ran): both agree
+    assert state.stage_times == {(1, "claude_code", "agent"): [5.0, 7.0]}
+    rows = {(t.scope, t.stage): (t.n, t.p50) for t in stage_timing(state)}
+    assert rows == {("all steps", "agent"): (2, 5.0), ("step 1", "agent"): (2, 5.0)}
     html = _report(tmp_path / "run", tmp_path / "r.html")
     timing = re.search(r'<svg[^>]*aria-label="stage p50 seconds per step.*?</svg>', html, flags=re.DOTALL)
     assert timing is not None and _x_labels(timing.group(0)) == ["1"]
@@ -281,14 +287,14 @@ def test_every_metric_a_run_can_write_is_drawn(tmp_path: Path, kind: mc.RunKind)
     each name is a legend entry, or (consistency, tokens by age...) its field titles a chart and its member a
     legend."""
     run = RunDir.open(tmp_path / "all", config={})
-    values: dict[str, float] = {}
-    for i, m in enumerate(mc.written_by(kind)):
-        members = [m.key(c) for c in (m.choices or ("0", "1"))] if m.is_family else [str(m)]
-        # Every value below 1 however many metrics are declared: Pearson is drawn as 1 - r on a log scale.
-        values.update({name: 0.5 + i / 1000 for name in members})
+    names = [name for m in mc.written_by(kind)
+             for name in ([m.key(c) for c in (m.choices or ("0", "1"))] if m.is_family else [str(m)])]
     for step in range(2):
+        # The same value for every name, one per step, in (0, 1): Pearson is drawn as 1 - r on a log scale, and
+        # nothing depends on where a metric sits in the catalog (declarations may be added anywhere).
+        value = 0.25 + step / 2
         run.metrics.append(StepMetrics(step=step, started_at=float(step), finished_at=step + 0.5,
-                                       values=mc.declared_values(kind, values)))
+                                       values=mc.declared_values(kind, dict.fromkeys(names, value))))
     run.close()
     html = _report(tmp_path / "all", tmp_path / "all.html")
     assert f"<p>{kind.value} run," in html
@@ -312,3 +318,21 @@ def test_every_metric_a_run_can_write_is_drawn(tmp_path: Path, kind: mc.RunKind)
     if CHROMIUM is not None and kind is mc.TRAIN:  # every chart there is: no label over another or cut off
         m = _measure(tmp_path / "all.html")
         assert m["overlaps"] == [] and m["outside"] == [] and all(abs(s - 1.0) < 0.01 for s in m["scale"])
+
+
+def test_the_tokenisation_section_draws_each_figure_and_warns_of_a_false_fork(tmp_path: Path) -> None:
+    run = RunDir.open(tmp_path / "run", config={})
+    for step, (forks, failures) in enumerate([(0.0, 0.0), (3.0, 1.0)]):
+        values = {mc.SEGMENTS_PER_ROLLOUT: 1.0 + forks, mc.SEGMENTS_PER_ROLLOUT_MAX: 1.0 + forks,
+                  mc.FALSE_FORKS: forks, mc.REPEATED_PROMPT_TOKENS: 100 * forks, mc.RENDER_FALLBACKS: 0.0,
+                  mc.PARSE_FAILURES: failures}
+        run.metrics.append(StepMetrics(step=step, started_at=float(step), finished_at=step + 0.5,
+                                       values=mc.declared_values(mc.TRAIN, values)))
+    run.close()
+    html = _report(tmp_path / "run", tmp_path / "r.html")
+    section = html[html.index('<section id="tokenisation">'):html.index('<section id="pipeline">')]
+    assert "over the run: false_forks 3, parse_failures 1 (each should be 0" in section
+    legends = set(re.findall(r"<title>([^<]+)</title>[^<]+</text>", section))
+    assert {"segments_per_rollout", "segments_per_rollout_max", "false_forks", "parse_failures",
+            "render_fallbacks", "repeated_prompt_tokens"} <= legends
+    assert "false_forks" not in html[html.index('<section id="metrics">'):]  # drawn once, not again in "other"

@@ -27,7 +27,9 @@ from lego_rl.monitor.app import Monitor
 from lego_rl.monitor.drill import detail
 from lego_rl.monitor.snapshot import CURVES, build
 from lego_rl.monitor.state import RunState
+from lego_rl.runstore import RunDir, StepMetrics
 from lego_rl.runstore import metric_catalog as mc
+
 
 def _ok(args: list[str]) -> str:
     res = CliRunner().invoke(app, ["monitor", *args], env={"COLUMNS": "150"})
@@ -152,3 +154,33 @@ def test_a_stage_appearing_later_is_picked_up(tmp_path: Path) -> None:
     assert mon.stage_open == parent / "sft" and mon.state.kind == "sft"
     mon.key("\x1b")
     assert mon.listing_stages
+
+
+def _tokenisation_run(root: Path, false_forks: tuple[float, float]) -> Path:
+    """Two steps of a train run's metrics rows with the tokenisation figures (no events: the Curves view and the
+    Overview read the rows)."""
+    run = RunDir.open(root, config={})
+    for step, forks in enumerate(false_forks):
+        values = {mc.LOSS: 0.5, mc.SEGMENTS_PER_ROLLOUT: 1.0 + forks / 4, mc.SEGMENTS_PER_ROLLOUT_MAX: 1.0 + forks,
+                  mc.FALSE_FORKS: forks, mc.REPEATED_PROMPT_TOKENS: 300.0 * forks, mc.RENDER_FALLBACKS: 0.0,
+                  mc.PARSE_FAILURES: 0.0}
+        run.metrics.append(StepMetrics(step=step, started_at=float(step), finished_at=step + 0.5,
+                                       values=mc.declared_values(mc.TRAIN, values)))
+    run.close()
+    return root
+
+
+def test_tokenisation_health_has_a_curves_panel_and_a_false_fork_is_an_overview_warning(tmp_path: Path) -> None:
+    snap = build(_state(_tokenisation_run(tmp_path / "forked", (0.0, 2.0))), now=time.time(), kl_warn=1e-3)
+    assert snap.overview is not None and snap.overview.tokenisation == {"false_forks": 2.0}
+    assert "tokenisation false_forks 2 over the run (should be 0" in _text(views.overview(snap, 150))
+    series = {s.name: s for s in snap.curves or []}
+    assert series["false_forks"].panel == "tokenisation" and series["false_forks"].figures == [0.0, 2.0]
+    text = _text(views.curves(snap, 150, 100))
+    assert "tokenisation health" in text
+    for name in ("segments_per_rollout", "segments_per_rollout_max", "false_forks", "repeated_prompt_tokens",
+                 "render_fallbacks", "parse_failures"):
+        assert f"  {name} " in text, name
+    clean = build(_state(_tokenisation_run(tmp_path / "clean", (0.0, 0.0))), now=time.time(), kl_warn=1e-3)
+    assert clean.overview is not None and clean.overview.tokenisation == {}
+    assert "tokenisation" not in _text(views.overview(clean, 150))

@@ -381,6 +381,7 @@ def _sections(state: RunState, snap: Snapshot, kind: str) -> list[Section]:
         "tasks": ("tasks", "Tasks", lambda: _tasks(snap)),
         "consistency": ("consistency", "Consistency", lambda: _consistency(snap)),
         "staleness": ("staleness", "Policy lag", lambda: curves.policy_lag(state)),
+        "tokenisation": ("tokenisation", "Tokenisation health", lambda: curves.tokenisation(state)),
         "pipeline": ("pipeline", "Pipeline", lambda: _pipeline(snap)),
         "behaviour": ("behaviour", "Behaviour", lambda: _behaviour(snap)),
         "rollouts": ("rollouts", "Rollouts", lambda: rollouts_section(state)),

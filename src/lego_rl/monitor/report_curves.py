@@ -47,6 +47,9 @@ GROUP_COUNTS = Chart("group counts the trainer recorded", (
 POLICY_LAG = Chart("policy lag (steps)", (mc.POLICY_LAG_MEAN, mc.POLICY_LAG_MAX))
 CROSSED = Chart("crossed weight versions, stale tokens dropped", (
     mc.ROLLOUTS_CROSSED_VERSION, mc.TURNS_CROSSED_VERSION, mc.TOKENS_DROPPED_STALE))
+SEGMENTS = Chart("segments per rollout (1: one chain)", (mc.SEGMENTS_PER_ROLLOUT, mc.SEGMENTS_PER_ROLLOUT_MAX))
+TOKENISATION_COUNTS = Chart("tokenisation counters (false forks, parse failures, fallbacks: should be 0)", (
+    mc.FALSE_FORKS, mc.PARSE_FAILURES, mc.RENDER_FALLBACKS, mc.REPEATED_PROMPT_TOKENS))
 SHOWN_ELSEWHERE: frozenset[mc.Metric] = frozenset({
     mc.REWARD_MEAN, mc.SOLVE_RATE,  # overview curves
     mc.TIME_ROLLOUT_S, mc.TIME_TRAIN_S, mc.TIME_SYNC_S,  # pipeline stacks
@@ -55,7 +58,7 @@ SHOWN_ELSEWHERE: frozenset[mc.Metric] = frozenset({
 })
 """Declarations the report draws outside this module's ``Chart`` lists."""
 CHARTED: frozenset[mc.Metric] = frozenset(
-    m for c in (*TRAINING, GROUP_COUNTS, POLICY_LAG, CROSSED) for m in c.metrics) | SHOWN_ELSEWHERE
+    m for c in (*TRAINING, GROUP_COUNTS, POLICY_LAG, CROSSED, SEGMENTS, TOKENISATION_COUNTS) for m in c.metrics) | SHOWN_ELSEWHERE
 
 
 Rows = Sequence[StepMetrics]
@@ -122,6 +125,22 @@ def policy_lag(state: RunState) -> str:
         return ('<p class="empty">no policy lag recorded: only training steps record it (0 means every rollout '
                 "sampled the weights of the step that trained it)</p>")
     return body
+
+
+def tokenisation(state: RunState) -> str:
+    """How the adapter's prompts became training segments, per step; a warning line when a counter that
+    stays 0 on a healthy run (false forks, parse failures, render fallbacks) did not."""
+    data = rows(state)
+    body = _grid([_chart(data, SEGMENTS), _chart(data, TOKENISATION_COUNTS)])
+    if not body:
+        return ('<p class="empty">no tokenisation figures: written by steps where some rollout recorded turns '
+                "(an environment run records none)</p>")
+    totals = {str(m): sum(y for _, y in series(data, m)) for m in (mc.FALSE_FORKS, mc.PARSE_FAILURES,
+                                                                    mc.RENDER_FALLBACKS)}
+    bad = ", ".join(f"{k} {v:.0f}" for k, v in totals.items() if v)
+    warn = (f'<p class="note-warn">over the run: {escape(bad)} (each should be 0: a false fork trains a prompt '
+            "twice, a parse failure hands a tool call back to the CLI as text)</p>" if bad else "")
+    return warn + body
 
 
 def _groups(state: RunState) -> dict[int, dict[tuple[str, int], list[float]]]:

@@ -114,6 +114,9 @@ class Overview(BaseModel):
     """``rollout.max_staleness`` from the run's config (0: synchronous; None: not recorded)."""
     incidents: list[str] = Field(default_factory=list)
     """stale_lock_taken / resume_override / steps_abandoned events, oldest first."""
+    tokenisation: dict[str, float] = Field(default_factory=dict)
+    """Health warnings over every finished step: the totals of ``TOKENISATION_WARNINGS`` that are not 0 (a
+    false fork trains a prompt twice, a parse failure hands a tool call back as text); empty when all are 0."""
 
 
 class Series(BaseModel):
@@ -375,7 +378,23 @@ def overview(state: RunState, now: float) -> Overview:
         reward_mean_all=sum(graded) / len(graded) if graded else None,
         max_staleness=state.config_int("rollout", "max_staleness"),
         incidents=[text for _, _, text in state.incidents],
+        tokenisation=_tokenisation_warnings(state, done),
     )
+
+
+TOKENISATION_WARNINGS = (mc.FALSE_FORKS, mc.PARSE_FAILURES, mc.RENDER_FALLBACKS)
+"""Tokenisation counters that should stay 0 on a healthy run (the Overview says when one is not)."""
+
+
+def _tokenisation_warnings(state: RunState, done: list[int]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for s in done:
+        if (row := state.steps[s].metrics) is None:
+            continue
+        for m in TOKENISATION_WARNINGS:
+            if (v := mc.read(row.values, m)):
+                totals[str(m)] = totals.get(str(m), 0.0) + v
+    return totals
 
 
 CURVES: tuple[tuple[str, tuple[mc.Metric, ...]], ...] = (
@@ -391,6 +410,9 @@ CURVES: tuple[tuple[str, tuple[mc.Metric, ...]], ...] = (
                 mc.TIME_SYNC_STAGE_S, mc.SLOTS_IDLE_FRACTION, mc.SLOTS_WASTED_FRACTION)),
     ("staleness", (mc.POLICY_LAG_MEAN, mc.POLICY_LAG_MAX, mc.ROLLOUTS_CROSSED_VERSION, mc.TURNS_CROSSED_VERSION,
                    mc.TOKENS_DROPPED_STALE)),
+    ("tokenisation", (mc.SEGMENTS_PER_ROLLOUT, mc.SEGMENTS_PER_ROLLOUT_MAX, mc.FALSE_FORKS,
+                      mc.REPEATED_PROMPT_TOKENS, mc.RENDER_FALLBACKS, mc.PARSE_FAILURES)),
+    ("eval", (mc.EVAL_PASS_AT_1, mc.EVAL_REWARD_MEAN, mc.EVAL_ROWS, mc.EVAL_INFRASTRUCTURE_FAILURES)),
 )
 """The declared metrics the Curves view draws, by panel (each only when the run wrote it). With the consistency
 figures (every field, overall and per turn kind) and ``tokens_age`` (drawn as its mean age per step), every

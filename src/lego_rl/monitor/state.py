@@ -247,7 +247,8 @@ class RunState:
         self.terminations: Counter[str] = Counter()
         self.infra_reasons: set[str] = set()
         self.stage_times: dict[tuple[int | None, str, str], list[float]] = {}
-        """(step, harness, stage) → seconds of each rollout's stage that ended ``ok`` or ``failed``."""
+        """(step, harness, stage) → seconds of each rollout's stage that ended ``ok`` or ``failed``; the step is the
+        one whose batch took the rollout (``batch_taken``), until then the step open when it started."""
         self.turns_by_harness: dict[str, Counter[int]] = {}
         self.evals: list[EvalFinished] = []
         self.checkpoints: list[CheckpointSaved] = []
@@ -482,9 +483,25 @@ class RunState:
                 continue
             if r.counted_in is not None and (old := self.steps.get(r.counted_in)) is not None:
                 self._count(r, old, -1)
+            self._move_stage_times(r, e.step)
             r.step = e.step
             self._count(r, agg, +1)
             self._file(r)
+
+    def _move_stage_times(self, r: Rollout, step: int) -> None:
+        """Refile a rollout's stage times from ``r.step`` (the step open when it started) under ``step``, the one
+        whose batch took it, as the report files them (``report_curves.stage_series``)."""
+        if r.step == step:
+            return
+        for stage, (status, seconds) in r.stages.items():
+            if status == "interrupted":
+                continue
+            key = (r.step, r.harness, stage)
+            if (old := self.stage_times.get(key)) is not None and seconds in old:
+                old.remove(seconds)
+                if not old:
+                    del self.stage_times[key]
+            self.stage_times.setdefault((step, r.harness, stage), []).append(seconds)
 
     def _stage_time(self, r: Rollout, stage: str, seconds: float) -> None:
         key = (r.step, r.harness, stage)

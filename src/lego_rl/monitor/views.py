@@ -62,9 +62,9 @@ def _dur(seconds: float | None) -> str:
 
 
 def _curve(
-    label: str, points: list[Point], width: int, lo: float | None = 0.0, hi: float | None = None
+    label: str, points: list[Point], width: int, lo: float | None = 0.0, hi: float | None = None, pad: int = 12
 ) -> Text:
-    t = Text(f"{label:<12}")
+    t = Text(f"{label:<{pad}}")
     if not points:
         return t.append("no data yet", "dim")
     t.append(sparkline([p.value for p in points], width, lo, hi), "cyan")
@@ -187,6 +187,10 @@ def overview(snap: Snapshot, width: int) -> RenderableType:
         last = o.suspect_patches[-1]
         t.append(f"suspect      {last.value:.0f} in step {last.step}, {sum(p.value for p in o.suspect_patches):.0f} in "
                  "all: patches built to fool comparisons (suspect_patch; grader.log has the evidence)\n", "red")
+    if o.tokenisation:  # counters that stay 0 on a healthy run: each one is a wrong training target or tool call
+        t.append("tokenisation ", "bold")
+        t.append(", ".join(f"{k} {v:.0f}" for k, v in o.tokenisation.items())
+                 + " over the run (should be 0: Curves → tokenisation health has them per step)\n", "yellow")
     t.append("last error   ")
     t.append(o.last_error or "none", "red" if o.last_error else "green")
     return t
@@ -208,6 +212,8 @@ PANELS = (
     ("terminations", "termination mix (share of each step's rollouts)"),
     ("timing", "stage timing (seconds per step)"),
     ("staleness", "policy lag"),
+    ("tokenisation", "tokenisation health (false forks, parse failures and render fallbacks should stay 0)"),
+    ("eval", "held-out evaluation (steps that evaluated)"),
 )
 
 
@@ -524,8 +530,9 @@ def compare(c: Comparison | None, width: int, height: int) -> RenderableType:
     t = Text(f"A = {c.a}\nB = {c.b}\n", "bold")
     for label, a, b in (("reward", c.reward_a, c.reward_b), ("solve rate", c.solve_a, c.solve_b)):
         hi = max([p.value for p in a + b], default=1.0)
-        t.append_text(_curve(f"{label} A", a, w, 0.0, hi)).append("\n")
-        t.append_text(_curve(f"{label} B", b, w, 0.0, hi)).append("\n")
+        # pad 14: "solve rate A" is 12 characters, and a label must not run into its sparkline
+        t.append_text(_curve(f"{label} A", a, w, 0.0, hi, pad=14)).append("\n")
+        t.append_text(_curve(f"{label} B", b, w, 0.0, hi, pad=14)).append("\n")
     t.append(
         f"\nper-task solve rate B - A ({len(c.deltas)} tasks in both; up {c.up}, down {c.down}, "
         f"median up {_fmt(c.median_up, '+.3f')}, median down {_fmt(c.median_down, '+.3f')})\n",

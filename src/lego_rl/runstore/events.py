@@ -361,9 +361,14 @@ RunEvent = Annotated[
 EVENTS: TypeAdapter[RunEvent] = TypeAdapter(RunEvent)
 
 
+_VALIDATE_JSON = EVENTS.validator.validate_json
+"""The adapter's core validator, called without ``TypeAdapter.validate_json``'s Python wrapper: a fifth of the
+parse of a line (a first read of a 10,000-rollout run parses ~100,000)."""
+
+
 def parse_event(line: str | bytes) -> RunEvent:
     """One log line as its typed event; ``pydantic.ValidationError`` for an unknown kind or bad field."""
-    return EVENTS.validate_json(line)
+    return _VALIDATE_JSON(line)  # type: ignore[no-any-return]
 
 
 def event_kinds() -> list[str]:
