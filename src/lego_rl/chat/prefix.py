@@ -333,6 +333,13 @@ class PrefixBridge:
                  Message(role="system", content="s2"), Message(role="user", content="u3")],
                 3, [],
             ),
+            (  # a template that numbers calls across the conversation (Kimi K2) renders results by context
+                [Message(role="user", content="u1"), Message(role="assistant", content="", tool_calls=calls[:1]),
+                 Message(role="tool", tool_call_id="p1", content="r1"),
+                 Message(role="assistant", content="", tool_calls=calls[1:]),
+                 Message(role="tool", tool_call_id="p2", content="r2")],
+                3, [tool],
+            ),
         ]  # fmt: skip
         kwargs = self.renderer.template_kwargs
         for messages, k, tools in probes:
