@@ -45,10 +45,8 @@ def claude_request() -> Any:
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family_renderer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
-    from lego_rl.serving.tiny_model import build_family_tokenizer
-
     name = request.param
-    out = build_family_tokenizer(FAMILIES[name], tmp_path_factory.mktemp(name))
+    out = FAMILIES[name].tokenizer_dir(tmp_path_factory.mktemp(name))
     return name, ChatRenderer.from_pretrained(out)
 
 

@@ -1,6 +1,7 @@
 """Model families whose chat format lego-rl renders and parses: template, control tokens, parser names.
 
-Each family's chat template (``templates/<name>.jinja``) is written for lego-rl from the family's public
+Each family's chat template (``lego_rl/serving/data/templates/<name>.jinja``, next to the tiny model whose
+template is the qwen3 family's) is written for lego-rl from the family's public
 format description (never a vendor's template): how tools are declared, how the model writes its calls and
 reasoning, how tool results come back, and which reasoning stays in the history. A real model directory
 brings its own template (``ChatRenderer.from_pretrained`` reads it from the tokenizer); these templates let
@@ -14,7 +15,7 @@ the tests (and a random-init model at a family's token set) exercise the same fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,16 @@ class Family:
 
     def chat_template(self) -> str:
         """The family's chat template source (Jinja)."""
-        return resources.files("lego_rl.chat").joinpath("templates", f"{self.name}.jinja").read_text(encoding="utf-8")
+        from lego_rl.serving.tiny_model import family_template
+
+        return family_template(self.name)
+
+    def tokenizer_dir(self, out_dir: Path) -> Path:
+        """A tokenizer directory in this family's format over the tiny BPE (``build_family_tokenizer``)."""
+        from lego_rl.serving.tiny_model import build_family_tokenizer  # tokenizers/transformers: only when used
+
+        return build_family_tokenizer(out_dir, added_tokens=self.added_tokens, stop_tokens=self.stop_tokens,
+                                      template=self.chat_template())
 
 
 QWEN_TOKENS: tuple[tuple[str, bool], ...] = (

