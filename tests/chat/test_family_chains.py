@@ -3,7 +3,7 @@
 The captured Claude Code request (tools, system prompt, task; /work/shared/captures, skipped where absent) is
 rendered with each family's template over the tiny BPE with that family's control tokens. A scripted policy
 (TEST DOUBLE, support.family_turns) writes each turn in the family's format; the turn is parsed (built-in parser
-where lego has one; vLLM's are checked by the conformance test), echoed back with tool results, and the next
+where lego has one; vLLM's read the same turns in tests/chat/test_parser_conformance.py), echoed back with tool results, and the next
 prompt must continue the previous prompt and output token for token (the trajectory manager's test for
 extending a segment: no fork), and equal the full render of the history exactly.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.family_turns import Call, stop_token, write_turn
+from support.family_turns import SCRIPT, TEMPLATE_KWARGS, stop_token, write_turn
 
 from lego_rl.chat.families import FAMILIES
 from lego_rl.chat.messages import Message, ToolCall
@@ -24,13 +24,6 @@ from lego_rl.chat.render import ChatRenderer
 from lego_rl.chat.turn_parser import make_turn_parser
 
 CAPTURE = Path("/work/shared/captures/claude/01-request.json")
-KWARGS: dict[str, dict[str, Any]] = {"deepseek_v31": {"thinking": True}}
-SCRIPT: list[tuple[str, str, list[Call]]] = [
-    ("I should look at the files first.", "", [("Bash", {"command": "ls -la", "description": "List files"})]),
-    ("Two reads at once.", "Reading both.", [("Read", {"file_path": "/repo/a.py"}),
-                                             ("Read", {"file_path": "/repo/b.py", "limit": 20})]),
-    ("Done.", "The repo has two files.", []),
-]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +65,7 @@ def _turn(renderer: ChatRenderer, family: str, tools: list[Any], step: int, call
 def test_a_rollout_in_the_family_format_is_one_chain_with_exact_ids(family_renderer: tuple[str, Any],
                                                                    claude_request: Any) -> None:
     family, renderer = family_renderer
-    tools, kwargs = claude_request.tools, KWARGS.get(family, {})
+    tools, kwargs = claude_request.tools, TEMPLATE_KWARGS.get(family, {})
     bridge, chain = PrefixBridge(renderer, verify=True), ChainState()
     messages = list(claude_request.messages)
     previous: list[int] | None = None

@@ -61,3 +61,39 @@ def stop_token(family: str, calls: list[Call]) -> str:
     if family == "glm45":
         return "<|observation|>" if calls else "<|user|>"
     return {"deepseek_v31": "<｜end▁of▁sentence｜>"}.get(family, "<|im_end|>")
+
+
+SCRIPT: list[tuple[str, str, list[Call]]] = [
+    ("I should look at the files first.", "", [("Bash", {"command": "ls -la", "description": "List files"})]),
+    ("Two reads at once.", "Reading both.", [("Read", {"file_path": "/repo/a.py"}),
+                                             ("Read", {"file_path": "/repo/b.py", "limit": 20})]),
+    ("Done.", "The repo has two files.", []),
+]
+"""The double's rollout: (reasoning, text, calls) per turn: one call, two parallel calls, a final answer."""
+
+TOOL_SPECS: list[dict[str, Any]] = [
+    {"name": "Bash", "description": "Run a shell command.", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+        "required": ["command"]}},
+    {"name": "Read", "description": "Read a file.", "parameters": {
+        "type": "object", "properties": {"file_path": {"type": "string"}, "limit": {"type": "integer"}},
+        "required": ["file_path"]}},
+]
+"""The shapes of Claude Code's Bash and Read tools the script calls (for parsers that read argument types)."""
+
+TEMPLATE_KWARGS: dict[str, dict[str, Any]] = {"deepseek_v31": {"thinking": True}}
+"""Per family: the chat-template kwargs of the script (DeepSeek V3.1 thinks only when asked)."""
+
+
+def family_cases(family: str, tool_call_parser: str, reasoning_parser: str, tokenizer: str) -> list[dict[str, Any]]:
+    """The script's turns as parser-corpus cases (tests/support/parser_corpus.py's shape) for the vLLM oracle."""
+    cases = []
+    calls_before = 0
+    for step, (reasoning, text, calls) in enumerate(SCRIPT):
+        cases.append({"id": f"family/{family}/{step}", "tool_call_parser": tool_call_parser,
+                      "reasoning_parser": reasoning_parser, "tools": True, "tool_specs": TOOL_SPECS,
+                      "tokenizer": tokenizer, "template_kwargs": TEMPLATE_KWARGS.get(family, {}),
+                      "text": write_turn(family, reasoning, text, calls, first_call_index=calls_before),
+                      "expect": [reasoning, text, [[n, a] for n, a in calls]]})
+        calls_before += len(calls)
+    return cases
