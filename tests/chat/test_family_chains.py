@@ -5,7 +5,9 @@ rendered with each family's template over the tiny BPE with that family's contro
 (TEST DOUBLE, support.family_turns) writes each turn in the family's format; the turn is parsed (built-in parser
 where lego has one; vLLM's read the same turns in tests/chat/test_parser_conformance.py), echoed back with tool results, and the next
 prompt must continue the previous prompt and output token for token (the trajectory manager's test for
-extending a segment: no fork), and equal the full render of the history exactly.
+extending a segment: no fork), and equal the full render of the history exactly. A new user message after the
+rollout, where a template drops the reasoning of earlier turns, is bridged onto the same chain (the full render
+would differ: a fork).
 """
 
 from __future__ import annotations
@@ -76,8 +78,7 @@ def test_a_rollout_in_the_family_format_is_one_chain_with_exact_ids(family_rende
         assert plan.prompt_ids == full, f"{family} turn {step}: the prompt is not the template's render"
         if previous is not None:
             assert plan.prompt_ids[: len(previous)] == previous, f"{family} turn {step}: a fork"
-            if renderer.boundary is not None:
-                assert plan.mode == "bridged", plan.fallback_reason
+            assert plan.mode == "bridged", plan.fallback_reason
         output, reply = _turn(renderer, family, tools, step, calls_before)
         bridge.commit(chain, plan, output, stopped=True, reply_text=reply.content, reply_calls=reply.tool_calls,
                       turn=step)
@@ -89,6 +90,25 @@ def test_a_rollout_in_the_family_format_is_one_chain_with_exact_ids(family_rende
     # the history differently; the bridge keeps the sampled ids, so the rollout stays one chain.
     messages.append(Message(role="user", content="Now add a test."))
     plan = bridge.plan(chain, messages, tools, kwargs)
-    if renderer.boundary is None:
-        pytest.xfail(f"{family}: no end-of-message token, so no bridge; the re-render drops earlier reasoning")
-    assert plan.mode == "bridged" and plan.prompt_ids[: len(previous)] == previous
+    assert plan.mode == "bridged" and plan.prompt_ids[: len(previous)] == previous, plan.fallback_reason
+    # Every family's template drops the reasoning of turns before the last user message: a re-render would fork.
+    assert plan.prompt_ids != renderer.render_ids(messages, tools, kwargs)
+
+
+def test_glm_turn_stopped_on_the_wrong_role_token_is_not_bridged(tmp_path: Path) -> None:
+    """GLM's boundary is the stop token the model sampled: one that is not the token the template opens the next
+    message with (<|user|> sampled, tool results follow after <|observation|>) cannot be continued, so the turn
+    is rendered in full and the reason says which token it was."""
+    renderer = ChatRenderer.from_pretrained(FAMILIES["glm45"].tokenizer_dir(tmp_path))
+    assert renderer.boundary is not None and renderer.boundary.opens_next
+    bridge, chain = PrefixBridge(renderer), ChainState()
+    messages = [Message(role="user", content="list the files")]
+    plan = bridge.plan(chain, messages, [], {})
+    call = ToolCall(id="c1", name="Bash", arguments={"command": "ls"})
+    output = renderer.encode(write_turn("glm45", "r", "", [("Bash", {"command": "ls"})])) + [
+        renderer.added_tokens["<|user|>"]]
+    bridge.commit(chain, plan, output, stopped=True, reply_text="", reply_calls=[call], turn=0)
+    messages += [Message(role="assistant", content="", reasoning="r", tool_calls=[call]),
+                 Message(role="tool", tool_call_id="c1", content="a.py")]
+    again = bridge.plan(chain, messages, [], {})
+    assert again.mode == "full" and "'<|user|>'" in (again.fallback_reason or "")
