@@ -1,7 +1,7 @@
 """Every chat family lego-rl ships a template for (chat.families): a multi-turn rollout stays one chain.
 
-The captured Claude Code request (tools, system prompt, task; /work/shared/captures, skipped where absent) is
-rendered with each family's template over the tiny BPE with that family's control tokens. A scripted policy
+The first tool-offering request captured from each real CLI (Claude Code, Codex, OpenCode, OpenHands: tools,
+system prompt, task; /work/shared/captures, skipped where absent) is rendered with each family's template over the tiny BPE with that family's control tokens. A scripted policy
 (TEST DOUBLE, support.family_turns) writes each turn in the family's format; the turn is parsed (built-in parser
 where lego has one; vLLM's read the same turns in tests/chat/test_parser_conformance.py), echoed back with tool results, and the next
 prompt must continue the previous prompt and output token for token (the trajectory manager's test for
@@ -25,17 +25,28 @@ from lego_rl.chat.prefix import ChainState, PrefixBridge
 from lego_rl.chat.render import ChatRenderer
 from lego_rl.chat.turn_parser import make_turn_parser
 
-CAPTURE = Path("/work/shared/captures/claude/01-request.json")
+CAPTURES = Path("/work/shared/captures")
+CLI_REQUESTS = {  # the first request of each CLI's captured run that offers tools, and the dialect that reads it
+    "claude": ("claude/01-request.json", "anthropic"),
+    "codex": ("codex/01-request.json", "responses"),
+    "opencode": ("opencode/02-request.json", "chat_completions"),
+    "openhands": ("openhands/01-request.json", "chat_completions"),
+}
 
 
-@pytest.fixture(scope="module")
-def claude_request() -> Any:
-    if not CAPTURE.is_file():
-        pytest.skip(f"no captured Claude Code traffic at {CAPTURE}")
+@pytest.fixture(scope="module", params=list(CLI_REQUESTS))
+def cli_request(request: pytest.FixtureRequest) -> Any:
+    path, dialect = CLI_REQUESTS[request.param]
+    if not (CAPTURES / path).is_file():
+        pytest.skip(f"no captured {request.param} traffic at {CAPTURES / path}")
     from lego_rl.adapter.anthropic import AnthropicDialect
+    from lego_rl.adapter.chat_completions import ChatCompletionsDialect
+    from lego_rl.adapter.responses import ResponsesDialect
 
-    body = json.loads(CAPTURE.read_text())["body"]
-    return AnthropicDialect().parse_request(body, path="/v1/messages", query={}, headers={})
+    parser = {"anthropic": AnthropicDialect, "responses": ResponsesDialect,
+              "chat_completions": ChatCompletionsDialect}[dialect]()
+    captured = json.loads((CAPTURES / path).read_text())
+    return parser.parse_request(captured["body"], path=captured["path"], query={}, headers={})
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -47,8 +58,12 @@ def family_renderer(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 
 def _turn(renderer: ChatRenderer, family: str, tools: list[Any], step: int, calls_before: int
           ) -> tuple[list[int], Message]:
-    """The double's output ids for turn ``step`` and the assistant message the client echoes back."""
-    reasoning, text, calls = SCRIPT[step]
+    """The double's output ids for turn ``step`` and the assistant message the client echoes back. The script's
+    Bash and Read calls go to the CLI's first two tools where it has no tool of that name."""
+    reasoning, text, script_calls = SCRIPT[step]
+    offered = [t.name for t in tools]
+    rename = {"Bash": offered[0], "Read": offered[1]}
+    calls = [(n if n in offered else rename[n], a) for n, a in script_calls]
     sampled = write_turn(family, reasoning, text, calls, first_call_index=calls_before)
     stop = renderer.added_tokens[stop_token(family, calls)]
     output = renderer.encode(sampled) + [stop]
@@ -65,11 +80,11 @@ def _turn(renderer: ChatRenderer, family: str, tools: list[Any], step: int, call
 
 
 def test_a_rollout_in_the_family_format_is_one_chain_with_exact_ids(family_renderer: tuple[str, Any],
-                                                                   claude_request: Any) -> None:
+                                                                   cli_request: Any) -> None:
     family, renderer = family_renderer
-    tools, kwargs = claude_request.tools, TEMPLATE_KWARGS.get(family, {})
+    tools, kwargs = cli_request.tools, TEMPLATE_KWARGS.get(family, {})
     bridge, chain = PrefixBridge(renderer, verify=True), ChainState()
-    messages = list(claude_request.messages)
+    messages = list(cli_request.messages)
     previous: list[int] | None = None
     calls_before = 0
     for step in range(len(SCRIPT)):
