@@ -43,8 +43,9 @@ def cli_request(request: pytest.FixtureRequest) -> Any:
     from lego_rl.adapter.chat_completions import ChatCompletionsDialect
     from lego_rl.adapter.responses import ResponsesDialect
 
-    parser = {"anthropic": AnthropicDialect, "responses": ResponsesDialect,
-              "chat_completions": ChatCompletionsDialect}[dialect]()
+    dialects: dict[str, Any] = {"anthropic": AnthropicDialect, "responses": ResponsesDialect,
+                                "chat_completions": ChatCompletionsDialect}
+    parser = dialects[dialect]()
     captured = json.loads((CAPTURES / path).read_text())
     return parser.parse_request(captured["body"], path=captured["path"], query={}, headers={})
 
@@ -108,6 +109,7 @@ def _rollout_is_one_chain(family: str, renderer: ChatRenderer, cli_request: Any)
     # the history differently; the bridge keeps the sampled ids, so the rollout stays one chain.
     messages.append(Message(role="user", content="Now add a test."))
     plan = bridge.plan(chain, messages, tools, kwargs)
+    assert previous is not None
     assert plan.mode == "bridged" and plan.prompt_ids[: len(previous)] == previous, plan.fallback_reason
     # Every family's template drops the reasoning of turns before the last user message: a re-render would fork.
     assert plan.prompt_ids != renderer.render_ids(messages, tools, kwargs)

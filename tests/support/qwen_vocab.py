@@ -13,6 +13,9 @@ import base64
 import hashlib
 import importlib.util
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from lego_rl.serving.tiny_model import ADDED_TOKENS, cache_root
@@ -92,14 +95,19 @@ def ensure_qwen_tokenizer(chat_template: str) -> Path | None:
             (tok.add_special_tokens if special else tok.add_tokens)([AddedToken(content, special=special,
                                                                                 normalized=False)])
         built.parent.mkdir(parents=True, exist_ok=True)
-        partial = built.with_suffix(".partial")
+        partial = built.with_name(f".tokenizer-{os.getpid()}.partial")  # test workers may build at once
         partial.write_text(tok.to_str())
         partial.replace(built)  # a half-written file never looks built
     out = cache_root() / "qwen-vocab" / f"template-{hashlib.sha256(chat_template.encode()).hexdigest()[:16]}"
-    if not (out / "tokenizer_config.json").is_file():
+    if not (out / "generation_config.json").is_file():
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".template-"))
         fast = PreTrainedTokenizerFast(tokenizer_file=str(built), eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                        clean_up_tokenization_spaces=False)
         fast.chat_template = chat_template
-        fast.save_pretrained(str(out))
-        (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+        fast.save_pretrained(str(tmp))
+        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+        try:
+            tmp.rename(out)  # complete or absent; another worker's identical build may have landed first
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
