@@ -30,7 +30,10 @@ from lego_rl.chat.parsers import parse_turn
 from lego_rl.serving.tiny_model import ensure_tiny_model
 from lego_rl.serving.vllm_launch import vllm_python
 
+from support.family_turns import family_cases
 from support.parser_corpus import CASES, TOOLS
+
+from lego_rl.chat.families import FAMILIES
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -95,8 +98,13 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.fail(f"no vLLM interpreter at {python}: run scripts/setup_vllm.sh "
                     "(or set LEGO_VLLM_PYTHON, or LEGO_SKIP_VLLM=1 to skip)")
     work = tmp_path_factory.mktemp("oracle")
+    # Each family's turns as the scripted policy writes them, with the family's control tokens in the vocabulary
+    # (vLLM's parsers look their markers up there): one oracle run for the corpus and the families.
+    family = [c for name, fam in FAMILIES.items()
+              for c in family_cases(name, fam.tool_call_parser, fam.reasoning_parser,
+                                    str(fam.tokenizer_dir(work / name)))]
     (work / "in.json").write_text(json.dumps({"tokenizer": str(ensure_tiny_model()), "tools": TOOLS,
-                                              "cases": CASES}))
+                                              "cases": CASES + family}))
     env = {**os.environ, "PYTHONPATH": str(SRC), "VLLM_LOGGING_LEVEL": "ERROR"}
     proc = subprocess.run([str(python), str(ORACLE), str(work / "in.json"), str(work / "out.json")], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -133,3 +141,19 @@ def test_adapter_reports_what_vllm_parsed(oracle: dict[str, Any], case: dict[str
     # vLLM reports no failures; the adapter counts one where the call marker came back as text.
     marker_left = "<tool_call>" in (vllm[1] or "") and not vllm[2] and case["tools"]
     assert adapter["parse_failures"] == (1 if marker_left else 0)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_vllm_reads_each_family_turn_as_the_double_wrote_it(oracle: dict[str, Any], family: str) -> None:
+    """The scripted policy's turns in the family's format (the ones tests/chat/test_family_chains.py renders into
+    one chain) parse with the family's vLLM parsers, and with lego's adapter over them, to exactly what was
+    written: reasoning, text, calls with typed arguments, no failure."""
+    fam = FAMILIES[family]
+    for case in family_cases(family, fam.tool_call_parser, fam.reasoning_parser, ""):
+        got = oracle["cases"][case["id"]]
+        reasoning, text, calls = case["expect"]
+        want = (reasoning, text, [(n, a) for n, a in calls])
+        assert _normal(got["vllm"]["reasoning"], got["vllm"]["content"], got["vllm"]["calls"]) == want, case["id"]
+        adapter = got["adapter"]
+        assert _normal(adapter["reasoning"], adapter["text"], adapter["calls"]) == want, case["id"]
+        assert adapter["parse_failures"] == 0

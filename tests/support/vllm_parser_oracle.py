@@ -1,7 +1,8 @@
 """Run by the vLLM environment's interpreter (one process: vLLM's import takes 13 s and more), with lego's
 ``src`` on ``PYTHONPATH``: ``python vllm_parser_oracle.py IN.json OUT.json``.
 
-IN holds the tokenizer directory, the tools and the corpus (tests/support/parser_corpus.py). For every case OUT
+IN holds the tokenizer directory, the tools and the corpus (tests/support/parser_corpus.py; a case may name its
+own tokenizer and ``tool_specs``: the chat families' turns, tests/support/family_turns.py). For every case OUT
 gets what vLLM's own parsers make of the text, composed the way its chat-completions server composes them
 (``ParserManager.get_parser``, one ``Parser`` per answer, ``parse``), and what lego's adapter over them
 (``lego_rl.chat.vllm_parsers.VllmTurnParser``) makes of it; plus the parser names this vLLM registers.
@@ -28,13 +29,19 @@ def main(inp: str, outp: str) -> None:
     from lego_rl.chat.vllm_parsers import VllmTurnParser
 
     spec = json.loads(open(inp).read())
-    tok = AutoTokenizer.from_pretrained(spec["tokenizer"])
-    tools = [ToolSpec(**t) for t in spec["tools"]]
-    wire_tools = [{"type": "function", "function": t} for t in spec["tools"]]
+    tokenizers: dict[str, Any] = {}
     results: dict[str, Any] = {}
-    adapters: dict[tuple[str, str], VllmTurnParser] = {}
+    adapters: dict[tuple[str, str, str], VllmTurnParser] = {}
     ids = itertools.count()
     for case in spec["cases"]:
+        # A case may bring its own tokenizer (a model family's control tokens) and tools.
+        tok_dir = case.get("tokenizer", spec["tokenizer"])
+        if tok_dir not in tokenizers:
+            tokenizers[tok_dir] = AutoTokenizer.from_pretrained(tok_dir)
+        tok = tokenizers[tok_dir]
+        tool_dicts = case.get("tool_specs", spec["tools"])
+        tools = [ToolSpec(**t) for t in tool_dicts]
+        wire_tools = [{"type": "function", "function": t} for t in tool_dicts]
         tp, rp, text = case["tool_call_parser"], case["reasoning_parser"], case["text"]
         offered = wire_tools if case["tools"] else None
         request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], model="m", tools=offered,
@@ -45,7 +52,7 @@ def main(inp: str, outp: str) -> None:
         output_ids = tok.encode(text, add_special_tokens=False)
         reasoning, content, calls = parser.parse(text, request, enable_auto_tools=bool(offered),
                                                  model_output_token_ids=output_ids)
-        key = (tp, rp)
+        key = (tp, rp, tok_dir)
         if key not in adapters:
             adapters[key] = VllmTurnParser(tp, rp, tok)
         ours = adapters[key].parse(text, tools if case["tools"] else [], new_id=lambda: f"id{next(ids)}",

@@ -17,6 +17,10 @@ are unchanged, no assistant message follows it, the previous output ended with t
 end-of-message token, and the suffix starts with the template's boundary trailer. Two different
 previous turns matching equally well is ambiguous and also falls back.
 
+A template that closes assistant messages with nothing (GLM-4.x) has the model stop on the token that opens
+the next message (``MessageBoundary.opens_next``): there the sampled stop token is the boundary, the suffix
+starts after it, and a turn whose stop token is not the one the template opens the next message with falls back.
+
 The suffix is rendered from a short window (that assistant message plus the new messages) when a probe
 at start-up shows the template renders those messages the same way inside the full history; otherwise
 the full history's text is rendered (still no tokenisation of the history) and the suffix cut from it.
@@ -28,6 +32,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,6 +161,16 @@ class PrefixBridge:
         try:
             node = self._match(chain, messages, hashes, tkey, kkey)
             suffix = self.suffix_text(messages, node.n_messages, tools, kwargs)
+            boundary = self.renderer.boundary
+            if boundary is not None and boundary.opens_next:
+                # The sampled stop token opened the next message: the suffix goes on after it, when it is the
+                # token the template opens the next message with (a model that stopped with <|user|> where
+                # tool results follow would be rendered <|observation|>: no bridge).
+                opener = self.renderer.decode(node.output_ids[-1:])
+                if not suffix.startswith(opener):
+                    raise BridgeMiss(f"the model stopped with {opener!r}; the template opens the next message "
+                                     f"with {suffix[:20]!r}")
+                suffix = suffix[len(opener) :]
             prefix = node.prompt_ids + node.output_ids
             return PromptPlan(
                 prompt_ids=prefix + self.renderer.encode(suffix),
@@ -203,7 +218,9 @@ class PrefixBridge:
         """Remember an answered turn. ``stopped``: the engine finished because the model stopped;
         ``turn``: its turn number in the session (copied into later bridged plans)."""
         boundary = self.renderer.boundary
-        clean = stopped and boundary is not None and bool(output_ids) and output_ids[-1] == boundary.marker_id
+        ends = (lambda i: i in self.renderer.eos_ids) if boundary is not None and boundary.opens_next else (
+            lambda i: boundary is not None and i == boundary.marker_id)
+        clean = stopped and boundary is not None and bool(output_ids) and ends(output_ids[-1])
         chain.nodes.append(
             ChainNode(
                 n_messages=len(plan.history_hashes) - 1,
@@ -286,6 +303,8 @@ class PrefixBridge:
     ) -> str:
         boundary = self.renderer.boundary
         assert boundary is not None
+        if boundary.opens_next:
+            return self._cut_at_opener(messages, k, tools, kwargs, boundary.openers)
         marker = boundary.marker
         for msg in messages:
             # Client text is escaped by the renderer (its marker text is not the marker); only the
@@ -312,6 +331,29 @@ class PrefixBridge:
             raise BridgeMiss(f"the boundary after the reply is not {marker + boundary.trailer!r}")
         return suffix
 
+    def _cut_at_opener(
+        self, messages: Sequence[Message], k: int, tools: Sequence[ToolSpec], kwargs: Mapping[str, Any],
+        openers: Sequence[str],
+    ) -> str:
+        """``_cut_after`` for a template whose messages open with a stop token (``MessageBoundary.opens_next``):
+        the suffix starts at the first opener after the reply, found by counting the openers before it (a
+        template that drops earlier reasoning changes the text before the reply, not the count)."""
+        for msg in messages:
+            if msg.role == "assistant" and any(o in msg.content or any(o in json.dumps(c.arguments)
+                                                                       for c in msg.tool_calls) for o in openers):
+                raise BridgeMiss("a message contains the text of a stop token that opens messages")
+        try:
+            head = self.renderer.render_text(messages[: k + 1], tools, kwargs, add_generation_prompt=False)
+            full = self.renderer.render_text(messages, tools, kwargs, add_generation_prompt=True)
+        except RenderError as exc:
+            raise BridgeMiss(str(exc)) from exc
+        pattern = "|".join(re.escape(o) for o in openers)
+        count = len(re.findall(pattern, head))
+        found = list(re.finditer(pattern, full))
+        if len(found) <= count:
+            raise BridgeMiss("no message opens with a stop token after the reply")
+        return full[found[count].start() :]
+
     def _probe_windowing(self) -> bool:
         """True when rendering a short window yields the same suffix as the full history, on probes."""
         tool = ToolSpec(
@@ -332,6 +374,13 @@ class PrefixBridge:
                  Message(role="user", content="u2"), Message(role="assistant", content="a2", reasoning="r"),
                  Message(role="system", content="s2"), Message(role="user", content="u3")],
                 3, [],
+            ),
+            (  # a template that numbers calls across the conversation (Kimi K2) renders results by context
+                [Message(role="user", content="u1"), Message(role="assistant", content="", tool_calls=calls[:1]),
+                 Message(role="tool", tool_call_id="p1", content="r1"),
+                 Message(role="assistant", content="", tool_calls=calls[1:]),
+                 Message(role="tool", tool_call_id="p2", content="r2")],
+                3, [tool],
             ),
         ]  # fmt: skip
         kwargs = self.renderer.template_kwargs

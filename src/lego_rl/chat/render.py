@@ -48,11 +48,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class MessageBoundary:
-    """How the template ends a message: ``marker`` (one special token, ``marker_id``) then ``trailer``."""
+    """How the template ends a message: ``marker`` (one special token, ``marker_id``) then ``trailer``.
+
+    ``opens_next``: the template closes an assistant message with nothing, and the model stops by sampling the
+    token that opens the next message (GLM-4.x: ``<|observation|>`` before tool results, ``<|user|>`` before the
+    user's next message), a stop token the template renders there. ``marker`` is then empty, ``marker_id`` -1,
+    and the sampled stop token is the boundary (``openers``: the stop tokens' texts)."""
 
     marker: str
     marker_id: int
     trailer: str
+    opens_next: bool = False
+    openers: tuple[str, ...] = ()
 
 
 Encoder = Callable[[str], list[int]]
@@ -452,8 +459,7 @@ class ChatRenderer:
         tail = text[at + len(probe) :] if at >= 0 else ""
         ids = self.encode(tail)
         if not ids:
-            log.warning("prefix reuse disabled: the template ends assistant messages with nothing")
-            return None
+            return self._probe_opening_boundary(probe)
         marker = self.decode(ids[:1])
         special = set(getattr(self.tokenizer, "all_special_ids", [])) | set(
             getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
@@ -466,9 +472,35 @@ class ChatRenderer:
             return None
         return MessageBoundary(marker=marker, marker_id=ids[0], trailer=trailer)
 
+    def _probe_opening_boundary(self, probe: str) -> MessageBoundary | None:
+        """For a template that ends assistant messages with nothing: the boundary is the stop token the model
+        samples when the next message opens with it (checked on a user message following the reply)."""
+        try:
+            text = self.render_text(
+                [Message(role="user", content="lego-probe-ask"), Message(role="assistant", content=probe),
+                 Message(role="user", content="lego-probe-next")],
+                add_generation_prompt=False,
+            )
+        except RenderError as exc:
+            log.warning("prefix reuse disabled: probe render failed (%s)", exc)
+            return None
+        at = text.rfind(probe)
+        tail = text[at + len(probe) :] if at >= 0 else ""
+        ids = self.encode(tail)
+        stops = set(self._extra_stop_ids)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int):
+            stops.add(eos)
+        if not ids or ids[0] not in stops:
+            log.warning("prefix reuse disabled: the template ends assistant messages with nothing, and the next "
+                        "message does not open with a stop token (%r)", tail[:40])
+            return None
+        openers = tuple(sorted({self.decode([i]) for i in stops}))
+        return MessageBoundary(marker="", marker_id=-1, trailer="", opens_next=True, openers=openers)
+
     def _stop_ids(self) -> frozenset[int]:
         ids = set(self._extra_stop_ids)
-        if self.boundary is not None:
+        if self.boundary is not None and not self.boundary.opens_next:
             ids.add(self.boundary.marker_id)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         if isinstance(eos, int):

