@@ -21,14 +21,6 @@ from typing import Any
 from lego_rl.config.dataset_scan import DatasetScan, scan_dataset
 from lego_rl.config.findings import Finding, Severity, error, warning
 from lego_rl.config.resolve import ResolvedConfig, did_you_mean, is_path_key, trainer_devices
-from lego_rl.chat.parser_names import (
-    BUILTIN_REASONING_PARSERS,
-    BUILTIN_TOOL_CALL_PARSERS,
-    KNOWN_REASONING_PARSERS,
-    KNOWN_TOOL_CALL_PARSERS,
-    VLLM_VERSION,
-    vllm_importable,
-)
 from lego_rl.config.schema import HARNESS, SECTIONS
 from lego_rl.config.unwired import UNWIRED
 from lego_rl.errors import ConfigError
@@ -506,6 +498,16 @@ def true_on_policy(r: ResolvedConfig) -> Iterator[Finding]:
 def parsers(r: ResolvedConfig) -> Iterator[Finding]:
     """Parser names are vLLM's; a name only vLLM has runs only where vLLM is importable in lego's process
     (the adapter parses there), else the built-ins read the turns (``lego_rl.chat.turn_parser``)."""
+    # Imported here: loading the config loads nothing of the engine's side (tests/config/test_resolve.py).
+    from lego_rl.chat.parser_names import (
+        BUILTIN_REASONING_PARSERS,
+        BUILTIN_TOOL_CALL_PARSERS,
+        KNOWN_REASONING_PARSERS,
+        KNOWN_TOOL_CALL_PARSERS,
+        VLLM_VERSION,
+        vllm_importable,
+    )
+
     s = r.config.serving
     with_vllm: bool | None = None
     for key, code, name, known, builtin in (
