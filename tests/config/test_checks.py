@@ -106,7 +106,9 @@ def test_check_fails(base_toml: Path, overrides: list[str], code: str) -> None:
 def test_vllm_parser_names_need_vllm(base_toml: Path, monkeypatch: pytest.MonkeyPatch, importable: bool) -> None:
     """A name only vLLM has is refused where vLLM is not importable (the built-ins would have to read it), and
     accepted where it is; the refusal names the built-ins, an unknown name the known ones."""
-    monkeypatch.setattr(checks_module, "vllm_importable", lambda: importable)
+    import lego_rl.chat.parser_names as parser_names  # the check imports it when it runs
+
+    monkeypatch.setattr(parser_names, "vllm_importable", lambda: importable)
     r = resolve(base_toml, environ={}, overrides=["serving.tool_call_parser=\"kimi_k2\"",
                                                   "serving.reasoning_parser=\"deepseek_r1\""])
     found = {f.code: f for f in check(r)}
