@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from lego_rl.config import checks as checks_module
 from lego_rl.config.checks import Finding, run_checks
 from lego_rl.config.resolve import ResolvedConfig, resolve
 from lego_rl.compose.harnesses import harness_inventory
