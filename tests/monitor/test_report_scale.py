@@ -29,7 +29,7 @@ def test_a_report_of_10000_rollouts_and_500_steps_is_under_5_mb(tmp_path: Path) 
     assert len(html.encode()) < LIMIT, f"{len(html.encode()):,} bytes"
     ids = re.findall(r'<section id="([a-z-]+)">', html)
     assert ids == ["overview", "training", "rewards", "terminations", "timing", "tasks", "consistency",
-                   "staleness", "pipeline", "behaviour", "rollouts", "metrics"]
+                   "staleness", "tokenisation", "pipeline", "behaviour", "rollouts", "metrics"]
     assert "steps finished</td><td class=\"\">500 of 500" in html
     grid = re.search(r'<svg[^>]*aria-label="task grid".*?</svg>', html, flags=re.DOTALL)
     assert grid is not None
