@@ -62,14 +62,16 @@ class Screen:
     def keys(self, *keys: str) -> None:
         self._tmux("send-keys", "-t", "mon", *keys)
 
-    def wait(self, what: str, timeout: float = 60.0) -> str:
+    def wait(self, *what: str, timeout: float = 180.0) -> str:
+        """The screen once it shows every one of ``what`` at the same time (a capture can fall between two
+        halves of a redraw, so a test waits for everything it then reads, never asserts on a first sight)."""
         deadline = time.monotonic() + timeout
         while True:
             screen = self.text()
-            if what in screen:
+            if all(w in screen for w in what):
                 return screen
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what!r} not on screen after {timeout}s; the screen:\n{screen}")
+                raise AssertionError(f"{what!r} not all on screen after {timeout}s; the screen:\n{screen}")
             time.sleep(0.2)
 
     def close(self) -> None:
@@ -94,8 +96,8 @@ def screen(tmp_path: Path) -> Iterator[type[Screen]]:
 
 def test_every_view_by_key_then_drill_down_search_and_quit(screen: type[Screen]) -> None:
     s = screen([LEGO, "monitor", str(TOY)])
-    first = s.wait("weight version 14")
-    assert "steps done 16/16 (last: step 15)" in first and "2/l Curves" in first and "finished (completed)" in first and "1/o Overview" in first
+    s.wait("weight version 14", "steps done 16/16 (last: step 15)", "2/l Curves", "finished (completed)",
+           "1/o Overview")
     for key, title in [
         ("t", "termination mix per step"),
         ("s", "stage seconds per harness"),
@@ -113,8 +115,7 @@ def test_every_view_by_key_then_drill_down_search_and_quit(screen: type[Screen])
     s.keys("r")
     s.wait("latest finished rollouts")
     s.keys("Down", "Enter")
-    opened = s.wait("timeline")
-    assert "eval00015-g3-fl-3-2" in opened and "finished: completed" in opened  # the second newest rollout
+    s.wait("timeline", "eval00015-g3-fl-3-2", "finished: completed")  # the second newest rollout
     s.keys("Escape")
     s.wait("latest finished rollouts")
     s.keys("/")
@@ -153,9 +154,7 @@ def test_rollout_check_drill_down_shows_patch_transcript_and_grader(screen: type
     s.keys("r")
     s.wait("lego-example-median-s0")
     s.keys("Enter")
-    s.wait("timeline")
-    text = s.text()
-    assert "harness_install: ok" in text and "turns (tool calls)" in text
+    s.wait("timeline", "harness_install: ok", "turns (tool calls)")
     for _ in range(6):  # to the end (the view stops there): the grader's verdict, last line of its log
         s.keys("PageDown")
     s.wait("SOLVED (baseline; exit status 1 unused)")
@@ -171,14 +170,12 @@ def test_follows_a_run_as_it_is_written(screen: type[Screen], tmp_path: Path) ->
     (run / "events.jsonl").write_bytes(b"".join(events[:cut]))
     (run / "metrics.jsonl").write_bytes(b"".join(metrics[:5]))
     s = screen([LEGO, "monitor", str(run), "--set", "monitor.refresh_s=0.3"])
-    first = s.wait("steps done 5/16 (last: step 4)")
-    assert "running" in first and "ETA" in first
+    s.wait("steps done 5/16 (last: step 4)", "running", "ETA")
     with (run / "events.jsonl").open("ab") as fh:
         fh.write(b"".join(events[cut:]))
     with (run / "metrics.jsonl").open("ab") as fh:
         fh.write(b"".join(metrics[5:]))
-    done = s.wait("finished (completed)")
-    assert "steps done 16/16" in done
+    s.wait("finished (completed)", "steps done 16/16")
 
 
 def test_the_main_jobs_folder_lists_its_stages_opens_one_and_goes_back(
@@ -191,21 +188,20 @@ def test_the_main_jobs_folder_lists_its_stages_opens_one_and_goes_back(
     listed = s.wait("stages, in the order they started")
     assert "demos" in listed and "grpo" in listed and "holds no run (" not in listed
     s.keys("Down", "Enter")
-    opened = s.wait("steps done 3/3 (last: step 2)")
-    assert "[sft]" in opened and "loss" in opened
+    s.wait("steps done 3/3 (last: step 2)", "[sft]", "loss")
     s.keys("l")
     s.wait("nll")
     s.keys("Escape")
     s.wait("stages, in the order they started")
     s.keys("Down", "Enter")
-    grpo = s.wait("steps done 2/2 (last: step 1)")
     # the staleness regression: the policy lag the loop wrote, never "staleness 0 (synchronous ...)"
-    assert "policy_lag_mean 1.00, policy_lag_max 1.00; asynchronous loop (rollout.max_staleness 1)" in grpo
+    grpo = s.wait("steps done 2/2 (last: step 1)",
+                  "policy_lag_mean 1.00, policy_lag_max 1.00; asynchronous loop (rollout.max_staleness 1)")
+    assert "staleness 0" not in grpo
     s.keys("r")
     s.wait("latest finished rollouts")
     s.keys("Enter")
-    s.wait("during step 0")
-    assert "in step 1's batch (sampled from policy 0)" in s.text()
+    s.wait("during step 0", "in step 1's batch (sampled from policy 0)")
 
 
 @pytest.mark.slow
@@ -235,8 +231,7 @@ def test_follows_a_real_lego_train_run_from_its_first_event_to_its_end(
     )
     try:
         s.wait("[train] running", timeout=300)
-        s.wait("finished (completed)", timeout=600)
-        assert "steps done 12/12" in s.text()
+        s.wait("finished (completed)", "steps done 12/12", timeout=600)
     finally:
         try:
             _, err = train.communicate(timeout=120)  # training_finished is written just before it exits
