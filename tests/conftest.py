@@ -19,6 +19,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # times slower. One thread per process keeps the workers from starving each other; set before torch loads.
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
+    # xdist hands its workers the controller's terminal width as COLUMNS (80 without a terminal); lego's
+    # consoles honour an operator's COLUMNS and would fold every message the CLI tests read at 80 columns,
+    # where a serial run (no COLUMNS) does not. The tests expect what a log or pipe gets: no folding.
+    os.environ.pop("COLUMNS", None)
     # Each worker gets its own sunabako node state: tests list a node's sandboxes to prove they left none, and a
     # session's teardown deletes what appeared on its node, so two workers on one node would see (and delete)
     # each other's sandboxes. Read by the test helpers at import, hence here, before any test module loads.
