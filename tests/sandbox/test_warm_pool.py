@@ -125,6 +125,8 @@ async def test_images_are_staged_once_for_reflink_clones(xfs_folder: Path, tmp_p
     assert Path(first).parent == xfs_folder / "node.images"
     assert Path(first, "etc", "os-release").read_text() == "ID=test\n"
     assert await stage.staged(str(source)) == first  # once per image
+    missing = str(tmp_path / "no-such-rootfs")  # the create fails on it with the provider's error, not here
+    assert await stage.staged(missing) == missing
     os.utime(source / ".lego-rootfs-stamp", ns=(1, 1))  # a rebuilt image gets a new copy
     assert await stage.staged(str(source)) != first
     on_ext4 = RootfsStage.for_state_dir(tmp_path, required=True)

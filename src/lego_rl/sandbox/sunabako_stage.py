@@ -94,6 +94,8 @@ class RootfsStage:
         if not await asyncio.to_thread(self._check):
             return rootfs
         source = Path(rootfs).resolve()
+        if not source.is_dir():
+            return rootfs  # nothing to stage: the create fails on it with the provider's own error, as unstaged
         target = self._target(source)
         if target.is_dir():
             return str(target)
