@@ -244,26 +244,32 @@ class Monitor:
 # -- the two ways to run it -----------------------------------------------------------------------------
 
 
+ONCE_WIDTH = 160
+"""Columns of ``--once`` output written to a log or a pipe (a terminal gets its own width)."""
+
+
 def render_once(mon: Monitor, console: Console, rollout: str | None = None) -> None:
     """Every view, one after the other (what ``--once`` prints); for a folder of runs, the list of stages and
     then each stage's views."""
+    # Off a terminal the console does not fold (cli.console.NO_WRAP_WIDTH), but rules and grids still need a width
+    # to fill: a log gets the width of a wide terminal, not a rule of 100,000 characters.
+    width = console.width if console.is_terminal else min(console.width, ONCE_WIDTH)
     mon.refresh_stages()
     if mon.stage_infos:
         console.print(views.stages_header(str(mon.root)))
         console.print(views.stages(mon.stage_infos, None))
         for info in mon.stage_infos:
-            console.print(Rule(f"stage {info.name}", style="bold"))
+            console.print(Rule(f"stage {info.name}", style="bold"), width=width)
             render_once(Monitor(Path(info.path), kl_warn=mon.kl_warn), console, rollout)
         return
     snap = mon.refresh(SECTIONS)
-    width = console.width
     tall = 40
     console.print(views.header(snap, "", mon.other is not None, mon.query))
     console.print(views.notes(snap))
     for _, section, title in views.VIEWS:
         if section == "compare" and mon.other is None:
             continue
-        console.print(Rule(title))
+        console.print(Rule(title), width=width)
         if section == "rollouts":
             console.print(views.rollouts((snap.rollouts or [])[:20], 28, -1, mon.query))
         elif section == "compare":
@@ -281,7 +287,7 @@ def render_once(mon: Monitor, console: Console, rollout: str | None = None) -> N
             console.print(mon.body(snap, width, tall))
     if rollout is not None:
         d = detail(mon.state, rollout)
-        console.print(Rule(f"rollout {rollout}"))
+        console.print(Rule(f"rollout {rollout}"), width=width)
         console.print(
             views.drill(views.drill_lines(d), 0, 10_000, wrap=True)
             if d
