@@ -106,12 +106,19 @@ def test_every_view_by_key_then_drill_down_search_and_quit(screen: type[Screen])
         ("b", "behaviour per harness"),
         ("p", "where each step's time went"),
         ("3", "termination mix per step"),
-        ("l", "consistency per turn kind (rollout vs trainer)"),
+        ("l", "rollouts: reward, spread within groups"),
         ("9", "where each step's time went"),
         ("o", "eval pass@1"),
     ]:
         s.keys(key)
         s.wait(title)
+        if key == "l":  # the Curves view is taller than the window: its lower panels are reached by scrolling
+            for _ in range(60):
+                if "consistency per turn kind (rollout vs trainer)" in s.text():
+                    break
+                s.keys("Down")
+                time.sleep(0.1)
+            s.wait("consistency per turn kind (rollout vs trainer)")
     s.keys("r")
     s.wait("latest finished rollouts")
     s.keys("Down", "Enter")
