@@ -35,6 +35,9 @@ def test_once_prints_every_view_of_a_finished_train_run() -> None:
         assert f" {title} " in text, title
     assert "finished (completed)" in text and "steps done 16/16 (last: step 15)" in text
     assert "24 tasks; zero-variance groups" in text and "worst steps by k3 KL" in text
+    # the Curves view whole (the terminal shows its top; its lower panels scroll into the window)
+    assert "consistency per turn kind (rollout vs trainer)" in text and "termination mix (share of" in text
+    assert max(len(line) for line in text.splitlines()) <= 500  # off a terminal: 160-column rules, no 100k ones
 
 
 def test_json_is_the_snapshot_with_the_opened_rollout_and_a_search() -> None:
