@@ -21,6 +21,7 @@ FALLBACK="/var/lib/lego-rl/sunabako-plain"
 
 fallback() {
     echo "mount_test_state.sh: $1; the sunabako tests copy root filesystems in full (slower)" >&2
+    mkdir -p "${FALLBACK}" && chmod 755 "$(dirname "${FALLBACK}")" "${FALLBACK}"
     echo "${FALLBACK}"
     exit 0
 }
